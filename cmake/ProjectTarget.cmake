@@ -1,0 +1,17 @@
+# crashreplay_warnings(target): the project's own code builds with
+# -Wall -Wextra -Werror; generated and third-party code does not.
+function(crashreplay_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror>)
+endfunction()
+
+# crashreplay_test(name SOURCES... LIBS ...): a GoogleTest binary registered
+# with ctest, one ctest entry per TEST().
+function(crashreplay_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  crashreplay_warnings(${name})
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+    PROPERTIES ENVIRONMENT "CRASHREPLAY_SOURCE_DIR=${PROJECT_SOURCE_DIR};CRASHREPLAY_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

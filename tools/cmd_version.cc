@@ -1,0 +1,16 @@
+#include <cstdio>
+
+#include "command.h"
+#include "commands_decl.h"
+#include "exit_codes.h"
+
+namespace crashreplay::tools {
+
+int RunVersion(int argc, char** argv) {
+  CLI::App app("Print the crashreplay version.", "version");
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  std::printf("crashreplay 0.1.0\n");
+  return kExitOk;
+}
+
+}  // namespace crashreplay::tools

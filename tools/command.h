@@ -1,0 +1,39 @@
+// The subcommand table of the `crashreplay` executable.
+//
+// Every subcommand is one entry {name, summary, handler} in kCommands
+// (commands.cc), the only list there is: `crashreplay --help` prints it and
+// unknown names get a "did you mean". A handler receives argv starting at the
+// subcommand's name and returns an ExitCode. Handlers parse their flags with
+// CLI11 through ParseArgs, so `--help` goes to stdout and misuse to stderr.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/status.h"
+
+namespace crashreplay::tools {
+
+using Handler = int (*)(int argc, char** argv);
+
+struct Command {
+  std::string_view name;
+  std::string_view summary;
+  Handler handler;
+};
+
+std::span<const Command> Commands();
+
+// Parses argv into `app`. Returns nullopt to continue, or the exit code the
+// handler should return right away (0 after --help, kExitUsage on misuse).
+std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv);
+
+// Prints "crashreplay: <message>" to stderr and returns the exit code that
+// fits the status (kExitDataError for corruption/not-found/unsupported data,
+// kExitUsage for invalid arguments, kExitFailed otherwise).
+int ReportError(const absl::Status& status);
+
+}  // namespace crashreplay::tools

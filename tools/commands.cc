@@ -1,0 +1,17 @@
+// The one table of subcommands. Add a command here and in commands.h's
+// declarations; keep the list in the order `--help` should show it.
+#include "command.h"
+#include "commands_decl.h"
+
+namespace crashreplay::tools {
+
+namespace {
+constexpr Command kCommands[] = {
+    {"version", "print the version", RunVersion},
+    // (capture, replay and bisect commands are added here as they land)
+};
+}  // namespace
+
+std::span<const Command> Commands() { return kCommands; }
+
+}  // namespace crashreplay::tools

@@ -1,0 +1,8 @@
+// Handlers of the subcommands, one per cmd_*.cc file.
+#pragma once
+
+namespace crashreplay::tools {
+
+int RunVersion(int argc, char** argv);
+
+}  // namespace crashreplay::tools

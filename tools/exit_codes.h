@@ -1,0 +1,17 @@
+// The crashreplay command's exit codes. They are part of the interface:
+// scripts and `git bisect run`-style drivers depend on them (docs/cli.md).
+#pragma once
+
+namespace crashreplay::tools {
+
+enum ExitCode : int {
+  kExitOk = 0,          // success; for `replay`, the step reproduced exactly
+  kExitFailed = 1,      // the thing examined failed: replay failed or diverged
+  kExitUsage = 2,       // bad command line or configuration
+  kExitDataError = 3,   // corrupt or unreadable input, version mismatch
+  kExitNotReproduced = 4,  // bisect: the bad configuration does not fail
+  kExitGoodFails = 5,      // bisect: the good configuration fails too
+  kExitInterrupted = 130,  // stopped by SIGINT
+};
+
+}  // namespace crashreplay::tools
