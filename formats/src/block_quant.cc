@@ -57,10 +57,11 @@ absl::Status CheckBlock(std::string_view fn, const Fp8BlockOptions& opts) {
 int64_t ScaleCols(int64_t cols, int64_t block) { return CeilDiv(cols, block); }
 
 // Shared body of the two fp4 formats: one scale per `block` elements of a row.
-template <typename ScaleFn, typename QuantFn>
-void QuantizeFp4Rows(std::span<const float> x, MatrixShape shape, int64_t block,
-                     std::span<uint8_t> packed, std::span<uint8_t> scales, ScaleFn scale_fn,
-                     QuantFn quant_fn) {
+// The block size is a template argument so the per-element index arithmetic
+// compiles to shifts.
+template <int64_t block, typename ScaleFn, typename QuantFn>
+void QuantizeFp4Rows(std::span<const float> x, MatrixShape shape, std::span<uint8_t> packed,
+                     std::span<uint8_t> scales, ScaleFn scale_fn, QuantFn quant_fn) {
   const int64_t scale_cols = ScaleCols(shape.cols, block);
   for (int64_t r = 0; r < shape.rows; ++r) {
     const float* row = x.data() + r * shape.cols;
@@ -80,17 +81,25 @@ void QuantizeFp4Rows(std::span<const float> x, MatrixShape shape, int64_t block,
   }
 }
 
-template <typename DequantFn>
+// decode_scale turns a stored scale code into a float once per block;
+// dequant_fn(nibble, decoded_scale) gives an element.
+template <int64_t block, typename DecodeScaleFn, typename DequantFn>
 void DequantizeFp4Rows(std::span<const uint8_t> packed, std::span<const uint8_t> scales,
-                       MatrixShape shape, int64_t block, std::span<float> out,
+                       MatrixShape shape, std::span<float> out, DecodeScaleFn decode_scale,
                        DequantFn dequant_fn) {
   const int64_t scale_cols = ScaleCols(shape.cols, block);
   for (int64_t r = 0; r < shape.rows; ++r) {
     const uint8_t* in = packed.data() + r * (shape.cols / 2);
     const uint8_t* row_scales = scales.data() + r * scale_cols;
     float* dst = out.data() + r * shape.cols;
-    for (int64_t c = 0; c < shape.cols; ++c) {
-      dst[c] = dequant_fn(GetNibble(in, static_cast<uint64_t>(c)), row_scales[c / block]);
+    for (int64_t b = 0; b < scale_cols; ++b) {
+      const float scale = decode_scale(row_scales[b]);
+      const int64_t end = std::min((b + 1) * block, shape.cols);
+      for (int64_t c = b * block; c < end; c += 2) {
+        const uint8_t byte = in[c / 2];
+        dst[c] = dequant_fn(static_cast<uint8_t>(byte & 0xfu), scale);
+        dst[c + 1] = dequant_fn(static_cast<uint8_t>(byte >> 4), scale);
+      }
     }
   }
 }
@@ -157,8 +166,8 @@ absl::Status QuantizeNvfp4(std::span<const float> x, MatrixShape shape, float gl
                            std::span<uint8_t> packed, std::span<uint8_t> scales) {
   CR_RETURN_IF_ERROR(CheckFp4("QuantizeNvfp4", shape, kNvfp4BlockSize, x.size(), "input",
                               packed.size(), scales.size()));
-  QuantizeFp4Rows(
-      x, shape, kNvfp4BlockSize, packed, scales,
+  QuantizeFp4Rows<kNvfp4BlockSize>(
+      x, shape, packed, scales,
       [global_scale](float amax) { return Nvfp4BlockScale(amax, global_scale); },
       [global_scale](float v, uint8_t s) { return QuantNvfp4(v, s, global_scale); });
   return absl::OkStatus();
@@ -168,10 +177,9 @@ absl::Status DequantizeNvfp4(std::span<const uint8_t> packed, std::span<const ui
                              float global_scale, MatrixShape shape, std::span<float> out) {
   CR_RETURN_IF_ERROR(CheckFp4("DequantizeNvfp4", shape, kNvfp4BlockSize, out.size(), "output",
                               packed.size(), scales.size()));
-  DequantizeFp4Rows(packed, scales, shape, kNvfp4BlockSize, out,
-                    [global_scale](uint8_t n, uint8_t s) {
-                      return DequantNvfp4(n, s, global_scale);
-                    });
+  DequantizeFp4Rows<kNvfp4BlockSize>(
+      packed, scales, shape, out, [](uint8_t s) { return E4m3ToFloat(s); },
+      [global_scale](uint8_t n, float s) { return DequantNvfp4Decoded(n, s, global_scale); });
   return absl::OkStatus();
 }
 
@@ -179,8 +187,8 @@ absl::Status QuantizeMxfp4(std::span<const float> x, MatrixShape shape, std::spa
                            std::span<uint8_t> scales) {
   CR_RETURN_IF_ERROR(CheckFp4("QuantizeMxfp4", shape, kMxfp4BlockSize, x.size(), "input",
                               packed.size(), scales.size()));
-  QuantizeFp4Rows(
-      x, shape, kMxfp4BlockSize, packed, scales,
+  QuantizeFp4Rows<kMxfp4BlockSize>(
+      x, shape, packed, scales,
       [](float amax) { return Mxfp4BlockScale(amax); },
       [](float v, uint8_t s) { return QuantMxfp4(v, s); });
   return absl::OkStatus();
@@ -190,8 +198,10 @@ absl::Status DequantizeMxfp4(std::span<const uint8_t> packed, std::span<const ui
                              MatrixShape shape, std::span<float> out) {
   CR_RETURN_IF_ERROR(CheckFp4("DequantizeMxfp4", shape, kMxfp4BlockSize, out.size(), "output",
                               packed.size(), scales.size()));
-  DequantizeFp4Rows(packed, scales, shape, kMxfp4BlockSize, out,
-                    [](uint8_t n, uint8_t s) { return DequantMxfp4(n, s); });
+  // E2m1ToFloat(n) * E8m0ToFloat(s), as DequantMxfp4, with the scale decoded once.
+  DequantizeFp4Rows<kMxfp4BlockSize>(
+      packed, scales, shape, out, [](uint8_t s) { return E8m0ToFloat(s); },
+      [](uint8_t n, float s) { return E2m1ToFloat(n) * s; });
   return absl::OkStatus();
 }
 

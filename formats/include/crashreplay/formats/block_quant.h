@@ -66,6 +66,12 @@ CR_HD float DequantNvfp4(uint8_t nibble, uint8_t e4m3_scale, float global_scale)
   return (E2m1ToFloat(nibble) * E4m3ToFloat(e4m3_scale)) * global_scale;
 }
 
+// Same bits as DequantNvfp4, with the block scale decoded once per block
+// (block_scale = E4m3ToFloat(e4m3_scale)).
+CR_HD float DequantNvfp4Decoded(uint8_t nibble, float block_scale, float global_scale) {
+  return (E2m1ToFloat(nibble) * block_scale) * global_scale;
+}
+
 // ModelOpt's block scale: block_amax / (6 * global), stored as e4m3
 // (saturating); an all-zero block gets scale 1.0 as ModelOpt writes it.
 CR_HD uint8_t Nvfp4BlockScale(float block_amax, float global_scale) {
