@@ -323,7 +323,8 @@ TEST(Ue8m0Test, LayoutCheckAcceptsOnlyPositivePowersOfTwo) {
   EXPECT_TRUE(IsUe8m0Layout(FloatBits(1.0f)));
   EXPECT_TRUE(IsUe8m0Layout(FloatBits(std::ldexp(1.0f, -20))));
   EXPECT_TRUE(IsUe8m0Layout(FloatBits(std::ldexp(1.0f, 127))));
-  EXPECT_TRUE(IsUe8m0Layout(0u));  // +0: no mantissa or sign bits
+  EXPECT_TRUE(IsUe8m0Layout(0u));           // +0: no mantissa or sign bits
+  EXPECT_TRUE(IsUe8m0Layout(0x7f800000u));  // +Inf: all exponent bits
   EXPECT_FALSE(IsUe8m0Layout(FloatBits(0.75f)));
   EXPECT_FALSE(IsUe8m0Layout(FloatBits(-2.0f)));
   EXPECT_FALSE(IsUe8m0Layout(FloatBits(300.0f / 448.0f)));

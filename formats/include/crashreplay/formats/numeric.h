@@ -222,7 +222,7 @@ CR_HD uint8_t FloatToUe8m0Ceil(float x) {
 }
 
 // True when fp32 `bits` is in the layout UE8M0 kernels expect: only exponent
-// bits set, i.e. a positive power of two (2^-126 .. 2^127), or +0.
+// bits set, i.e. a positive power of two (2^-126 .. 2^127), +0 or +Inf.
 CR_HD bool IsUe8m0Layout(uint32_t fp32_bits) { return (fp32_bits & 0x807fffffu) == 0u; }
 
 // The four UE8M0 bytes of one int32 in DeepGEMM's packed scale layout:
