@@ -384,3 +384,36 @@ TEST(SafetensorsFileTest, OpenReportsMissingFileAndDirectory) {
 
 }  // namespace
 }  // namespace crashreplay
+
+namespace crashreplay {
+namespace {
+
+// The fuzz corpus doubles as labelled data: seed_* files are valid, golden_*
+// files are known-bad inputs that must keep failing with DataLoss or
+// ResourceExhausted (fuzz/corpus/safetensors/).
+TEST(SafetensorsFuzzCorpusTest, SeedsLoadAndGoldenFailuresAreRejected) {
+  const std::filesystem::path dir =
+      std::filesystem::path(testing_util::SourceDir()) / "fuzz/corpus/safetensors";
+  int seeds = 0;
+  int golden = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const std::string bytes = testing_util::ReadBytes(e.path().string());
+    auto f = SafetensorsFile::FromBuffer(name, std::as_bytes(std::span(bytes)));
+    if (name.starts_with("seed_")) {
+      EXPECT_TRUE(f.ok()) << name << ": " << f.status();
+      ++seeds;
+    } else if (name.starts_with("golden_")) {
+      EXPECT_TRUE(f.status().code() == absl::StatusCode::kDataLoss ||
+                  f.status().code() == absl::StatusCode::kResourceExhausted)
+          << name << ": " << f.status();
+      EXPECT_THAT(std::string(f.status().message()), HasSubstr(name));
+      ++golden;
+    }
+  }
+  EXPECT_GE(seeds, 3);
+  EXPECT_GE(golden, 15);
+}
+
+}  // namespace
+}  // namespace crashreplay
