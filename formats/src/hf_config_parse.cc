@@ -201,7 +201,7 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
   } else {
     const double rotary = static_cast<double>(c.head_dim) * c.rope.partial_rotary_factor;
     CR_RETURN_IF_ERROR(Require(
-        rotary == std::floor(rotary) && static_cast<int64_t>(rotary) % 2 == 0, f,
+        std::fmod(rotary, 2.0) == 0, f,
         "partial_rotary_factor",
         absl::StrCat("(", c.rope.partial_rotary_factor, ") times head_dim (", c.head_dim,
                      ") must be an even whole number of rotary dimensions")));

@@ -209,7 +209,8 @@ std::string HfConfigToJson(const ModelConfig& c) {
   }
   WriteRope(c.rope, family == HfFamily::kGlm4Moe, &j);
   if (c.quant.method != QuantMethod::kNone) j["quantization_config"] = QuantJson(c.quant);
-  return j.dump(2) + "\n";
+  // Strings from a caller may hold invalid UTF-8; replace rather than throw.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace crashreplay

@@ -182,9 +182,7 @@ absl::StatusOr<QuantConfig> ParseHfQuantConfig(std::string_view json, std::strin
     return absl::InvalidArgumentError(absl::StrCat("config '", source, "': expected a JSON object"));
   }
   const nlohmann::json* quant = top.Get("quantization");
-  if (quant == nullptr) {
-    CR_RETURN_IF_ERROR(top.Invalid("quantization", "is required but missing"));
-  }
+  if (quant == nullptr) return top.Invalid("quantization", "is required but missing");
   if (!quant->is_object()) return top.Invalid("quantization", "must be an object");
   const JsonFields f(*quant, source, "quantization.");
   QuantConfig q;
