@@ -270,3 +270,41 @@ TEST(CaptureCompat, SessionDirectoryListsRankFilesInOrder) {
 
 }  // namespace
 }  // namespace crashreplay
+
+namespace crashreplay {
+namespace {
+
+TEST(CapturePreparedFailure, FilledFramesReadBackWithTheirSignalStepAndTime) {
+  testing::TempDir dir;
+  const std::string path = dir.File("pf.crcap");
+  auto writer = CaptureWriter::Create(path, testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  FailureRecord base;
+  base.reason = "fatal signal";
+  base.stage = "decode";
+  base.rank = 3;
+  base.failure_class = FailureClass::kCrash;
+  auto prepared = PreparedFailureFrame::Create(base);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto a = prepared->Fill(11, 41, 123456789);
+  ASSERT_TRUE((*writer)->AppendEncodedFrame(a.data(), a.size()));
+  auto b = prepared->Fill(6, -1, 987654321);
+  ASSERT_TRUE((*writer)->AppendEncodedFrame(b.data(), b.size()));
+  writer->reset();  // the process "dies": no Close
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*reader)->scan_status().ok()) << (*reader)->scan_status();
+  ASSERT_EQ((*reader)->failures().size(), 2u);
+  FailureRecord want = base;
+  want.signal = 11;
+  want.step = 41;
+  want.timestamp_nanos = 123456789;
+  EXPECT_EQ((*reader)->failures()[0], want);
+  want.signal = 6;
+  want.step.reset();
+  want.timestamp_nanos = 987654321;
+  EXPECT_EQ((*reader)->failures()[1], want);
+}
+
+}  // namespace
+}  // namespace crashreplay
