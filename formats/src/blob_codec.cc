@@ -23,7 +23,7 @@ void ShuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigned 
       for (size_t p = 0; p < k; ++p) out[p * n + i] = in[i * k + p];
     }
   }
-  std::memcpy(out + n * k, in + n * k, size - n * k);
+  if (size > n * k) std::memcpy(out + n * k, in + n * k, size - n * k);
 }
 
 void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigned char* out) {
@@ -40,7 +40,7 @@ void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigne
       for (size_t p = 0; p < k; ++p) out[i * k + p] = in[p * n + i];
     }
   }
-  std::memcpy(out + n * k, in + n * k, size - n * k);
+  if (size > n * k) std::memcpy(out + n * k, in + n * k, size - n * k);
 }
 
 std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash,
