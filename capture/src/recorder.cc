@@ -410,6 +410,11 @@ absl::Status Recorder::Impl::Close() {
   if (writer_thread_.joinable()) writer_thread_.join();
   if (encoder_thread_.joinable()) encoder_thread_.join();
   absl::Status status = error();
+  if (status.ok() && ring_.dropped() != last_dropped_written_) {  // drops after the last step
+    DroppedSnapshotsRecord d{last_step_.load(), ring_.dropped(), ring_.bytes_dropped()};
+    status = writer_->Append(d);
+    last_dropped_written_ = ring_.dropped();
+  }
   if (options_.write_snapshots_on_close && status.ok()) {
     absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
     if (!written.ok()) status = written.status();
