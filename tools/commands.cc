@@ -8,6 +8,7 @@ namespace crashreplay::tools {
 namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
+    {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

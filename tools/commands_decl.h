@@ -4,5 +4,6 @@
 namespace crashreplay::tools {
 
 int RunVersion(int argc, char** argv);
+int RunHash(int argc, char** argv);
 
 }  // namespace crashreplay::tools
