@@ -8,6 +8,7 @@ namespace crashreplay::tools {
 namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
+    {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace
