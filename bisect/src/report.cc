@@ -112,7 +112,7 @@ std::string ReportText(const BisectReport& r) {
   if (r.target_signature.is_failure()) {
     absl::StrAppend(&out, "  target failure: ", DescribeSignature(r.target_signature), "\n");
   }
-  if (r.status == BisectStatus::kCulpritFound) {
+  if (!r.culprit.empty()) {
     absl::StrAppend(&out, absl::StrFormat("  culprit (%s, %d of %d changes):\n",
                                           r.culprit_minimal ? "1-minimal" : "minimality unconfirmed",
                                           r.culprit.size(), r.changes.size()));
@@ -152,7 +152,7 @@ nlohmann::json ReportJson(const BisectReport& r) {
   j["status"] = std::string(BisectStatusName(r.status));
   j["message"] = r.message;
   j["subject"] = r.subject;
-  if (r.status == BisectStatus::kCulpritFound) {
+  if (!r.culprit.empty()) {  // also when a later phase was interrupted
     j["culprit"] = ChangesToJson(r.changes, r.culprit);
     j["culprit_good"] = GoodValues(r);
   } else {
@@ -222,7 +222,7 @@ button{font-size:12px}
   if (r.target_signature.is_failure()) {
     absl::StrAppend(&h, "<p>Target failure: <b>", Html(DescribeSignature(r.target_signature)), "</b></p>");
   }
-  if (r.status == BisectStatus::kCulpritFound) {
+  if (!r.culprit.empty()) {
     absl::StrAppend(&h, "<h2>Culprit</h2><table><tr><th>toggle</th><th>bad value</th><th>good value</th></tr>");
     for (size_t i : r.culprit) {
       const Change& c = r.changes[i];

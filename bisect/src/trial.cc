@@ -80,8 +80,7 @@ TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
     r.verdict = Verdict::kBad;
     r.bad_runs = 1;
     if (written && written->is_failure()) {
-      r.signature = *written;
-      if (r.signature.detail.empty()) r.signature.detail = fallback.detail;
+      r.signature = *written;  // the command knows its failure better than its exit code
     } else {
       r.signature = std::move(fallback);
     }
