@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -328,6 +329,10 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view sourc
 }
 
 absl::StatusOr<Config> ReadConfigFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("configuration file '", path, "' is a directory"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open configuration file '", path, "'"));
   std::ostringstream ss;
