@@ -181,29 +181,62 @@ absl::StatusOr<DdResult> IsolateCulprit(size_t n_changes, DeltaOracle& oracle) {
   const bool phase1_unresolved = ev.saw_unresolved();
   ev.reset_unresolved();
 
-  // Phase 2: the context c_pass may hold changes the isolated ones need.
-  ChangeSet context;
-  if (!c_pass.empty()) {
-    const Outcome alone = ev.Get(result.isolated);
+  // Phase 2: the context c_pass may hold changes the isolated ones need
+  // (an interaction). Invariant: fixed ∪ rest fails. Find the shortest
+  // failing prefix of rest by (P+1)-ary search; its last change is needed;
+  // move it to fixed and repeat until fixed fails alone: O(k log n).
+  ChangeSet fixed = result.isolated;
+  ChangeSet rest = c_pass;
+  while (!rest.empty()) {
+    if (ev.Get(fixed) == Outcome::kFail) break;
     if (oracle.stopped()) return Stopped();
-    if (alone != Outcome::kFail) {
-      auto m = Ddmin(c_pass, result.isolated, 2, ev);
-      if (!m.ok()) return m.status();
-      context = *m;
+    size_t lo = 0, hi = rest.size();  // prefix lo does not fail (or is unresolved), hi fails
+    const size_t p = static_cast<size_t>(std::max(1, oracle.parallelism()));
+    while (hi - lo > 1) {
+      std::vector<size_t> lengths;
+      for (size_t i = 1; i <= p; ++i) {
+        const size_t len = lo + (hi - lo) * i / (p + 1);
+        if (len > lo && len < hi && (lengths.empty() || len != lengths.back())) lengths.push_back(len);
+      }
+      if (lengths.empty()) lengths.push_back(lo + 1);
+      std::vector<ChangeSet> cands;
+      for (size_t len : lengths) {
+        cands.push_back(Union(fixed, ChangeSet(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(len))));
+      }
+      auto hit = ev.FirstWhere(cands, [](size_t, Outcome o) { return o == Outcome::kFail; });
+      if (oracle.stopped()) return Stopped();
+      if (hit) {
+        hi = lengths[*hit];
+        if (*hit > 0) lo = lengths[*hit - 1];
+      } else {
+        lo = lengths.back();
+      }
+    }
+    fixed = Union(fixed, ChangeSet{rest[hi - 1]});
+    rest.resize(hi - 1);
+    oracle.OnCandidates({}, fixed);
+  }
+  result.culprit = fixed;
+  // Phase 3: 1-minimality relative to the good configuration: removing any
+  // one change must stop the failure. A removal that still fails is taken
+  // and the check starts over.
+  ev.reset_unresolved();
+  bool shrunk = true;
+  while (shrunk && result.culprit.size() > 1) {
+    shrunk = false;
+    std::vector<ChangeSet> cands;
+    for (size_t x : result.culprit) cands.push_back(Minus(result.culprit, ChangeSet{x}));
+    auto hit = ev.FirstWhere(cands, [](size_t, Outcome o) { return o == Outcome::kFail; });
+    if (oracle.stopped()) return Stopped();
+    if (hit) {
+      result.culprit = cands[*hit];
+      shrunk = true;
+      oracle.OnCandidates({}, result.culprit);
     }
   }
-  result.culprit = Union(result.isolated, context);
-  // Phase 3: 1-minimality of the whole culprit relative to the good configuration.
-  if (result.culprit.size() > 1) {
-    ev.reset_unresolved();
-    auto m = Ddmin(result.culprit, {}, result.culprit.size(), ev);
-    if (!m.ok()) return m.status();
-    result.culprit = *m;
-    result.minimal = !ev.saw_unresolved();
-  } else {
-    (void)phase1_unresolved;  // a single failing change is 1-minimal: the good configuration passes
-    result.minimal = true;
-  }
+  // A single failing change is 1-minimal outright: the good configuration passes.
+  result.minimal = result.culprit.size() <= 1 || !ev.saw_unresolved();
+  (void)phase1_unresolved;
   result.oracle_sets = ev.judged();
   return result;
 }

@@ -80,7 +80,7 @@ TEST(DeltaDebugging, EveryPairThatOnlyFailsTogether) {
     }
   }
   std::printf("[ counts   ] any pair, n=12: worst %d tests (log2 n = %.2f)\n", worst, std::log2(12.0));
-  EXPECT_LE(worst, 4 * 4 + 4);
+  EXPECT_LE(worst, 2 * 2 * 4);  // 2 k ceil(log2 n)
 }
 
 TEST(DeltaDebugging, RandomInteractionsUpToFourAreFoundExactly) {
@@ -95,6 +95,11 @@ TEST(DeltaDebugging, RandomInteractionsUpToFourAreFoundExactly) {
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->culprit, Sorted(culprit)) << "n=" << n << " k=" << k;
     EXPECT_EQ(oracle.repeated, 0);
+    // O(k log n): isolation, then one prefix search per further change, then
+    // one removal check per change.
+    const int log2n = static_cast<int>(std::ceil(std::log2(double(n))));
+    EXPECT_LE(oracle.tests, 2 * log2n + static_cast<int>(k - 1) * (log2n + 1) + static_cast<int>(k) + 1)
+        << "n=" << n << " k=" << k;
   }
 }
 

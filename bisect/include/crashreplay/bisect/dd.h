@@ -14,16 +14,20 @@
 //     partition Δ1..Δk; with one culprit this is a binary search, O(log n)
 //     tests; worst case O(n²).
 //  2. context: the isolated difference δ may need changes that were already
-//     in c_pass (an interaction: A and B only fail together). If δ alone
-//     passes, ddmin finds a minimal part of c_pass that fails with δ.
-//  3. 1-minimality: ddmin over δ ∪ context at the finest granularity.
+//     in c_pass (an interaction: A and B only fail together). While δ plus
+//     what was found so far does not fail alone, a (P+1)-ary search finds
+//     the shortest failing prefix of the remaining context; its last change
+//     is needed. O(log n) tests per needed change, so O(k log n) in all.
+//  3. 1-minimality: each change of the culprit is removed in turn; a
+//     removal that still fails is taken and the check restarts.
 // Unresolved outcomes are never treated as pass or fail; the algorithm moves
 // to finer partitions around them, as the paper's dd does.
 //
 // Candidates of one round are evaluated in a fixed order, `parallelism()` at
-// a time, and the first one satisfying a rule (in that order) wins, so the
-// result does not depend on the parallelism (only the number of speculative
-// trials does). Not thread-safe; the oracle may run trials in parallel.
+// a time, and the first one satisfying a rule (in that order) wins; phase 2
+// looks for the shortest failing prefix, which is unique when failures are
+// monotone. So the result does not depend on the parallelism (only the
+// number of speculative trials does). Not thread-safe; the oracle may run trials in parallel.
 #pragma once
 
 #include <cstddef>
@@ -61,8 +65,9 @@ struct DdResult {
 // set [0, n) fails. Cancelled when the oracle stops.
 absl::StatusOr<DdResult> IsolateCulprit(size_t n, DeltaOracle& oracle);
 
-// ddmin: a 1-minimal subset m of `c` such that fixed ∪ m fails, given that
-// fixed ∪ c fails and fixed alone passes; starts at granularity `n`.
+// The paper's ddmin: a 1-minimal subset m of `c` such that fixed ∪ m fails,
+// given that fixed ∪ c fails and fixed alone passes; starts at granularity
+// `n`. O(|c|²) worst case; for minimizing one failing configuration.
 absl::StatusOr<ChangeSet> MinimizeFailing(const ChangeSet& c, const ChangeSet& fixed, size_t n,
                                           DeltaOracle& oracle, bool* saw_unresolved);
 
