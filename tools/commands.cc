@@ -12,6 +12,7 @@ constexpr Command kCommands[] = {
     {"info", "summarise a capture file or session directory", RunInfo},
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
+    {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

@@ -8,5 +8,6 @@ int RunSampleCapture(int argc, char** argv);
 int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);
 int RunHash(int argc, char** argv);
+int RunBisectCommand(int argc, char** argv);
 
 }  // namespace crashreplay::tools
