@@ -4,8 +4,8 @@
 //
 // The files are made by the builders below. To regenerate them after a
 // deliberate format change:
-//   CRASHREPLAY_SOURCE_DIR=$PWD CRASHREPLAY_REGENERATE_CAPTURES=1 \
-//     build/tests/formats_test --gtest_filter='CaptureHostile.NamedFiles*'
+//   export CRASHREPLAY_SOURCE_DIR=$PWD CRASHREPLAY_REGENERATE_CAPTURES=1
+//   build/tests/formats_test --gtest_filter='CaptureHostile.NamedFiles*'
 // (and copy them into fuzz/corpus/capture/).
 #include <capnp/any.h>
 #include <capnp/message.h>
