@@ -8,6 +8,9 @@ namespace crashreplay::tools {
 namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
+    {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
+    {"info", "summarise a capture file or session directory", RunInfo},
+    {"verify", "check every checksum and blob hash of a capture", RunVerify},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace
