@@ -31,10 +31,25 @@ from crashreplay._crashreplay import (  # noqa: E402
 )
 from crashreplay._reader import read_capture, load_tensor  # noqa: E402
 from crashreplay._tensors import hash_tensor, host_view  # noqa: E402
+from crashreplay._manifest import config_to_toggles, detect_device  # noqa: E402
+from crashreplay._recorder import Recorder  # noqa: E402
+from crashreplay.failure import FailureHook, classify_failure  # noqa: E402
+
+
+def failure_hook(recorder: "Recorder", step=None, stage: str = "") -> FailureHook:
+    """Context manager / decorator: records an exception escaping a step, re-raises it."""
+    return FailureHook(recorder, step=step, stage=stage)
+
 
 __all__ = [
     "CaptureCorruptError",
     "CaptureFile",
+    "FailureHook",
+    "Recorder",
+    "classify_failure",
+    "config_to_toggles",
+    "detect_device",
+    "failure_hook",
     "Error",
     "describe_tensor",
     "hash_bytes",
