@@ -40,7 +40,7 @@ def _to_numpy(x: Any, dtype) -> Optional[np.ndarray]:
         x = x.detach()
         if x.device.type != "cpu":
             raise ValueError("device tensors must be staged first (Recorder routes them through cuda_staging)")
-        x = x.numpy() if x.dtype.is_floating_point is False or str(x.dtype) != "torch.bfloat16" else x.float().numpy()
+        x = x.float().numpy() if str(x.dtype) == "torch.bfloat16" else x.numpy()
     a = np.asarray(x)
     if a.dtype != dtype:
         a = a.astype(dtype)
@@ -64,6 +64,29 @@ def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndar
     else:
         slots = np.zeros(0, dtype=np.int64)
     return offsets, slots
+
+
+def _trim_rows(rows: Any, lengths: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """CSR from a padded 2-D row block and each row's valid length."""
+    r = _to_numpy_2d(rows)
+    n = _to_numpy(lengths, np.int64)
+    if r.shape[0] != n.shape[0]:
+        raise ValueError(f"page_table: {r.shape[0]} rows but {n.shape[0]} lengths")
+    if n.size and int(n.max()) > r.shape[1]:
+        raise ValueError(f"page_table: a length {int(n.max())} exceeds the row width {r.shape[1]}")
+    offsets = np.zeros(n.shape[0] + 1, dtype=np.int64)
+    np.cumsum(n, out=offsets[1:])
+    mask = np.arange(r.shape[1])[None, :] < n[:, None]
+    return offsets, np.ascontiguousarray(r[mask], dtype=np.int64)
+
+
+def _to_numpy_2d(x: Any) -> np.ndarray:
+    if is_torch_tensor(x):
+        x = x.detach().numpy()
+    a = np.asarray(x)
+    if a.ndim != 2:
+        raise ValueError(f"page_table rows must be 2-D, got shape {a.shape}")
+    return a
 
 
 def _sampling(sampling: Any) -> Dict[str, Optional[np.ndarray]]:
@@ -187,6 +210,17 @@ class Recorder:
         fields = dict(token_ids=token_ids, positions=positions, seq_lens=seq_lens, extend_lens=extend_lens,
                       req_pool_indices=req_pool_indices, out_cache_loc=out_cache_loc,
                       output_token_ids=output_token_ids)
+        # Tensor-valued parts of page_table/sampling become top-level fields,
+        # so CUDA staging sees every device tensor; _record_host_step
+        # reassembles them.
+        if isinstance(page_table, Mapping):
+            fields["_pt_rows"] = page_table["rows"]
+            fields["_pt_lengths"] = page_table["lengths"]
+            page_table = "padded"
+        if isinstance(sampling, Mapping):
+            for k, v in sampling.items():
+                fields["_s_" + k] = v
+            sampling = "fields"
         common = dict(mode=mode, request_ids=[str(r) for r in request_ids], page_table=page_table,
                       sampling=sampling, rng_seed=int(rng_seed), rng_offset=int(rng_offset),
                       digests=dict(digests or {}), timestamp_nanos=int(timestamp_nanos) or time.time_ns())
@@ -198,7 +232,13 @@ class Recorder:
 
     def _record_host_step(self, step: int, *, mode, request_ids, token_ids, positions, seq_lens, extend_lens,
                           req_pool_indices, page_table, out_cache_loc, sampling, rng_seed, rng_offset,
-                          output_token_ids, digests, timestamp_nanos) -> None:
+                          output_token_ids, digests, timestamp_nanos, **parts) -> None:
+        if isinstance(page_table, str):  # "padded": rows cut to their lengths
+            page_table = _trim_rows(parts.pop("_pt_rows"), parts.pop("_pt_lengths"))
+        if isinstance(sampling, str):  # "fields": the sampling dict, flattened
+            sampling = {k[3:]: parts.pop(k) for k in list(parts) if k.startswith("_s_")}
+        if parts:
+            raise ValueError(f"record_step: unexpected fields {sorted(parts)}")
         offsets, slots = _page_table(page_table)
         s = _sampling(sampling)
         self._impl.record_step(

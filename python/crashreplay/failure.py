@@ -86,6 +86,14 @@ class FailureHook:
         return wrapped
 
     def record(self, exc: BaseException, tb: Any = None) -> None:
+        # Nested hooks (an adapter's forward hook inside its event-loop hook)
+        # see the same exception: record it once, at the innermost level.
+        if getattr(exc, "_crashreplay_recorded", False):
+            return
+        try:
+            exc._crashreplay_recorded = True  # type: ignore[attr-defined]
+        except Exception:  # exceptions with __slots__: record anyway
+            pass
         rec = self._recorder
         step = self._step if self._step is not None else rec.current_step
         stage = self._stage or rec.current_stage or "step"
