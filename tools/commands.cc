@@ -11,6 +11,7 @@ constexpr Command kCommands[] = {
     {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
     {"info", "summarise a capture file or session directory", RunInfo},
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
+    {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

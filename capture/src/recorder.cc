@@ -161,6 +161,8 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
     }
   }
   CR_RETURN_IF_ERROR(CopyStep(step, rank_, &slots_[h % slots_.size()]));
+  last_accepted_step_.store(step.step, std::memory_order_relaxed);
+  last_accepted_mode_.store(step.mode, std::memory_order_relaxed);
   head_.store(h + 1, std::memory_order_release);
   writer_events_.fetch_add(1, std::memory_order_release);
   writer_events_.notify_one();
@@ -347,8 +349,11 @@ void Recorder::Impl::OnTerminate(const std::string& exception_type, const std::s
   if (closed_.load()) return;
   FailureInfo f;
   f.reason = what;
-  f.stage = any_step_.load() ? "step" : "startup";
-  if (any_step_.load()) f.step = last_step_.load();
+  // The last step the recorder accepted is the one that was running or
+  // had just run when the exception escaped.
+  const bool any = head_.load() > 0;
+  f.stage = any ? ForwardModeName(last_accepted_mode_.load()) : "startup";
+  if (any) f.step = last_accepted_step_.load();
   f.failure_class = FailureClass::kException;
   f.exception_type = exception_type;
   absl::Status s = OnFailure(f);
@@ -363,7 +368,7 @@ void Recorder::Impl::OnExit() {
 
 // Async-signal context: atomics, nanosleep, clock_gettime, write, fsync.
 void Recorder::Impl::OnFatalSignal(int sig) noexcept {
-  if (closed_.load() || crashing_.exchange(true)) return;
+  if (closed_.load() || in_signal_.exchange(true)) return;
   const pid_t self = CurrentTid();
   const double deadline = MonotonicSeconds() + options_.signal_drain_timeout_s;
   // Let the writer finish the steps already accepted (they are in memory,
@@ -376,6 +381,9 @@ void Recorder::Impl::OnFatalSignal(int sig) noexcept {
   if (self != encoder_tid_.load()) {
     while (ring_.staged_bytes() > 0 && MonotonicSeconds() < deadline) SleepMicros(500);
   }
+  // From here on the writer stops refreshing the failure frames, so the
+  // active buffer is stable while we read it.
+  crashing_.store(true);
   if (terminate_recorded_.load()) {  // the terminate handler already wrote ring + failure
     ::fsync(writer_->fd());
     return;
@@ -402,6 +410,11 @@ absl::Status Recorder::Impl::Close() {
   if (writer_thread_.joinable()) writer_thread_.join();
   if (encoder_thread_.joinable()) encoder_thread_.join();
   absl::Status status = error();
+  if (status.ok() && ring_.dropped() != last_dropped_written_) {  // drops after the last step
+    DroppedSnapshotsRecord d{last_step_.load(), ring_.dropped(), ring_.bytes_dropped()};
+    status = writer_->Append(d);
+    last_dropped_written_ = ring_.dropped();
+  }
   if (options_.write_snapshots_on_close && status.ok()) {
     absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
     if (!written.ok()) status = written.status();

@@ -84,10 +84,13 @@ class Recorder::Impl final : public internal::CrashTarget {
   std::atomic<uint64_t> weight_checks_{0}, corrupt_slices_{0};
   std::atomic<uint64_t> last_step_{0};
   std::atomic<bool> any_step_{false};
+  std::atomic<uint64_t> last_accepted_step_{0};
+  std::atomic<ForwardMode> last_accepted_mode_{ForwardMode::kUnknown};
 
   // Failure frames encoded in advance for the signal handler (double buffer).
   SignalFrames signal_frames_[2];
   std::atomic<int> signal_active_{-1};
+  std::atomic<bool> in_signal_{false};
   std::atomic<bool> crashing_{false};
   std::atomic<bool> terminate_recorded_{false};
 
