@@ -194,3 +194,23 @@ def test_device_tensor_without_torch_is_refused_clearly(tmp_path):
     with make(tmp_path) as rec:
         with pytest.raises(ValueError, match="import torch first"):
             rec.snapshot(0, {"x": FakeCudaArray()})
+
+
+def test_registered_host_weights_catch_an_in_place_overwrite(tmp_path):
+    """A stray write into a registered weight buffer is recorded as corruption."""
+    w = {"a": np.arange(4096, dtype=np.float32), "b": np.ones(2048, np.float16)}
+    rec = crashreplay.Recorder(str(tmp_path / "w.crcap"), engine="unit", install_signal_handlers=False,
+                               weight_chunk_bytes=4096, weight_check_bytes_per_step=4096)
+    rec.register_weights(w)
+    for step in range(3):
+        rec.record_step(step, mode="decode")
+    rec.flush()
+    w["a"][100] = -1.0  # the "kernel bug": an out-of-bounds write into a weight
+    for step in range(3, 3 + 12):
+        rec.record_step(step, mode="decode")
+    rec.close()
+    stats = rec.stats()
+    assert stats["weight_bytes"] == 4096 * 4 + 2048 * 2
+    cap = crashreplay.read_capture(rec.path)
+    bad = [s for r in cap["weight_check_records"] for s in r["slices"] if s["corrupt"]]
+    assert bad and bad[0]["tensor"] == "a" and bad[0]["byte_begin"] <= 400 < bad[0]["byte_end"]
