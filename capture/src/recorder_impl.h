@@ -17,6 +17,7 @@
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_writer.h"
 #include "snapshot_ring.h"
+#include "step_slot.h"
 #include "weight_integrity.h"
 
 namespace crashreplay::capture {
@@ -65,7 +66,7 @@ class Recorder::Impl final : public internal::CrashTarget {
   std::unique_ptr<CaptureWriter> writer_;
 
   // Step queue: slots_[seq % size], head_ = accepted, tail_ = written.
-  std::vector<StepRecord> slots_;
+  std::vector<internal::StepSlot> slots_;
   std::mutex producer_mu_;
   std::atomic<uint64_t> head_{0};
   std::atomic<uint64_t> tail_{0};
