@@ -141,9 +141,9 @@ absl::Status Recorder::Impl::RecordWeightHashes(const WeightShardHashes& shard) 
   return writer_->Append(r);
 }
 
-absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights) {
+absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights, bool device) {
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
-  return integrity_.Register(weights);
+  return integrity_.Register(weights, device);
 }
 
 void Recorder::Impl::WriterLoop() {
@@ -447,6 +447,9 @@ absl::Status Recorder::SubmitSnapshot(uint64_t step, std::span<const TensorView>
 }
 absl::Status Recorder::RecordWeightHashes(const WeightShardHashes& shard) { return impl_->RecordWeightHashes(shard); }
 absl::Status Recorder::RegisterWeights(std::span<const TensorView> weights) { return impl_->RegisterWeights(weights); }
+absl::Status Recorder::RegisterDeviceWeights(std::span<const TensorView> weights) {
+  return impl_->RegisterWeights(weights, /*device=*/true);
+}
 absl::Status Recorder::OnFailure(const FailureInfo& failure) { return impl_->OnFailure(failure); }
 absl::Status Recorder::Flush() { return impl_->Flush(); }
 absl::Status Recorder::Close() { return impl_->Close(); }

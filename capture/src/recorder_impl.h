@@ -32,7 +32,7 @@ class Recorder::Impl final : public internal::CrashTarget {
   absl::Status RecordStep(const StepView& step);
   absl::Status SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors);
   absl::Status RecordWeightHashes(const WeightShardHashes& shard);
-  absl::Status RegisterWeights(std::span<const TensorView> weights);
+  absl::Status RegisterWeights(std::span<const TensorView> weights, bool device = false);
   absl::Status OnFailure(const FailureInfo& failure);
   absl::Status Flush();
   absl::Status Close();
