@@ -288,19 +288,28 @@ class Recorder:
         return self._impl.record_weight_hashes(rank, entries)
 
     def register_weights(self, tensors: Mapping[str, Any]) -> None:
-        """Registers host weight buffers for the per-step integrity check.
+        """Registers weights for the per-step integrity check.
 
-        The recorder re-hashes a rotating slice of them after every step;
+        The recorder re-hashes a rotating slice of them after every step, so
         the buffers stay referenced (and must not be freed or moved) until
-        close(). Device weights are refused: re-hash them with the CUDA
-        hashing kernel of the C++ recorder (not exposed to Python yet).
+        close(). Host tensors are hashed on the CPU with XXH3-128; CUDA
+        tensors are handed to the C++ recorder's device path (chunked hash
+        on the GPU; a build without CUDA, such as `pip install .`, refuses
+        them with crashreplay.Error "Unimplemented").
         """
-        dev = [k for k, v in tensors.items() if is_device_tensor(v)]
-        if dev:
-            raise ValueError(f"register_weights takes host tensors; {dev[0]!r} is on a device")
-        named = _named(tensors)
-        self._impl.register_weights(named)
-        self._host_weights.extend(t for _, t, _ in named)
+        host = {k: v for k, v in tensors.items() if not is_device_tensor(v)}
+        device = {k: v for k, v in tensors.items() if is_device_tensor(v)}
+        if host:
+            named = _named(host)
+            self._impl.register_weights(named)
+            self._host_weights.extend(t for _, t, _ in named)
+        if device:
+            named = [(str(k), v.detach() if is_torch_tensor(v) else v, "") for k, v in device.items()]
+            for name, t, _ in named:
+                if is_torch_tensor(t) and not t.is_contiguous():
+                    raise ValueError(f"device weight {name!r} is not contiguous; the recorder hashes it in place")
+            self._impl.register_device_weights(named)
+            self._host_weights.extend(t for _, t, _ in named)
 
     # -- failure and shutdown -------------------------------------------
     def failure_hook(self, step: Optional[int] = None, stage: str = "") -> FailureHook:

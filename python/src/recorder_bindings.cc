@@ -57,13 +57,14 @@ struct ViewSet {
   std::vector<capture::TensorView> views;
 };
 
-ViewSet MakeViews(const std::vector<NamedTensor>& tensors) {
+ViewSet MakeViews(const std::vector<NamedTensor>& tensors, bool device = false) {
   ViewSet set;
   set.host.reserve(tensors.size());
   set.names.reserve(tensors.size());
   for (const auto& [name, array, dtype] : tensors) {
     std::optional<DType> override_dtype = ValueOrThrow(ParseDTypeOverride(dtype));
-    set.host.push_back(ValueOrThrow(HostView(array, name, override_dtype)));
+    set.host.push_back(ValueOrThrow(device ? DeviceView(array, name, override_dtype)
+                                           : HostView(array, name, override_dtype)));
     set.names.push_back(name);
   }
   set.views.reserve(tensors.size());
@@ -225,6 +226,19 @@ class PyRecorder {
     for (const auto& t : tensors) kept_weights_.push_back(nb::cast(std::get<1>(t)));
   }
 
+  // Device weights: re-hashed on the GPU by the recorder (CUDA builds only).
+  void RegisterDeviceWeights(const std::vector<NamedTensor>& tensors) {
+    capture::Recorder& rec = Live();
+    ViewSet set = MakeViews(tensors, /*device=*/true);
+    absl::Status s;
+    {
+      nb::gil_scoped_release release;
+      s = rec.RegisterDeviceWeights(set.views);
+    }
+    ThrowIfError(s);
+    for (const auto& t : tensors) kept_weights_.push_back(nb::cast(std::get<1>(t)));
+  }
+
   void OnFailure(const std::string& reason, const std::string& stage, std::optional<uint64_t> step,
                  const std::string& failure_class, const std::string& exception_type, const std::string& backtrace) {
     capture::Recorder& rec = Live();
@@ -334,6 +348,7 @@ void BindRecorder(nb::module_& m) {
       .def("submit_snapshot", &PyRecorder::SubmitSnapshot, nb::arg("step"), nb::arg("tensors"))
       .def("record_weight_hashes", &PyRecorder::RecordWeightHashes, nb::arg("rank"), nb::arg("entries"))
       .def("register_weights", &PyRecorder::RegisterWeights, nb::arg("tensors"))
+      .def("register_device_weights", &PyRecorder::RegisterDeviceWeights, nb::arg("tensors"))
       .def("on_failure", &PyRecorder::OnFailure, nb::arg("reason"), nb::arg("stage"), nb::arg("step").none(),
            nb::arg("failure_class"), nb::arg("exception_type"), nb::arg("backtrace"))
       .def("flush", &PyRecorder::Flush)

@@ -103,15 +103,29 @@ absl::StatusOr<std::optional<DType>> ParseDTypeOverride(const std::string& name)
   return d;
 }
 
+absl::StatusOr<HostTensorView> DeviceView(const AnyTensor& t, const std::string& tensor_name,
+                                          std::optional<DType> dtype_override) {
+  if (t.device_type() != nb::device::cuda::value) {
+    return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor_name, "' is not in CUDA device memory (",
+                                                      DeviceName(t.device_type(), t.device_id()), ")"));
+  }
+  return ViewOf(t, tensor_name, dtype_override);
+}
+
 absl::StatusOr<HostTensorView> HostView(const AnyTensor& t, const std::string& tensor_name,
                                         std::optional<DType> dtype_override) {
-  const std::string device = DeviceName(t.device_type(), t.device_id());
   if (!IsHostReadable(t.device_type())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", tensor_name, "' is in device memory (", device,
+        "tensor '", tensor_name, "' is in device memory (", DeviceName(t.device_type(), t.device_id()),
         "); the recorder copies only host memory. Pass it through crashreplay.Recorder.snapshot, "
         "which stages CUDA tensors into pinned host memory on a side stream before the step runs"));
   }
+  return ViewOf(t, tensor_name, dtype_override);
+}
+
+absl::StatusOr<HostTensorView> ViewOf(const AnyTensor& t, const std::string& tensor_name,
+                                      std::optional<DType> dtype_override) {
+  const std::string device = DeviceName(t.device_type(), t.device_id());
   if (!IsRowMajor(t)) {
     std::vector<int64_t> strides;
     for (size_t i = 0; i < t.ndim(); ++i) strides.push_back(t.stride(i));

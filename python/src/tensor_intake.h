@@ -54,6 +54,15 @@ std::string DeviceName(int device_type, int device_id);
 absl::StatusOr<HostTensorView> HostView(const AnyTensor& t, const std::string& tensor_name,
                                         std::optional<DType> dtype_override = std::nullopt);
 
+// The same checks for a tensor in CUDA device memory (`data` is a device
+// pointer; nothing reads it here). FailedPrecondition for other memory.
+absl::StatusOr<HostTensorView> DeviceView(const AnyTensor& t, const std::string& tensor_name,
+                                          std::optional<DType> dtype_override = std::nullopt);
+
+// Describes any tensor's bytes without checking where they live.
+absl::StatusOr<HostTensorView> ViewOf(const AnyTensor& t, const std::string& tensor_name,
+                                      std::optional<DType> dtype_override = std::nullopt);
+
 // Parses a dtype override name ("BF16"); nullopt for "" and InvalidArgument
 // for an unknown name.
 absl::StatusOr<std::optional<DType>> ParseDTypeOverride(const std::string& name);
