@@ -116,7 +116,7 @@ def extract_step(forward_batch: Any, req_to_token: Any = None) -> Dict[str, Any]
         fields["request_ids"] = [str(r) for r in rids]
     seq_cpu = getattr(fb, "seq_lens_cpu", None)
     if req_to_token is not None and seq_cpu is not None and len(seq_cpu) > 0:
-        width = int(max(int(x) for x in seq_cpu))
+        width = int(seq_cpu.max()) if hasattr(seq_cpu, "max") else max(int(x) for x in seq_cpu)
         fields["page_table"] = {"rows": req_to_token[fb.req_pool_indices, :width], "lengths": fb.seq_lens}
     si = getattr(fb, "sampling_info", None)
     if si is not None:
