@@ -111,7 +111,9 @@ def test_fatal_signal_leaves_readable_capture_and_process_still_dies(tmp_path, m
     assert not cap["ok"]  # never closed
     check_steps(cap)
     assert len(cap["failure_records"]) == 1
-    assert cap["failure_records"][0]["signal"] == sig
+    f = cap["failure_records"][0]
+    assert f["signal"] == sig and f["failure_class"] == "crash"
+    assert f["step"] == STEPS - 1  # the last step the recorder accepted
     check_snapshots_round_trip(path, cap)
     check_cli(path, STEPS)
 
