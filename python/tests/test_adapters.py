@@ -222,3 +222,15 @@ def test_env_toggles_pick_kernel_switches_only():
     t = env_toggles({"SGLANG_ENABLE_JIT_DEEPGEMM": "0", "CUDA_LAUNCH_BLOCKING": "1", "PATH": "/bin",
                      "VLLM_API_KEY": "x"})
     assert t == [("env.CUDA_LAUNCH_BLOCKING", "1"), ("env.SGLANG_ENABLE_JIT_DEEPGEMM", "0")]
+
+
+def test_sglang_launcher_requires_a_session_directory():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CRASHREPLAY_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    r = subprocess.run([sys.executable, "-m", "crashreplay.sglang", "--model-path", "x"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "set CRASHREPLAY_DIR" in r.stderr
