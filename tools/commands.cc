@@ -9,6 +9,9 @@ namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
+    {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
+    {"info", "summarise a capture file or session directory", RunInfo},
+    {"verify", "check every checksum and blob hash of a capture", RunVerify},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

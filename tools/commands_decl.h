@@ -5,5 +5,8 @@ namespace crashreplay::tools {
 
 int RunVersion(int argc, char** argv);
 int RunHash(int argc, char** argv);
+int RunSampleCapture(int argc, char** argv);
+int RunInfo(int argc, char** argv);
+int RunVerify(int argc, char** argv);
 
 }  // namespace crashreplay::tools

@@ -68,7 +68,7 @@ absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* m
                              uint16_t* minor) {
   if (size < kFileHeaderSize) {
     if (size >= 8 && std::memcmp(data, kCaptureMagic, 8) != 0) {
-      return absl::DataLossError("not a crashreplay capture (wrong magic at offset 0)");
+      return absl::DataLossError("not a crashreplay capture (wrong magic at byte offset 0)");
     }
     return absl::DataLossError(absl::StrFormat(
         "file is %d bytes, shorter than the %d-byte capture header: the recorder died while "
@@ -76,10 +76,10 @@ absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* m
         size, kFileHeaderSize));
   }
   if (std::memcmp(data, kCaptureMagic, 8) != 0) {
-    return absl::DataLossError("not a crashreplay capture (wrong magic at offset 0)");
+    return absl::DataLossError("not a crashreplay capture (wrong magic at byte offset 0)");
   }
   if (LoadLE64(data + 24) != XXH3_64bits(data, 24)) {
-    return absl::DataLossError("capture header checksum mismatch at offset 24: the file header is corrupt");
+    return absl::DataLossError("capture header checksum mismatch at byte offset 24: the file header is corrupt");
   }
   *major = LoadLE16(data + 8);
   *minor = LoadLE16(data + 10);

@@ -84,6 +84,11 @@ absl::Status CaptureWriter::WriteLocked(const EncodedFrame& frame) {
 }
 
 absl::Status CaptureWriter::Append(const EncodedFrame& frame) {
+  if (frame.type == static_cast<uint16_t>(RecordType::kManifest) ||
+      frame.type == static_cast<uint16_t>(RecordType::kIndex) || frame.type == static_cast<uint16_t>(RecordType::kEnd)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s records are written by Create() and Close(), not appended", RecordTypeName(frame.type)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (frame.type == static_cast<uint16_t>(RecordType::kBlob) && blob_offsets_.contains(frame.blob_hash)) {
     return absl::OkStatus();

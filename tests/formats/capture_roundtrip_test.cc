@@ -3,6 +3,9 @@
 // shuffle is lossless and pays off on bf16; the version rule holds.
 #include <gtest/gtest.h>
 
+#include <set>
+#include <thread>
+
 #include "capture_test_util.h"
 #include "crashreplay/formats/blob_codec.h"
 #include "crashreplay/formats/capture_encoder.h"
@@ -93,10 +96,15 @@ TEST(CaptureRoundTrip, SameBytesAreStoredOnceHoweverOftenReferenced) {
 
 TEST(CaptureRoundTrip, ByteShuffleIsLosslessForAnySizeAndElementSize) {
   for (size_t k : {2u, 3u, 4u, 8u}) {
-    for (size_t n : {0u, 1u, 2u, 3u, 7u, 8u, 17u, 1000u}) {
+    for (size_t n : {0u, 1u, 2u, 3u, 7u, 8u, 17u, 31u, 32u, 33u, 1000u, 4099u}) {
       std::vector<unsigned char> in(n), mid(n), out(n);
       for (size_t i = 0; i < n; ++i) in[i] = static_cast<unsigned char>(i * 37 + k);
       ShuffleBytePlanes(in.data(), n, k, mid.data());
+      const size_t elems = n / k;
+      for (size_t i = 0; i < elems * k; ++i) {  // the layout docs/formats/capture.md defines
+        ASSERT_EQ(mid[(i % k) * elems + i / k], in[i]) << "k=" << k << " n=" << n << " i=" << i;
+      }
+      for (size_t i = elems * k; i < n; ++i) ASSERT_EQ(mid[i], in[i]);
       UnshuffleBytePlanes(mid.data(), n, k, out.data());
       EXPECT_EQ(in, out) << "k=" << k << " n=" << n;
     }
@@ -266,6 +274,93 @@ TEST(CaptureCompat, SessionDirectoryListsRankFilesInOrder) {
   EXPECT_EQ((*files)[2], dir.File("rank-00010.crcap"));
   TempDir empty;
   EXPECT_EQ(ListCaptureFiles(empty.path()).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace crashreplay
+
+namespace crashreplay {
+namespace {
+
+TEST(CapturePreparedFailure, FilledFramesReadBackWithTheirSignalStepAndTime) {
+  testing::TempDir dir;
+  const std::string path = dir.File("pf.crcap");
+  auto writer = CaptureWriter::Create(path, testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  FailureRecord base;
+  base.reason = "fatal signal";
+  base.stage = "decode";
+  base.rank = 3;
+  base.failure_class = FailureClass::kCrash;
+  auto prepared = PreparedFailureFrame::Create(base);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto a = prepared->Fill(11, 41, 123456789);
+  ASSERT_TRUE((*writer)->AppendEncodedFrame(a.data(), a.size()));
+  auto b = prepared->Fill(6, -1, 987654321);
+  ASSERT_TRUE((*writer)->AppendEncodedFrame(b.data(), b.size()));
+  writer->reset();  // the process "dies": no Close
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*reader)->scan_status().ok()) << (*reader)->scan_status();
+  ASSERT_EQ((*reader)->failures().size(), 2u);
+  FailureRecord want = base;
+  want.signal = 11;
+  want.step = 41;
+  want.timestamp_nanos = 123456789;
+  EXPECT_EQ((*reader)->failures()[0], want);
+  want.signal = 6;
+  want.step.reset();
+  want.timestamp_nanos = 987654321;
+  EXPECT_EQ((*reader)->failures()[1], want);
+}
+
+}  // namespace
+}  // namespace crashreplay
+
+namespace crashreplay {
+namespace {
+
+TEST(CaptureWriterContract, ManifestIndexAndEndCannotBeAppended) {
+  testing::TempDir dir;
+  auto writer = CaptureWriter::Create(dir.File("x.crcap"), testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  auto manifest = FrameEncoder::Encode(testing::TestManifest(0));
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_EQ((*writer)->Append(*manifest).code(), absl::StatusCode::kInvalidArgument);
+  auto end = FrameEncoder::Encode(EndRecord{});
+  EXPECT_EQ((*writer)->Append(*end).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CaptureWriterContract, ConcurrentAppendsFromSeveralThreadsAllReadBack) {
+  testing::TempDir dir;
+  const std::string path = dir.File("mt.crcap");
+  auto writer = CaptureWriter::Create(path, testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const uint64_t step = static_cast<uint64_t>(t * kPerThread + i);
+        // Encoded outside the writer, as the recorder's background threads do.
+        auto frame = FrameEncoder::Encode(testing::TestStep(step, 0));
+        ASSERT_TRUE(frame.ok());
+        ASSERT_TRUE((*writer)->Append(*frame).ok());
+        // Every thread also stores the same shared blob: kept once.
+        ASSERT_TRUE((*writer)->AppendBlob(testing::Bf16Normal(512, 1), 2).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_TRUE((*reader)->Verify().status.ok()) << (*reader)->Verify().status;
+  std::set<uint64_t> steps;
+  for (const StepRecord& s : (*reader)->steps()) steps.insert(s.step);
+  EXPECT_EQ(steps.size(), static_cast<size_t>(kThreads * kPerThread));
+  EXPECT_EQ((*reader)->Summary().blobs, 1u);
+  EXPECT_EQ((*reader)->Summary().duplicate_blobs, 0u);
 }
 
 }  // namespace

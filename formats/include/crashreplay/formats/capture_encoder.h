@@ -56,4 +56,26 @@ class FrameEncoder {
   static EncodedFrame EncodeRaw(uint16_t type, uint16_t flags, std::span<const unsigned char> payload);
 };
 
+// A failure frame encoded ahead of time whose signal number, step and
+// timestamp can be filled in from a fatal-signal handler. Create() encodes
+// `base` (reason, stage, rank, class ...) off the hot path and finds where
+// those fields sit in the bytes by encoding sentinels; Fill() is
+// async-signal-safe: it stores integers into the buffer and recomputes the
+// frame checksum with a stack-allocated hash state. No lock, no allocation.
+// One buffer: a handler that may run on several threads at once must guard
+// Fill() with an atomic flag of its own.
+class PreparedFailureFrame {
+ public:
+  static absl::StatusOr<PreparedFailureFrame> Create(const FailureRecord& base);
+
+  // Sets the fields and returns the complete frame (valid until the next
+  // Fill). step < 0 records "step unknown".
+  std::span<const unsigned char> Fill(int32_t signal, int64_t step, int64_t timestamp_nanos) noexcept;
+
+ private:
+  std::vector<unsigned char> bytes_;
+  size_t signal_at_ = 0, step_at_ = 0, timestamp_at_ = 0, has_step_byte_ = 0;
+  unsigned char has_step_mask_ = 0;
+};
+
 }  // namespace crashreplay
