@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "crashreplay/capture/recorder.h"
+#include "step_slot.h"  // capture/src: the copy RecordStep makes, measured alone
 
 namespace {
 
@@ -137,6 +138,22 @@ void StepLog(const char* label, size_t slots_per_row, int steps, int pace_us) {
   std::filesystem::remove_all(dir);
 }
 
+// The copy RecordStep makes into a queue slot, alone: no queue, no threads
+// competing for the cores (a lower bound on this machine).
+void SlotCopyAlone() {
+  Batch b(256, 0);
+  std::vector<capture::internal::StepSlot> slots(256);
+  const capture::StepView v = b.View(1);
+  for (int i = 0; i < 1000; ++i) (void)slots[i % 256].Pack(v, 1);
+  double best = 1e30;
+  for (int rep = 0; rep < 20; ++rep) {
+    const auto a = Clock::now();
+    for (int i = 0; i < 1000; ++i) (void)slots[i % 256].Pack(v, 1);
+    best = std::min(best, Ns(a, Clock::now()) / 1000);
+  }
+  std::printf("%-34s %.2f us per step (best of 20 x 1000, rotating 256 slots)\n", "slot copy alone (no threads)", best / 1e3);
+}
+
 std::vector<std::byte> Bf16Like(size_t bytes) {
   std::vector<std::byte> out(bytes);
   std::mt19937 rng(1);
@@ -209,6 +226,7 @@ int main(int argc, char** argv) {
   }
   std::printf("recorder_bench: decode batch of 256 requests; figures are the calling thread unless marked\n");
   std::printf("(steps paced one per 500 us; writer figures: the whole run incl. pacing, and a burst below)\n");
+  SlotCopyAlone();
   StepLog("step log (no page-table rows)", 0, steps, 500);
   StepLog("step log + 256 rows x 64 slots", 64, steps, 500);
   StepLog("burst, unpaced (writer bound)", 0, steps, 0);

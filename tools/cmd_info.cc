@@ -20,6 +20,18 @@
 namespace crashreplay::tools {
 namespace {
 
+// K, the steps a full pass over the weights takes: the recorder learns it
+// only after the weights are registered (after the manifest was written),
+// so the latest WeightCheckRecord says it; the manifest's value is the
+// fallback.
+uint32_t WeightCheckPeriod(const CaptureReader& r) {
+  if (!r.weight_checks().empty() && r.weight_checks().back().period_steps > 0) {
+    return r.weight_checks().back().period_steps;
+  }
+  return r.manifest().has_value() ? r.manifest()->weight_check_period_steps : 0;
+}
+
+
 std::string HumanBytes(uint64_t n) {
   if (n < 10 * 1024) return absl::StrFormat("%d B", n);
   if (n < 10ull * 1024 * 1024) return absl::StrFormat("%.1f KiB", n / 1024.0);
@@ -68,7 +80,7 @@ nlohmann::json FileJson(const CaptureReader& r) {
                    {"memory_capacity_bytes", m.device.memory_capacity_bytes}};
     j["tp_size"] = m.parallel.tp_size;
     j["rank"] = m.parallel.rank;
-    j["weight_check_period_steps"] = m.weight_check_period_steps;
+    j["weight_check_period_steps"] = WeightCheckPeriod(r);
     j["quirks"] = m.quirks;
   }
   nlohmann::json failures = nlohmann::json::array();
@@ -118,7 +130,7 @@ void PrintText(const CaptureReader& r) {
               HumanBytes(s.blob_stored_bytes).c_str(), HumanBytes(s.blob_raw_bytes).c_str(), ratio,
               static_cast<unsigned long long>(s.snapshots));
   if (s.weight_checks > 0) {
-    const uint32_t k = r.manifest().has_value() ? r.manifest()->weight_check_period_steps : 0;
+    const uint32_t k = WeightCheckPeriod(r);
     std::printf("  weight checks: %llu (full coverage every %u steps), corrupt slices: %llu\n",
                 static_cast<unsigned long long>(s.weight_checks), k,
                 static_cast<unsigned long long>(s.corrupt_weight_slices));

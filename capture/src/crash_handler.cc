@@ -26,6 +26,7 @@ std::atomic<bool> g_installed{false};
 std::atomic<int> g_in_handler{0};
 std::terminate_handler g_previous_terminate = nullptr;
 std::mutex g_install_mu;
+void* g_alt_stack = nullptr;  // kept reachable: it must outlive any signal
 
 int SignalSlot(int sig) {
   for (int i = 0; i < kNumSignals; ++i) {
@@ -108,10 +109,11 @@ absl::Status InstallFatalSignalHandlers() {
   std::lock_guard<std::mutex> lock(g_install_mu);
   if (g_installed.load()) return absl::OkStatus();
   // An alternate stack for this thread, so a stack overflow in it can still
-  // be recorded. Leaked on purpose: it must outlive any signal.
+  // be recorded. Never freed: it must outlive any signal.
   static constexpr size_t kAltStackBytes = 64 * 1024;
   stack_t ss{};
-  ss.ss_sp = std::malloc(kAltStackBytes);
+  g_alt_stack = std::malloc(kAltStackBytes);
+  ss.ss_sp = g_alt_stack;
   ss.ss_size = kAltStackBytes;
   ss.ss_flags = 0;
   if (ss.ss_sp != nullptr) sigaltstack(&ss, nullptr);
