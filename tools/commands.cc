@@ -8,6 +8,7 @@ namespace crashreplay::tools {
 namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
+    {"toggles", "print the configuration toggle table", RunToggles},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace
