@@ -1,0 +1,345 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "crashreplay/base/status.h"
+#include "crashreplay/replay/kernels/numeric_shim.h"
+#include "crashreplay/replay/model.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using text::Cat;
+
+struct Slice {
+  int64_t r0, r1, c0, c1;
+};
+
+absl::StatusOr<const HostTensor*> Get(const TensorSet& t, const std::string& name) {
+  auto it = t.find(name);
+  if (it == t.end()) return absl::NotFoundError(Cat("checkpoint has no tensor '", name, "'"));
+  uint64_t n = 1;
+  for (int64_t d : it->second.shape) n *= static_cast<uint64_t>(d);
+  if (DTypeBytes(it->second.dtype, n) != it->second.bytes.size()) {
+    return absl::DataLossError(Cat("tensor '", name, "' has ", it->second.bytes.size(), " bytes, its shape needs ",
+                                   DTypeBytes(it->second.dtype, n)));
+  }
+  return &it->second;
+}
+
+float ScalarF32(const HostTensor& t) {
+  float v = 0;
+  std::memcpy(&v, t.bytes.data(), 4);
+  return v;
+}
+
+// Copies a [rows, cols] block [r0,r1) x [c0,c1) of `elem_bits`-bit elements.
+std::vector<uint8_t> CopyBlock(const std::vector<uint8_t>& src, int64_t cols, int elem_bits, Slice s) {
+  const int64_t row_bytes = cols * elem_bits / 8;
+  const int64_t b0 = s.c0 * elem_bits / 8, b1 = s.c1 * elem_bits / 8;
+  std::vector<uint8_t> out((s.r1 - s.r0) * (b1 - b0));
+  for (int64_t r = s.r0; r < s.r1; ++r) {
+    std::memcpy(out.data() + (r - s.r0) * (b1 - b0), src.data() + r * row_bytes + b0, b1 - b0);
+  }
+  return out;
+}
+
+void SetViews(LinearShard* s) {
+  s->w.data = s->data.data();
+  s->w.scales = s->scales.empty() ? nullptr : s->scales.data();
+}
+
+// Rewrites the shard's scales for the configured scale format (see the
+// scale_format toggle): fp32 and ue8m0 expand to fp32 with the global scale
+// folded in; ue8m0_requant also rounds every scale up to a power of two and
+// requantizes the block's values so value * scale is kept as closely as the
+// element format allows.
+void ConvertScales(LinearShard* s, ScaleFormat fmt) {
+  if (s->w.scale_format == SFormat::kNone || fmt == ScaleFormat::kCheckpoint) return;
+  QWeight& w = s->w;
+  const int64_t sr = (w.rows + w.block_rows - 1) / w.block_rows;
+  std::vector<float> f(sr * w.scale_cols);
+  for (int64_t i = 0; i < sr; ++i)
+    for (int64_t j = 0; j < w.scale_cols; ++j) f[i * w.scale_cols + j] = ScaleAt(w, i * w.block_rows, j * w.block_cols);
+  if (fmt == ScaleFormat::kUe8m0Requant) {
+    std::vector<float> pow2(f.size());
+    for (size_t i = 0; i < f.size(); ++i) pow2[i] = f[i] == 0.0f ? 0.0f : num::E8m0ToFloat(num::FloatToUe8m0Ceil(f[i]));
+    for (int64_t r = 0; r < w.rows; ++r) {
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const int64_t si = ScaleIndex(w, r, c);
+        if (pow2[si] == 0.0f || pow2[si] == f[si]) continue;
+        const float v = RawAt(w, r, c) * f[si] / pow2[si];
+        const int64_t i = r * w.cols + c;
+        if (w.format == WFormat::kE4m3) {
+          s->data[i] = num::FloatToE4m3(v);
+        } else if (w.format == WFormat::kE2m1) {
+          const uint8_t nib = num::FloatToE2m1(v);
+          uint8_t& b = s->data[i / 2];
+          b = (i & 1) ? static_cast<uint8_t>((b & 0x0f) | (nib << 4)) : static_cast<uint8_t>((b & 0xf0) | nib);
+        }
+      }
+    }
+    f = pow2;
+  }
+  s->scales.assign(reinterpret_cast<const uint8_t*>(f.data()), reinterpret_cast<const uint8_t*>(f.data() + f.size()));
+  w.scale_format = SFormat::kF32;
+  w.global_scale = 1.0f;
+  SetViews(s);
+}
+
+class Builder {
+ public:
+  Builder(const ModelSpec& spec, const TensorSet& t, const EngineConfig& cfg) : spec_(spec), t_(t), cfg_(cfg) {}
+
+  // Loads `base`.weight (+ scales, + bias) restricted to `s` (logical elements).
+  absl::StatusOr<LinearShard> Linear(const std::string& base, Slice s, bool bias_rows, int rank) {
+    const std::string name = base + ".weight";
+    CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, name));
+    if (w->shape.size() != 2) return absl::InvalidArgumentError(Cat("tensor '", name, "' is not 2-D"));
+    LinearShard out;
+    QWeight& q = out.w;
+    int64_t rows = w->shape[0], cols = w->shape[1];
+    int bits = 16;
+    const HostTensor* scale = nullptr;
+    switch (w->dtype) {
+      case DType::kBF16: q.format = WFormat::kBF16; break;
+      case DType::kF16: q.format = WFormat::kF16; break;
+      case DType::kF32: q.format = WFormat::kF32; bits = 32; break;
+      case DType::kF8E4M3: {
+        q.format = WFormat::kE4m3;
+        bits = 8;
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, base + ".weight_scale_inv"));
+        q.scale_format = SFormat::kF32;
+        q.block_rows = static_cast<int32_t>(spec_.quant_block_rows > 1 ? spec_.quant_block_rows : 128);
+        q.block_cols = static_cast<int32_t>(spec_.quant_block_cols > 1 ? spec_.quant_block_cols : 128);
+        break;
+      }
+      case DType::kU8: {
+        q.format = WFormat::kE2m1;
+        bits = 4;
+        cols *= 2;
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, base + ".weight_scale"));
+        if (scale->dtype == DType::kF8E4M3) {  // NVFP4 (ModelOpt)
+          q.scale_format = SFormat::kE4m3;
+          q.block_cols = 16;
+          CR_ASSIGN_OR_RETURN(const HostTensor* g, Get(t_, base + ".weight_scale_2"));
+          q.global_scale = ScalarF32(*g);
+        } else {  // MXFP4: e8m0 bytes
+          q.scale_format = SFormat::kE8m0;
+          q.block_cols = 32;
+        }
+        break;
+      }
+      default:
+        return absl::UnimplementedError(Cat("tensor '", name, "' has dtype ", DTypeName(w->dtype),
+                                            ", which the engine does not load as a weight"));
+    }
+    if (s.r1 < 0) s.r1 = rows;
+    if (s.c1 < 0) s.c1 = cols;
+    if (s.r1 > rows || s.c1 > cols) {
+      return absl::InvalidArgumentError(Cat("tensor '", name, "' is [", rows, ", ", cols, "], smaller than expected"));
+    }
+    if (scale != nullptr) {
+      const bool rows_ok = s.r0 % q.block_rows == 0 && (s.r1 % q.block_rows == 0 || s.r1 == rows);
+      const bool cols_ok = s.c0 % q.block_cols == 0 && (s.c1 % q.block_cols == 0 || s.c1 == cols);
+      if (!rows_ok || !cols_ok) {
+        return absl::InvalidArgumentError(
+            Cat("rank ", rank, "'s shard of '", name, "' (rows ", s.r0, "..", s.r1, ", columns ", s.c0, "..", s.c1,
+                ") splits a ", q.block_rows, "x", q.block_cols, " scale block; use a tp_size that divides the ",
+                "blocks evenly"));
+      }
+      q.scale_cols = scale->shape.size() == 2 ? scale->shape[1] : 1;
+      const int sbits = scale->dtype == DType::kF32 ? 32 : 8;
+      const Slice ss{s.r0 / q.block_rows, (s.r1 + q.block_rows - 1) / q.block_rows, s.c0 / q.block_cols,
+                     (s.c1 + q.block_cols - 1) / q.block_cols};
+      out.scales = CopyBlock(scale->bytes, q.scale_cols, sbits, ss);
+      q.scale_cols = ss.c1 - ss.c0;
+    }
+    out.data = CopyBlock(w->bytes, cols, bits, s);
+    q.rows = s.r1 - s.r0;
+    q.cols = s.c1 - s.c0;
+    auto bias_it = t_.find(base + ".bias");
+    if (bias_it != t_.end()) {
+      const HostTensor& b = bias_it->second;
+      const int64_t n = static_cast<int64_t>(b.bytes.size() / 2);
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, b.bytes.data() + 2 * i, 2);
+        out.bias.push_back(b.dtype == DType::kF16 ? num::Fp16ToFloat(v) : num::Bf16ToFloat(v));
+      }
+      // Column-parallel layers own their rows' bias; row-parallel ones add the
+      // bias once, on rank 0.
+      if (bias_rows) {
+        out.bias = std::vector<float>(out.bias.begin() + s.r0, out.bias.begin() + s.r1);
+      } else if (rank != 0) {
+        out.bias.assign(out.bias.size(), 0.0f);
+      }
+    }
+    SetViews(&out);
+    Hasher128 h;
+    h.Update(out.data.data(), out.data.size());
+    h.Update(out.scales.data(), out.scales.size());
+    (*hashes_)[rank][name] = h.Digest();
+    ConvertScales(&out, cfg_.scale_format);
+    (*bytes_)[rank] += out.bytes();
+    return out;
+  }
+
+  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) {
+    CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
+    std::vector<float> v(n);
+    if (t->bytes.size() != DTypeBytes(t->dtype, n)) {
+      return absl::InvalidArgumentError(Cat("tensor '", name, "' should have ", n, " elements"));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (t->dtype == DType::kF32) {
+        std::memcpy(&v[i], t->bytes.data() + 4 * i, 4);
+      } else {
+        uint16_t b;
+        std::memcpy(&b, t->bytes.data() + 2 * i, 2);
+        v[i] = t->dtype == DType::kF16 ? num::Fp16ToFloat(b) : num::Bf16ToFloat(b);
+      }
+    }
+    return v;
+  }
+
+  std::vector<std::map<std::string, Hash128>>* hashes_ = nullptr;
+  std::vector<uint64_t>* bytes_ = nullptr;
+
+ private:
+  const ModelSpec& spec_;
+  const TensorSet& t_;
+  const EngineConfig& cfg_;
+};
+
+absl::Status Divides(int64_t n, int tp, const char* what) {
+  if (n % tp != 0) {
+    return absl::InvalidArgumentError(Cat(what, " (", n, ") is not divisible by tp_size ", tp));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,
+                                                  const EngineConfig& cfg) {
+  auto m = std::make_unique<Model>();
+  m->spec = spec;
+  const int tp = cfg.tp_size;
+  m->tp = tp;
+  CR_RETURN_IF_ERROR(Divides(spec.heads, tp, "attention heads"));
+  CR_RETURN_IF_ERROR(Divides(spec.vocab, tp, "vocabulary size"));
+  if (spec.kv_heads >= tp) {
+    CR_RETURN_IF_ERROR(Divides(spec.kv_heads, tp, "KV heads"));
+  } else if (tp % spec.kv_heads != 0) {
+    return absl::InvalidArgumentError(Cat("tp_size ", tp, " is not a multiple of the ", spec.kv_heads, " KV heads"));
+  }
+  m->heads_local = spec.heads / tp;
+  m->kv_heads_local = spec.kv_heads >= tp ? spec.kv_heads / tp : 1;
+  m->vocab_local = spec.vocab / tp;
+  m->shard_hashes.resize(tp);
+  m->rank_weight_bytes.assign(tp, 0);
+  Builder b(spec, tensors, cfg);
+  b.hashes_ = &m->shard_hashes;
+  b.bytes_ = &m->rank_weight_bytes;
+  const int64_t H = spec.hidden, hd = spec.head_dim;
+
+  CR_ASSIGN_OR_RETURN(m->embed, b.Linear("model.embed_tokens", Slice{0, -1, 0, -1}, false, 0));
+  for (int r = 1; r < tp; ++r) m->rank_weight_bytes[r] += m->embed.bytes();
+  CR_ASSIGN_OR_RETURN(m->final_norm, b.Vector("model.norm.weight", H));
+  const std::string head = tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
+  for (int r = 0; r < tp; ++r) {
+    CR_ASSIGN_OR_RETURN(LinearShard s,
+                        b.Linear(head, Slice{r * m->vocab_local, (r + 1) * m->vocab_local, 0, -1}, true, r));
+    m->lm_head.push_back(std::move(s));
+  }
+  if (!spec.is_moe() || spec.first_k_dense > 0) CR_RETURN_IF_ERROR(Divides(spec.intermediate, tp, "intermediate size"));
+  m->intermediate_local = spec.intermediate / tp;
+  if (spec.is_moe()) {
+    if (cfg.moe_parallel == MoeParallel::kTensor) {
+      CR_RETURN_IF_ERROR(Divides(spec.moe_intermediate, tp, "moe_intermediate_size"));
+      m->moe_intermediate_local = spec.moe_intermediate / tp;
+    } else {
+      CR_RETURN_IF_ERROR(Divides(spec.num_experts, tp, "experts (moe_parallel=expert)"));
+      m->moe_intermediate_local = spec.moe_intermediate;
+    }
+  }
+
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const LayerNames n = NamesFor(spec, l);
+    Layer layer;
+    CR_ASSIGN_OR_RETURN(layer.input_norm, b.Vector(n.prefix + "input_layernorm.weight", H));
+    CR_ASSIGN_OR_RETURN(layer.post_norm, b.Vector(n.prefix + "post_attention_layernorm.weight", H));
+    if (spec.qk_norm) {
+      CR_ASSIGN_OR_RETURN(layer.q_norm, b.Vector(n.prefix + "self_attn.q_norm.weight", hd));
+      CR_ASSIGN_OR_RETURN(layer.k_norm, b.Vector(n.prefix + "self_attn.k_norm.weight", hd));
+    }
+    layer.moe = spec.layer_is_moe(l);
+    if (layer.moe) {
+      const std::string router = n.router();
+      CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), Slice{0, -1, 0, -1}, true, 0));
+      if (spec.scoring == "sigmoid" && tensors.count(n.bias())) {
+        CR_ASSIGN_OR_RETURN(layer.correction_bias, b.Vector(n.bias(), spec.num_experts));
+      }
+    }
+    const std::string a = n.prefix + "self_attn.";
+    for (int r = 0; r < tp; ++r) {
+      RankLayer rl;
+      const int64_t q0 = r * m->heads_local * hd, q1 = q0 + m->heads_local * hd;
+      const int64_t kvh = spec.kv_heads >= tp ? r * m->kv_heads_local : r * spec.kv_heads / tp;
+      const int64_t k0 = kvh * hd, k1 = k0 + m->kv_heads_local * hd;
+      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", Slice{q0, q1, 0, -1}, true, r));
+      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", Slice{k0, k1, 0, -1}, true, r));
+      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", Slice{k0, k1, 0, -1}, true, r));
+      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", Slice{0, -1, q0, q1}, false, r));
+      auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
+      if (!layer.moe) {
+        const int64_t i0 = r * m->intermediate_local, i1 = i0 + m->intermediate_local;
+        CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", Slice{i0, i1, 0, -1}, true, r));
+        CR_ASSIGN_OR_RETURN(rl.up, b.Linear(n.prefix + "mlp.up_proj", Slice{i0, i1, 0, -1}, true, r));
+        CR_ASSIGN_OR_RETURN(rl.down, b.Linear(n.prefix + "mlp.down_proj", Slice{0, -1, i0, i1}, false, r));
+      } else {
+        const bool ep = cfg.moe_parallel == MoeParallel::kExpert;
+        const int64_t e_per = ep ? spec.num_experts / tp : spec.num_experts;
+        rl.expert_begin = ep ? r * e_per : 0;
+        const int64_t mi = m->moe_intermediate_local;
+        const int64_t i0 = ep ? 0 : r * mi, i1 = i0 + mi;
+        for (int64_t j = rl.expert_begin; j < rl.expert_begin + e_per; ++j) {
+          ExpertShard e;
+          CR_ASSIGN_OR_RETURN(e.gate, b.Linear(strip(n.expert(j, "gate")), Slice{i0, i1, 0, -1}, true, r));
+          CR_ASSIGN_OR_RETURN(e.up, b.Linear(strip(n.expert(j, "up")), Slice{i0, i1, 0, -1}, true, r));
+          CR_ASSIGN_OR_RETURN(e.down, b.Linear(strip(n.expert(j, "down")), Slice{0, -1, i0, i1}, false, r));
+          rl.experts.push_back(std::move(e));
+        }
+        if (spec.n_shared_experts > 0) {
+          const int64_t si = spec.moe_intermediate * spec.n_shared_experts;
+          CR_RETURN_IF_ERROR(Divides(si, tp, "shared expert intermediate size"));
+          const int64_t s0 = r * si / tp, s1 = s0 + si / tp;
+          rl.has_shared = true;
+          CR_ASSIGN_OR_RETURN(rl.shared.gate, b.Linear(strip(n.shared("gate")), Slice{s0, s1, 0, -1}, true, r));
+          CR_ASSIGN_OR_RETURN(rl.shared.up, b.Linear(strip(n.shared("up")), Slice{s0, s1, 0, -1}, true, r));
+          CR_ASSIGN_OR_RETURN(rl.shared.down, b.Linear(strip(n.shared("down")), Slice{0, -1, s0, s1}, false, r));
+        }
+      }
+      layer.ranks.push_back(std::move(rl));
+    }
+    m->layers.push_back(std::move(layer));
+  }
+
+  // RoPE: read the form the configuration names; when the checkpoint does not
+  // carry that form, the defaults apply (as an engine reading only that form does).
+  const std::optional<RopeSpec>& chosen =
+      cfg.rope_config == RopeConfig::kRopeParameters ? spec.rope_parameters : spec.rope_legacy;
+  m->rope = ComputeRope(chosen.value_or(RopeSpec{}), hd, spec.partial_rotary_factor);
+  m->rope.from_default = !chosen.has_value();
+
+  const bool ue8m0 = cfg.scale_format == ScaleFormat::kUe8m0;
+  m->dense_dot = ue8m0 ? DotKind::kUe8m0
+                       : cfg.gemm_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
+  m->moe_dot = ue8m0 ? DotKind::kUe8m0
+                     : cfg.moe_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
+  return m;
+}
+
+}  // namespace crashreplay::replay
