@@ -1,0 +1,98 @@
+// One safetensors file, validated as hostile input, read over mmap.
+//
+// Layout (see docs/formats/safetensors.md): 8-byte little-endian header
+// length N, N bytes of UTF-8 JSON, then the data region. The JSON maps each
+// tensor name to {dtype, shape, data_offsets: [begin, end]} (offsets relative
+// to the data region) and may hold "__metadata__": {string: string}.
+//
+// Open() checks every rule before returning: header length against the cap
+// and the file size, JSON well-formed (depth-limited, no duplicate keys),
+// every dtype known, shapes non-negative and not overflowing, every tensor's
+// byte range inside the data region, begin <= end, ranges pairwise disjoint,
+// and range length == elements x dtype size. After a successful Open, Data()
+// cannot read outside the file.
+//
+// Errors: DataLoss for a corrupt or inconsistent file, ResourceExhausted for
+// a header over kMaxHeaderBytes, Unimplemented for a dtype safetensors knows
+// but crashreplay does not (C64, F6_*), NotFound/FailedPrecondition for I/O.
+// Every message names the file and, where there is one, the tensor.
+//
+// Ownership: the object owns its mapping (or its copy of the buffer); spans
+// from Data() live as long as the object. Immutable after construction, so
+// concurrent reads are safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "crashreplay/formats/dtype.h"
+
+namespace crashreplay {
+
+class ByteSource;
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t data_offset = 0;  // absolute byte offset in the file
+  uint64_t byte_size = 0;
+
+  // Product of `shape` (1 for a scalar). Validated not to overflow at Open.
+  int64_t NumElements() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Largest header accepted. The Python package refuses headers over
+  // 100,000,000 bytes; we use 100 MiB, a little more, so anything it writes
+  // we read. Real headers are a few hundred KiB at most.
+  static constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+  // Deepest JSON nesting accepted in a header. A valid header nests 3 deep.
+  static constexpr int kMaxJsonDepth = 16;
+  // Most dimensions a tensor may have.
+  static constexpr size_t kMaxRank = 32;
+
+  // Maps `path` read-only (MAP_PRIVATE) and validates it.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+
+  // Validates a copy of `bytes`; `name` stands in for the path in messages.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBuffer(
+      std::string name, std::span<const std::byte> bytes);
+
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Sorted by name.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // nullptr when absent.
+  const TensorInfo* Find(std::string_view name) const;
+  // The tensor's bytes. `info` must come from this file's tensors().
+  std::span<const std::byte> Data(const TensorInfo& info) const;
+  // The "__metadata__" map (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Size of the header JSON (without the 8-byte length) and of the file.
+  uint64_t header_size() const { return header_size_; }
+  uint64_t file_size() const;
+
+ private:
+  SafetensorsFile(std::string path, std::unique_ptr<ByteSource> source);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(
+      std::string path, std::unique_ptr<ByteSource> source);
+
+  std::string path_;
+  std::unique_ptr<ByteSource> source_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+  uint64_t header_size_ = 0;
+};
+
+}  // namespace crashreplay
