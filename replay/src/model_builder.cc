@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "crashreplay/base/status.h"
-#include "crashreplay/replay/kernels/numeric_shim.h"
+#include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/model.h"
 #include "text_util.h"
 
@@ -64,7 +64,7 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
     for (int64_t j = 0; j < w.scale_cols; ++j) f[i * w.scale_cols + j] = ScaleAt(w, i * w.block_rows, j * w.block_cols);
   if (fmt == ScaleFormat::kUe8m0Requant) {
     std::vector<float> pow2(f.size());
-    for (size_t i = 0; i < f.size(); ++i) pow2[i] = f[i] == 0.0f ? 0.0f : num::E8m0ToFloat(num::FloatToUe8m0Ceil(f[i]));
+    for (size_t i = 0; i < f.size(); ++i) pow2[i] = f[i] == 0.0f ? 0.0f : E8m0ToFloat(FloatToUe8m0Ceil(f[i]));
     for (int64_t r = 0; r < w.rows; ++r) {
       for (int64_t c = 0; c < w.cols; ++c) {
         const int64_t si = ScaleIndex(w, r, c);
@@ -72,11 +72,9 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
         const float v = RawAt(w, r, c) * f[si] / pow2[si];
         const int64_t i = r * w.cols + c;
         if (w.format == WFormat::kE4m3) {
-          s->data[i] = num::FloatToE4m3(v);
+          s->data[i] = FloatToE4m3(v);
         } else if (w.format == WFormat::kE2m1) {
-          const uint8_t nib = num::FloatToE2m1(v);
-          uint8_t& b = s->data[i / 2];
-          b = (i & 1) ? static_cast<uint8_t>((b & 0x0f) | (nib << 4)) : static_cast<uint8_t>((b & 0xf0) | nib);
+          SetNibble(s->data.data(), static_cast<uint64_t>(i), FloatToE2m1(v));
         }
       }
     }
@@ -166,7 +164,7 @@ class Builder {
       for (int64_t i = 0; i < n; ++i) {
         uint16_t v;
         std::memcpy(&v, b.bytes.data() + 2 * i, 2);
-        out.bias.push_back(b.dtype == DType::kF16 ? num::Fp16ToFloat(v) : num::Bf16ToFloat(v));
+        out.bias.push_back(b.dtype == DType::kF16 ? Fp16ToFloat(v) : Bf16ToFloat(v));
       }
       // Column-parallel layers own their rows' bias; row-parallel ones add the
       // bias once, on rank 0.
@@ -198,7 +196,7 @@ class Builder {
       } else {
         uint16_t b;
         std::memcpy(&b, t->bytes.data() + 2 * i, 2);
-        v[i] = t->dtype == DType::kF16 ? num::Fp16ToFloat(b) : num::Bf16ToFloat(b);
+        v[i] = t->dtype == DType::kF16 ? Fp16ToFloat(b) : Bf16ToFloat(b);
       }
     }
     return v;

@@ -4,7 +4,8 @@
 #include <cstring>
 
 #include "crashreplay/base/status.h"
-#include "crashreplay/replay/kernels/numeric_shim.h"
+#include "crashreplay/formats/block_quant.h"
+#include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
 #include "text_util.h"
@@ -40,7 +41,7 @@ HostTensor Make(DType dt, std::vector<int64_t> shape, const std::vector<T>& v) {
 
 HostTensor Bf16(std::vector<int64_t> shape, const std::vector<float>& v) {
   std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = num::FloatToBf16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
   return Make(DType::kBF16, std::move(shape), b);
 }
 
@@ -70,36 +71,31 @@ class Generator {
         return;
       case QuantKind::kFp8Block: {
         const int64_t br = 128, bc = 128, sr = (out + br - 1) / br, sc = (in + bc - 1) / bc;
-        std::vector<float> scale(sr * sc, 0.0f);
+        std::vector<float> amax(sr * sc, 0.0f);
         for (int64_t r = 0; r < out; ++r)
           for (int64_t c = 0; c < in; ++c) {
-            float& s = scale[(r / br) * sc + c / bc];
-            s = std::max(s, std::abs(w[r * in + c]) / 448.0f);
+            float& a = amax[(r / br) * sc + c / bc];
+            a = AbsMaxAccumulate(a, w[r * in + c]);
           }
+        std::vector<float> scale(sr * sc);
+        for (size_t i = 0; i < scale.size(); ++i) scale[i] = Fp8BlockScale(amax[i], 1e-12f, false);
         std::vector<uint8_t> q(out * in);
         for (int64_t r = 0; r < out; ++r)
-          for (int64_t c = 0; c < in; ++c) q[r * in + c] = num::FloatToE4m3(w[r * in + c] / scale[(r / br) * sc + c / bc]);
+          for (int64_t c = 0; c < in; ++c) q[r * in + c] = QuantFp8(w[r * in + c], scale[(r / br) * sc + c / bc]);
         t_[name] = Make(DType::kF8E4M3, {out, in}, q);
         t_[base + ".weight_scale_inv"] = Make(DType::kF32, {sr, sc}, scale);
         return;
       }
       case QuantKind::kNvfp4: {
-        float amax = 0.0f;
-        for (float x : w) amax = std::max(amax, std::abs(x));
-        const float global = amax / (448.0f * 6.0f);
+        const float global = Nvfp4GlobalScale(w);
         std::vector<uint8_t> scales(out * (in / 16)), packed(out * in / 2, 0);
         for (int64_t r = 0; r < out; ++r)
           for (int64_t b = 0; b < in / 16; ++b) {
             float bmax = 0.0f;
-            for (int64_t c = b * 16; c < b * 16 + 16; ++c) bmax = std::max(bmax, std::abs(w[r * in + c]));
-            const uint8_t s8 = num::FloatToE4m3(bmax / 6.0f / global);
+            for (int64_t c = b * 16; c < b * 16 + 16; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
+            const uint8_t s8 = Nvfp4BlockScale(bmax, global);
             scales[r * (in / 16) + b] = s8;
-            const float s = num::E4m3ToFloat(s8) * global;
-            for (int64_t c = b * 16; c < b * 16 + 16; ++c) {
-              const uint8_t nib = s > 0 ? num::FloatToE2m1(w[r * in + c] / s) : 0;
-              const int64_t i = r * in + c;
-              packed[i / 2] |= static_cast<uint8_t>((i & 1) ? nib << 4 : nib);
-            }
+            for (int64_t c = b * 16; c < b * 16 + 16; ++c) SetNibble(packed.data(), r * in + c, QuantNvfp4(w[r * in + c], s8, global));
           }
         t_[name] = Make(DType::kU8, {out, in / 2}, packed);
         t_[base + ".weight_scale"] = Make(DType::kF8E4M3, {out, in / 16}, scales);
@@ -112,17 +108,10 @@ class Generator {
         for (int64_t r = 0; r < out; ++r)
           for (int64_t b = 0; b < in / 32; ++b) {
             float bmax = 0.0f;
-            for (int64_t c = b * 32; c < b * 32 + 32; ++c) bmax = std::max(bmax, std::abs(w[r * in + c]));
-            // OCP MX: shared exponent floor(log2(amax)) - 2 (e2m1's largest exponent).
-            const int e = bmax > 0 ? static_cast<int>(std::floor(std::log2(bmax))) - 2 : -127;
-            const uint8_t s8 = static_cast<uint8_t>(std::clamp(e + 127, 0, 254));
+            for (int64_t c = b * 32; c < b * 32 + 32; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
+            const uint8_t s8 = Mxfp4BlockScale(bmax);
             scales[r * (in / 32) + b] = s8;
-            const float s = num::E8m0ToFloat(s8);
-            for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
-              const uint8_t nib = num::FloatToE2m1(w[r * in + c] / s);
-              const int64_t i = r * in + c;
-              packed[i / 2] |= static_cast<uint8_t>((i & 1) ? nib << 4 : nib);
-            }
+            for (int64_t c = b * 32; c < b * 32 + 32; ++c) SetNibble(packed.data(), r * in + c, QuantMxfp4(w[r * in + c], s8));
           }
         t_[name] = Make(DType::kU8, {out, in / 2}, packed);
         t_[base + ".weight_scale"] = Make(DType::kU8, {out, in / 32}, scales);

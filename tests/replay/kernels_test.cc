@@ -26,21 +26,21 @@ std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
 
 TEST(Numerics, E4m3RoundTripsEveryFiniteCode) {
   for (int b = 0; b < 256; ++b) {
-    const float f = num::E4m3ToFloat(static_cast<uint8_t>(b));
+    const float f = E4m3ToFloat(static_cast<uint8_t>(b));
     if (std::isnan(f)) continue;
     if (f == 0.0f) continue;  // -0 and +0
-    EXPECT_EQ(num::FloatToE4m3(f), b) << "code " << b << " value " << f;
+    EXPECT_EQ(FloatToE4m3(f), b) << "code " << b << " value " << f;
   }
-  EXPECT_EQ(num::E4m3ToFloat(0x7e), 448.0f);
-  EXPECT_EQ(num::FloatToE4m3(1000.0f), 0x7e);  // saturates
-  EXPECT_EQ(num::E4m3ToFloat(num::FloatToE4m3(1.0625f)), 1.0f);  // tie to even
+  EXPECT_EQ(E4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(FloatToE4m3(1000.0f), 0x7e);  // saturates
+  EXPECT_EQ(E4m3ToFloat(FloatToE4m3(1.0625f)), 1.0f);  // tie to even
 }
 
 TEST(Numerics, Bf16RoundsToNearestEven) {
-  EXPECT_EQ(num::FloatToBf16(1.0f), 0x3f80);
-  EXPECT_EQ(num::Bf16ToFloat(num::FloatToBf16(1.00390625f)), 1.0f);      // tie, even kept
-  EXPECT_EQ(num::Bf16ToFloat(num::FloatToBf16(1.01171875f)), 1.015625f);  // tie, rounds up to even
-  for (int c = 0; c < 16; ++c) EXPECT_EQ(num::FloatToE2m1(num::E2m1ToFloat(c)) & (c == 8 ? 7 : 15), c & (c == 8 ? 7 : 15));
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.00390625f)), 1.0f);      // tie, even kept
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.01171875f)), 1.015625f);  // tie, rounds up to even
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(FloatToE2m1(E2m1ToFloat(c)) & (c == 8 ? 7 : 15), c & (c == 8 ? 7 : 15));
 }
 
 TEST(Linear, Bf16DotMatchesNaiveSum) {
@@ -48,11 +48,11 @@ TEST(Linear, Bf16DotMatchesNaiveSum) {
   auto wf = RandomVec(rows * cols, 1);
   auto x = RandomVec(cols, 2);
   std::vector<uint16_t> wb(wf.size());
-  for (size_t i = 0; i < wf.size(); ++i) wb[i] = num::FloatToBf16(wf[i]);
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = FloatToBf16(wf[i]);
   QWeight w{WFormat::kBF16, SFormat::kNone, wb.data(), rows, cols, nullptr, 1, 1, 0, 1.0f};
   for (int r = 0; r < rows; ++r) {
     double ref = 0;
-    for (int c = 0; c < cols; ++c) ref += double(num::Bf16ToFloat(wb[r * cols + c])) * x[c];
+    for (int c = 0; c < cols; ++c) ref += double(Bf16ToFloat(wb[r * cols + c])) * x[c];
     EXPECT_NEAR(DotDequant(w, x.data(), r), ref, 1e-4 * (1 + std::abs(ref)));
     EXPECT_EQ(DotDequant(w, x.data(), r), DotFused(w, x.data(), r));  // no scales: one path
   }
@@ -72,7 +72,7 @@ Fp8Block MakeFp8(int rows, int cols, bool pow2_scales) {
   for (int i = 0; i < sr * sc; ++i) b.scale[i] = pow2_scales ? std::ldexp(1.0f, -8 - i) : 0.0003f * (i + 1.37f);
   b.q.resize(rows * cols);
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) b.q[r * cols + c] = num::FloatToE4m3(wf[r * cols + c] / b.scale[(r / 128) * sc + c / 128]);
+    for (int c = 0; c < cols; ++c) b.q[r * cols + c] = FloatToE4m3(wf[r * cols + c] / b.scale[(r / 128) * sc + c / 128]);
   b.w = QWeight{WFormat::kE4m3, SFormat::kF32, b.q.data(), rows, cols, b.scale.data(), 128, 128, sc, 1.0f};
   return b;
 }
@@ -118,13 +118,13 @@ TEST(Linear, Nvfp4DecodesPackedNibblesWithBothScales) {
   // One row of 32 values: two blocks of 16, e4m3 scales 0.5 and 1.5, global 2.
   std::vector<uint8_t> packed(16);
   for (int c = 0; c < 32; c += 2) packed[c / 2] = static_cast<uint8_t>((c % 16) / 2 | ((15 - (c % 16) / 2) << 4));
-  uint8_t scales[2] = {num::FloatToE4m3(0.5f), num::FloatToE4m3(1.5f)};
+  uint8_t scales[2] = {FloatToE4m3(0.5f), FloatToE4m3(1.5f)};
   QWeight w{WFormat::kE2m1, SFormat::kE4m3, packed.data(), 1, 32, scales, 1, 16, 2, 2.0f};
   std::vector<float> x(32, 1.0f);
   double ref = 0;
   for (int c = 0; c < 32; ++c) {
     const uint8_t nib = (c & 1) ? packed[c / 2] >> 4 : packed[c / 2] & 15;
-    ref += num::E2m1ToFloat(nib) * (c < 16 ? 0.5 : 1.5) * 2.0;
+    ref += E2m1ToFloat(nib) * (c < 16 ? 0.5 : 1.5) * 2.0;
   }
   EXPECT_FLOAT_EQ(DotFused(w, x.data(), 0), static_cast<float>(ref));
   KernelStatus st;
@@ -186,8 +186,8 @@ Cache FillCache(int len, int page_size, int pages, int kv_heads, int hd) {
   for (int j = 0; j < len; ++j) {
     auto kk = RandomVec(kv_heads * hd, 100 + j), vv = RandomVec(kv_heads * hd, 1000 + j);
     KvWriteToken(c.view, PageTableRow{c.table.data(), int64_t(c.table.size())}, j, kk.data(), vv.data(), j, &st);
-    for (auto& x : kk) x = num::Bf16ToFloat(num::FloatToBf16(x));
-    for (auto& x : vv) x = num::Bf16ToFloat(num::FloatToBf16(x));
+    for (auto& x : kk) x = Bf16ToFloat(FloatToBf16(x));
+    for (auto& x : vv) x = Bf16ToFloat(FloatToBf16(x));
     c.keys.push_back(kk);
     c.vals.push_back(vv);
   }

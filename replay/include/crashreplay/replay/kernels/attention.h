@@ -19,7 +19,7 @@
 
 #include "crashreplay/base/hd.h"
 #include "crashreplay/replay/kernels/check.h"
-#include "crashreplay/replay/kernels/numeric_shim.h"
+#include "crashreplay/formats/numeric.h"
 
 namespace crashreplay::replay {
 
@@ -46,15 +46,15 @@ CR_HD int64_t KvOffset(const KvPoolView& kv, int64_t page, int64_t slot, int64_t
 }
 
 CR_HD float KvLoad(const KvPoolView& kv, const void* base, int64_t i) {
-  return kv.fp8 ? num::E4m3ToFloat(static_cast<const uint8_t*>(base)[i])
-                : num::Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+  return kv.fp8 ? E4m3ToFloat(static_cast<const uint8_t*>(base)[i])
+                : Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
 }
 
 CR_HD void KvStore(const KvPoolView& kv, void* base, int64_t i, float x) {
   if (kv.fp8) {
-    static_cast<uint8_t*>(base)[i] = num::FloatToE4m3(x);
+    static_cast<uint8_t*>(base)[i] = FloatToE4m3(x);
   } else {
-    static_cast<uint16_t*>(base)[i] = num::FloatToBf16(x);
+    static_cast<uint16_t*>(base)[i] = FloatToBf16(x);
   }
 }
 

@@ -18,7 +18,7 @@
 
 #include "crashreplay/base/hd.h"
 #include "crashreplay/replay/kernels/check.h"
-#include "crashreplay/replay/kernels/numeric_shim.h"
+#include "crashreplay/formats/numeric.h"
 
 namespace crashreplay::replay {
 
@@ -43,13 +43,10 @@ CR_HD float RawAt(const QWeight& w, int64_t r, int64_t c) {
   const int64_t i = r * w.cols + c;
   switch (w.format) {
     case WFormat::kF32: return static_cast<const float*>(w.data)[i];
-    case WFormat::kBF16: return num::Bf16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
-    case WFormat::kF16: return num::Fp16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
-    case WFormat::kE4m3: return num::E4m3ToFloat(static_cast<const uint8_t*>(w.data)[i]);
-    case WFormat::kE2m1: {
-      const uint8_t b = static_cast<const uint8_t*>(w.data)[i >> 1];
-      return num::E2m1ToFloat((i & 1) ? (b >> 4) : (b & 0xf));
-    }
+    case WFormat::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
+    case WFormat::kF16: return Fp16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
+    case WFormat::kE4m3: return E4m3ToFloat(static_cast<const uint8_t*>(w.data)[i]);
+    case WFormat::kE2m1: return E2m1ToFloat(GetNibble(static_cast<const uint8_t*>(w.data), static_cast<uint64_t>(i)));
   }
   return 0.0f;
 }
@@ -64,8 +61,8 @@ CR_HD float ScaleAt(const QWeight& w, int64_t r, int64_t c) {
   switch (w.scale_format) {
     case SFormat::kNone: return 1.0f;
     case SFormat::kF32: return static_cast<const float*>(w.scales)[s] * w.global_scale;
-    case SFormat::kE4m3: return num::E4m3ToFloat(static_cast<const uint8_t*>(w.scales)[s]) * w.global_scale;
-    case SFormat::kE8m0: return num::E8m0ToFloat(static_cast<const uint8_t*>(w.scales)[s]) * w.global_scale;
+    case SFormat::kE4m3: return E4m3ToFloat(static_cast<const uint8_t*>(w.scales)[s]) * w.global_scale;
+    case SFormat::kE8m0: return E8m0ToFloat(static_cast<const uint8_t*>(w.scales)[s]) * w.global_scale;
   }
   return 1.0f;
 }
@@ -73,7 +70,7 @@ CR_HD float ScaleAt(const QWeight& w, int64_t r, int64_t c) {
 // The weight as the dequantize-then-matmul path sees it.
 CR_HD float DequantAt(const QWeight& w, int64_t r, int64_t c) {
   if (w.scale_format == SFormat::kNone) return RawAt(w, r, c);
-  return num::Bf16ToFloat(num::FloatToBf16(RawAt(w, r, c) * ScaleAt(w, r, c)));
+  return Bf16ToFloat(FloatToBf16(RawAt(w, r, c) * ScaleAt(w, r, c)));
 }
 
 CR_HD float LaneSum8(const float* l) {
@@ -112,12 +109,12 @@ CR_HD float DotUe8m0(const QWeight& w, const float* x, int64_t r, int64_t item, 
   for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
     const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
     const float s = ScaleAt(w, r, c0);
-    const uint32_t bits = num::FloatBits(s);
-    if (!num::IsUe8m0Layout(bits)) {
+    const uint32_t bits = FloatBits(s);
+    if (!IsUe8m0Layout(bits)) {
       Fail(st, Check::kUe8m0ScaleLayout, item, ScaleIndex(w, r, c0), static_cast<double>(s));
       return 0.0f;
     }
-    const float pow2 = num::BitsFloat(bits & 0x7f800000u);
+    const float pow2 = BitsToFloat(bits & 0x7f800000u);
     acc = MulAdd(acc, DotRaw(w, x, r, c0, c1), pow2);
   }
   return acc;
