@@ -9,6 +9,8 @@ namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
     {"toggles", "print the configuration toggle table", RunToggles},
+    {"make-model", "write a small random HF checkpoint", RunMakeModel},
+    {"run", "run the built-in engine on a checkpoint", RunRun},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

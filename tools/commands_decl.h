@@ -5,5 +5,7 @@ namespace crashreplay::tools {
 
 int RunVersion(int argc, char** argv);
 int RunToggles(int argc, char** argv);
+int RunMakeModel(int argc, char** argv);
+int RunRun(int argc, char** argv);
 
 }  // namespace crashreplay::tools
