@@ -2,6 +2,8 @@
 // the prompts, decodes up to --max-new-tokens each with continuous batching,
 // and stops at the first failure, printing its signature.
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "command.h"
 #include "commands_decl.h"
 #include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/engine.h"
 #include "exit_codes.h"
 
@@ -48,11 +51,36 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
+// Writes every step's logits and sampled tokens as DIR/step_NNNNN.safetensors.
+class DumpObserver : public replay::StepObserver {
+ public:
+  explicit DumpObserver(std::string dir) : dir_(std::move(dir)) {}
+  void BeforeStep(const replay::StepInput&) override {}
+  void AfterStep(const replay::StepProgram& p) override {
+    if (!status_.ok()) return;
+    SafetensorsWriter w;
+    for (const char* name : {"logits", "next_tokens", "input_ids", "positions"}) {
+      const replay::Buffer* b = p.buffer(name);
+      if (b == nullptr) continue;
+      status_.Update(w.Add(name, b->is_int ? DType::kI32 : DType::kF32, b->shape,
+                           std::span<const std::byte>(static_cast<const std::byte*>(b->data()), b->bytes())));
+    }
+    char file[64];
+    std::snprintf(file, sizeof file, "/step_%05lld.safetensors", static_cast<long long>(p.input().step));
+    if (status_.ok()) status_.Update(w.Write(dir_ + file));
+  }
+  absl::Status status() const { return status_; }
+
+ private:
+  std::string dir_;
+  absl::Status status_;
+};
+
 }  // namespace
 
 int RunRun(int argc, char** argv) {
   CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
-  std::string model_dir, config_file, record;
+  std::string model_dir, config_file, record, dump_dir;
   std::vector<std::string> prompts, prompt_ids, sets;
   int64_t max_new = 16;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -72,6 +100,7 @@ int RunRun(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--threads", threads, "CPU threads (default CRASHREPLAY_THREADS or 1); never changes results");
   app.add_option("--record", record, "write a capture of the run (needs the capture library)");
+  app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_flag("--json", json, "print the result as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
@@ -112,7 +141,14 @@ int RunRun(int argc, char** argv) {
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
   replay::Engine engine(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
-  const replay::RunResult r = engine.Run(requests);
+  std::unique_ptr<DumpObserver> dump;
+  if (!dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir, ec);
+    dump = std::make_unique<DumpObserver>(dump_dir);
+  }
+  const replay::RunResult r = engine.Run(requests, dump.get());
+  if (dump && !dump->status().ok()) return ReportError(dump->status());
 
   if (json) {
     nlohmann::json out;
