@@ -1,218 +1,182 @@
 #include "crashreplay/replay/checkpoint_io.h"
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 
 #include "crashreplay/base/status.h"
 #include "crashreplay/formats/checkpoint.h"
 #include "crashreplay/formats/safetensors_writer.h"
+#include "crashreplay/replay/kernels/router.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
 namespace {
 
 using text::Cat;
-using nlohmann::json;
 
-template <typename T>
-T Or(const json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  return it->get<T>();
+RopeSpec ToRopeSpec(const RopeConfig& r) {
+  RopeSpec o;
+  o.type = std::string(RopeTypeName(r.type));
+  o.theta = r.theta;
+  o.factor = r.factor;
+  o.low_freq_factor = r.low_freq_factor;
+  o.high_freq_factor = r.high_freq_factor;
+  if (r.original_max_position_embeddings > 0) o.original_max_position = r.original_max_position_embeddings;
+  o.beta_fast = r.beta_fast;
+  o.beta_slow = r.beta_slow;
+  o.mscale = r.mscale;
+  o.mscale_all_dim = r.mscale_all_dim;
+  o.attention_factor = r.attention_factor;
+  return o;
 }
 
-absl::StatusOr<int64_t> Required(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) {
-    return absl::InvalidArgumentError(Cat("config.json: missing integer '", key, "'"));
-  }
-  return it->get<int64_t>();
-}
-
-RopeSpec ParseRope(const json& scaling, double theta) {
-  RopeSpec r;
-  r.theta = theta;
-  if (!scaling.is_object()) return r;
-  r.type = Or<std::string>(scaling, "rope_type", Or<std::string>(scaling, "type", "default"));
-  r.theta = Or<double>(scaling, "rope_theta", theta);
-  r.factor = Or<double>(scaling, "factor", 1.0);
-  r.low_freq_factor = Or<double>(scaling, "low_freq_factor", 1.0);
-  r.high_freq_factor = Or<double>(scaling, "high_freq_factor", 4.0);
-  r.original_max_position = Or<int64_t>(scaling, "original_max_position_embeddings", 8192);
-  r.beta_fast = Or<double>(scaling, "beta_fast", 32.0);
-  r.beta_slow = Or<double>(scaling, "beta_slow", 1.0);
-  r.mscale = Or<double>(scaling, "mscale", 0.0);
-  r.mscale_all_dim = Or<double>(scaling, "mscale_all_dim", 0.0);
-  r.attention_factor = Or<double>(scaling, "attention_factor", 0.0);
-  return r;
-}
-
-json RopeToJson(const RopeSpec& r, bool with_theta) {
-  json j = {{"rope_type", r.type}};
-  if (with_theta) j["rope_theta"] = r.theta;
-  if (r.type != "default") j["factor"] = r.factor;
-  if (r.type == "llama3") {
-    j["low_freq_factor"] = r.low_freq_factor;
-    j["high_freq_factor"] = r.high_freq_factor;
-  }
-  if (r.type == "llama3" || r.type == "yarn") j["original_max_position_embeddings"] = r.original_max_position;
-  if (r.type == "yarn") {
-    j["beta_fast"] = r.beta_fast;
-    j["beta_slow"] = r.beta_slow;
-    if (r.mscale != 0) j["mscale"] = r.mscale;
-    if (r.mscale_all_dim != 0) j["mscale_all_dim"] = r.mscale_all_dim;
-    if (r.attention_factor != 0) j["attention_factor"] = r.attention_factor;
-  }
-  return j;
-}
-
-const char* ArchitectureName(const std::string& t) {
-  if (t == "llama") return "LlamaForCausalLM";
-  if (t == "mistral") return "MistralForCausalLM";
-  if (t == "qwen2") return "Qwen2ForCausalLM";
-  if (t == "qwen3") return "Qwen3ForCausalLM";
-  if (t == "mixtral") return "MixtralForCausalLM";
-  if (t == "qwen3_moe") return "Qwen3MoeForCausalLM";
-  if (t == "glm4_moe") return "Glm4MoeForCausalLM";
-  return "UnknownForCausalLM";
+absl::StatusOr<RopeType> ToRopeType(const std::string& t) {
+  if (t == "default") return RopeType::kDefault;
+  if (t == "linear") return RopeType::kLinear;
+  if (t == "llama3") return RopeType::kLlama3;
+  if (t == "yarn") return RopeType::kYarn;
+  return absl::InvalidArgumentError(Cat("RoPE type '", t, "' has no config.json spelling here"));
 }
 
 }  // namespace
 
-absl::StatusOr<ModelSpec> ModelSpecFromHfJson(const json& c) {
-  try {
-    ModelSpec s;
-    s.model_type = Or<std::string>(c, "model_type", "");
-    static const char* kKnown[] = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "glm4_moe"};
-    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return s.model_type == k; }) ==
-        std::end(kKnown)) {
-      return absl::UnimplementedError(
-          Cat("config.json: model_type '", s.model_type, "' is not supported (llama, mistral, qwen2, qwen3, ",
-              "mixtral, qwen3_moe, glm4_moe; deepseek_v3 needs MLA attention, not implemented)"));
-    }
-    CR_ASSIGN_OR_RETURN(s.hidden, Required(c, "hidden_size"));
-    CR_ASSIGN_OR_RETURN(s.layers, Required(c, "num_hidden_layers"));
-    CR_ASSIGN_OR_RETURN(s.heads, Required(c, "num_attention_heads"));
-    CR_ASSIGN_OR_RETURN(s.vocab, Required(c, "vocab_size"));
-    s.kv_heads = Or<int64_t>(c, "num_key_value_heads", s.heads);
-    s.head_dim = Or<int64_t>(c, "head_dim", s.hidden / s.heads);
-    s.intermediate = Or<int64_t>(c, "intermediate_size", 0);
-    s.rms_eps = Or<double>(c, "rms_norm_eps", 1e-6);
-    s.tie_embeddings = Or<bool>(c, "tie_word_embeddings", false);
-    s.attention_bias = Or<bool>(c, "attention_bias", s.model_type == "qwen2");
-    s.qk_norm = s.model_type == "qwen3" || s.model_type == "qwen3_moe" || Or<bool>(c, "use_qk_norm", false);
-    s.max_position = Or<int64_t>(c, "max_position_embeddings", 4096);
-    s.partial_rotary_factor = Or<double>(c, "partial_rotary_factor", 1.0);
-    if (c.contains("rope_theta") || c.contains("rope_scaling")) {
-      s.rope_legacy = ParseRope(c.value("rope_scaling", json()), Or<double>(c, "rope_theta", 10000.0));
-    }
-    if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
-      s.rope_parameters = ParseRope(c["rope_parameters"], Or<double>(c["rope_parameters"], "rope_theta", 10000.0));
-    }
-    // MoE fields under each family's names.
-    s.num_experts = Or<int64_t>(c, "num_experts", Or<int64_t>(c, "num_local_experts", Or<int64_t>(c, "n_routed_experts", 0)));
-    if (s.model_type == "qwen3" || s.model_type == "llama" || s.model_type == "mistral" || s.model_type == "qwen2") {
-      s.num_experts = 0;
-    }
-    if (s.is_moe()) {
-      s.experts_per_tok = Or<int64_t>(c, "num_experts_per_tok", 2);
-      s.moe_intermediate = s.model_type == "mixtral" ? s.intermediate : Or<int64_t>(c, "moe_intermediate_size", 0);
-      s.n_shared_experts = Or<int64_t>(c, "n_shared_experts", 0);
-      s.scoring = Or<std::string>(c, "scoring_func", s.model_type == "glm4_moe" ? "sigmoid" : "softmax");
-      s.n_group = Or<int64_t>(c, "n_group", 1);
-      s.topk_group = Or<int64_t>(c, "topk_group", 1);
-      s.routed_scaling_factor = Or<double>(c, "routed_scaling_factor", 1.0);
-      s.norm_topk_prob = Or<bool>(c, "norm_topk_prob", s.model_type != "qwen3_moe" ? true : false);
-      if (s.model_type == "mixtral") s.norm_topk_prob = true;  // softmax over the chosen k
-      s.first_k_dense = Or<int64_t>(c, "first_k_dense_replace", 0);
-      if (s.moe_intermediate <= 0) return absl::InvalidArgumentError("config.json: missing 'moe_intermediate_size'");
-      if (s.n_group < 1 || s.num_experts % s.n_group != 0 || s.topk_group > s.n_group) {
-        return absl::InvalidArgumentError("config.json: n_group must divide the experts and topk_group <= n_group");
-      }
-    }
-    if (c.contains("quantization_config")) {
-      const json& q = c["quantization_config"];
-      const std::string method = Or<std::string>(q, "quant_method", "");
-      const std::string algo = Or<std::string>(q, "quant_algo", "");
-      if (method == "fp8") {
-        s.quant = QuantKind::kFp8Block;
-        auto bs = q.value("weight_block_size", json::array({128, 128}));
-        s.quant_block_rows = bs.at(0).get<int64_t>();
-        s.quant_block_cols = bs.at(1).get<int64_t>();
-      } else if (method == "modelopt" && algo == "NVFP4") {
-        s.quant = QuantKind::kNvfp4;
-        s.quant_block_cols = Or<int64_t>(q, "group_size", 16);
-      } else if (method == "mxfp4") {
-        s.quant = QuantKind::kMxfp4;
-        s.quant_block_cols = 32;
-      } else {
-        return absl::UnimplementedError(Cat("config.json: quantization_config '", method, "' ", algo,
-                                            " is not supported (fp8 block, modelopt NVFP4, mxfp4)"));
-      }
-    }
-    return s;
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(Cat("config.json: ", e.what()));
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
+  ModelSpec s;
+  s.model_type = c.model_type;
+  if (c.UsesMla()) {
+    return absl::UnimplementedError(Cat(c.source, ": ", c.model_type, " uses MLA attention (kv_lora_rank ",
+                                        c.kv_lora_rank, "), which the engine does not implement; GQA models only"));
   }
+  if (c.shared_expert_intermediate_size > 0) {
+    return absl::UnimplementedError(Cat(c.source, ": qwen2_moe's gated shared expert is not implemented"));
+  }
+  if (c.rope.type != RopeType::kDefault && c.rope.type != RopeType::kLinear && c.rope.type != RopeType::kLlama3 &&
+      c.rope.type != RopeType::kYarn) {
+    return absl::UnimplementedError(Cat(c.source, ": RoPE type '", RopeTypeName(c.rope.type), "' is not implemented"));
+  }
+  s.hidden = c.hidden_size;
+  s.layers = c.num_hidden_layers;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.intermediate = c.intermediate_size;
+  s.vocab = c.vocab_size;
+  s.rms_eps = c.rms_norm_eps;
+  s.qk_norm = c.qk_norm;
+  s.attention_bias = c.attention_bias;
+  s.tie_embeddings = c.tie_word_embeddings;
+  s.partial_rotary_factor = c.rope.partial_rotary_factor;
+  if (c.max_position_embeddings > 0) s.max_position = c.max_position_embeddings;
+  if (c.rope.form == RopeForm::kRopeParameters) {
+    s.rope_parameters = ToRopeSpec(c.rope);
+  } else {
+    s.rope_legacy = ToRopeSpec(c.rope);
+  }
+  if (c.IsMoe()) {
+    s.num_experts = c.num_experts;
+    s.experts_per_tok = c.num_experts_per_tok;
+    s.moe_intermediate = c.model_type == "mixtral" ? c.intermediate_size : c.moe_intermediate_size;
+    s.n_shared_experts = c.n_shared_experts;
+    s.scoring = c.scoring_func;
+    s.n_group = c.n_group;
+    s.topk_group = c.topk_group;
+    s.routed_scaling_factor = c.routed_scaling_factor;
+    // Mixtral's router always renormalises over the chosen k.
+    s.norm_topk_prob = c.model_type == "mixtral" ? true : c.norm_topk_prob;
+    s.first_k_dense = c.first_k_dense_replace;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) s.moe_layer_mask.push_back(c.IsMoeLayer(static_cast<int>(l)));
+    if (s.experts_per_tok > kMaxTopK || s.num_experts > kMaxExperts || s.n_group > 4 * kMaxTopK) {
+      return absl::UnimplementedError(Cat(c.source, ": MoE routing beyond the kernels' limits (top-k <= ", kMaxTopK,
+                                          ", experts <= ", kMaxExperts, ")"));
+    }
+  }
+  switch (c.quant.method) {
+    case QuantMethod::kNone: s.quant = QuantKind::kNone; break;
+    case QuantMethod::kFp8Block:
+      s.quant = QuantKind::kFp8Block;
+      s.quant_block_rows = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[0] : 128;
+      s.quant_block_cols = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[1] : 128;
+      break;
+    case QuantMethod::kNvfp4:
+      s.quant = QuantKind::kNvfp4;
+      s.quant_block_cols = c.quant.group_size > 0 ? c.quant.group_size : 16;
+      break;
+    case QuantMethod::kMxfp4:
+      s.quant = QuantKind::kMxfp4;
+      s.quant_block_cols = 32;
+      break;
+  }
+  return s;
 }
 
-json ModelSpecToHfJson(const ModelSpec& s) {
-  json c;
-  c["architectures"] = {ArchitectureName(s.model_type)};
-  c["model_type"] = s.model_type;
-  c["hidden_size"] = s.hidden;
-  c["num_hidden_layers"] = s.layers;
-  c["num_attention_heads"] = s.heads;
-  c["num_key_value_heads"] = s.kv_heads;
-  c["head_dim"] = s.head_dim;
-  c["intermediate_size"] = s.intermediate;
-  c["vocab_size"] = s.vocab;
-  c["rms_norm_eps"] = s.rms_eps;
-  c["tie_word_embeddings"] = s.tie_embeddings;
-  c["max_position_embeddings"] = s.max_position;
-  c["torch_dtype"] = "bfloat16";
-  if (s.attention_bias) c["attention_bias"] = true;
-  if (s.partial_rotary_factor != 1.0) c["partial_rotary_factor"] = s.partial_rotary_factor;
-  if (s.rope_legacy) {
-    c["rope_theta"] = s.rope_legacy->theta;
-    c["rope_scaling"] = s.rope_legacy->type == "default" ? json() : RopeToJson(*s.rope_legacy, false);
-  }
-  if (s.rope_parameters) c["rope_parameters"] = RopeToJson(*s.rope_parameters, true);
+ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
+  ModelConfig c;
+  c.model_type = s.model_type;
+  static const std::map<std::string, std::string> kArch = {
+      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},   {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
+      {"glm4_moe", "Glm4MoeForCausalLM"}};
+  if (kArch.count(s.model_type)) c.architectures = {kArch.at(s.model_type)};
+  c.hidden_size = s.hidden;
+  c.intermediate_size = s.intermediate;
+  c.num_hidden_layers = s.layers;
+  c.num_attention_heads = s.heads;
+  c.num_key_value_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.vocab_size = s.vocab;
+  c.max_position_embeddings = s.max_position;
+  c.rms_norm_eps = s.rms_eps;
+  c.tie_word_embeddings = s.tie_embeddings;
+  c.attention_bias = s.attention_bias;
+  c.qk_norm = s.qk_norm;
+  c.torch_dtype = "bfloat16";
+  const RopeSpec r = s.rope_parameters ? *s.rope_parameters : s.rope_legacy.value_or(RopeSpec{});
+  c.rope.form = s.rope_parameters ? RopeForm::kRopeParameters : RopeForm::kLegacy;
+  c.rope.type = ToRopeType(r.type).value_or(RopeType::kDefault);
+  c.rope.theta = r.theta;
+  c.rope.factor = r.factor;
+  c.rope.low_freq_factor = r.low_freq_factor;
+  c.rope.high_freq_factor = r.high_freq_factor;
+  c.rope.original_max_position_embeddings = r.type == "default" ? 0 : r.original_max_position;
+  c.rope.beta_fast = r.beta_fast;
+  c.rope.beta_slow = r.beta_slow;
+  c.rope.mscale = r.mscale;
+  c.rope.mscale_all_dim = r.mscale_all_dim;
+  c.rope.attention_factor = r.attention_factor;
+  c.rope.partial_rotary_factor = s.partial_rotary_factor;
   if (s.is_moe()) {
-    if (s.model_type == "mixtral") {
-      c["num_local_experts"] = s.num_experts;
-    } else if (s.model_type == "glm4_moe") {
-      c["n_routed_experts"] = s.num_experts;
-    } else {
-      c["num_experts"] = s.num_experts;
-    }
-    c["num_experts_per_tok"] = s.experts_per_tok;
-    if (s.model_type != "mixtral") c["moe_intermediate_size"] = s.moe_intermediate;
-    c["norm_topk_prob"] = s.norm_topk_prob;
-    if (s.model_type == "glm4_moe") {
-      c["n_shared_experts"] = s.n_shared_experts;
-      c["scoring_func"] = s.scoring;
-      c["n_group"] = s.n_group;
-      c["topk_group"] = s.topk_group;
-      c["routed_scaling_factor"] = s.routed_scaling_factor;
-      c["first_k_dense_replace"] = s.first_k_dense;
-      c["use_qk_norm"] = s.qk_norm;
-    }
+    c.num_experts = s.num_experts;
+    c.num_experts_per_tok = s.experts_per_tok;
+    c.moe_intermediate_size = s.model_type == "mixtral" ? 0 : s.moe_intermediate;
+    c.n_shared_experts = s.n_shared_experts;
+    c.norm_topk_prob = s.norm_topk_prob;
+    c.scoring_func = s.scoring;
+    c.topk_method = s.scoring == "sigmoid" ? "noaux_tc" : "greedy";
+    c.n_group = s.n_group;
+    c.topk_group = s.topk_group;
+    c.routed_scaling_factor = s.routed_scaling_factor;
+    c.first_k_dense_replace = s.first_k_dense;
   }
   switch (s.quant) {
     case QuantKind::kNone: break;
     case QuantKind::kFp8Block:
-      c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-                                  {"weight_block_size", {s.quant_block_rows, s.quant_block_cols}}};
+      c.quant.method = QuantMethod::kFp8Block;
+      c.quant.weight_block_size = {s.quant_block_rows, s.quant_block_cols};
+      c.quant.fmt = "e4m3";
+      c.quant.activation_scheme = "dynamic";
       break;
     case QuantKind::kNvfp4:
-      c["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"},
-                                  {"group_size", s.quant_block_cols},
-                                  {"ignore", {"lm_head", "model.layers.*.mlp.gate"}}};
+      c.quant.method = QuantMethod::kNvfp4;
+      c.quant.quant_algo = "NVFP4";
+      c.quant.group_size = s.quant_block_cols;
+      c.quant.ignore = {"lm_head", "model.layers.*.mlp.gate"};
       break;
     case QuantKind::kMxfp4:
-      c["quantization_config"] = {{"quant_method", "mxfp4"}};
+      c.quant.method = QuantMethod::kMxfp4;
+      c.quant.group_size = 32;
+      c.quant.ignore = {"lm_head", "model.layers.*.mlp.gate"};
       break;
   }
   return c;
@@ -222,16 +186,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir) {
   CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(dir));
   if (ck->config_path().empty()) return absl::NotFoundError(Cat(dir, ": no config.json"));
   LoadedCheckpoint out;
-  {
-    std::ifstream in(ck->config_path());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out.config = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    if (out.config.is_discarded() || !out.config.is_object()) {
-      return absl::DataLossError(Cat(ck->config_path(), ": not a JSON object"));
-    }
-  }
-  CR_ASSIGN_OR_RETURN(out.spec, ModelSpecFromHfJson(out.config));
+  CR_ASSIGN_OR_RETURN(out.config, LoadHfConfig(ck->config_path()));
+  CR_ASSIGN_OR_RETURN(out.spec, ModelSpecFromHfConfig(out.config));
   for (const std::string& name : ck->names()) {
     const CheckpointTensor* t = ck->Find(name);
     CR_ASSIGN_OR_RETURN(std::span<const std::byte> data, ck->Data(name));
@@ -256,7 +212,7 @@ absl::Status WriteCheckpointDir(const std::string& dir, const ModelSpec& spec, c
                              std::span<const std::byte>(reinterpret_cast<const std::byte*>(t.bytes.data()), t.bytes.size())));
   }
   CR_RETURN_IF_ERROR(w.WriteSharded(dir, max_shard_bytes));
-  return WriteFileAtomically(dir + "/config.json", ModelSpecToHfJson(spec).dump(2) + "\n");
+  return WriteFileAtomically(dir + "/config.json", HfConfigToJson(HfConfigFromModelSpec(spec)));
 }
 
 }  // namespace crashreplay::replay

@@ -53,7 +53,7 @@ TEST(CheckpointIo, RopeConfigToggleReadsOnlyTheChosenForm) {
   ASSERT_TRUE(ck.ok());
   ck->spec.rope_parameters = ck->spec.rope_legacy;
   ck->spec.rope_legacy.reset();
-  auto back = ModelSpecFromHfJson(ModelSpecToHfJson(ck->spec));
+  auto back = ModelSpecFromHfConfig(HfConfigFromModelSpec(ck->spec));
   ASSERT_TRUE(back.ok());
   ASSERT_TRUE(back->rope_parameters.has_value());
   EXPECT_FALSE(back->rope_legacy.has_value());
@@ -67,8 +67,12 @@ TEST(CheckpointIo, RopeConfigToggleReadsOnlyTheChosenForm) {
   EXPECT_NE((*m1)->rope.inv_freq, (*m2)->rope.inv_freq);
 }
 
-TEST(CheckpointIo, UnsupportedArchitectureIsNamed) {
-  auto s = ModelSpecFromHfJson(nlohmann::json{{"model_type", "deepseek_v3"}, {"hidden_size", 8}});
+TEST(CheckpointIo, MlaModelIsRefusedByName) {
+  ModelConfig c;
+  c.model_type = "deepseek_v3";
+  c.source = "x/config.json";
+  c.kv_lora_rank = 512;
+  auto s = ModelSpecFromHfConfig(c);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(std::string(s.status().message()).find("MLA"), std::string::npos);
 }

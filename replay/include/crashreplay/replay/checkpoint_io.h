@@ -1,37 +1,31 @@
 // Reading and writing HF checkpoint directories for the engine: config.json
 // <-> ModelSpec, and safetensors shards <-> TensorSet.
 //
-// ModelSpecFromHfJson understands the config.json keys of llama, mistral,
-// qwen2, qwen3, mixtral, qwen3_moe, glm4_moe and deepseek_v3-style MoE
-// routing (model_type decides the defaults), the legacy RoPE keys
-// (rope_theta + rope_scaling) and the newer rope_parameters object, and
-// quantization_config for FP8 block (quant_method "fp8"), ModelOpt NVFP4
-// (quant_method "modelopt", quant_algo "NVFP4") and MXFP4 (quant_method
-// "mxfp4").
-// TODO(merge): once formats/hf_config.h lands on main, build ModelSpec from
-// its ModelConfig instead of reading the JSON here.
+// config.json is read and written by formats/hf_config.h (ModelConfig); this
+// file maps ModelConfig to the engine's ModelSpec and back. The rope_config
+// toggle needs to know which RoPE form the file used: ModelConfig::rope.form
+// gives it, and ModelSpec keeps the settings under that form only.
 //
-// Errors: NotFound for a missing directory/file/tensor, InvalidArgument for a
-// config that lacks a required key or names an unsupported architecture or
-// quantization (the message names the key), DataLoss for corrupt shards.
+// Errors: NotFound for a missing directory/file/tensor, Unimplemented for a
+// model the engine cannot run (MLA attention, qwen2_moe's gated shared
+// expert, longrope/dynamic RoPE), InvalidArgument/DataLoss from the readers.
 #pragma once
 
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
+#include "crashreplay/formats/hf_config.h"
 #include "crashreplay/replay/model_spec.h"
 
 namespace crashreplay::replay {
 
-absl::StatusOr<ModelSpec> ModelSpecFromHfJson(const nlohmann::json& config);
-nlohmann::json ModelSpecToHfJson(const ModelSpec& spec);
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& config);
+ModelConfig HfConfigFromModelSpec(const ModelSpec& spec);
 
 struct LoadedCheckpoint {
   ModelSpec spec;
   TensorSet tensors;
-  nlohmann::json config;  // config.json as read
+  ModelConfig config;  // config.json as read
 };
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir);
