@@ -179,8 +179,14 @@ class Builder {
     h.Update(out.data.data(), out.data.size());
     h.Update(out.scales.data(), out.scales.size());
     (*hashes_)[rank][name] = h.Digest();
+    // Device bytes: UE8M0 scales live packed, one byte each (DeepGEMM's
+    // layout), whatever the host copy holds.
+    const size_t stored_scales = out.scales.size();
     ConvertScales(&out, cfg_.scale_format);
-    (*bytes_)[rank] += out.bytes();
+    const bool ue8m0 = cfg_.scale_format == ScaleFormat::kUe8m0 || cfg_.scale_format == ScaleFormat::kUe8m0Requant;
+    size_t scale_bytes = out.scales.size();
+    if (ue8m0 && out.w.scale_format == SFormat::kF32 && stored_scales != 0) scale_bytes = out.scales.size() / 4;
+    (*bytes_)[rank] += out.data.size() + scale_bytes + out.bias.size() * 4;
     return out;
   }
 
