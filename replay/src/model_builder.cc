@@ -346,4 +346,24 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   return m;
 }
 
+absl::Status VerifyShardHashes(const Model& m, const std::vector<std::map<std::string, Hash128>>& recorded) {
+  if (recorded.size() != m.shard_hashes.size()) {
+    return absl::FailedPreconditionError(Cat("the recording has ", recorded.size(), " ranks, this replay shards for ",
+                                             m.shard_hashes.size(), "; replay with --set tp_size=", recorded.size()));
+  }
+  for (size_t r = 0; r < recorded.size(); ++r) {
+    for (const auto& [name, hash] : recorded[r]) {
+      auto it = m.shard_hashes[r].find(name);
+      if (it == m.shard_hashes[r].end()) {
+        return absl::NotFoundError(Cat("rank ", r, ": the recording hashed tensor '", name, "', the checkpoint has no such shard"));
+      }
+      if (it->second != hash) {
+        return absl::DataLossError(Cat("rank ", r, " tensor '", name, "': shard hash ", it->second.Hex(),
+                                       " but the recording has ", hash.Hex(), "; is this the recorded checkpoint?"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace crashreplay::replay

@@ -79,3 +79,33 @@ TEST(CheckpointIo, MlaModelIsRefusedByName) {
 
 }  // namespace
 }  // namespace crashreplay::replay
+
+namespace crashreplay::replay {
+namespace {
+
+TEST(ShardHashes, MatchTheSameCheckpointAndNameTheTamperedTensor) {
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.quant = "nvfp4";
+  auto ck = GenerateRandomCheckpoint(o);
+  ASSERT_TRUE(ck.ok());
+  EngineConfig c;
+  c.tp_size = 2;
+  auto a = BuildModel(ck->spec, ck->tensors, c);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(VerifyShardHashes(**a, (*a)->shard_hashes).ok());
+  c.scale_format = ScaleFormat::kUe8m0Requant;  // scale conversion does not change what is hashed
+  auto b = BuildModel(ck->spec, ck->tensors, c);
+  EXPECT_TRUE(VerifyShardHashes(**b, (*a)->shard_hashes).ok());
+  ck->tensors["model.layers.1.self_attn.o_proj.weight"].bytes[20] ^= 1;  // packed byte 20 = columns 40, 41: rank 1's half
+  auto t = BuildModel(ck->spec, ck->tensors, c);
+  absl::Status s = VerifyShardHashes(**t, (*a)->shard_hashes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(s.message()).find("rank 1 tensor 'model.layers.1.self_attn.o_proj.weight'"), std::string::npos) << s;
+  c.tp_size = 1;
+  auto one = BuildModel(ck->spec, ck->tensors, c);
+  EXPECT_EQ(VerifyShardHashes(**one, (*a)->shard_hashes).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace crashreplay::replay
