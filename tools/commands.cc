@@ -8,6 +8,9 @@ namespace crashreplay::tools {
 namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
+    {"toggles", "print the configuration toggle table", RunToggles},
+    {"make-model", "write a small random HF checkpoint", RunMakeModel},
+    {"run", "run the built-in engine on a checkpoint", RunRun},
     {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
     {"info", "summarise a capture file or session directory", RunInfo},
     {"verify", "check every checksum and blob hash of a capture", RunVerify},

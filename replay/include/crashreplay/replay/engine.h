@@ -1,0 +1,95 @@
+// The built-in inference engine: continuous batching over a paged KV cache,
+// one StepProgram per scheduler step.
+//
+// Scheduling follows sglang's default loop: when requests are waiting, the
+// next step prefills as many of them as fit (max_running_requests, free KV
+// pages); otherwise it decodes one token for every running request. Pages are
+// handed out lowest id first and returned when a request finishes. The first
+// failure (a planner OOM, a KV pool exhausted, a kernel check) stops the run
+// and is returned with its step's kernel records.
+//
+// Steps are also the unit of replay: RunStep executes a given StepInput (as
+// recorded) against the engine's KV cache, so replaying step N is re-running
+// the recorded inputs of steps 0..N-1 and then step N kernel by kernel.
+// Thread safety: one thread drives an Engine.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/fault.h"
+#include "crashreplay/replay/model.h"
+#include "crashreplay/replay/planner.h"
+#include "crashreplay/replay/step.h"
+#include "crashreplay/replay/toggles.h"
+
+namespace crashreplay::replay {
+
+struct Request {
+  int64_t id = 0;
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 8;
+  SamplingParams sampling;
+};
+
+struct StepSummary {
+  int64_t step = 0;
+  ForwardMode mode = ForwardMode::kPrefill;
+  int64_t rows = 0;
+  int64_t tokens = 0;
+  Hash128 digest;
+  std::vector<int32_t> sampled;
+};
+
+// Hooks for a recorder: called around every step with the exact inputs.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void BeforeStep(const StepInput& input) = 0;
+  virtual void AfterStep(const StepProgram& program) = 0;
+};
+
+struct RunResult {
+  MemoryPlan plan;
+  std::vector<StepSummary> steps;
+  std::map<int64_t, std::vector<int32_t>> outputs;  // request id -> generated tokens
+  std::optional<Fault> fault;
+  std::string first_nonfinite;                // kernel label in the failing (or last) step
+  std::vector<KernelRecord> last_step_kernels;  // the failing step's (or last step's) kernels
+};
+
+class Engine {
+ public:
+  // Plans memory for `model` under `config`. The KV pool is the planner's page
+  // count, capped at `max_pool_pages` (what the workload can use) to keep host
+  // memory small; the cap never changes which page ids are valid for a
+  // workload that fits.
+  Engine(std::unique_ptr<Model> model, const EngineConfig& config, int threads, int64_t max_pool_pages);
+
+  const MemoryPlan& plan() const { return plan_; }
+  const Model& model() const { return *model_; }
+  const EngineConfig& config() const { return config_; }
+
+  RunResult Run(const std::vector<Request>& requests, StepObserver* observer = nullptr);
+
+  // Builds the program of one recorded step against this engine's KV cache;
+  // the caller runs it (whole, or kernel by kernel).
+  std::unique_ptr<StepProgram> Prepare(const StepInput& input);
+
+ private:
+  std::unique_ptr<Model> model_;
+  EngineConfig config_;
+  CpuPool pool_;
+  MemoryPlan plan_;
+  std::unique_ptr<KvCache> kv_;
+};
+
+// Pages a workload needs: the sum over requests of ceil((prompt + max_new) / page_size).
+int64_t PagesNeeded(const std::vector<Request>& requests, int page_size);
+
+}  // namespace crashreplay::replay

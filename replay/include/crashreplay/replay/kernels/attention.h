@@ -1,0 +1,207 @@
+// KV-cache write and attention kernel bodies over a paged KV cache.
+//
+// Cache layout per layer and rank: K and V pools of [pages, page_size,
+// kv_heads, head_dim] elements (bf16 or fp8 e4m3 with scale 1). A request's
+// page-table row maps its logical page p (positions p*page_size ...) to a pool
+// page. Every page id read from a table is checked against the pool.
+//
+// Attention for one query row (one token, one head) over positions [0, len):
+//   AttendReference   scores, max, exp-sum and weighted sum in position order;
+//   AttendFlashDecode split-KV: chunks of kFlashChunk positions, each with its
+//                     own max/sum/accumulator, merged in chunk order;
+//   AttendPaged64     one tile per page with an online (running max) softmax,
+//                     FlashMLA-style; precondition page_size == 64.
+// Scratch is provided by the launcher (see the *ScratchFloats functions).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "crashreplay/base/hd.h"
+#include "crashreplay/replay/kernels/check.h"
+#include "crashreplay/formats/numeric.h"
+
+namespace crashreplay::replay {
+
+inline constexpr int kFlashChunk = 32;
+inline constexpr int kPaged64Tile = 64;
+
+struct KvPoolView {
+  void* k = nullptr;
+  void* v = nullptr;
+  bool fp8 = false;  // elements are e4m3 bytes; otherwise bf16
+  int64_t pages = 0;
+  int32_t page_size = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+struct PageTableRow {
+  const int32_t* pages = nullptr;
+  int64_t width = 0;  // entries in this row
+};
+
+CR_HD int64_t KvOffset(const KvPoolView& kv, int64_t page, int64_t slot, int64_t head) {
+  return ((page * kv.page_size + slot) * kv.kv_heads + head) * kv.head_dim;
+}
+
+CR_HD float KvLoad(const KvPoolView& kv, const void* base, int64_t i) {
+  return kv.fp8 ? E4m3ToFloat(static_cast<const uint8_t*>(base)[i])
+                : Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+}
+
+CR_HD void KvStore(const KvPoolView& kv, void* base, int64_t i, float x) {
+  if (kv.fp8) {
+    static_cast<uint8_t*>(base)[i] = FloatToE4m3(x);
+  } else {
+    static_cast<uint16_t*>(base)[i] = FloatToBf16(x);
+  }
+}
+
+// Resolves position -> pool page through the table with both checks; -1 on failure.
+CR_HD int64_t ResolvePage(const KvPoolView& kv, PageTableRow row, int64_t logical, int64_t item,
+                          KernelStatus* st) {
+  if (logical < 0 || logical >= row.width) {
+    Fail(st, Check::kPositionInTable, item, logical, static_cast<double>(row.width));
+    return -1;
+  }
+  const int32_t page = row.pages[logical];
+  if (page < 0 || page >= kv.pages) {
+    Fail(st, Check::kPageInPool, item, page, static_cast<double>(kv.pages));
+    return -1;
+  }
+  return page;
+}
+
+// Writes one token's K and V ([kv_heads * head_dim] each) at position `pos`.
+CR_HD void KvWriteToken(const KvPoolView& kv, PageTableRow row, int64_t pos, const float* k, const float* v,
+                        int64_t item, KernelStatus* st) {
+  const int64_t page = ResolvePage(kv, row, pos / kv.page_size, item, st);
+  if (page < 0) return;
+  const int64_t base = KvOffset(kv, page, pos % kv.page_size, 0);
+  const int64_t n = static_cast<int64_t>(kv.kv_heads) * kv.head_dim;
+  for (int64_t i = 0; i < n; ++i) {
+    KvStore(kv, kv.k, base + i, k[i]);
+    KvStore(kv, kv.v, base + i, v[i]);
+  }
+}
+
+CR_HD float QkDot(const KvPoolView& kv, const float* q, int64_t off) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t d = 0; d < kv.head_dim; ++d) lane[d & 7] = MulAdd(lane[d & 7], q[d], KvLoad(kv, kv.k, off + d));
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+CR_HD int64_t ReferenceScratchFloats(int64_t max_len) { return max_len; }
+
+// out[head_dim] = softmax(q . K[0..len) * scale) V. `kv_head` is the GQA group.
+CR_HD void AttendReference(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
+                           float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
+  for (int64_t d = 0; d < kv.head_dim; ++d) out[d] = 0.0f;
+  float m = -INFINITY;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t page = ResolvePage(kv, row, j / kv.page_size, item, st);
+    if (page < 0) return;
+    const float s = QkDot(kv, q, KvOffset(kv, page, j % kv.page_size, kv_head)) * scale;
+    scratch[j] = s;
+    m = s > m ? s : m;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {
+    scratch[j] = expf(scratch[j] - m);
+    sum += scratch[j];
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t page = row.pages[j / kv.page_size];
+    const int64_t off = KvOffset(kv, page, j % kv.page_size, kv_head);
+    for (int64_t d = 0; d < kv.head_dim; ++d) out[d] = MulAdd(out[d], scratch[j], KvLoad(kv, kv.v, off + d));
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t d = 0; d < kv.head_dim; ++d) out[d] *= inv;
+}
+
+CR_HD int64_t FlashScratchFloats(int64_t max_len, int64_t head_dim) {
+  const int64_t chunks = (max_len + kFlashChunk - 1) / kFlashChunk;
+  return chunks * (head_dim + 2) + kFlashChunk;
+}
+
+CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head,
+                             int64_t len, float scale, float* out, float* scratch, int64_t item,
+                             KernelStatus* st) {
+  const int64_t hd = kv.head_dim;
+  const int64_t chunks = (len + kFlashChunk - 1) / kFlashChunk;
+  float* p = scratch + chunks * (hd + 2);  // kFlashChunk scores of the current chunk
+  for (int64_t c = 0; c < chunks; ++c) {
+    float* part = scratch + c * (hd + 2);  // [m, l, acc[hd]]
+    const int64_t j0 = c * kFlashChunk;
+    const int64_t j1 = j0 + kFlashChunk < len ? j0 + kFlashChunk : len;
+    float m = -INFINITY;
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t page = ResolvePage(kv, row, j / kv.page_size, item, st);
+      if (page < 0) return;
+      p[j - j0] = QkDot(kv, q, KvOffset(kv, page, j % kv.page_size, kv_head)) * scale;
+      m = p[j - j0] > m ? p[j - j0] : m;
+    }
+    float l = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) part[2 + d] = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float e = expf(p[j - j0] - m);
+      l += e;
+      const int64_t off = KvOffset(kv, row.pages[j / kv.page_size], j % kv.page_size, kv_head);
+      for (int64_t d = 0; d < hd; ++d) part[2 + d] = MulAdd(part[2 + d], e, KvLoad(kv, kv.v, off + d));
+    }
+    part[0] = m;
+    part[1] = l;
+  }
+  float gm = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) gm = scratch[c * (hd + 2)] > gm ? scratch[c * (hd + 2)] : gm;
+  float gl = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* part = scratch + c * (hd + 2);
+    const float w = expf(part[0] - gm);
+    gl = MulAdd(gl, part[1], w);
+    for (int64_t d = 0; d < hd; ++d) out[d] = MulAdd(out[d], part[2 + d], w);
+  }
+  const float inv = 1.0f / gl;
+  for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
+}
+
+CR_HD int64_t Paged64ScratchFloats() { return kPaged64Tile; }
+
+CR_HD void AttendPaged64(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
+                         float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
+  const int64_t hd = kv.head_dim;
+  for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
+  // The kernel's tile is one page: it addresses slot j % 64 of page j / 64.
+  if (kv.page_size != kPaged64Tile) {
+    Fail(st, Check::kPageSizeIs64, item, kv.page_size, static_cast<double>(kv.page_size));
+    return;
+  }
+  float m = -INFINITY;
+  float l = 0.0f;
+  for (int64_t t0 = 0; t0 < len; t0 += kPaged64Tile) {
+    const int64_t t1 = t0 + kPaged64Tile < len ? t0 + kPaged64Tile : len;
+    const int64_t page = ResolvePage(kv, row, t0 / kPaged64Tile, item, st);
+    if (page < 0) return;
+    float tm = m;
+    for (int64_t j = t0; j < t1; ++j) {
+      scratch[j - t0] = QkDot(kv, q, KvOffset(kv, page, j - t0, kv_head)) * scale;
+      tm = scratch[j - t0] > tm ? scratch[j - t0] : tm;
+    }
+    const float rescale = expf(m - tm);  // 0 on the first tile (m = -inf)
+    l *= rescale;
+    for (int64_t d = 0; d < hd; ++d) out[d] *= rescale;
+    for (int64_t j = t0; j < t1; ++j) {
+      const float e = expf(scratch[j - t0] - tm);
+      l += e;
+      const int64_t off = KvOffset(kv, page, j - t0, kv_head);
+      for (int64_t d = 0; d < hd; ++d) out[d] = MulAdd(out[d], e, KvLoad(kv, kv.v, off + d));
+    }
+    m = tm;
+  }
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
+}
+
+}  // namespace crashreplay::replay

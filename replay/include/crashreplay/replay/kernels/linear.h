@@ -1,0 +1,135 @@
+// Projection kernel bodies: one output element y[t, r] = sum_c W[r, c] x[t, c]
+// of a weight in any supported storage (fp32/bf16/fp16, FP8 e4m3 with fp32
+// block scales, e2m1 with e4m3 (NVFP4) or e8m0 (MXFP4) block scales).
+//
+// Three variants, selected by gemm_backend/moe_backend/scale_format:
+//   DotDequant  dequantize each weight (value * block scale) to bf16 first,
+//               then a fp32 dot product (the dequantize-then-matmul path);
+//   DotFused    dot product of raw values per scale block, the block's scale
+//               applied once per block (the fused block-scaled path);
+//   DotUe8m0    as DotFused, but reads each fp32 scale as a power of two
+//               (only its exponent), after checking the UE8M0 layout, as
+//               DeepGEMM's UE8M0 path does.
+// Every dot product sums in 8 interleaved lanes (lane = c % 8) combined in a
+// fixed tree, so the result is the same on any thread count and device.
+#pragma once
+
+#include <cstdint>
+
+#include "crashreplay/base/hd.h"
+#include "crashreplay/replay/kernels/check.h"
+#include "crashreplay/formats/numeric.h"
+
+namespace crashreplay::replay {
+
+enum class WFormat : uint8_t { kF32, kBF16, kF16, kE4m3, kE2m1 };
+enum class SFormat : uint8_t { kNone, kF32, kE4m3, kE8m0 };
+
+// A read-only view of one (rank's shard of a) weight matrix [rows, cols].
+struct QWeight {
+  WFormat format = WFormat::kF32;
+  SFormat scale_format = SFormat::kNone;
+  const void* data = nullptr;    // row-major; e2m1 packs two per byte, even column low
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* scales = nullptr;  // [ceil(rows/block_rows), scale_cols]
+  int32_t block_rows = 1;
+  int32_t block_cols = 1;
+  int64_t scale_cols = 0;
+  float global_scale = 1.0f;     // NVFP4 weight_scale_2; 1 otherwise
+};
+
+CR_HD float RawAt(const QWeight& w, int64_t r, int64_t c) {
+  const int64_t i = r * w.cols + c;
+  switch (w.format) {
+    case WFormat::kF32: return static_cast<const float*>(w.data)[i];
+    case WFormat::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
+    case WFormat::kF16: return Fp16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
+    case WFormat::kE4m3: return E4m3ToFloat(static_cast<const uint8_t*>(w.data)[i]);
+    case WFormat::kE2m1: return E2m1ToFloat(GetNibble(static_cast<const uint8_t*>(w.data), static_cast<uint64_t>(i)));
+  }
+  return 0.0f;
+}
+
+CR_HD int64_t ScaleIndex(const QWeight& w, int64_t r, int64_t c) {
+  return (r / w.block_rows) * w.scale_cols + c / w.block_cols;
+}
+
+// The stored scale of the block holding (r, c), decoded, times the global scale.
+CR_HD float ScaleAt(const QWeight& w, int64_t r, int64_t c) {
+  const int64_t s = ScaleIndex(w, r, c);
+  switch (w.scale_format) {
+    case SFormat::kNone: return 1.0f;
+    case SFormat::kF32: return static_cast<const float*>(w.scales)[s] * w.global_scale;
+    case SFormat::kE4m3: return E4m3ToFloat(static_cast<const uint8_t*>(w.scales)[s]) * w.global_scale;
+    case SFormat::kE8m0: return E8m0ToFloat(static_cast<const uint8_t*>(w.scales)[s]) * w.global_scale;
+  }
+  return 1.0f;
+}
+
+// The weight as the dequantize-then-matmul path sees it.
+CR_HD float DequantAt(const QWeight& w, int64_t r, int64_t c) {
+  if (w.scale_format == SFormat::kNone) return RawAt(w, r, c);
+  return Bf16ToFloat(FloatToBf16(RawAt(w, r, c) * ScaleAt(w, r, c)));
+}
+
+CR_HD float LaneSum8(const float* l) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+CR_HD float DotDequant(const QWeight& w, const float* x, int64_t r) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t c = 0; c < w.cols; ++c) lane[c & 7] = MulAdd(lane[c & 7], DequantAt(w, r, c), x[c]);
+  return LaneSum8(lane);
+}
+
+// Raw-value dot product over columns [c0, c1).
+CR_HD float DotRaw(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t c = c0; c < c1; ++c) lane[c & 7] = MulAdd(lane[c & 7], RawAt(w, r, c), x[c]);
+  return LaneSum8(lane);
+}
+
+CR_HD float DotFused(const QWeight& w, const float* x, int64_t r) {
+  if (w.scale_format == SFormat::kNone) return DotRaw(w, x, r, 0, w.cols);
+  float acc = 0.0f;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
+    const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
+    acc = MulAdd(acc, DotRaw(w, x, r, c0, c1), ScaleAt(w, r, c0));
+  }
+  return acc;
+}
+
+// The UE8M0 kernel takes fp32 scales (global scale already folded in) and uses
+// only their exponent; a scale with sign or mantissa bits set would be silently
+// misread, so the kernel checks the layout first. `item` names the work item.
+CR_HD float DotUe8m0(const QWeight& w, const float* x, int64_t r, int64_t item, KernelStatus* st) {
+  if (w.scale_format == SFormat::kNone) return DotRaw(w, x, r, 0, w.cols);
+  float acc = 0.0f;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
+    const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
+    const float s = ScaleAt(w, r, c0);
+    const uint32_t bits = FloatBits(s);
+    if (!IsUe8m0Layout(bits)) {
+      Fail(st, Check::kUe8m0ScaleLayout, item, ScaleIndex(w, r, c0), static_cast<double>(s));
+      return 0.0f;
+    }
+    const float pow2 = BitsToFloat(bits & 0x7f800000u);
+    acc = MulAdd(acc, DotRaw(w, x, r, c0, c1), pow2);
+  }
+  return acc;
+}
+
+enum class DotKind : uint8_t { kDequant, kFused, kUe8m0 };
+
+CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_t r, int64_t item,
+                          KernelStatus* st) {
+  switch (kind) {
+    case DotKind::kDequant: return DotDequant(w, x, r);
+    case DotKind::kFused: return DotFused(w, x, r);
+    case DotKind::kUe8m0: return DotUe8m0(w, x, r, item, st);
+  }
+  return 0.0f;
+}
+
+}  // namespace crashreplay::replay

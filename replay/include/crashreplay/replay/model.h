@@ -1,0 +1,100 @@
+// A model as the engine runs it: every rank's weight shards, converted for the
+// configuration's scale format, plus the RoPE table.
+//
+// BuildModel shards the HF tensors by tensor-parallel rank: q/k/v, gate/up and
+// lm_head are column parallel (split along the output rows; KV heads are
+// replicated when there are fewer than ranks), o_proj and down_proj are row
+// parallel (split along the input columns, each rank computing a partial sum
+// that the engine all-gathers and sums in rank order). Experts are either
+// split along their intermediate dimension (moe_parallel=tensor) or assigned
+// whole to ranks (moe_parallel=expert). Embeddings, norms and the router are
+// replicated.
+//
+// Ownership: the Model owns every byte its QWeight views point into; it is
+// move-only and must not be copied. Errors: InvalidArgument for a checkpoint
+// that cannot be sharded as asked (naming the tensor and dimension),
+// NotFound for a missing tensor, DataLoss for a tensor whose size does not
+// match its shape.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "crashreplay/formats/hash.h"
+#include "crashreplay/replay/kernels/linear.h"
+#include "crashreplay/replay/model_spec.h"
+#include "crashreplay/replay/toggles.h"
+
+namespace crashreplay::replay {
+
+struct LinearShard {
+  QWeight w;                    // views data/scales below
+  std::vector<uint8_t> data;
+  std::vector<uint8_t> scales;
+  std::vector<float> bias;      // empty: no bias
+  size_t bytes() const { return data.size() + scales.size() + bias.size() * 4; }
+};
+
+struct ExpertShard {
+  LinearShard gate, up, down;
+};
+
+struct RankLayer {
+  LinearShard q, k, v, o;
+  LinearShard gate, up, down;       // dense MLP
+  std::vector<ExpertShard> experts; // moe: local experts (all, sliced, in tensor mode)
+  int64_t expert_begin = 0;         // global id of experts[0]
+  bool has_shared = false;
+  ExpertShard shared;
+};
+
+struct Layer {
+  std::vector<float> input_norm, post_norm, q_norm, k_norm;
+  bool moe = false;
+  LinearShard router;               // [experts, hidden], replicated
+  std::vector<float> correction_bias;
+  std::vector<RankLayer> ranks;
+};
+
+struct RopeTable {
+  std::vector<float> inv_freq;  // rotary_dim / 2
+  int64_t rotary_dim = 0;
+  float mscale = 1.0f;          // YaRN attention factor on cos/sin
+  RopeSpec used;                // what the engine read
+  bool from_default = false;    // the selected config form was absent
+};
+
+struct Model {
+  ModelSpec spec;
+  int tp = 1;
+  int64_t heads_local = 0, kv_heads_local = 0, intermediate_local = 0, moe_intermediate_local = 0;
+  int64_t vocab_local = 0;
+  LinearShard embed;                    // full table, replicated
+  std::vector<float> final_norm;
+  std::vector<LinearShard> lm_head;     // per rank, rows [r*vocab_local, ...)
+  std::vector<Layer> layers;
+  RopeTable rope;
+  DotKind dense_dot = DotKind::kDequant;
+  DotKind moe_dot = DotKind::kDequant;
+  // Per rank: tensor name -> XXH3-128 of the shard's bytes (data, then scales).
+  std::vector<std::map<std::string, Hash128>> shard_hashes;
+  std::vector<uint64_t> rank_weight_bytes;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,
+                                                  const EngineConfig& config);
+
+// Checks the model's per-rank shard hashes against recorded ones (a capture
+// manifest's). DataLoss naming the rank, tensor and both hashes on the first
+// mismatch; FailedPrecondition when the rank counts differ (the recording used
+// another tp_size); NotFound for a recorded tensor the model lacks.
+absl::Status VerifyShardHashes(const Model& model, const std::vector<std::map<std::string, Hash128>>& recorded);
+
+// inv_freq and attention factor for default/linear/llama3/yarn RoPE.
+RopeTable ComputeRope(const RopeSpec& rope, int64_t head_dim, double partial_rotary_factor);
+
+}  // namespace crashreplay::replay

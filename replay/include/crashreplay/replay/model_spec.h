@@ -1,0 +1,103 @@
+// The shape of a model as the engine needs it, and the host tensors of a
+// checkpoint before sharding.
+//
+// ModelSpec is filled from a HF config.json (or by the random checkpoint
+// generator). It keeps both RoPE descriptions a config may carry (the legacy
+// rope_theta/rope_scaling keys and the newer rope_parameters object) because
+// the rope_config toggle chooses which one the engine reads.
+// TensorSet holds named tensors in their HF names and layouts (row-major
+// [out, in] weights, packed e2m1, block scales). Value types.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crashreplay/formats/dtype.h"
+
+namespace crashreplay::replay {
+
+struct RopeSpec {
+  std::string type = "default";  // default | linear | llama3 | yarn
+  double theta = 10000.0;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position = 8192;  // llama3, yarn
+  double beta_fast = 32.0;        // yarn
+  double beta_slow = 1.0;         // yarn
+  double mscale = 0.0;            // yarn (DeepSeek form), 0: unset
+  double mscale_all_dim = 0.0;
+  double attention_factor = 0.0;  // yarn, 0: derived from factor
+};
+
+enum class QuantKind { kNone, kFp8Block, kNvfp4, kMxfp4 };
+
+struct ModelSpec {
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;
+  int64_t vocab = 0;
+  double rms_eps = 1e-6;
+  bool qk_norm = false;
+  bool attention_bias = false;
+  bool tie_embeddings = false;
+  double partial_rotary_factor = 1.0;
+  int64_t max_position = 4096;
+  std::optional<RopeSpec> rope_legacy;      // from rope_theta + rope_scaling
+  std::optional<RopeSpec> rope_parameters;  // from rope_parameters
+  // MoE (num_experts == 0: dense)
+  int64_t num_experts = 0;
+  int64_t experts_per_tok = 0;
+  int64_t moe_intermediate = 0;
+  int64_t n_shared_experts = 0;
+  std::string scoring = "softmax";  // softmax | sigmoid
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = true;
+  int64_t first_k_dense = 0;
+  // Per layer: 1 if it has routed experts. Empty: every layer from
+  // first_k_dense on (what the random generator writes).
+  std::vector<uint8_t> moe_layer_mask;
+  // Quantization of the linear layers (embeddings, norms, router and lm_head
+  // stay unquantized, as in ModelOpt and DeepSeek checkpoints).
+  QuantKind quant = QuantKind::kNone;
+  int64_t quant_block_rows = 1;  // fp8: 128
+  int64_t quant_block_cols = 1;  // fp8: 128, nvfp4: 16, mxfp4: 32
+
+  bool is_moe() const { return num_experts > 0; }
+  bool layer_is_moe(int64_t layer) const {
+    if (!is_moe()) return false;
+    if (!moe_layer_mask.empty()) return layer < static_cast<int64_t>(moe_layer_mask.size()) && moe_layer_mask[layer];
+    return layer >= first_k_dense;
+  }
+};
+
+struct HostTensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+using TensorSet = std::map<std::string, HostTensor>;
+
+// HF tensor names of the linear layers, by architecture.
+struct LayerNames {
+  std::string prefix;       // "model.layers.3."
+  std::string moe_prefix;   // "mlp." or "block_sparse_moe."
+  std::string expert(int64_t j, const std::string& proj) const;  // proj: gate|up|down
+  std::string shared(const std::string& proj) const;
+  std::string router() const;
+  std::string bias() const;
+  std::string model_type;
+};
+LayerNames NamesFor(const ModelSpec& spec, int64_t layer);
+
+}  // namespace crashreplay::replay

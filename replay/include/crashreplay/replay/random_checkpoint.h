@@ -1,0 +1,46 @@
+// Small random checkpoints of every supported architecture and quantization,
+// in real HF tensor names and layouts (what `crashreplay make-model` writes).
+//
+// Weights are drawn from a counter-based normal generator (std 1/sqrt(fan_in))
+// so a (options, seed) pair gives the same bytes on every machine. Quantized
+// checkpoints are produced the way the real quantizers do it, so their scales
+// have the real properties: FP8 block scales are amax/448 per 128x128 block;
+// NVFP4 block scales are e4m3 values of amax/6/weight_scale_2 (not powers of
+// two), MXFP4 scales are e8m0 powers of two.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "crashreplay/replay/model_spec.h"
+
+namespace crashreplay::replay {
+
+struct MakeModelOptions {
+  std::string arch = "llama";  // llama | qwen3 | qwen3_moe | mixtral | deepseek_v3 (GLM-4.5 style, GQA)
+  std::string quant = "bf16";  // bf16 | fp8 | nvfp4 | mxfp4
+  int64_t layers = 2;
+  int64_t hidden = 64;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t head_dim = 16;
+  int64_t intermediate = 128;
+  int64_t moe_intermediate = 32;
+  int64_t experts = 8;
+  int64_t experts_per_tok = 2;
+  int64_t n_shared_experts = 1;
+  int64_t n_group = 4;
+  int64_t topk_group = 2;
+  int64_t vocab = 320;
+  uint64_t seed = 1;
+};
+
+struct RandomCheckpoint {
+  ModelSpec spec;
+  TensorSet tensors;
+};
+
+absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& options);
+
+}  // namespace crashreplay::replay

@@ -1,0 +1,382 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "crashreplay/base/status.h"
+#include "crashreplay/formats/sharding.h"
+#include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/model.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using text::Cat;
+
+absl::StatusOr<const HostTensor*> Get(const TensorSet& t, const std::string& name) {
+  auto it = t.find(name);
+  if (it == t.end()) return absl::NotFoundError(Cat("checkpoint has no tensor '", name, "'"));
+  uint64_t n = 1;
+  for (int64_t d : it->second.shape) n *= static_cast<uint64_t>(d);
+  if (DTypeBytes(it->second.dtype, n) != it->second.bytes.size()) {
+    return absl::DataLossError(Cat("tensor '", name, "' has ", it->second.bytes.size(), " bytes, its shape needs ",
+                                   DTypeBytes(it->second.dtype, n)));
+  }
+  return &it->second;
+}
+
+float ScalarF32(const HostTensor& t) {
+  float v = 0;
+  std::memcpy(&v, t.bytes.data(), 4);
+  return v;
+}
+
+void SetViews(LinearShard* s) {
+  s->w.data = s->data.data();
+  s->w.scales = s->scales.empty() ? nullptr : s->scales.data();
+}
+
+// Rewrites the shard's scales for the configured scale format (see the
+// scale_format toggle): fp32 and ue8m0 expand to fp32 with the global scale
+// folded in; ue8m0_requant also rounds every scale up to a power of two and
+// requantizes the block's values so value * scale is kept as closely as the
+// element format allows.
+void ConvertScales(LinearShard* s, ScaleFormat fmt) {
+  if (s->w.scale_format == SFormat::kNone || fmt == ScaleFormat::kCheckpoint) return;
+  QWeight& w = s->w;
+  const int64_t sr = (w.rows + w.block_rows - 1) / w.block_rows;
+  std::vector<float> f(sr * w.scale_cols);
+  for (int64_t i = 0; i < sr; ++i)
+    for (int64_t j = 0; j < w.scale_cols; ++j) f[i * w.scale_cols + j] = ScaleAt(w, i * w.block_rows, j * w.block_cols);
+  if (fmt == ScaleFormat::kUe8m0Requant) {
+    std::vector<float> pow2(f.size());
+    for (size_t i = 0; i < f.size(); ++i) pow2[i] = f[i] == 0.0f ? 0.0f : E8m0ToFloat(FloatToUe8m0Ceil(f[i]));
+    for (int64_t r = 0; r < w.rows; ++r) {
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const int64_t si = ScaleIndex(w, r, c);
+        if (pow2[si] == 0.0f || pow2[si] == f[si]) continue;
+        const float v = RawAt(w, r, c) * f[si] / pow2[si];
+        const int64_t i = r * w.cols + c;
+        if (w.format == WFormat::kE4m3) {
+          s->data[i] = FloatToE4m3(v);
+        } else if (w.format == WFormat::kE2m1) {
+          SetNibble(s->data.data(), static_cast<uint64_t>(i), FloatToE2m1(v));
+        }
+      }
+    }
+    f = pow2;
+  }
+  s->scales.assign(reinterpret_cast<const uint8_t*>(f.data()), reinterpret_cast<const uint8_t*>(f.data() + f.size()));
+  w.scale_format = SFormat::kF32;
+  w.global_scale = 1.0f;
+  SetViews(s);
+}
+
+class Builder {
+ public:
+  Builder(const ModelSpec& spec, const TensorSet& t, const EngineConfig& cfg) : spec_(spec), t_(t), cfg_(cfg) {
+    tp_ = cfg.tp_size;
+    sharding_.num_kv_heads = spec.kv_heads;
+    sharding_.num_experts = spec.num_experts;
+    sharding_.expert_parallel = cfg.moe_parallel == MoeParallel::kExpert;
+  }
+
+  // The rank's shard of one tensor, cut by the shared sharding rules
+  // (formats/sharding.h) and hashed as the capture side hashes it.
+  absl::StatusOr<std::vector<uint8_t>> Shard(const std::string& name, const HostTensor& t, int rank,
+                                             ShardSpec* spec_out = nullptr, ShardBlock* block_out = nullptr) {
+    const ShardSpec spec = ShardingRuleFor(name, t.shape, tp_, rank, sharding_);
+    CR_ASSIGN_OR_RETURN(ShardBlock b, ShardBlockFor(name, spec, t.shape, t.bytes.size()));
+    if (spec.kind == ShardKind::kOwned) b.held = spec.owner == rank;  // whole tensor, one owner
+    std::vector<uint8_t> out;
+    if (b.held) {
+      out.resize(b.bytes());
+      const uint64_t w = b.col_byte_end - b.col_byte_begin;
+      for (int64_t r = b.row_begin; r < b.row_end; ++r) {
+        std::memcpy(out.data() + (r - b.row_begin) * w, t.bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
+      }
+      (*hashes_)[rank][name] = XXH128Of(out.data(), out.size());
+    }
+    if (spec_out) *spec_out = spec;
+    if (block_out) *block_out = b;
+    return out;
+  }
+
+  // Loads rank `rank`'s shard of `base`.weight with its scales and bias.
+  absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) {
+    const std::string name = base + ".weight";
+    CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, name));
+    if (w->shape.size() != 2) return absl::InvalidArgumentError(Cat("tensor '", name, "' is not 2-D"));
+    LinearShard out;
+    QWeight& q = out.w;
+    int bits = 16;
+    const HostTensor* scale = nullptr;
+    std::string scale_name;
+    switch (w->dtype) {
+      case DType::kBF16: q.format = WFormat::kBF16; break;
+      case DType::kF16: q.format = WFormat::kF16; break;
+      case DType::kF32: q.format = WFormat::kF32; bits = 32; break;
+      case DType::kF8E4M3: {
+        q.format = WFormat::kE4m3;
+        bits = 8;
+        scale_name = base + ".weight_scale_inv";
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
+        q.scale_format = SFormat::kF32;
+        q.block_rows = static_cast<int32_t>(spec_.quant_block_rows > 1 ? spec_.quant_block_rows : 128);
+        q.block_cols = static_cast<int32_t>(spec_.quant_block_cols > 1 ? spec_.quant_block_cols : 128);
+        break;
+      }
+      case DType::kU8: {
+        q.format = WFormat::kE2m1;
+        bits = 4;
+        scale_name = base + ".weight_scale";
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
+        if (scale->dtype == DType::kF8E4M3) {  // NVFP4 (ModelOpt)
+          q.scale_format = SFormat::kE4m3;
+          q.block_cols = 16;
+          CR_ASSIGN_OR_RETURN(const HostTensor* g, Get(t_, base + ".weight_scale_2"));
+          q.global_scale = ScalarF32(*g);
+          CR_RETURN_IF_ERROR(Shard(base + ".weight_scale_2", *g, rank).status());
+          auto in = t_.find(base + ".input_scale");
+          if (in != t_.end()) CR_RETURN_IF_ERROR(Shard(in->first, in->second, rank).status());
+        } else {  // MXFP4: e8m0 bytes
+          q.scale_format = SFormat::kE8m0;
+          q.block_cols = 32;
+        }
+        break;
+      }
+      default:
+        return absl::UnimplementedError(Cat("tensor '", name, "' has dtype ", DTypeName(w->dtype),
+                                            ", which the engine does not load as a weight"));
+    }
+    ShardSpec spec;
+    ShardBlock blk;
+    CR_ASSIGN_OR_RETURN(out.data, Shard(name, *w, rank, &spec, &blk));
+    if (!blk.held) return absl::InternalError(Cat("rank ", rank, " does not hold '", name, "'"));
+    q.rows = blk.row_end - blk.row_begin;
+    q.cols = static_cast<int64_t>((blk.col_byte_end - blk.col_byte_begin) * 8 / bits);
+    if (scale != nullptr) {
+      ShardBlock sb;
+      CR_ASSIGN_OR_RETURN(out.scales, Shard(scale_name, *scale, rank, nullptr, &sb));
+      const int64_t sbytes = scale->dtype == DType::kF32 ? 4 : 1;
+      q.scale_cols = static_cast<int64_t>((sb.col_byte_end - sb.col_byte_begin) / sbytes);
+      // The rule cuts weight and scales into the same number of equal parts;
+      // they stay aligned only when every part holds whole scale blocks.
+      const int64_t want_rows = (q.rows + q.block_rows - 1) / q.block_rows;
+      const int64_t want_cols = (q.cols + q.block_cols - 1) / q.block_cols;
+      const bool aligned = spec.kind != ShardKind::kSplit ||
+                           (spec.dim == 0 ? q.rows % q.block_rows == 0 || spec.parts == 1
+                                          : q.cols % q.block_cols == 0 || spec.parts == 1);
+      if (!aligned || want_rows != sb.row_end - sb.row_begin || want_cols != q.scale_cols) {
+        return absl::InvalidArgumentError(
+            Cat("rank ", rank, "'s shard of '", name, "' (", q.rows, "x", q.cols, ") splits a ", q.block_rows, "x",
+                q.block_cols, " scale block; use a tp_size that divides the blocks evenly"));
+      }
+    }
+    auto bias_it = t_.find(base + ".bias");
+    if (bias_it != t_.end()) {
+      ShardSpec bspec;
+      CR_ASSIGN_OR_RETURN(std::vector<uint8_t> b, Shard(bias_it->first, bias_it->second, rank, &bspec));
+      const bool f32 = bias_it->second.dtype == DType::kF32;
+      for (size_t i = 0; i < b.size(); i += f32 ? 4 : 2) {
+        float v;
+        if (f32) {
+          std::memcpy(&v, b.data() + i, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, b.data() + i, 2);
+          v = bias_it->second.dtype == DType::kF16 ? Fp16ToFloat(h) : Bf16ToFloat(h);
+        }
+        out.bias.push_back(v);
+      }
+      // A row-parallel layer's bias is replicated; it is added once, on rank 0.
+      if (spec.kind == ShardKind::kSplit && spec.dim == 1 && rank != 0) out.bias.assign(out.bias.size(), 0.0f);
+    }
+    SetViews(&out);
+    // Device bytes: UE8M0 scales live packed, one byte each (DeepGEMM's
+    // layout), whatever the host copy holds.
+    const size_t stored_scales = out.scales.size();
+    ConvertScales(&out, cfg_.scale_format);
+    const bool ue8m0 = cfg_.scale_format == ScaleFormat::kUe8m0 || cfg_.scale_format == ScaleFormat::kUe8m0Requant;
+    size_t scale_bytes = out.scales.size();
+    if (ue8m0 && out.w.scale_format == SFormat::kF32 && stored_scales != 0) scale_bytes = out.scales.size() / 4;
+    (*bytes_)[rank] += out.data.size() + scale_bytes + out.bias.size() * 4;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) {
+    CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
+    for (int r = 0; r < tp_; ++r) CR_RETURN_IF_ERROR(Shard(name, *t, r).status());
+    std::vector<float> v(n);
+    if (t->bytes.size() != DTypeBytes(t->dtype, n)) {
+      return absl::InvalidArgumentError(Cat("tensor '", name, "' should have ", n, " elements"));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (t->dtype == DType::kF32) {
+        std::memcpy(&v[i], t->bytes.data() + 4 * i, 4);
+      } else {
+        uint16_t b;
+        std::memcpy(&b, t->bytes.data() + 2 * i, 2);
+        v[i] = t->dtype == DType::kF16 ? Fp16ToFloat(b) : Bf16ToFloat(b);
+      }
+    }
+    return v;
+  }
+
+  std::vector<std::map<std::string, Hash128>>* hashes_ = nullptr;
+  std::vector<uint64_t>* bytes_ = nullptr;
+
+ private:
+  const ModelSpec& spec_;
+  const TensorSet& t_;
+  const EngineConfig& cfg_;
+  int tp_ = 1;
+  ShardingModel sharding_;
+};
+
+absl::Status Divides(int64_t n, int tp, const char* what) {
+  if (n % tp != 0) {
+    return absl::InvalidArgumentError(Cat(what, " (", n, ") is not divisible by tp_size ", tp));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,
+                                                  const EngineConfig& cfg) {
+  auto m = std::make_unique<Model>();
+  m->spec = spec;
+  const int tp = cfg.tp_size;
+  m->tp = tp;
+  CR_RETURN_IF_ERROR(Divides(spec.heads, tp, "attention heads"));
+  CR_RETURN_IF_ERROR(Divides(spec.vocab, tp, "vocabulary size"));
+  if (spec.kv_heads >= tp) {
+    CR_RETURN_IF_ERROR(Divides(spec.kv_heads, tp, "KV heads"));
+  } else if (tp % spec.kv_heads != 0) {
+    return absl::InvalidArgumentError(Cat("tp_size ", tp, " is not a multiple of the ", spec.kv_heads, " KV heads"));
+  }
+  m->heads_local = spec.heads / tp;
+  m->kv_heads_local = spec.kv_heads >= tp ? spec.kv_heads / tp : 1;
+  m->vocab_local = spec.vocab / tp;
+  m->shard_hashes.resize(tp);
+  m->rank_weight_bytes.assign(tp, 0);
+  Builder b(spec, tensors, cfg);
+  b.hashes_ = &m->shard_hashes;
+  b.bytes_ = &m->rank_weight_bytes;
+  const int64_t H = spec.hidden, hd = spec.head_dim;
+
+  CR_ASSIGN_OR_RETURN(m->embed, b.Linear("model.embed_tokens", 0));
+  for (int r = 1; r < tp; ++r) {  // replicated: every rank holds (and hashes) it
+    m->rank_weight_bytes[r] += m->embed.bytes();
+    m->shard_hashes[r]["model.embed_tokens.weight"] = m->shard_hashes[0]["model.embed_tokens.weight"];
+  }
+  CR_ASSIGN_OR_RETURN(m->final_norm, b.Vector("model.norm.weight", H));
+  const std::string head = tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
+  for (int r = 0; r < tp; ++r) {
+    CR_ASSIGN_OR_RETURN(LinearShard s, b.Linear(head, r));
+    m->lm_head.push_back(std::move(s));
+  }
+  if (!spec.is_moe() || spec.first_k_dense > 0) CR_RETURN_IF_ERROR(Divides(spec.intermediate, tp, "intermediate size"));
+  m->intermediate_local = spec.intermediate / tp;
+  if (spec.is_moe()) {
+    if (cfg.moe_parallel == MoeParallel::kTensor) {
+      CR_RETURN_IF_ERROR(Divides(spec.moe_intermediate, tp, "moe_intermediate_size"));
+      m->moe_intermediate_local = spec.moe_intermediate / tp;
+    } else {
+      CR_RETURN_IF_ERROR(Divides(spec.num_experts, tp, "experts (moe_parallel=expert)"));
+      m->moe_intermediate_local = spec.moe_intermediate;
+    }
+  }
+
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const LayerNames n = NamesFor(spec, l);
+    Layer layer;
+    CR_ASSIGN_OR_RETURN(layer.input_norm, b.Vector(n.prefix + "input_layernorm.weight", H));
+    CR_ASSIGN_OR_RETURN(layer.post_norm, b.Vector(n.prefix + "post_attention_layernorm.weight", H));
+    if (spec.qk_norm) {
+      CR_ASSIGN_OR_RETURN(layer.q_norm, b.Vector(n.prefix + "self_attn.q_norm.weight", hd));
+      CR_ASSIGN_OR_RETURN(layer.k_norm, b.Vector(n.prefix + "self_attn.k_norm.weight", hd));
+    }
+    layer.moe = spec.layer_is_moe(l);
+    if (layer.moe) {
+      const std::string router = n.router();
+      CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), 0));
+      for (int r = 1; r < tp; ++r) m->shard_hashes[r][router] = m->shard_hashes[0][router];
+      if (spec.scoring == "sigmoid" && tensors.count(n.bias())) {
+        CR_ASSIGN_OR_RETURN(layer.correction_bias, b.Vector(n.bias(), spec.num_experts));
+      }
+    }
+    const std::string a = n.prefix + "self_attn.";
+    for (int r = 0; r < tp; ++r) {
+      RankLayer rl;
+      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
+      auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
+      if (!layer.moe) {
+        CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.up, b.Linear(n.prefix + "mlp.up_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.down, b.Linear(n.prefix + "mlp.down_proj", r));
+      } else {
+        const bool ep = cfg.moe_parallel == MoeParallel::kExpert;
+        const int64_t e_per = ep ? spec.num_experts / tp : spec.num_experts;
+        rl.expert_begin = ep ? r * e_per : 0;
+        for (int64_t j = rl.expert_begin; j < rl.expert_begin + e_per; ++j) {
+          ExpertShard e;
+          CR_ASSIGN_OR_RETURN(e.gate, b.Linear(strip(n.expert(j, "gate")), r));
+          CR_ASSIGN_OR_RETURN(e.up, b.Linear(strip(n.expert(j, "up")), r));
+          CR_ASSIGN_OR_RETURN(e.down, b.Linear(strip(n.expert(j, "down")), r));
+          rl.experts.push_back(std::move(e));
+        }
+        if (spec.n_shared_experts > 0) {
+          const int64_t si = spec.moe_intermediate * spec.n_shared_experts;
+          CR_RETURN_IF_ERROR(Divides(si, tp, "shared expert intermediate size"));
+          rl.has_shared = true;
+          CR_ASSIGN_OR_RETURN(rl.shared.gate, b.Linear(strip(n.shared("gate")), r));
+          CR_ASSIGN_OR_RETURN(rl.shared.up, b.Linear(strip(n.shared("up")), r));
+          CR_ASSIGN_OR_RETURN(rl.shared.down, b.Linear(strip(n.shared("down")), r));
+        }
+      }
+      layer.ranks.push_back(std::move(rl));
+    }
+    m->layers.push_back(std::move(layer));
+  }
+
+  // RoPE: read the form the configuration names; when the checkpoint does not
+  // carry that form, the defaults apply (as an engine reading only that form does).
+  const std::optional<RopeSpec>& chosen =
+      cfg.rope_config == RopeConfig::kRopeParameters ? spec.rope_parameters : spec.rope_legacy;
+  m->rope = ComputeRope(chosen.value_or(RopeSpec{}), hd, spec.partial_rotary_factor);
+  m->rope.from_default = !chosen.has_value();
+
+  const bool ue8m0 = cfg.scale_format == ScaleFormat::kUe8m0;
+  m->dense_dot = ue8m0 ? DotKind::kUe8m0
+                       : cfg.gemm_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
+  m->moe_dot = ue8m0 ? DotKind::kUe8m0
+                     : cfg.moe_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
+  return m;
+}
+
+absl::Status VerifyShardHashes(const Model& m, const std::vector<std::map<std::string, Hash128>>& recorded) {
+  if (recorded.size() != m.shard_hashes.size()) {
+    return absl::FailedPreconditionError(Cat("the recording has ", recorded.size(), " ranks, this replay shards for ",
+                                             m.shard_hashes.size(), "; replay with --set tp_size=", recorded.size()));
+  }
+  for (size_t r = 0; r < recorded.size(); ++r) {
+    for (const auto& [name, hash] : recorded[r]) {
+      auto it = m.shard_hashes[r].find(name);
+      if (it == m.shard_hashes[r].end()) {
+        return absl::NotFoundError(Cat("rank ", r, ": the recording hashed tensor '", name, "', the checkpoint has no such shard"));
+      }
+      if (it->second != hash) {
+        return absl::DataLossError(Cat("rank ", r, " tensor '", name, "': shard hash ", it->second.Hex(),
+                                       " but the recording has ", hash.Hex(), "; is this the recorded checkpoint?"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace crashreplay::replay

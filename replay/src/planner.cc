@@ -1,0 +1,100 @@
+#include "crashreplay/replay/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "text_util.h"
+
+namespace crashreplay::replay {
+
+using text::Cat;
+
+std::vector<int> GraphBatchSizes(int max_bs) {
+  std::vector<int> out;
+  for (int bs : {1, 2, 4}) {
+    if (bs <= max_bs) out.push_back(bs);
+  }
+  for (int bs = 8; bs <= max_bs; bs += 8) out.push_back(bs);
+  if (max_bs > 0 && (out.empty() || out.back() != max_bs)) out.push_back(max_bs);
+  return out;
+}
+
+uint64_t ActivationBytesPerToken(const Model& m) {
+  const ModelSpec& s = m.spec;
+  const int64_t q = m.heads_local * s.head_dim, kv = m.kv_heads_local * s.head_dim;
+  int64_t mlp = 3 * m.intermediate_local;
+  if (s.is_moe()) {
+    mlp = std::max<int64_t>(mlp, 3 * m.moe_intermediate_local * s.experts_per_tok + s.num_experts * 2);
+  }
+  // residual, normed input, q/k/v/attn, the row-parallel partials of every
+  // rank (all-gathered), the MLP's widest intermediate, and this rank's logits.
+  const int64_t floats = 2 * s.hidden + 2 * q + 2 * kv + m.tp * s.hidden + mlp + m.vocab_local;
+  return static_cast<uint64_t>(floats) * 4;
+}
+
+MemoryPlan PlanMemory(const Model& m, const EngineConfig& c) {
+  MemoryPlan p;
+  const double scale = c.device_memory_scale;
+  p.capacity = static_cast<uint64_t>(std::llround(c.device_memory_gb * 1e9 * scale));
+  p.static_budget = static_cast<uint64_t>(std::floor(static_cast<double>(p.capacity) * c.mem_fraction_static));
+  p.weights = *std::max_element(m.rank_weight_bytes.begin(), m.rank_weight_bytes.end());
+  const uint64_t elem = c.kv_cache_dtype == KvCacheDType::kFp8E4m3 ? 1 : 2;
+  p.kv_bytes_per_token = static_cast<uint64_t>(m.spec.layers) * 2 * m.kv_heads_local * m.spec.head_dim * elem;
+  p.page_bytes = p.kv_bytes_per_token * static_cast<uint64_t>(c.page_size);
+  p.dynamic_budget = p.capacity - p.static_budget;
+  const double per_token = static_cast<double>(ActivationBytesPerToken(m));
+  p.workspace = static_cast<uint64_t>(std::llround((kRuntimeBytes + per_token * kPrefillChunkTokens) * scale));
+  p.graph_batch_sizes = GraphBatchSizes(c.cuda_graph_max_bs);
+  const double max_bs = static_cast<double>(c.cuda_graph_max_bs);
+  p.graph_reservation = static_cast<uint64_t>(std::llround(
+      (kGraphBytesPerSeq * max_bs + kPerGraphBytes * static_cast<double>(p.graph_batch_sizes.size()) +
+       per_token * max_bs) *
+      scale));
+  auto oom = [&](const char* stage, std::string what, uint64_t need, uint64_t have) {
+    Fault f;
+    f.klass = "oom";
+    f.stage = stage;
+    f.kernel = "memory_planner";
+    f.check = what;
+    f.index = static_cast<int64_t>(need);
+    f.value = static_cast<double>(have);
+    f.message = Cat("out of memory at ", stage, ": ", what, " needs ", need, " bytes, ", have,
+                    " available (capacity ", p.capacity, ", mem_fraction_static ", c.mem_fraction_static, ")");
+    p.fault = f;
+  };
+  if (p.weights >= p.static_budget) {
+    oom("load", "weights_fit_static_budget", p.weights, p.static_budget);
+    return p;
+  }
+  p.pool_pages = static_cast<int64_t>((p.static_budget - p.weights) / p.page_bytes);
+  if (c.max_total_tokens > 0) {
+    p.pool_pages = std::min<int64_t>(p.pool_pages, (c.max_total_tokens + c.page_size - 1) / c.page_size);
+  }
+  if (p.pool_pages < 1) {
+    oom("load", "kv_pool_has_pages", p.page_bytes, p.static_budget - p.weights);
+    return p;
+  }
+  const uint64_t need = p.workspace + p.graph_reservation;
+  if (need > p.dynamic_budget) {
+    oom(c.cuda_graph_max_bs > 0 ? "graph_capture" : "load",
+        c.cuda_graph_max_bs > 0 ? "graph_memory_fits" : "workspace_fits", need, p.dynamic_budget);
+  }
+  return p;
+}
+
+nlohmann::json MemoryPlan::ToJson() const {
+  nlohmann::json j = {{"capacity", capacity},
+                      {"static_budget", static_budget},
+                      {"weights", weights},
+                      {"kv_bytes_per_token", kv_bytes_per_token},
+                      {"page_bytes", page_bytes},
+                      {"pool_pages", pool_pages},
+                      {"dynamic_budget", dynamic_budget},
+                      {"workspace", workspace},
+                      {"graph_reservation", graph_reservation},
+                      {"graph_batch_sizes", graph_batch_sizes}};
+  if (fault) j["fault"] = fault->ToJson();
+  return j;
+}
+
+}  // namespace crashreplay::replay

@@ -1,0 +1,273 @@
+#include "crashreplay/replay/random_checkpoint.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "crashreplay/base/status.h"
+#include "crashreplay/formats/block_quant.h"
+#include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/kernels/router.h"
+#include "crashreplay/replay/kernels/sampling.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using text::Cat;
+
+class Normal {
+ public:
+  explicit Normal(uint64_t seed) : seed_(seed) {}
+  float Next() {
+    const double u1 = (static_cast<double>(SplitMix64(seed_ ^ SplitMix64(counter_++)) >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(SplitMix64(seed_ ^ SplitMix64(counter_++)) >> 11) * 0x1.0p-53;
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+};
+
+template <typename T>
+HostTensor Make(DType dt, std::vector<int64_t> shape, const std::vector<T>& v) {
+  HostTensor t;
+  t.dtype = dt;
+  t.shape = std::move(shape);
+  t.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+HostTensor Bf16(std::vector<int64_t> shape, const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
+  return Make(DType::kBF16, std::move(shape), b);
+}
+
+class Generator {
+ public:
+  Generator(const MakeModelOptions& o, ModelSpec spec) : o_(o), spec_(std::move(spec)), rng_(o.seed) {}
+
+  std::vector<float> Matrix(int64_t out, int64_t in) {
+    std::vector<float> w(out * in);
+    const float s = 1.0f / std::sqrt(static_cast<float>(in));
+    for (auto& x : w) x = rng_.Next() * s;
+    return w;
+  }
+  std::vector<float> Norm(int64_t n) {
+    std::vector<float> w(n);
+    for (auto& x : w) x = 1.0f + 0.1f * rng_.Next();
+    return w;
+  }
+
+  // Adds `name` (+ its scale tensors) quantized as the checkpoint's linear layers are.
+  void Linear(const std::string& name, int64_t out, int64_t in) {
+    const std::vector<float> w = Matrix(out, in);
+    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    switch (spec_.quant) {
+      case QuantKind::kNone:
+        t_[name] = Bf16({out, in}, w);
+        return;
+      case QuantKind::kFp8Block: {
+        const int64_t br = 128, bc = 128, sr = (out + br - 1) / br, sc = (in + bc - 1) / bc;
+        std::vector<float> amax(sr * sc, 0.0f);
+        for (int64_t r = 0; r < out; ++r)
+          for (int64_t c = 0; c < in; ++c) {
+            float& a = amax[(r / br) * sc + c / bc];
+            a = AbsMaxAccumulate(a, w[r * in + c]);
+          }
+        std::vector<float> scale(sr * sc);
+        for (size_t i = 0; i < scale.size(); ++i) scale[i] = Fp8BlockScale(amax[i], 1e-12f, false);
+        std::vector<uint8_t> q(out * in);
+        for (int64_t r = 0; r < out; ++r)
+          for (int64_t c = 0; c < in; ++c) q[r * in + c] = QuantFp8(w[r * in + c], scale[(r / br) * sc + c / bc]);
+        t_[name] = Make(DType::kF8E4M3, {out, in}, q);
+        t_[base + ".weight_scale_inv"] = Make(DType::kF32, {sr, sc}, scale);
+        return;
+      }
+      case QuantKind::kNvfp4: {
+        const float global = Nvfp4GlobalScale(w);
+        std::vector<uint8_t> scales(out * (in / 16)), packed(out * in / 2, 0);
+        for (int64_t r = 0; r < out; ++r)
+          for (int64_t b = 0; b < in / 16; ++b) {
+            float bmax = 0.0f;
+            for (int64_t c = b * 16; c < b * 16 + 16; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
+            const uint8_t s8 = Nvfp4BlockScale(bmax, global);
+            scales[r * (in / 16) + b] = s8;
+            for (int64_t c = b * 16; c < b * 16 + 16; ++c) SetNibble(packed.data(), r * in + c, QuantNvfp4(w[r * in + c], s8, global));
+          }
+        t_[name] = Make(DType::kU8, {out, in / 2}, packed);
+        t_[base + ".weight_scale"] = Make(DType::kF8E4M3, {out, in / 16}, scales);
+        t_[base + ".weight_scale_2"] = Make(DType::kF32, {}, std::vector<float>{global});
+        t_[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{1.0f});
+        return;
+      }
+      case QuantKind::kMxfp4: {
+        std::vector<uint8_t> scales(out * (in / 32)), packed(out * in / 2, 0);
+        for (int64_t r = 0; r < out; ++r)
+          for (int64_t b = 0; b < in / 32; ++b) {
+            float bmax = 0.0f;
+            for (int64_t c = b * 32; c < b * 32 + 32; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
+            const uint8_t s8 = Mxfp4BlockScale(bmax);
+            scales[r * (in / 32) + b] = s8;
+            for (int64_t c = b * 32; c < b * 32 + 32; ++c) SetNibble(packed.data(), r * in + c, QuantMxfp4(w[r * in + c], s8));
+          }
+        t_[name] = Make(DType::kU8, {out, in / 2}, packed);
+        t_[base + ".weight_scale"] = Make(DType::kU8, {out, in / 32}, scales);
+        return;
+      }
+    }
+  }
+
+  void Bias(const std::string& name, int64_t n) {
+    std::vector<float> b(n);
+    for (auto& x : b) x = 0.1f * rng_.Next();
+    t_[name] = Bf16({n}, b);
+  }
+
+  RandomCheckpoint Build() {
+    const ModelSpec& s = spec_;
+    const int64_t H = s.hidden, hd = s.head_dim;
+    t_["model.embed_tokens.weight"] = Bf16({s.vocab, H}, Matrix(s.vocab, H));
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const LayerNames n = NamesFor(s, l);
+      const std::string a = n.prefix + "self_attn.";
+      t_[n.prefix + "input_layernorm.weight"] = Bf16({H}, Norm(H));
+      t_[n.prefix + "post_attention_layernorm.weight"] = Bf16({H}, Norm(H));
+      Linear(a + "q_proj.weight", s.heads * hd, H);
+      Linear(a + "k_proj.weight", s.kv_heads * hd, H);
+      Linear(a + "v_proj.weight", s.kv_heads * hd, H);
+      Linear(a + "o_proj.weight", H, s.heads * hd);
+      if (s.attention_bias) {
+        Bias(a + "q_proj.bias", s.heads * hd);
+        Bias(a + "k_proj.bias", s.kv_heads * hd);
+        Bias(a + "v_proj.bias", s.kv_heads * hd);
+      }
+      if (s.qk_norm) {
+        t_[a + "q_norm.weight"] = Bf16({hd}, Norm(hd));
+        t_[a + "k_norm.weight"] = Bf16({hd}, Norm(hd));
+      }
+      if (!s.layer_is_moe(l)) {
+        Linear(n.prefix + "mlp.gate_proj.weight", s.intermediate, H);
+        Linear(n.prefix + "mlp.up_proj.weight", s.intermediate, H);
+        Linear(n.prefix + "mlp.down_proj.weight", H, s.intermediate);
+        continue;
+      }
+      t_[n.router()] = Bf16({s.num_experts, H}, Matrix(s.num_experts, H));
+      if (s.scoring == "sigmoid") {
+        std::vector<float> bias(s.num_experts);
+        for (auto& x : bias) x = 0.05f * rng_.Next();
+        t_[n.bias()] = Make(DType::kF32, {s.num_experts}, bias);
+      }
+      for (int64_t j = 0; j < s.num_experts; ++j) {
+        Linear(n.expert(j, "gate"), s.moe_intermediate, H);
+        Linear(n.expert(j, "up"), s.moe_intermediate, H);
+        Linear(n.expert(j, "down"), H, s.moe_intermediate);
+      }
+      if (s.n_shared_experts > 0) {
+        const int64_t si = s.moe_intermediate * s.n_shared_experts;
+        Linear(n.shared("gate"), si, H);
+        Linear(n.shared("up"), si, H);
+        Linear(n.shared("down"), H, si);
+      }
+    }
+    t_["model.norm.weight"] = Bf16({H}, Norm(H));
+    if (!s.tie_embeddings) t_["lm_head.weight"] = Bf16({s.vocab, H}, Matrix(s.vocab, H));
+    return RandomCheckpoint{spec_, std::move(t_)};
+  }
+
+ private:
+  MakeModelOptions o_;
+  ModelSpec spec_;
+  Normal rng_;
+  TensorSet t_;
+};
+
+}  // namespace
+
+absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& o) {
+  ModelSpec s;
+  s.hidden = o.hidden;
+  s.layers = o.layers;
+  s.heads = o.heads;
+  s.kv_heads = o.kv_heads;
+  s.head_dim = o.head_dim;
+  s.intermediate = o.intermediate;
+  s.vocab = o.vocab;
+  s.rms_eps = 1e-6;
+  s.max_position = 4096;
+  RopeSpec rope;
+  rope.theta = 10000.0;
+  if (o.arch == "llama") {
+    s.model_type = "llama";
+    s.rms_eps = 1e-5;
+    rope.theta = 500000.0;
+    rope.type = "llama3";
+    rope.factor = 8.0;
+    rope.original_max_position = 64;  // small so the scaled band covers tiny head dims
+  } else if (o.arch == "qwen3") {
+    s.model_type = "qwen3";
+    s.qk_norm = true;
+    rope.theta = 1000000.0;
+  } else if (o.arch == "qwen3_moe" || o.arch == "mixtral") {
+    s.model_type = o.arch;
+    s.qk_norm = o.arch == "qwen3_moe";
+    s.num_experts = o.experts;
+    s.experts_per_tok = o.experts_per_tok;
+    s.moe_intermediate = o.arch == "mixtral" ? o.intermediate : o.moe_intermediate;
+    s.norm_topk_prob = true;
+    rope.theta = o.arch == "mixtral" ? 1000000.0 : 1000000.0;
+  } else if (o.arch == "deepseek_v3" || o.arch == "glm4_moe") {
+    // DeepSeek-V3-style routing with GQA attention: the GLM-4.5 (glm4_moe)
+    // layout. MLA attention is not implemented.
+    s.model_type = "glm4_moe";
+    s.attention_bias = true;
+    s.partial_rotary_factor = 0.5;
+    s.num_experts = o.experts;
+    s.experts_per_tok = o.experts_per_tok;
+    s.moe_intermediate = o.moe_intermediate;
+    s.n_shared_experts = o.n_shared_experts;
+    s.scoring = "sigmoid";
+    s.n_group = o.n_group;
+    s.topk_group = o.topk_group;
+    s.routed_scaling_factor = 2.5;
+    s.norm_topk_prob = true;
+    s.first_k_dense = 1;
+  } else {
+    return absl::InvalidArgumentError(
+        Cat("make-model: unknown --arch '", o.arch, "' (llama, qwen3, qwen3_moe, mixtral, deepseek_v3)"));
+  }
+  s.rope_legacy = rope;
+  if (o.quant == "bf16") {
+    s.quant = QuantKind::kNone;
+  } else if (o.quant == "fp8") {
+    s.quant = QuantKind::kFp8Block;
+    s.quant_block_rows = s.quant_block_cols = 128;
+  } else if (o.quant == "nvfp4") {
+    s.quant = QuantKind::kNvfp4;
+    s.quant_block_cols = 16;
+  } else if (o.quant == "mxfp4") {
+    s.quant = QuantKind::kMxfp4;
+    s.quant_block_cols = 32;
+  } else {
+    return absl::InvalidArgumentError(Cat("make-model: unknown --quant '", o.quant, "' (bf16, fp8, nvfp4, mxfp4)"));
+  }
+  if (s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(Cat("make-model: --heads ", s.heads, " is not a multiple of --kv-heads ", s.kv_heads));
+  }
+  if (s.is_moe() && (s.num_experts % s.n_group != 0 || s.topk_group > s.n_group || s.experts_per_tok > kMaxTopK)) {
+    return absl::InvalidArgumentError("make-model: experts must split evenly into --n-group groups, topk-group <= n-group");
+  }
+  const int64_t bc = s.quant_block_cols;
+  for (int64_t in : {s.hidden, s.heads * s.head_dim, s.intermediate, s.is_moe() ? s.moe_intermediate : bc}) {
+    if (s.quant != QuantKind::kFp8Block && in % bc != 0) {
+      return absl::InvalidArgumentError(Cat("make-model: input dimension ", in, " is not a multiple of the ",
+                                            o.quant, " block of ", bc));
+    }
+  }
+  Generator g(o, s);
+  return g.Build();
+}
+
+}  // namespace crashreplay::replay

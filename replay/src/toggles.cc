@@ -1,0 +1,309 @@
+#include "crashreplay/replay/toggles.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "crashreplay/base/status.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using text::Cat;
+using text::Strip;
+
+const std::vector<ToggleSpec>& Table() {
+  static const std::vector<ToggleSpec> kTable = {
+      {"attention_backend", ToggleType::kEnum, {"reference", "flashdecode", "paged64"}, 0, 0, "reference",
+       "decode attention kernel: reference (two-pass softmax over positions in order); flashdecode "
+       "(split-KV chunks of 32 positions with online softmax, partials merged in chunk order: a "
+       "different reduction order); paged64 (one tile per KV page, as FlashMLA: precondition "
+       "page_size == 64). Prefill always uses the reference kernel."},
+      {"gemm_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "dequant_matmul",
+       "dense projections: dequant_matmul (dequantize each weight to bf16, fp32 dot product); "
+       "fused_blockscaled (dot product of raw values per scale block, scale applied per block)"},
+      {"moe_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "dequant_matmul",
+       "expert GEMMs (routed and shared experts), same choices as gemm_backend"},
+      {"scale_format", ToggleType::kEnum, {"checkpoint", "fp32", "ue8m0_requant", "ue8m0"}, 0, 0, "checkpoint",
+       "block scales of quantized weights: checkpoint (as stored: e4m3/e8m0/fp32, decoded in the "
+       "kernel); fp32 (expanded to fp32 at load); ue8m0_requant (rounded up to powers of two at "
+       "load, as DeepGEMM's requantization does); ue8m0 (passed to a kernel that reads only the "
+       "exponent and checks (bits & 0x807fffff) == 0 first, as DeepGEMM's UE8M0 path)"},
+      {"kv_cache_dtype", ToggleType::kEnum, {"bf16", "fp8_e4m3"}, 0, 0, "bf16",
+       "element type of the paged KV cache (fp8_e4m3 with scale 1)"},
+      {"page_size", ToggleType::kInt, {}, 1, 1024, "16", "tokens per KV-cache page"},
+      {"mem_fraction_static", ToggleType::kFloat, {}, 0.05, 1.0, "0.88",
+       "fraction of the device's memory for weights and the KV pool; the rest holds activations "
+       "and CUDA graphs"},
+      {"cuda_graph_max_bs", ToggleType::kInt, {}, 0, 1024, "32",
+       "largest decode batch captured as a CUDA graph (0: no graphs); sizes the graph reservation"},
+      {"sampling_backend", ToggleType::kEnum, {"sorted", "threshold"}, 0, 0, "sorted",
+       "top-k/top-p filtering: sorted (full sort, cumulative sum in sorted order); threshold "
+       "(pivot search on probability without a sort, sums in vocabulary order)"},
+      {"rope_config", ToggleType::kEnum, {"legacy", "rope_parameters"}, 0, 0, "legacy",
+       "which config.json keys give RoPE: legacy (rope_theta + rope_scaling) or rope_parameters "
+       "(the transformers >= 4.56 form); the other keys are ignored"},
+      {"tp_size", ToggleType::kInt, {}, 1, 64, "1",
+       "tensor-parallel ranks (emulated in one process; all-gather + fixed-order sum)"},
+      {"moe_parallel", ToggleType::kEnum, {"tensor", "expert"}, 0, 0, "tensor",
+       "how experts are sharded over tp ranks: tensor (every expert split along its intermediate "
+       "dim) or expert (whole experts split across ranks)"},
+      {"max_running_requests", ToggleType::kInt, {}, 1, 4096, "64", "most requests in one batch"},
+      {"max_total_tokens", ToggleType::kInt, {}, 0, 1 << 30, "0",
+       "cap on KV pool tokens (0: what the memory planner gives)"},
+      {"device_memory_gb", ToggleType::kFloat, {}, 0.001, 4096, "80",
+       "recorded device's memory capacity per rank, GB (1e9 bytes)", false},
+      {"device_memory_scale", ToggleType::kFloat, {}, 1e-9, 1, "1",
+       "factor applied to device_memory_gb so a small model sees the memory arithmetic of a large "
+       "one (capacity = device_memory_gb * 1e9 * device_memory_scale)",
+       false},
+  };
+  return kTable;
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> last(b.size() + 1), row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) last[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      row[j] = std::min({last[j] + 1, row[j - 1] + 1, last[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(row, last);
+  }
+  return last[b.size()];
+}
+
+std::string Domain(const ToggleSpec& s) {
+  switch (s.type) {
+    case ToggleType::kEnum:
+    {
+      std::string out = "one of {";
+      for (size_t i = 0; i < s.choices.size(); ++i) out += Cat(i ? ", " : "", s.choices[i]);
+      return out + "}";
+    }
+    case ToggleType::kInt:
+      return Cat("an integer in [", static_cast<int64_t>(s.min), ", ", static_cast<int64_t>(s.max), "]");
+    case ToggleType::kFloat:
+      return Cat("a number in [", s.min, ", ", s.max, "]");
+    case ToggleType::kBool:
+      return "true or false";
+  }
+  return "";
+}
+
+absl::Status UnknownToggle(std::string_view name) {
+  std::string hint;
+  size_t best = 4;
+  for (const ToggleSpec& s : Table()) {
+    const size_t d = EditDistance(name, s.name);
+    if (d < best) {
+      best = d;
+      hint = Cat(" (did you mean '", s.name, "'?)");
+    }
+  }
+  return absl::InvalidArgumentError(
+      Cat("unknown toggle '", name, "'", hint, "; run 'crashreplay toggles' for the list"));
+}
+
+}  // namespace
+
+std::span<const ToggleSpec> Toggles() { return Table(); }
+
+const ToggleSpec* FindToggle(std::string_view name) {
+  for (const ToggleSpec& s : Table()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::string_view TypeName(ToggleType t) {
+  switch (t) {
+    case ToggleType::kEnum: return "enum";
+    case ToggleType::kInt: return "int";
+    case ToggleType::kFloat: return "float";
+    case ToggleType::kBool: return "bool";
+  }
+  return "?";
+}
+
+std::string ToggleValueText(const ToggleValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<int64_t>(&v)) return Cat(*i);
+  if (const auto* d = std::get_if<double>(&v)) {
+    // Shortest text that reads back to the same double.
+    char buf[40];
+    for (int prec = 1; prec <= 17; ++prec) {
+      std::snprintf(buf, sizeof buf, "%.*g", prec, *d);
+      if (std::strtod(buf, nullptr) == *d) return buf;
+    }
+    return buf;
+  }
+  return std::get<bool>(v) ? "true" : "false";
+}
+
+absl::StatusOr<ToggleValue> ParseToggleValue(const ToggleSpec& spec, std::string_view raw) {
+  std::string_view text = Strip(raw);
+  if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') && text.back() == text.front()) {
+    text = text.substr(1, text.size() - 2);
+  }
+  auto bad = [&]() {
+    return absl::InvalidArgumentError(
+        Cat("toggle ", spec.name, ": '", text, "' is not ", Domain(spec)));
+  };
+  switch (spec.type) {
+    case ToggleType::kEnum:
+      for (std::string_view c : spec.choices) {
+        if (c == text) return ToggleValue(std::string(c));
+      }
+      return bad();
+    case ToggleType::kInt: {
+      const std::string t(text);
+      char* end = nullptr;
+      errno = 0;
+      const long long v = t.empty() ? 0 : std::strtoll(t.c_str(), &end, 10);
+      if (t.empty() || errno != 0 || *end != '\0' || v < spec.min || v > spec.max) return bad();
+      return ToggleValue(static_cast<int64_t>(v));
+    }
+    case ToggleType::kFloat: {
+      const std::string t(text);
+      char* end = nullptr;
+      const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+      if (t.empty() || *end != '\0' || !std::isfinite(v) || v < spec.min || v > spec.max) return bad();
+      return ToggleValue(v);
+    }
+    case ToggleType::kBool:
+      if (text == "true" || text == "1") return ToggleValue(true);
+      if (text == "false" || text == "0") return ToggleValue(false);
+      return bad();
+  }
+  return bad();
+}
+
+Config Config::Defaults() {
+  Config c;
+  for (const ToggleSpec& s : Table()) {
+    auto v = ParseToggleValue(s, s.default_value);
+    if (!v.ok()) std::abort();  // the table's own defaults must parse
+    c.values_.emplace(std::string(s.name), *std::move(v));
+  }
+  return c;
+}
+
+absl::Status Config::Set(std::string_view name, std::string_view text) {
+  const ToggleSpec* spec = FindToggle(name);
+  if (spec == nullptr) return UnknownToggle(name);
+  CR_ASSIGN_OR_RETURN(ToggleValue v, ParseToggleValue(*spec, text));
+  values_.find(name)->second = std::move(v);
+  return absl::OkStatus();
+}
+
+absl::Status Config::ApplySetFlag(std::string_view assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        Cat("--set expects name=value, got '", assignment, "'"));
+  }
+  return Set(Strip(assignment.substr(0, eq)), assignment.substr(eq + 1));
+}
+
+// The one place that reads config text. Flat `name = value` lines, '#'
+// comments, blank lines and a leading [section] header are accepted.
+// TODO(merge): switch to crashreplay/formats/config_file.h when it lands.
+absl::Status Config::ApplyText(std::string_view text, std::string_view origin) {
+  int line_no = 0;
+  for (std::string_view line : text::Split(text, '\n')) {
+    ++line_no;
+    const size_t hash = line.find('#');
+    if (hash != std::string_view::npos) line = line.substr(0, hash);
+    line = Strip(line);
+    if (line.empty() || line.front() == '[') continue;
+    const size_t eq = line.find('=');
+    if (eq == std::string_view::npos) {
+      return absl::InvalidArgumentError(
+          Cat(origin, ":", line_no, ": expected 'name = value', got '", line, "'"));
+    }
+    absl::Status s = Set(Strip(line.substr(0, eq)), line.substr(eq + 1));
+    if (!s.ok()) return absl::InvalidArgumentError(Cat(origin, ":", line_no, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Config::ApplyFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(Cat("config file ", path, " cannot be opened"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ApplyText(ss.str(), path);
+}
+
+const ToggleValue& Config::Get(std::string_view name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) std::abort();  // callers use names from the table
+  return it->second;
+}
+const std::string& Config::Enum(std::string_view name) const { return std::get<std::string>(Get(name)); }
+int64_t Config::Int(std::string_view name) const { return std::get<int64_t>(Get(name)); }
+double Config::Float(std::string_view name) const { return std::get<double>(Get(name)); }
+bool Config::Bool(std::string_view name) const { return std::get<bool>(Get(name)); }
+
+std::vector<std::pair<std::string, std::string>> Config::Items() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const ToggleSpec& s : Table()) out.emplace_back(std::string(s.name), ToggleValueText(Get(s.name)));
+  return out;
+}
+
+std::vector<std::string> Config::DiffNames(const Config& other) const {
+  std::vector<std::string> out;
+  for (const ToggleSpec& s : Table()) {
+    if (Get(s.name) != other.Get(s.name)) out.emplace_back(s.name);
+  }
+  return out;
+}
+
+std::string Config::ToText() const {
+  std::string out;
+  for (const auto& [k, v] : Items()) {
+    const ToggleSpec* s = FindToggle(k);
+    out += Cat(k, " = ", s->type == ToggleType::kEnum ? Cat("\"", v, "\"") : v, "\n");
+  }
+  return out;
+}
+
+EngineConfig ResolveConfig(const Config& c) {
+  EngineConfig e;
+  const std::string& ab = c.Enum("attention_backend");
+  e.attention_backend = ab == "flashdecode" ? AttentionBackend::kFlashDecode
+                        : ab == "paged64"   ? AttentionBackend::kPaged64
+                                            : AttentionBackend::kReference;
+  e.gemm_backend = c.Enum("gemm_backend") == "fused_blockscaled" ? GemmBackend::kFusedBlockScaled
+                                                                 : GemmBackend::kDequantMatmul;
+  e.moe_backend = c.Enum("moe_backend") == "fused_blockscaled" ? GemmBackend::kFusedBlockScaled
+                                                               : GemmBackend::kDequantMatmul;
+  const std::string& sf = c.Enum("scale_format");
+  e.scale_format = sf == "fp32"            ? ScaleFormat::kFp32
+                   : sf == "ue8m0_requant" ? ScaleFormat::kUe8m0Requant
+                   : sf == "ue8m0"         ? ScaleFormat::kUe8m0
+                                           : ScaleFormat::kCheckpoint;
+  e.kv_cache_dtype = c.Enum("kv_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
+  e.page_size = static_cast<int>(c.Int("page_size"));
+  e.mem_fraction_static = c.Float("mem_fraction_static");
+  e.cuda_graph_max_bs = static_cast<int>(c.Int("cuda_graph_max_bs"));
+  e.sampling_backend = c.Enum("sampling_backend") == "threshold" ? SamplingBackend::kThreshold
+                                                                 : SamplingBackend::kSorted;
+  e.rope_config = c.Enum("rope_config") == "rope_parameters" ? RopeConfig::kRopeParameters : RopeConfig::kLegacy;
+  e.tp_size = static_cast<int>(c.Int("tp_size"));
+  e.moe_parallel = c.Enum("moe_parallel") == "expert" ? MoeParallel::kExpert : MoeParallel::kTensor;
+  e.max_running_requests = static_cast<int>(c.Int("max_running_requests"));
+  e.max_total_tokens = static_cast<int>(c.Int("max_total_tokens"));
+  e.device_memory_gb = c.Float("device_memory_gb");
+  e.device_memory_scale = c.Float("device_memory_scale");
+  return e;
+}
+
+}  // namespace crashreplay::replay
