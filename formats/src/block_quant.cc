@@ -54,7 +54,7 @@ absl::Status CheckBlock(std::string_view fn, const Fp8BlockOptions& opts) {
   return absl::OkStatus();
 }
 
-int64_t ScaleCols(int64_t cols, int64_t block) { return CeilDiv(cols, block); }
+int64_t ScaleCols(int64_t cols, int64_t block) { return BlockCount(cols, block); }
 
 // Shared body of the two fp4 formats: one scale per `block` elements of a row.
 // The block size is a template argument so the per-element index arithmetic
@@ -127,8 +127,8 @@ absl::Status CheckFp8(std::string_view fn, MatrixShape shape, const Fp8BlockOpti
 // Calls fn(r, c, scale_index) for every element, block by block.
 template <typename Fn>
 void ForEachFp8Block(MatrixShape shape, const Fp8BlockOptions& opts, Fn fn) {
-  const int64_t block_row_count = CeilDiv(shape.rows, opts.block_rows);
-  const int64_t block_col_count = CeilDiv(shape.cols, opts.block_cols);
+  const int64_t block_row_count = BlockCount(shape.rows, opts.block_rows);
+  const int64_t block_col_count = BlockCount(shape.cols, opts.block_cols);
   for (int64_t br = 0; br < block_row_count; ++br) {
     const int64_t r0 = br * opts.block_rows;
     const int64_t r1 = std::min(r0 + opts.block_rows, shape.rows);
@@ -151,9 +151,9 @@ int64_t Mxfp4ScaleCount(MatrixShape shape) {
   return shape.rows * ScaleCols(shape.cols, kMxfp4BlockSize);
 }
 int64_t Fp8ScaleCount(MatrixShape shape, const Fp8BlockOptions& opts) {
-  return CeilDiv(shape.rows, opts.block_rows) * CeilDiv(shape.cols, opts.block_cols);
+  return BlockCount(shape.rows, opts.block_rows) * BlockCount(shape.cols, opts.block_cols);
 }
-int64_t Ue8m0PackedWords(MatrixShape shape) { return shape.rows * CeilDiv(shape.cols, 4); }
+int64_t Ue8m0PackedWords(MatrixShape shape) { return shape.rows * BlockCount(shape.cols, 4); }
 
 float Nvfp4GlobalScale(std::span<const float> x) {
   float amax = 0.0f;
@@ -299,7 +299,7 @@ absl::Status PackUe8m0(std::span<const uint8_t> codes, MatrixShape shape,
   CR_RETURN_IF_ERROR(CheckSize("PackUe8m0", "code buffer", codes.size(), Elements(shape), shape));
   CR_RETURN_IF_ERROR(
       CheckSize("PackUe8m0", "packed buffer", packed.size(), Ue8m0PackedWords(shape), shape));
-  const int64_t words = CeilDiv(shape.cols, 4);
+  const int64_t words = BlockCount(shape.cols, 4);
   for (int64_t r = 0; r < shape.rows; ++r) {
     for (int64_t w = 0; w < words; ++w) {
       uint8_t b[4] = {0, 0, 0, 0};
@@ -319,7 +319,7 @@ absl::Status UnpackUe8m0(std::span<const uint32_t> packed, MatrixShape shape,
       CheckSize("UnpackUe8m0", "code buffer", codes.size(), Elements(shape), shape));
   CR_RETURN_IF_ERROR(
       CheckSize("UnpackUe8m0", "packed buffer", packed.size(), Ue8m0PackedWords(shape), shape));
-  const int64_t words = CeilDiv(shape.cols, 4);
+  const int64_t words = BlockCount(shape.cols, 4);
   for (int64_t r = 0; r < shape.rows; ++r) {
     for (int64_t c = 0; c < shape.cols; ++c) {
       codes[r * shape.cols + c] = UnpackUe8m0(packed[r * words + c / 4], static_cast<int>(c % 4));

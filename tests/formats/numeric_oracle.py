@@ -33,10 +33,9 @@ F32 = np.float32
 
 
 def codes_to_f32(dtype, nbits):
+    # ml_dtypes stores one fp4 per byte, in the low nibble, so the 4-bit
+    # codes view as uint8 like the 8-bit ones.
     codes = np.arange(1 << nbits, dtype=np.uint16 if nbits > 8 else np.uint8)
-    if nbits == 4:
-        # ml_dtypes stores one fp4 per byte, in the low nibble.
-        return codes.view(dtype).astype(F32)
     return codes.view(dtype).astype(F32)
 
 

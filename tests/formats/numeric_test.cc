@@ -337,6 +337,13 @@ TEST(Ue8m0Test, LayoutCheckAcceptsOnlyPositivePowersOfTwo) {
   }
 }
 
+TEST(Ue8m0Test, ExactPow2MatchesLdexpAndInvertsEveryScale) {
+  for (int k = -127; k <= 127; ++k) EXPECT_EQ(ExactPow2(k), std::ldexp(1.0f, k)) << k;
+  for (int c = 0; c < 255; ++c) {
+    EXPECT_EQ(E8m0ToFloat(static_cast<uint8_t>(c)) * ExactPow2(127 - c), 1.0f) << c;
+  }
+}
+
 TEST(PackingTest, Ue8m0WordHoldsElementZeroInTheLowByte) {
   const uint32_t w = PackUe8m0x4(0x7f, 0x80, 0x01, 0xfe);
   EXPECT_EQ(w, 0xfe01807fu);

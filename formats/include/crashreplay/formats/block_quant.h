@@ -44,12 +44,8 @@ inline constexpr int64_t kFp8BlockSize = 128;
 inline constexpr float kE2m1Max = 6.0f;
 inline constexpr float kE4m3Max = 448.0f;
 
-CR_HD int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// 2^k as a float for k in [-127, 127] (2^-127 is subnormal); exact bits, no libm.
-CR_HD float Pow2(int k) {
-  return k >= -126 ? BitsToFloat(static_cast<uint32_t>(k + 127) << 23) : BitsToFloat(0x00400000u);
-}
+// Number of blocks of `block` covering `n` (the last one may be partial).
+CR_HD int64_t BlockCount(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
 // Running max of |v| that propagates NaN: once a NaN is seen the result is
 // NaN, so a block holding a NaN gets a NaN scale rather than a silent one.
@@ -110,7 +106,7 @@ CR_HD uint8_t Mxfp4BlockScale(float block_amax) {
 // two gives the same bits as dividing.
 CR_HD uint8_t QuantMxfp4(float x, uint8_t e8m0_scale) {
   if (e8m0_scale == 0xffu) return FloatToE2m1(BitsToFloat(0x7fc00000u));
-  return FloatToE2m1(x * Pow2(127 - static_cast<int>(e8m0_scale)));
+  return FloatToE2m1(x * ExactPow2(127 - static_cast<int>(e8m0_scale)));
 }
 
 // -------------------------------------------------------------- FP8 block

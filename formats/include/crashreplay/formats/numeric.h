@@ -197,6 +197,12 @@ CR_HD float E8m0ToFloat(uint8_t e) {
   return BitsToFloat(static_cast<uint32_t>(e) << 23);
 }
 
+// 2^k as a float for k in [-127, 127] (2^-127 is subnormal), exact, no libm:
+// the reciprocal of an e8m0 scale is ExactPow2(127 - code).
+CR_HD float ExactPow2(int k) {
+  return k >= -126 ? BitsToFloat(static_cast<uint32_t>(k + 127) << 23) : BitsToFloat(0x00400000u);
+}
+
 // OCP MX: floor(log2(x)) + 127, i.e. the float's exponent field. x below
 // 2^-127 (and +-0) gives 0; negative, NaN or Inf gives 0xff.
 CR_HD uint8_t FloatToE8m0Floor(float x) {

@@ -1,0 +1,294 @@
+// ParseHfConfig: config.json -> ModelConfig. The rope and quantization
+// parts live in hf_rope_parse.cc and hf_quant_config.cc.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "crashreplay/base/status.h"
+#include "crashreplay/formats/hf_config.h"
+#include "hf_config_internal.h"
+#include "hf_family.h"
+#include "json_fields.h"
+#include "json_util.h"
+
+namespace crashreplay {
+namespace {
+
+absl::Status ParseCommon(const JsonFields& f, HfFamily family, ModelConfig* c) {
+  CR_RETURN_IF_ERROR(f.StringList("architectures", &c->architectures));
+  CR_RETURN_IF_ERROR(f.Int("hidden_size", &c->hidden_size, /*required=*/true));
+  CR_RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size, true));
+  CR_RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_hidden_layers, true));
+  CR_RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads, true));
+  CR_RETURN_IF_ERROR(f.Int("vocab_size", &c->vocab_size, true));
+  CR_RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
+  c->num_key_value_heads = c->num_attention_heads;
+  CR_RETURN_IF_ERROR(f.Int("num_key_value_heads", &c->num_key_value_heads));
+  CR_RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
+  CR_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  CR_RETURN_IF_ERROR(f.String("hidden_act", &c->hidden_act));
+  CR_RETURN_IF_ERROR(f.IntOrIntList("bos_token_id", &c->bos_token_id));
+  CR_RETURN_IF_ERROR(f.IntOrIntList("eos_token_id", &c->eos_token_id));
+  // transformers v5 renamed torch_dtype to dtype.
+  CR_RETURN_IF_ERROR(f.String("torch_dtype", &c->torch_dtype));
+  if (c->torch_dtype.empty()) CR_RETURN_IF_ERROR(f.String("dtype", &c->torch_dtype));
+
+  if (family == HfFamily::kDeepseekV3) return absl::OkStatus();  // head_dim comes from MLA
+  // transformers' qwen3 and glm4_moe configs default head_dim to 128; the
+  // others derive it from hidden_size.
+  const bool default_128 = family == HfFamily::kQwen3 || family == HfFamily::kQwen3Moe ||
+                           family == HfFamily::kGlm4Moe;
+  if (f.Has("head_dim")) {
+    CR_RETURN_IF_ERROR(f.Int("head_dim", &c->head_dim));
+  } else if (default_128) {
+    c->head_dim = 128;
+  } else {
+    if (c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads != 0) {
+      return f.Invalid("head_dim",
+                       absl::StrCat("is absent and hidden_size (", c->hidden_size,
+                                    ") is not a multiple of num_attention_heads (",
+                                    c->num_attention_heads, "); set head_dim explicitly"));
+    }
+    c->head_dim = c->hidden_size / c->num_attention_heads;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSlidingWindow(const JsonFields& f, bool gated_by_use_flag, ModelConfig* c) {
+  if (gated_by_use_flag) {
+    bool use = false;
+    CR_RETURN_IF_ERROR(f.Bool("use_sliding_window", &use));
+    if (!use) return absl::OkStatus();
+  }
+  return f.Int("sliding_window", &c->sliding_window);
+}
+
+absl::Status ParseQwenMoe(const JsonFields& f, ModelConfig* c) {
+  CR_RETURN_IF_ERROR(f.Int("num_experts", &c->num_experts, true));
+  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
+  CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
+  CR_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
+  CR_RETURN_IF_ERROR(f.Int("decoder_sparse_step", &c->decoder_sparse_step));
+  CR_RETURN_IF_ERROR(f.IntList("mlp_only_layers", &c->mlp_only_layers));
+  return absl::OkStatus();
+}
+
+absl::Status ParseDeepseekMoe(const JsonFields& f, ModelConfig* c) {
+  CR_RETURN_IF_ERROR(f.Int("n_routed_experts", &c->num_experts, true));
+  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
+  CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
+  CR_RETURN_IF_ERROR(f.Int("n_shared_experts", &c->n_shared_experts));
+  CR_RETURN_IF_ERROR(f.String("scoring_func", &c->scoring_func));
+  CR_RETURN_IF_ERROR(f.String("topk_method", &c->topk_method));
+  CR_RETURN_IF_ERROR(f.Int("n_group", &c->n_group));
+  CR_RETURN_IF_ERROR(f.Int("topk_group", &c->topk_group));
+  CR_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
+  CR_RETURN_IF_ERROR(f.Double("routed_scaling_factor", &c->routed_scaling_factor));
+  CR_RETURN_IF_ERROR(f.Int("first_k_dense_replace", &c->first_k_dense_replace));
+  CR_RETURN_IF_ERROR(f.Int("moe_layer_freq", &c->moe_layer_freq));
+  CR_RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers));
+  return absl::OkStatus();
+}
+
+absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
+  switch (family) {
+    case HfFamily::kLlama:
+      CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+      c->attention_out_bias = c->attention_bias;
+      CR_RETURN_IF_ERROR(f.Bool("mlp_bias", &c->mlp_bias));
+      return absl::OkStatus();
+    case HfFamily::kMistral:
+      return ParseSlidingWindow(f, /*gated_by_use_flag=*/false, c);
+    case HfFamily::kMixtral:
+      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, false, c));
+      CR_RETURN_IF_ERROR(f.Int("num_local_experts", &c->num_experts, true));
+      CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
+      c->moe_intermediate_size = c->intermediate_size;  // experts are full-width MLPs
+      c->norm_topk_prob = true;  // mixtral renormalises the top-k softmax weights
+      return absl::OkStatus();
+    case HfFamily::kQwen2:
+      c->attention_bias = true;  // qwen2 always has q/k/v biases, never an o_proj bias
+      return ParseSlidingWindow(f, /*gated_by_use_flag=*/true, c);
+    case HfFamily::kQwen2Moe:
+      c->attention_bias = true;
+      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, true, c));
+      CR_RETURN_IF_ERROR(ParseQwenMoe(f, c));
+      return f.Int("shared_expert_intermediate_size", &c->shared_expert_intermediate_size);
+    case HfFamily::kQwen3:
+    case HfFamily::kQwen3Moe:
+      c->qk_norm = true;
+      CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+      c->attention_out_bias = c->attention_bias;
+      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, true, c));
+      if (family == HfFamily::kQwen3Moe) CR_RETURN_IF_ERROR(ParseQwenMoe(f, c));
+      return absl::OkStatus();
+    case HfFamily::kDeepseekV3:
+      // transformers' defaults for keys the file leaves out.
+      c->n_shared_experts = 1;
+      c->scoring_func = "sigmoid";
+      c->topk_method = "noaux_tc";
+      c->n_group = 8;
+      c->topk_group = 4;
+      c->norm_topk_prob = true;
+      c->routed_scaling_factor = 2.5;
+      c->first_k_dense_replace = 3;
+      CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+      c->attention_out_bias = c->attention_bias;
+      CR_RETURN_IF_ERROR(f.Int("q_lora_rank", &c->q_lora_rank));  // null: no q compression
+      CR_RETURN_IF_ERROR(f.Int("kv_lora_rank", &c->kv_lora_rank, true));
+      CR_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &c->qk_nope_head_dim, true));
+      CR_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &c->qk_rope_head_dim, true));
+      CR_RETURN_IF_ERROR(f.Int("v_head_dim", &c->v_head_dim, true));
+      c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+      return ParseDeepseekMoe(f, c);
+    case HfFamily::kGlm4Moe:
+      c->n_shared_experts = 1;
+      c->scoring_func = "sigmoid";  // GLM-4.5 routes like DeepSeek-V3 (noaux_tc)
+      c->topk_method = "noaux_tc";
+      c->norm_topk_prob = true;
+      c->first_k_dense_replace = 1;
+      CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));  // q/k/v only
+      CR_RETURN_IF_ERROR(f.Bool("use_qk_norm", &c->qk_norm));
+      return ParseDeepseekMoe(f, c);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Require(bool ok, const JsonFields& f, const char* key, const std::string& what) {
+  return ok ? absl::OkStatus() : f.Invalid(key, what);
+}
+
+absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c) {
+  const struct {
+    const char* key;
+    int64_t value;
+  } positive[] = {
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"vocab_size", c.vocab_size},
+      {"max_position_embeddings", c.max_position_embeddings},
+  };
+  for (const auto& p : positive) {
+    CR_RETURN_IF_ERROR(
+        Require(p.value > 0, f, p.key, absl::StrCat("must be positive, is ", p.value)));
+  }
+  CR_RETURN_IF_ERROR(Require(c.num_attention_heads % c.num_key_value_heads == 0, f,
+                             "num_key_value_heads",
+                             absl::StrCat("(", c.num_key_value_heads,
+                                          ") must divide num_attention_heads (",
+                                          c.num_attention_heads, ")")));
+  CR_RETURN_IF_ERROR(Require(c.rms_norm_eps > 0, f, "rms_norm_eps", "must be positive"));
+  CR_RETURN_IF_ERROR(Require(c.sliding_window >= 0, f, "sliding_window", "must not be negative"));
+  for (int64_t id : c.bos_token_id) {
+    CR_RETURN_IF_ERROR(Require(id >= 0, f, "bos_token_id", "must not be negative"));
+  }
+  for (int64_t id : c.eos_token_id) {
+    CR_RETURN_IF_ERROR(Require(id >= 0, f, "eos_token_id", "must not be negative"));
+  }
+
+  if (c.UsesMla() || family == HfFamily::kDeepseekV3) {
+    CR_RETURN_IF_ERROR(Require(c.kv_lora_rank > 0, f, "kv_lora_rank", "must be positive"));
+    CR_RETURN_IF_ERROR(Require(c.q_lora_rank >= 0, f, "q_lora_rank", "must not be negative"));
+    CR_RETURN_IF_ERROR(
+        Require(c.qk_nope_head_dim > 0, f, "qk_nope_head_dim", "must be positive"));
+    CR_RETURN_IF_ERROR(
+        Require(c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0, f, "qk_rope_head_dim",
+                "must be positive and even"));
+    CR_RETURN_IF_ERROR(Require(c.v_head_dim > 0, f, "v_head_dim", "must be positive"));
+  } else {
+    const double rotary = static_cast<double>(c.head_dim) * c.rope.partial_rotary_factor;
+    CR_RETURN_IF_ERROR(Require(
+        std::fmod(rotary, 2.0) == 0, f,
+        "partial_rotary_factor",
+        absl::StrCat("(", c.rope.partial_rotary_factor, ") times head_dim (", c.head_dim,
+                     ") must be an even whole number of rotary dimensions")));
+  }
+
+  if (!c.IsMoe()) return absl::OkStatus();
+  const char* experts_key = family == HfFamily::kMixtral          ? "num_local_experts"
+                            : IsDeepseekStyle(family)             ? "n_routed_experts"
+                                                                  : "num_experts";
+  CR_RETURN_IF_ERROR(Require(c.num_experts > 0, f, experts_key, "must be positive"));
+  CR_RETURN_IF_ERROR(Require(
+      c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts, f,
+      "num_experts_per_tok",
+      absl::StrCat("(", c.num_experts_per_tok, ") must be in [1, ", experts_key, " = ",
+                   c.num_experts, "]")));
+  CR_RETURN_IF_ERROR(
+      Require(c.moe_intermediate_size > 0, f, "moe_intermediate_size", "must be positive"));
+  CR_RETURN_IF_ERROR(
+      Require(c.n_shared_experts >= 0, f, "n_shared_experts", "must not be negative"));
+  CR_RETURN_IF_ERROR(Require(c.shared_expert_intermediate_size >= 0, f,
+                             "shared_expert_intermediate_size", "must not be negative"));
+  if (c.scoring_func != "softmax" && c.scoring_func != "sigmoid") {
+    return absl::UnimplementedError(absl::StrCat("config '", f.source(), "': scoring_func '",
+                                                 c.scoring_func,
+                                                 "' is not supported (softmax, sigmoid)"));
+  }
+  if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy" &&
+      c.topk_method != "noaux_tc") {
+    return absl::UnimplementedError(
+        absl::StrCat("config '", f.source(), "': topk_method '", c.topk_method,
+                     "' is not supported (greedy, group_limited_greedy, noaux_tc)"));
+  }
+  CR_RETURN_IF_ERROR(Require(c.n_group >= 1 && c.num_experts % c.n_group == 0, f, "n_group",
+                             absl::StrCat("(", c.n_group, ") must divide the ", c.num_experts,
+                                          " experts")));
+  CR_RETURN_IF_ERROR(Require(c.topk_group >= 1 && c.topk_group <= c.n_group, f, "topk_group",
+                             absl::StrCat("(", c.topk_group, ") must be in [1, n_group = ",
+                                          c.n_group, "]")));
+  CR_RETURN_IF_ERROR(Require(c.routed_scaling_factor > 0, f, "routed_scaling_factor",
+                             "must be positive"));
+  CR_RETURN_IF_ERROR(Require(
+      c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers, f,
+      "first_k_dense_replace",
+      absl::StrCat("(", c.first_k_dense_replace, ") must be in [0, num_hidden_layers]")));
+  CR_RETURN_IF_ERROR(Require(c.moe_layer_freq >= 1, f, "moe_layer_freq", "must be at least 1"));
+  CR_RETURN_IF_ERROR(
+      Require(c.decoder_sparse_step >= 1, f, "decoder_sparse_step", "must be at least 1"));
+  for (int64_t layer : c.mlp_only_layers) {
+    CR_RETURN_IF_ERROR(Require(layer >= 0 && layer < c.num_hidden_layers, f, "mlp_only_layers",
+                               absl::StrCat("names layer ", layer, ", outside [0, ",
+                                            c.num_hidden_layers, ")")));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json, std::string_view source_sv) {
+  const std::string source(source_sv);
+  CR_ASSIGN_OR_RETURN(nlohmann::json root,
+                      json_util::ParseStrict(json, absl::StrCat("config '", source, "'"),
+                                             hf_internal::kMaxConfigDepth,
+                                             absl::StatusCode::kInvalidArgument));
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("config '", source, "': expected a JSON object, found a ",
+                                                   json_util::TypeName(root)));
+  }
+  const JsonFields f(root, source);
+  ModelConfig c;
+  c.source = source;
+  CR_RETURN_IF_ERROR(f.String("model_type", &c.model_type, /*required=*/true));
+  const std::optional<HfFamily> family = HfFamilyOf(c.model_type);
+  if (!family) {
+    return absl::UnimplementedError(absl::StrCat("config '", source, "': model_type '",
+                                                 c.model_type, "' is not supported (supported: ",
+                                                 std::string(kSupportedModelTypes), ")"));
+  }
+  CR_RETURN_IF_ERROR(ParseCommon(f, *family, &c));
+  CR_RETURN_IF_ERROR(ParseFamily(f, *family, &c));
+  CR_RETURN_IF_ERROR(
+      hf_internal::ParseRope(root, source, *family == HfFamily::kGlm4Moe ? 0.5 : 1.0, &c.rope));
+  if (f.Has("quantization_config")) {
+    CR_ASSIGN_OR_RETURN(c.quant,
+                        hf_internal::ParseQuantizationConfig(*f.Get("quantization_config"), source));
+  }
+  CR_RETURN_IF_ERROR(Validate(f, *family, c));
+  return c;
+}
+
+}  // namespace crashreplay

@@ -1,0 +1,216 @@
+// HfConfigToJson: ModelConfig -> config.json, in the family's own key names.
+#include <nlohmann/json.hpp>
+
+#include "crashreplay/formats/hf_config.h"
+#include "hf_family.h"
+
+namespace crashreplay {
+namespace {
+
+using nlohmann::json;
+
+json TokenIds(const std::vector<int64_t>& ids) {
+  if (ids.empty()) return nullptr;
+  if (ids.size() == 1) return ids[0];
+  return ids;
+}
+
+json OrNull(int64_t v) { return v > 0 ? json(v) : json(nullptr); }
+
+// The scaling keys of `r` that its type needs or that differ from defaults.
+void WriteScaling(const RopeConfig& r, json* out) {
+  const RopeConfig d;
+  const bool needs_factor = r.type == RopeType::kLinear || r.type == RopeType::kDynamic ||
+                            r.type == RopeType::kYarn || r.type == RopeType::kLlama3;
+  if (needs_factor || r.factor != d.factor) (*out)["factor"] = r.factor;
+  if (r.original_max_position_embeddings > 0) {
+    (*out)["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  }
+  if (r.type == RopeType::kLlama3 || r.low_freq_factor != d.low_freq_factor) {
+    (*out)["low_freq_factor"] = r.low_freq_factor;
+  }
+  if (r.type == RopeType::kLlama3 || r.high_freq_factor != d.high_freq_factor) {
+    (*out)["high_freq_factor"] = r.high_freq_factor;
+  }
+  if (r.type == RopeType::kYarn || r.beta_fast != d.beta_fast) (*out)["beta_fast"] = r.beta_fast;
+  if (r.type == RopeType::kYarn || r.beta_slow != d.beta_slow) (*out)["beta_slow"] = r.beta_slow;
+  if (r.mscale != 0) (*out)["mscale"] = r.mscale;
+  if (r.mscale_all_dim != 0) (*out)["mscale_all_dim"] = r.mscale_all_dim;
+  if (r.attention_factor != 0) (*out)["attention_factor"] = r.attention_factor;
+  if (r.type == RopeType::kLongRope || !r.short_factor.empty()) {
+    (*out)["short_factor"] = r.short_factor;
+  }
+  if (r.type == RopeType::kLongRope || !r.long_factor.empty()) {
+    (*out)["long_factor"] = r.long_factor;
+  }
+}
+
+void WriteRope(const RopeConfig& r, bool always_partial, json* j) {
+  const bool partial = always_partial || r.partial_rotary_factor != 1.0;
+  const std::string type(RopeTypeName(r.type));
+  if (r.form == RopeForm::kRopeParameters) {
+    json p = json::object();
+    p["rope_type"] = type;
+    p["rope_theta"] = r.theta;
+    WriteScaling(r, &p);
+    if (partial) p["partial_rotary_factor"] = r.partial_rotary_factor;
+    (*j)["rope_parameters"] = p;
+    return;
+  }
+  (*j)["rope_theta"] = r.theta;
+  if (partial) (*j)["partial_rotary_factor"] = r.partial_rotary_factor;
+  if (r.type == RopeType::kDefault && r == [&] {
+        RopeConfig d;
+        d.theta = r.theta;
+        d.partial_rotary_factor = r.partial_rotary_factor;
+        d.legacy_type_key = r.legacy_type_key;
+        return d;
+      }()) {
+    (*j)["rope_scaling"] = nullptr;
+    return;
+  }
+  json s = json::object();
+  s[r.legacy_type_key ? "type" : "rope_type"] = type;
+  WriteScaling(r, &s);
+  (*j)["rope_scaling"] = s;
+}
+
+json QuantJson(const QuantConfig& q) {
+  json out = json::object();
+  switch (q.method) {
+    case QuantMethod::kNone:
+      return nullptr;
+    case QuantMethod::kFp8Block:
+      out["quant_method"] = "fp8";
+      out["fmt"] = q.fmt;
+      out["activation_scheme"] = q.activation_scheme;
+      out["weight_block_size"] = q.weight_block_size;
+      if (!q.ignore.empty()) out["modules_to_not_convert"] = q.ignore;
+      return out;
+    case QuantMethod::kNvfp4: {
+      out["quant_method"] = "modelopt";
+      out["quant_algo"] = q.quant_algo.empty() ? "NVFP4" : q.quant_algo;
+      out["group_size"] = q.group_size;
+      if (!q.kv_cache_quant_algo.empty()) out["kv_cache_quant_algo"] = q.kv_cache_quant_algo;
+      out["ignore"] = q.ignore;
+      if (!q.producer.empty()) {
+        const size_t space = q.producer.find(' ');
+        json producer = {{"name", q.producer.substr(0, space)}};
+        if (space != std::string::npos) producer["version"] = q.producer.substr(space + 1);
+        out["producer"] = producer;
+      }
+      return out;
+    }
+    case QuantMethod::kMxfp4:
+      out["quant_method"] = "mxfp4";
+      if (!q.ignore.empty()) out["modules_to_not_convert"] = q.ignore;
+      return out;
+  }
+  return nullptr;
+}
+
+void WriteQwenMoe(const ModelConfig& c, json* j) {
+  (*j)["num_experts"] = c.num_experts;
+  (*j)["num_experts_per_tok"] = c.num_experts_per_tok;
+  (*j)["moe_intermediate_size"] = c.moe_intermediate_size;
+  (*j)["norm_topk_prob"] = c.norm_topk_prob;
+  (*j)["decoder_sparse_step"] = c.decoder_sparse_step;
+  (*j)["mlp_only_layers"] = c.mlp_only_layers;
+}
+
+void WriteDeepseekMoe(const ModelConfig& c, bool always_routing_keys, json* j) {
+  (*j)["n_routed_experts"] = c.num_experts;
+  (*j)["num_experts_per_tok"] = c.num_experts_per_tok;
+  (*j)["moe_intermediate_size"] = c.moe_intermediate_size;
+  (*j)["n_shared_experts"] = c.n_shared_experts;
+  (*j)["n_group"] = c.n_group;
+  (*j)["topk_group"] = c.topk_group;
+  (*j)["norm_topk_prob"] = c.norm_topk_prob;
+  (*j)["routed_scaling_factor"] = c.routed_scaling_factor;
+  (*j)["first_k_dense_replace"] = c.first_k_dense_replace;
+  (*j)["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  if (always_routing_keys || c.moe_layer_freq != 1) (*j)["moe_layer_freq"] = c.moe_layer_freq;
+  // glm4_moe's transformers config has no such keys (it always routes this
+  // way); write them only when they say something else.
+  if (always_routing_keys || c.scoring_func != "sigmoid") (*j)["scoring_func"] = c.scoring_func;
+  if (always_routing_keys || c.topk_method != "noaux_tc") (*j)["topk_method"] = c.topk_method;
+}
+
+void WriteSlidingWindow(const ModelConfig& c, bool with_use_flag, json* j) {
+  if (with_use_flag) (*j)["use_sliding_window"] = c.sliding_window > 0;
+  (*j)["sliding_window"] = OrNull(c.sliding_window);
+}
+
+}  // namespace
+
+std::string HfConfigToJson(const ModelConfig& c) {
+  json j = json::object();
+  j["model_type"] = c.model_type;
+  if (!c.architectures.empty()) j["architectures"] = c.architectures;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["hidden_act"] = c.hidden_act;
+  j["bos_token_id"] = TokenIds(c.bos_token_id);
+  j["eos_token_id"] = TokenIds(c.eos_token_id);
+  if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
+
+  const std::optional<HfFamily> family = HfFamilyOf(c.model_type);
+  if (family && *family != HfFamily::kDeepseekV3) j["head_dim"] = c.head_dim;
+  if (family) {
+    switch (*family) {
+      case HfFamily::kLlama:
+        j["attention_bias"] = c.attention_bias;
+        j["mlp_bias"] = c.mlp_bias;
+        break;
+      case HfFamily::kMistral:
+        WriteSlidingWindow(c, false, &j);
+        break;
+      case HfFamily::kMixtral:
+        WriteSlidingWindow(c, false, &j);
+        j["num_local_experts"] = c.num_experts;
+        j["num_experts_per_tok"] = c.num_experts_per_tok;
+        break;
+      case HfFamily::kQwen2:
+        WriteSlidingWindow(c, true, &j);
+        break;
+      case HfFamily::kQwen2Moe:
+        WriteSlidingWindow(c, true, &j);
+        WriteQwenMoe(c, &j);
+        j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+        break;
+      case HfFamily::kQwen3:
+      case HfFamily::kQwen3Moe:
+        j["attention_bias"] = c.attention_bias;
+        WriteSlidingWindow(c, true, &j);
+        if (*family == HfFamily::kQwen3Moe) WriteQwenMoe(c, &j);
+        break;
+      case HfFamily::kDeepseekV3:
+        j["attention_bias"] = c.attention_bias;
+        j["q_lora_rank"] = OrNull(c.q_lora_rank);
+        j["kv_lora_rank"] = c.kv_lora_rank;
+        j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+        j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+        j["v_head_dim"] = c.v_head_dim;
+        WriteDeepseekMoe(c, /*always_routing_keys=*/true, &j);
+        break;
+      case HfFamily::kGlm4Moe:
+        j["attention_bias"] = c.attention_bias;
+        j["use_qk_norm"] = c.qk_norm;
+        WriteDeepseekMoe(c, /*always_routing_keys=*/false, &j);
+        break;
+    }
+  }
+  WriteRope(c.rope, family == HfFamily::kGlm4Moe, &j);
+  if (c.quant.method != QuantMethod::kNone) j["quantization_config"] = QuantJson(c.quant);
+  // Strings from a caller may hold invalid UTF-8; replace rather than throw.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace crashreplay
