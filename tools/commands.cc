@@ -9,6 +9,7 @@ namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
     {"toggles", "print the configuration toggle table", RunToggles},
+    {"devices", "list the compiled backends and CUDA devices; --device checks one can run", RunDevices},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

@@ -5,5 +5,6 @@ namespace crashreplay::tools {
 
 int RunVersion(int argc, char** argv);
 int RunToggles(int argc, char** argv);
+int RunDevices(int argc, char** argv);
 
 }  // namespace crashreplay::tools

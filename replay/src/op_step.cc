@@ -479,6 +479,27 @@ absl::StatusOr<std::vector<int32_t>> OpStep::ReadInts(const std::string& name) c
   return v;
 }
 
+bool OpStep::IsIntBuffer(const std::string& name) const {
+  auto it = bufs_.find(name);
+  return it != bufs_.end() && it->second.is_int;
+}
+
+absl::Status OpStep::WriteFloats(const std::string& name, const std::vector<float>& v) {
+  auto it = bufs_.find(name);
+  if (it == bufs_.end() || it->second.is_int || it->second.count != static_cast<int64_t>(v.size())) {
+    return absl::InvalidArgumentError(Cat("no float buffer '", name, "' of ", v.size(), " elements"));
+  }
+  return exec_->CopyToDevice(it->second.p, v.data(), v.size() * 4);
+}
+
+absl::Status OpStep::WriteInts(const std::string& name, const std::vector<int32_t>& v) {
+  auto it = bufs_.find(name);
+  if (it == bufs_.end() || !it->second.is_int || it->second.count != static_cast<int64_t>(v.size())) {
+    return absl::InvalidArgumentError(Cat("no int buffer '", name, "' of ", v.size(), " elements"));
+  }
+  return exec_->CopyToDevice(it->second.p, v.data(), v.size() * 4);
+}
+
 absl::StatusOr<Hash128> OpStep::BufferDigest(const std::string& name) const {
   auto it = bufs_.find(name);
   if (it == bufs_.end()) return absl::NotFoundError(Cat("no buffer '", name, "'"));

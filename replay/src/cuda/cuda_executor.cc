@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "crashreplay/replay/cuda/device_pool.h"
 #include "cuda_error.h"
 #include "op_kernels.h"
 #include "text_util.h"
@@ -97,6 +98,7 @@ absl::Status CudaExecutor::Fail(cudaError_t e, const char* where) {
 
 absl::StatusOr<void*> CudaExecutor::Allocate(size_t bytes) {
   if (!dead_.ok()) return dead_;
+  if (arena_ != nullptr) return arena_->AllocStatic(bytes);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (e == cudaErrorMemoryAllocation) {
@@ -108,7 +110,7 @@ absl::StatusOr<void*> CudaExecutor::Allocate(size_t bytes) {
 }
 
 void CudaExecutor::Free(void* p) {
-  if (p != nullptr) cudaFree(p);
+  if (p != nullptr && (arena_ == nullptr || !arena_->InStatic(p))) cudaFree(p);
 }
 
 absl::Status CudaExecutor::CopyToDevice(void* dst, const void* src, size_t bytes) {
@@ -177,6 +179,7 @@ absl::Status CudaExecutor::Launch(const Op& op, const LaunchTag& tag) {
 
 absl::Status CudaExecutor::Synchronize() {
   if (!dead_.ok()) return dead_;
+  if (capturing_) return absl::OkStatus();  // nothing runs while capturing
   const cudaError_t e = cudaStreamSynchronize(stream_);
   return e == cudaSuccess ? absl::OkStatus() : Fail(e, "Synchronize");
 }

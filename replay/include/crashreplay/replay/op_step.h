@@ -142,6 +142,11 @@ class OpStep {
   absl::StatusOr<std::vector<float>> ReadFloats(const std::string& name) const;
   absl::StatusOr<std::vector<int32_t>> ReadInts(const std::string& name) const;
   absl::StatusOr<Hash128> BufferDigest(const std::string& name) const;
+  // Overwrites a buffer (the GPU parity tests feed every kernel the CPU's
+  // inputs this way); the size must match.
+  absl::Status WriteFloats(const std::string& name, const std::vector<float>& v);
+  absl::Status WriteInts(const std::string& name, const std::vector<int32_t>& v);
+  bool IsIntBuffer(const std::string& name) const;
   // XXH3-128 of the logits then the sampled tokens, as StepProgram::Digest.
   absl::StatusOr<Hash128> Digest() const;
 

@@ -38,6 +38,8 @@ struct DeviceInfo {
 absl::StatusOr<int> DeviceCount();
 absl::StatusOr<DeviceInfo> QueryDevice(int ordinal);
 
+class DevicePool;  // device_pool.h
+
 class CudaExecutor final : public Executor {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExecutor>> Create(ExecMode mode, int device = 0);
@@ -69,6 +71,10 @@ class CudaExecutor final : public Executor {
   absl::Status LaunchGraph(cudaGraphExec_t graph, const LaunchTag& tag);
   bool capturing() const { return capturing_; }
 
+  // While set, Allocate hands out pieces of the pool's static arena (weights
+  // and the KV pool, as the planner budgets them) and Free ignores them.
+  void set_arena(DevicePool* pool) { arena_ = pool; }
+
  private:
   CudaExecutor(ExecMode mode, int device) : mode_(mode), device_(device) {}
   // Turns a CUDA error seen in `where` into the Status every later call
@@ -87,6 +93,7 @@ class CudaExecutor final : public Executor {
   std::vector<LaunchTag> tags_;
   std::vector<OpKind> kinds_;
   bool capturing_ = false;
+  DevicePool* arena_ = nullptr;
   absl::Status dead_;
   std::optional<ExecFault> fault_;
 };
