@@ -13,5 +13,8 @@ function(crashreplay_test name)
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
   crashreplay_warnings(${name})
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "CRASHREPLAY_SOURCE_DIR=${PROJECT_SOURCE_DIR};CRASHREPLAY_BINARY_DIR=${PROJECT_BINARY_DIR}")
+    # Two properties, not one ENVIRONMENT list: gtest_discover_tests flattens
+    # lists, so "A=1;B=2" would set only A.
+    PROPERTIES ENVIRONMENT "CRASHREPLAY_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+               ENVIRONMENT_MODIFICATION "CRASHREPLAY_BINARY_DIR=set:${PROJECT_BINARY_DIR}")
 endfunction()

@@ -9,6 +9,13 @@ namespace {
 constexpr Command kCommands[] = {
     {"version", "print the version", RunVersion},
     {"toggles", "print the configuration toggle table", RunToggles},
+    {"make-model", "write a small random HF checkpoint", RunMakeModel},
+    {"run", "run the built-in engine on a checkpoint", RunRun},
+    {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
+    {"info", "summarise a capture file or session directory", RunInfo},
+    {"verify", "check every checksum and blob hash of a capture", RunVerify},
+    {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
+    {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
     {"devices", "list the compiled backends and CUDA devices; --device checks one can run", RunDevices},
     // (capture, replay and bisect commands are added here as they land)
 };

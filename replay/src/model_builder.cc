@@ -179,8 +179,14 @@ class Builder {
     h.Update(out.data.data(), out.data.size());
     h.Update(out.scales.data(), out.scales.size());
     (*hashes_)[rank][name] = h.Digest();
+    // Device bytes: UE8M0 scales live packed, one byte each (DeepGEMM's
+    // layout), whatever the host copy holds.
+    const size_t stored_scales = out.scales.size();
     ConvertScales(&out, cfg_.scale_format);
-    (*bytes_)[rank] += out.bytes();
+    const bool ue8m0 = cfg_.scale_format == ScaleFormat::kUe8m0 || cfg_.scale_format == ScaleFormat::kUe8m0Requant;
+    size_t scale_bytes = out.scales.size();
+    if (ue8m0 && out.w.scale_format == SFormat::kF32 && stored_scales != 0) scale_bytes = out.scales.size() / 4;
+    (*bytes_)[rank] += out.data.size() + scale_bytes + out.bias.size() * 4;
     return out;
   }
 
@@ -338,6 +344,26 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   m->moe_dot = ue8m0 ? DotKind::kUe8m0
                      : cfg.moe_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
   return m;
+}
+
+absl::Status VerifyShardHashes(const Model& m, const std::vector<std::map<std::string, Hash128>>& recorded) {
+  if (recorded.size() != m.shard_hashes.size()) {
+    return absl::FailedPreconditionError(Cat("the recording has ", recorded.size(), " ranks, this replay shards for ",
+                                             m.shard_hashes.size(), "; replay with --set tp_size=", recorded.size()));
+  }
+  for (size_t r = 0; r < recorded.size(); ++r) {
+    for (const auto& [name, hash] : recorded[r]) {
+      auto it = m.shard_hashes[r].find(name);
+      if (it == m.shard_hashes[r].end()) {
+        return absl::NotFoundError(Cat("rank ", r, ": the recording hashed tensor '", name, "', the checkpoint has no such shard"));
+      }
+      if (it->second != hash) {
+        return absl::DataLossError(Cat("rank ", r, " tensor '", name, "': shard hash ", it->second.Hex(),
+                                       " but the recording has ", hash.Hex(), "; is this the recorded checkpoint?"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace crashreplay::replay

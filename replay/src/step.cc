@@ -465,6 +465,13 @@ std::optional<Fault> StepProgram::RunAll() {
   return fault_;
 }
 
+nlohmann::json KernelRecordToJson(const KernelRecord& r) {
+  return nlohmann::json{{"kernel", r.label}, {"name", r.name},       {"layer", r.layer},
+                        {"nan", r.nan},      {"inf", r.inf},         {"min", r.min},
+                        {"max", r.max},      {"mean_abs", r.mean_abs}, {"digest", r.digest.Hex()},
+                        {"micros", r.micros}, {"failed", r.failed}};
+}
+
 std::vector<int32_t> StepProgram::SampledTokens() const {
   const Buffer* b = buffer("next_tokens");
   return b ? b->i : std::vector<int32_t>{};

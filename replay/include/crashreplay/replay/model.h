@@ -88,6 +88,12 @@ struct Model {
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,
                                                   const EngineConfig& config);
 
+// Checks the model's per-rank shard hashes against recorded ones (a capture
+// manifest's). DataLoss naming the rank, tensor and both hashes on the first
+// mismatch; FailedPrecondition when the rank counts differ (the recording used
+// another tp_size); NotFound for a recorded tensor the model lacks.
+absl::Status VerifyShardHashes(const Model& model, const std::vector<std::map<std::string, Hash128>>& recorded);
+
 // inv_freq and attention factor for default/linear/llama3/yarn RoPE.
 RopeTable ComputeRope(const RopeSpec& rope, int64_t head_dim, double partial_rotary_factor);
 

@@ -63,6 +63,9 @@ struct ModelSpec {
   double routed_scaling_factor = 1.0;
   bool norm_topk_prob = true;
   int64_t first_k_dense = 0;
+  // Per layer: 1 if it has routed experts. Empty: every layer from
+  // first_k_dense on (what the random generator writes).
+  std::vector<uint8_t> moe_layer_mask;
   // Quantization of the linear layers (embeddings, norms, router and lm_head
   // stay unquantized, as in ModelOpt and DeepSeek checkpoints).
   QuantKind quant = QuantKind::kNone;
@@ -70,7 +73,11 @@ struct ModelSpec {
   int64_t quant_block_cols = 1;  // fp8: 128, nvfp4: 16, mxfp4: 32
 
   bool is_moe() const { return num_experts > 0; }
-  bool layer_is_moe(int64_t layer) const { return is_moe() && layer >= first_k_dense; }
+  bool layer_is_moe(int64_t layer) const {
+    if (!is_moe()) return false;
+    if (!moe_layer_mask.empty()) return layer < static_cast<int64_t>(moe_layer_mask.size()) && moe_layer_mask[layer];
+    return layer >= first_k_dense;
+  }
 };
 
 struct HostTensor {

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "crashreplay/formats/hash.h"
 #include "crashreplay/replay/cpu_pool.h"
 #include "crashreplay/replay/fault.h"
@@ -97,6 +99,8 @@ struct KernelRecord {
   double micros = 0;
   bool failed = false;
 };
+
+nlohmann::json KernelRecordToJson(const KernelRecord& r);
 
 class StepProgram {
  public:

@@ -1,0 +1,47 @@
+// Built-in trials: `crashreplay replay CAPTURE --config {config} --json
+// [--step N]` run as an external command, its JSON read back.
+//
+// The contract with replay (issue 3, docs/cli.md): stdout is one JSON object
+// with `outcome` (reproduced | diverged | failed), `step`, `kernels` (rows,
+// kernel_table.h) and, when failed, `signature` {class, stage, kernel,
+// check}; exit 0 reproduced, 1 failed or diverged, 2 usage, 3 data error.
+// reproduced -> good; failed -> bad with replay's signature; diverged -> bad,
+// class output_mismatch at the first diverging kernel; usage and data errors
+// abort the search (the configuration or capture is wrong, not the code).
+// Deaths by signal, timeouts and OOM kills classify as for any command.
+//
+// Thread-safe like CommandTrialRunner.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "crashreplay/bisect/command_trial.h"
+
+namespace crashreplay::bisect {
+
+// Judges a finished `replay --json` process.
+TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits);
+
+struct ReplayTrialOptions {
+  std::string crashreplay_binary;    // path of the crashreplay executable
+  std::string capture;               // capture path
+  std::vector<std::string> runner;   // prefix words
+  std::string workdir;
+  TrialLimits limits;
+};
+
+class ReplayTrialRunner : public TrialRunner {
+ public:
+  explicit ReplayTrialRunner(ReplayTrialOptions options);
+  std::string SubjectId() const override;
+  TrialResult Run(const TrialRequest& request, const std::atomic<bool>* cancel) override;
+  std::string ReproduceCommand(const std::string& config_path, std::optional<int64_t> step) const override;
+
+ private:
+  ReplayTrialOptions options_;
+  CommandTrialOptions command_;  // the replay command line, with {config}
+  CommandTrialOptions command_with_step_;
+};
+
+}  // namespace crashreplay::bisect

@@ -1,0 +1,95 @@
+#include "crashreplay/bisect/replay_trial.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace crashreplay::bisect {
+
+TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits) {
+  if (!p.started || p.cancelled || p.timed_out || !p.exited || (p.exit_code != 0 && p.exit_code != 1 &&
+                                                               p.exit_code != 2 && p.exit_code != 3)) {
+    return ClassifyProcess(p, limits, std::nullopt);
+  }
+  TrialResult r;
+  r.exit_code = p.exit_code;
+  r.duration_s = p.duration_s;
+  r.stderr_tail = p.stderr_tail;
+  if (p.exit_code == 2 || p.exit_code == 3) {
+    r.verdict = Verdict::kAbort;
+    r.note = absl::StrCat("replay exited ", p.exit_code, p.exit_code == 2 ? " (usage: configuration rejected)" : " (data error)");
+    return r;
+  }
+  const nlohmann::json j = nlohmann::json::parse(p.stdout_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    r.verdict = Verdict::kAbort;
+    r.note = absl::StrCat("replay exited ", p.exit_code, " without a JSON object on stdout",
+                          p.stdout_truncated ? " (output was truncated)" : "");
+    return r;
+  }
+  if (auto it = j.find("kernels"); it != j.end()) {
+    auto rows = KernelRowsFromJson(*it);
+    if (rows.ok()) r.kernels = *std::move(rows);
+    else r.note = absl::StrCat("kernel table ignored: ", rows.status().message());
+  }
+  std::optional<int64_t> step;
+  if (auto it = j.find("step"); it != j.end() && it->is_number_integer()) step = it->get<int64_t>();
+  const std::string outcome = j.value("outcome", std::string());
+  if (outcome == "reproduced") {
+    r.verdict = Verdict::kGood;
+    if (p.exit_code != 0) absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "outcome reproduced but exit 1");
+    return r;
+  }
+  if (outcome != "failed" && outcome != "diverged") {
+    r.verdict = Verdict::kAbort;
+    r.note = absl::StrCat("replay printed an unknown outcome '", outcome, "'");
+    return r;
+  }
+  r.verdict = Verdict::kBad;
+  r.bad_runs = 1;
+  FailureSignature sig;
+  sig.failure_class = outcome == "failed" ? FailureClass::kOther : FailureClass::kOutputMismatch;
+  if (auto it = j.find("signature"); it != j.end() && it->is_object()) {
+    auto s = SignatureFromJson(*it);
+    if (s.ok()) sig = *s;
+    else absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "signature ignored: ", s.status().message());
+  } else if (outcome == "diverged") {
+    // The first diverging kernel names the bug when replay gave no signature.
+    for (const char* key : {"divergence", "first_divergence"}) {
+      if (auto d = j.find(key); d != j.end() && d->is_object()) {
+        sig.kernel = d->value("kernel", std::string());
+        if (!step && d->contains("step") && (*d)["step"].is_number_integer()) step = (*d)["step"].get<int64_t>();
+      }
+    }
+  }
+  if (!sig.is_failure()) sig.failure_class = FailureClass::kOther;  // "failed" with class none is still a failure
+  if (!sig.step) sig.step = step;
+  r.signature = sig;
+  return r;
+}
+
+ReplayTrialRunner::ReplayTrialRunner(ReplayTrialOptions options) : options_(std::move(options)) {
+  command_.command = {options_.crashreplay_binary, "replay", options_.capture, "--config", "{config}", "--json"};
+  command_.runner = options_.runner;
+  command_.workdir = options_.workdir;
+  command_.limits = options_.limits;
+  command_with_step_ = command_;
+  command_with_step_.command.push_back("--step");
+  command_with_step_.command.push_back("{step}");
+}
+
+std::string ReplayTrialRunner::SubjectId() const { return absl::StrCat("capture:", options_.capture); }
+
+TrialResult ReplayTrialRunner::Run(const TrialRequest& request, const std::atomic<bool>* cancel) {
+  LaunchOutput launch = LaunchTrialProcess(request.step ? command_with_step_ : command_, request, cancel);
+  TrialResult r = InterpretReplayOutput(launch.process, options_.limits);
+  r.config_path = launch.config_path;
+  return r;
+}
+
+std::string ReplayTrialRunner::ReproduceCommand(const std::string& config_path, std::optional<int64_t> step) const {
+  const CommandTrialOptions& c = step ? command_with_step_ : command_;
+  std::vector<std::string> argv = c.runner;
+  for (std::string& w : SubstituteCommand(c.command, config_path, step)) argv.push_back(std::move(w));
+  return ShellJoin(argv);
+}
+
+}  // namespace crashreplay::bisect

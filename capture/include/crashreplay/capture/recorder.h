@@ -1,0 +1,225 @@
+// Recorder: the always-on flight recorder that runs inside a serving process.
+//
+// One Recorder per rank (per process) writes one capture file,
+// SESSION_DIR/rank-NNNNN.crcap (docs/capture.md: session directory layout).
+// It keeps two tiers (DESIGN "capture/"):
+//   * the step log: RecordStep() copies the step's small vectors into a
+//     preallocated slot; a background writer thread encodes (FrameEncoder)
+//     and appends them to the file continuously;
+//   * tensor snapshots: SubmitSnapshot() memcpys host bytes into a bounded
+//     in-memory ring (a byte budget); a background encoder thread hashes
+//     (XXH3-128) and compresses them (zstd via the blob codec) and keeps the
+//     ENCODED frames in host memory. The ring is written to the file only on
+//     failure (OnFailure, fatal signal) or, if asked, on Close: the step log
+//     is continuous, snapshots are "ready to write on failure".
+// When the ring is full the oldest snapshot is dropped; the step never
+// waits on the ring. Drops are counted and written (DroppedSnapshotsRecord,
+// EndRecord).
+//
+// Failure paths (docs/capture.md lists what each one guarantees):
+//   * OnFailure(): drains the step log, finishes encoding the ring, writes
+//     the ring and a FailureRecord, fsyncs. The recorder stays usable and a
+//     later Close() still writes the footer.
+//   * fatal signals (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT), when
+//     options.install_signal_handlers: the handler waits a bounded time for
+//     the writer thread to drain accepted steps, writes the ring's encoded
+//     frames and a FailureRecord encoded in advance, with write(2) only, then
+//     restores the previous action and re-raises. No lock, no allocation.
+//   * SIGKILL / power loss: whatever the writer had appended is readable.
+//   * Close() / destructor: drains, writes index + end record (ok = true).
+//
+// Thread safety: RecordStep, SubmitSnapshot and the weight-check hook are
+// meant to be called from one thread at a time (the scheduler thread of the
+// rank); they are nonetheless safe to call concurrently (a short internal
+// lock orders them). OnFailure, Flush, stats() may be called from any
+// thread. Close() must not race with other calls.
+//
+// Ownership: views passed in are borrowed only for the duration of the
+// call (their bytes are copied), except RegisterWeights(), whose buffers
+// must stay valid and mapped until Close().
+//
+// Errors: absl::Status. InvalidArgument for malformed views, FailedPrecondition
+// after Close() or after a write error (the capture is then frozen),
+// ResourceExhausted when the step queue stays full past
+// options.step_queue_wait (the disk cannot keep up), errno-derived codes for I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "crashreplay/formats/blob_codec.h"
+#include "crashreplay/formats/capture_records.h"
+#include "crashreplay/formats/dtype.h"
+#include "crashreplay/formats/hash.h"
+
+namespace crashreplay::capture {
+
+inline constexpr uint64_t kDefaultSnapshotRingBytes = 256ull << 20;
+
+struct RecorderOptions {
+  // This rank's file is session_dir/rank-NNNNN.crcap (rank from
+  // manifest.parallel.rank); the directory is created if missing.
+  std::string session_dir;
+  // Overrides the layout: write exactly this file (tests, single files).
+  std::string path;
+  bool overwrite = false;
+
+  // Snapshot ring: raw bytes staged + encoded frames kept, each bounded by
+  // this budget (so at most about twice it in host memory).
+  uint64_t snapshot_ring_bytes = kDefaultSnapshotRingBytes;
+  uint32_t max_snapshots = 64;  // entries in the ring, whatever their size
+  BlobEncodeOptions blob;       // zstd level 1 + byte-plane shuffle by default
+  bool write_snapshots_on_close = false;
+
+  // Step log queue. RecordStep waits for a free slot at most this long
+  // (only when the writer is that far behind), then fails ResourceExhausted.
+  uint32_t step_queue_slots = 256;
+  double step_queue_wait_s = 1.0;
+
+  // Fatal-signal handlers (process-wide, chained to the previous ones).
+  bool install_signal_handlers = true;
+  // How long a signal handler waits for the writer to drain accepted steps.
+  double signal_drain_timeout_s = 2.0;
+
+  // Weight integrity (RegisterWeights): every step, after its record, the
+  // writer thread re-hashes the next slice of the registered weights.
+  // weight_check_bytes_per_step > 0 fixes the slice size; 0 sizes it from
+  // the budget: weight_check_budget (fraction of the measured step
+  // interval) times the measured hashing speed. Slices are whole chunks.
+  double weight_check_budget = 0.01;
+  uint64_t weight_check_bytes_per_step = 0;
+  uint64_t weight_chunk_bytes = 1ull << 20;
+};
+
+// A borrowed host tensor. `data` must hold `byte_size` bytes;
+// byte_size must equal DTypeBytes(dtype, prod(shape)).
+struct TensorView {
+  std::string_view name;
+  DType dtype = DType::kU8;
+  std::span<const int64_t> shape;
+  const void* data = nullptr;
+  uint64_t byte_size = 0;
+};
+
+struct DigestView {
+  std::string_view name;
+  bool is_128 = false;
+  uint64_t value64 = 0;
+  Hash128 value128;
+};
+
+// One step of one rank, as borrowed spans (copied by RecordStep). Per
+// request vectors have one entry per request of the batch; token_ids,
+// positions and out_cache_loc have one entry per token of the step.
+struct StepView {
+  uint64_t step = 0;
+  ForwardMode mode = ForwardMode::kUnknown;
+  int64_t timestamp_nanos = 0;  // 0: the recorder stamps CLOCK_REALTIME
+  std::span<const std::string_view> request_ids;
+  std::span<const int64_t> token_ids;
+  std::span<const int64_t> positions;
+  std::span<const int64_t> seq_lens;
+  std::span<const int64_t> extend_lens;
+  std::span<const int64_t> req_pool_indices;
+  // Page-table rows (req_to_token rows) as CSR: row i lists
+  // page_table_slots[page_table_offsets[i] .. page_table_offsets[i+1]) and
+  // belongs to req_pool_indices[i]. Both empty: no rows recorded.
+  std::span<const int64_t> page_table_offsets;
+  std::span<const int64_t> page_table_slots;
+  std::span<const int64_t> out_cache_loc;
+  std::span<const SamplingParams> sampling;
+  uint64_t rng_seed = 0;
+  uint64_t rng_offset = 0;
+  std::span<const int64_t> output_token_ids;
+  std::span<const DigestView> digests;
+};
+
+struct FailureInfo {
+  std::string reason;          // error text as seen
+  std::string stage;           // "load", "graph_capture", "prefill", "decode", ...
+  std::optional<uint64_t> step;
+  FailureClass failure_class = FailureClass::kException;
+  std::string exception_type;  // e.g. "torch.AcceleratorError"
+  std::string backtrace;
+};
+
+struct RecorderStats {
+  uint64_t steps_accepted = 0;
+  uint64_t steps_written = 0;
+  uint64_t snapshots_accepted = 0;
+  uint64_t snapshots_encoded = 0;
+  uint64_t snapshots_dropped = 0;
+  uint64_t bytes_dropped = 0;
+  uint64_t ring_raw_bytes = 0;      // staged raw bytes now held
+  uint64_t ring_encoded_bytes = 0;  // encoded frames now held
+  uint64_t weight_bytes = 0;        // registered weight bytes
+  uint32_t weight_check_period_steps = 0;  // K: steps to cover all weights
+  uint64_t weight_checks = 0;
+  uint64_t corrupt_weight_slices = 0;
+  uint64_t file_bytes = 0;
+};
+
+class Recorder {
+ public:
+  // Opens the rank's file, writes header + manifest, starts the threads,
+  // and (if asked) installs the signal handlers. manifest.pid,
+  // created_unix_nanos, hostname and recorder_version are filled when unset.
+  static absl::StatusOr<std::unique_ptr<Recorder>> Begin(const SessionManifest& manifest,
+                                                         const RecorderOptions& options = {});
+  // Close()s if still open (errors go to stderr).
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // Hot path: copies the step into a queue slot. Never touches the disk.
+  absl::Status RecordStep(const StepView& step);
+
+  // Hot path: one memcpy per tensor into the ring. Returns OK also when the
+  // snapshot had to be dropped (the drop is counted: stats(), the file).
+  // InvalidArgument for a malformed view; a snapshot larger than the whole
+  // budget is dropped and counted.
+  absl::Status SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors);
+
+  // Load-time weight hashes (per tensor + root) written as a
+  // WeightHashesRecord (see weight_hash.h to compute them).
+  absl::Status RecordWeightHashes(const WeightShardHashes& shard);
+
+  // Registers host weight buffers for the per-step integrity check. Hashes
+  // them now (load-time reference, chunked by weight_chunk_bytes); the
+  // buffers must stay valid until Close(). May be called once per tensor
+  // set; later calls add tensors.
+  absl::Status RegisterWeights(std::span<const TensorView> weights);
+
+  // Writes the ring and a FailureRecord, fsyncs. Waits for the writer and
+  // encoder (seconds at most: it is the failure path).
+  absl::Status OnFailure(const FailureInfo& failure);
+
+  // Waits until every accepted step (and weight check) is in the file.
+  absl::Status Flush();
+
+  // Drains, optionally writes the ring, writes index + end record (ok =
+  // true), fsyncs, stops the threads, uninstalls this recorder from the
+  // signal handlers. Idempotent: a second call returns the first result.
+  absl::Status Close();
+
+  RecorderStats stats() const;
+  const std::string& path() const;
+
+  class Impl;
+
+ private:
+  explicit Recorder(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// "<session_dir>/rank-NNNNN.crcap".
+std::string SessionRankPath(const std::string& session_dir, uint32_t rank);
+
+}  // namespace crashreplay::capture

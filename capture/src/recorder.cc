@@ -1,0 +1,497 @@
+#include "crashreplay/capture/recorder.h"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "crashreplay/base/status.h"
+#include "absl/strings/str_format.h"
+#include "crashreplay/formats/capture_encoder.h"
+#include "crashreplay/formats/capture_format.h"
+#include "recorder_impl.h"
+
+namespace crashreplay::capture {
+namespace {
+
+constexpr int kSignalOrder[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+
+pid_t CurrentTid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+int64_t RealtimeNanos() {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+double MonotonicSeconds() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+void SleepMicros(long us) {
+  struct timespec ts{us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+// Copies the view into a reused record (vectors keep their capacity, so a
+// steady batch size allocates nothing after the first steps).
+absl::Status CopyStep(const StepView& v, uint32_t rank, StepRecord* r) {
+  const size_t rows = v.page_table_offsets.empty() ? 0 : v.page_table_offsets.size() - 1;
+  if (!v.page_table_offsets.empty()) {
+    int64_t prev = 0;
+    for (int64_t o : v.page_table_offsets) {
+      if (o < prev || static_cast<uint64_t>(o) > v.page_table_slots.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", v.step,
+                                                       ": page_table_offsets must be non-decreasing offsets into the ",
+                                                       v.page_table_slots.size(), " page-table slots"));
+      }
+      prev = o;
+    }
+  } else if (!v.page_table_slots.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": page_table_slots without page_table_offsets"));
+  }
+  r->step = v.step;
+  r->rank = rank;
+  r->mode = v.mode;
+  r->timestamp_nanos = v.timestamp_nanos != 0 ? v.timestamp_nanos : RealtimeNanos();
+  r->request_ids.resize(v.request_ids.size());
+  for (size_t i = 0; i < v.request_ids.size(); ++i) r->request_ids[i].assign(v.request_ids[i]);
+  r->token_ids.assign(v.token_ids.begin(), v.token_ids.end());
+  r->positions.assign(v.positions.begin(), v.positions.end());
+  r->seq_lens.assign(v.seq_lens.begin(), v.seq_lens.end());
+  r->extend_lens.assign(v.extend_lens.begin(), v.extend_lens.end());
+  r->req_pool_indices.assign(v.req_pool_indices.begin(), v.req_pool_indices.end());
+  r->page_table.resize(rows);
+  for (size_t i = 0; i < rows; ++i) {
+    PageTableRow& row = r->page_table[i];
+    row.req_pool_index = i < v.req_pool_indices.size() ? v.req_pool_indices[i] : -1;
+    row.token_slots.assign(v.page_table_slots.begin() + v.page_table_offsets[i],
+                           v.page_table_slots.begin() + v.page_table_offsets[i + 1]);
+  }
+  r->out_cache_loc.assign(v.out_cache_loc.begin(), v.out_cache_loc.end());
+  r->sampling.assign(v.sampling.begin(), v.sampling.end());
+  r->rng_seed = v.rng_seed;
+  r->rng_offset = v.rng_offset;
+  r->output_token_ids.assign(v.output_token_ids.begin(), v.output_token_ids.end());
+  r->digests.resize(v.digests.size());
+  for (size_t i = 0; i < v.digests.size(); ++i) {
+    r->digests[i].name.assign(v.digests[i].name);
+    if (v.digests[i].is_128) {
+      r->digests[i].value = v.digests[i].value128;
+    } else {
+      r->digests[i].value = v.digests[i].value64;
+    }
+  }
+  r->tensors.clear();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string SessionRankPath(const std::string& session_dir, uint32_t rank) {
+  return (std::filesystem::path(session_dir) / CaptureFileNameForRank(rank)).string();
+}
+
+// ---------------------------------------------------------------------------
+// Impl
+
+Recorder::Impl::Impl(const SessionManifest& manifest, const RecorderOptions& options, std::string path,
+                     std::unique_ptr<CaptureWriter> writer)
+    : options_(options), path_(std::move(path)), rank_(manifest.parallel.rank), writer_(std::move(writer)),
+      slots_(std::max<uint32_t>(options.step_queue_slots, 2)),
+      ring_(options.snapshot_ring_bytes, options.max_snapshots, manifest.parallel.rank, options.blob),
+      integrity_(options.weight_chunk_bytes, options.weight_check_bytes_per_step, options.weight_check_budget) {}
+
+Recorder::Impl::~Impl() {
+  if (!closed_.load()) {
+    absl::Status s = Close();
+    if (!s.ok()) std::fprintf(stderr, "crashreplay: closing capture %s: %s\n", path_.c_str(), s.ToString().c_str());
+  }
+}
+
+absl::Status Recorder::Impl::Start() {
+  EncodeSignalFrames(std::nullopt, ForwardMode::kUnknown);
+  writer_thread_ = std::thread([this] { WriterLoop(); });
+  encoder_thread_ = std::thread([this] { EncoderLoop(); });
+  started_ = true;
+  CR_RETURN_IF_ERROR(internal::RegisterCrashTarget(this));
+  if (options_.install_signal_handlers) CR_RETURN_IF_ERROR(internal::InstallFatalSignalHandlers());
+  return absl::OkStatus();
+}
+
+void Recorder::Impl::SetError(const absl::Status& s) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (error_.ok()) error_ = s;
+  failed_.store(true);
+}
+
+absl::Status Recorder::Impl::error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return error_;
+}
+
+absl::Status Recorder::Impl::RecordStep(const StepView& step) {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; step ", step.step, " not recorded"));
+  }
+  if (failed_.load(std::memory_order_relaxed)) return error();
+  std::lock_guard<std::mutex> lock(producer_mu_);
+  const uint64_t h = head_.load(std::memory_order_relaxed);
+  if (h - tail_.load(std::memory_order_acquire) >= slots_.size()) {
+    // The writer is a whole queue behind (the disk cannot keep up): wait a
+    // bounded time rather than lose a step of the log.
+    const double deadline = MonotonicSeconds() + options_.step_queue_wait_s;
+    while (h - tail_.load(std::memory_order_acquire) >= slots_.size()) {
+      if (MonotonicSeconds() > deadline) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "capture %s: the writer is %d steps behind; step %d not recorded (raise step_queue_slots or check the "
+            "disk)",
+            path_, slots_.size(), step.step));
+      }
+      SleepMicros(50);
+    }
+  }
+  CR_RETURN_IF_ERROR(CopyStep(step, rank_, &slots_[h % slots_.size()]));
+  last_accepted_step_.store(step.step, std::memory_order_relaxed);
+  last_accepted_mode_.store(step.mode, std::memory_order_relaxed);
+  head_.store(h + 1, std::memory_order_release);
+  writer_events_.fetch_add(1, std::memory_order_release);
+  writer_events_.notify_one();
+  return absl::OkStatus();
+}
+
+absl::Status Recorder::Impl::SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors) {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; snapshot of step ", step,
+                                                      " not taken"));
+  }
+  CR_RETURN_IF_ERROR(ring_.Submit(step, tensors));
+  encoder_events_.fetch_add(1, std::memory_order_release);
+  encoder_events_.notify_one();
+  return absl::OkStatus();
+}
+
+absl::Status Recorder::Impl::RecordWeightHashes(const WeightShardHashes& shard) {
+  if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
+  WeightHashesRecord r;
+  r.shards.push_back(shard);
+  return writer_->Append(r);
+}
+
+absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights) {
+  if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
+  return integrity_.Register(weights);
+}
+
+void Recorder::Impl::WriterLoop() {
+  writer_tid_.store(CurrentTid());
+  uint64_t t = tail_.load(std::memory_order_relaxed);
+  for (;;) {
+    const int ev = writer_events_.load(std::memory_order_acquire);
+    const uint64_t h = head_.load(std::memory_order_acquire);
+    while (t < h) {
+      ProcessStep(slots_[t % slots_.size()]);
+      ++t;
+      tail_.store(t, std::memory_order_release);
+      tail_.notify_all();
+    }
+    if (stop_.load(std::memory_order_acquire) && t == head_.load(std::memory_order_acquire)) break;
+    if (t == head_.load(std::memory_order_acquire)) writer_events_.wait(ev, std::memory_order_acquire);
+  }
+}
+
+void Recorder::Impl::ProcessStep(StepRecord& record) {
+  if (failed_.load(std::memory_order_relaxed)) return;
+  if (last_step_ts_ != 0 && record.timestamp_nanos > last_step_ts_) {
+    const double interval = static_cast<double>(record.timestamp_nanos - last_step_ts_);
+    step_interval_ns_ = step_interval_ns_ == 0 ? interval : 0.9 * step_interval_ns_ + 0.1 * interval;
+  }
+  last_step_ts_ = record.timestamp_nanos;
+  absl::Status s = writer_->Append(record);
+  if (s.ok()) {
+    const uint64_t dropped = ring_.dropped();
+    if (dropped != last_dropped_written_) {
+      DroppedSnapshotsRecord d{record.step, dropped, ring_.bytes_dropped()};
+      s = writer_->Append(d);
+      last_dropped_written_ = dropped;
+    }
+  }
+  if (s.ok() && !integrity_.empty()) {
+    WeightCheckRecord check;
+    check.rank = rank_;
+    integrity_.CheckNext(record.step, step_interval_ns_, &check);
+    period_steps_.store(check.period_steps, std::memory_order_relaxed);
+    weight_checks_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t corrupt = 0;
+    for (const WeightSlice& slice : check.slices) corrupt += slice.corrupt;
+    corrupt_slices_.fetch_add(corrupt, std::memory_order_relaxed);
+    s = writer_->Append(check);
+  }
+  if (!s.ok()) {
+    SetError(s);
+    return;
+  }
+  last_step_.store(record.step, std::memory_order_relaxed);
+  any_step_.store(true, std::memory_order_relaxed);
+  // Before the step counts as written, so that a signal handler that waited
+  // for it finds a failure frame naming it.
+  EncodeSignalFrames(record.step, record.mode);
+}
+
+void Recorder::Impl::EncodeSignalFrames(std::optional<uint64_t> step, ForwardMode mode) {
+  if (crashing_.load()) return;
+  const int active = signal_active_.load(std::memory_order_acquire);
+  const int target = active == 0 ? 1 : 0;
+  SignalFrames& out = signal_frames_[target];
+  for (int i = 0; i < kNumSignals; ++i) {
+    FailureRecord f;
+    const int sig = kSignalOrder[i];
+    f.reason = step.has_value() ? absl::StrFormat("fatal signal %s (%s) after step %d was recorded",
+                                                  internal::FatalSignalName(sig), strsignal(sig), *step)
+                                : absl::StrFormat("fatal signal %s (%s) before any step was recorded",
+                                                  internal::FatalSignalName(sig), strsignal(sig));
+    f.stage = step.has_value() ? ForwardModeName(mode) : "startup";
+    f.step = step;
+    f.rank = rank_;
+    f.signal = sig;
+    f.exception_type = internal::FatalSignalName(sig);
+    f.failure_class = FailureClass::kCrash;
+    f.timestamp_nanos = RealtimeNanos();  // of the last step; the crash came after it
+    absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(f);
+    out.size[i] = 0;
+    if (frame.ok() && frame->bytes.size() <= kMaxSignalFrame) {
+      std::memcpy(out.bytes[i], frame->bytes.data(), frame->bytes.size());
+      out.size[i] = static_cast<uint32_t>(frame->bytes.size());
+    }
+  }
+  signal_active_.store(target, std::memory_order_release);
+}
+
+void Recorder::Impl::EncoderLoop() {
+  encoder_tid_.store(CurrentTid());
+  for (;;) {
+    const int ev = encoder_events_.load(std::memory_order_acquire);
+    while (ring_.EncodeNext()) {
+    }
+    if (stop_.load(std::memory_order_acquire) && !ring_.HasStaged()) break;
+    if (!ring_.HasStaged()) encoder_events_.wait(ev, std::memory_order_acquire);
+  }
+}
+
+absl::Status Recorder::Impl::WaitWritten(uint64_t target, double timeout_s) {
+  if (CurrentTid() == writer_tid_.load()) return absl::OkStatus();
+  const double deadline = MonotonicSeconds() + timeout_s;
+  while (tail_.load(std::memory_order_acquire) < target) {
+    if (MonotonicSeconds() > deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat("capture %s: the writer did not write %d queued steps in %gs",
+                                                         path_, target - tail_.load(), timeout_s));
+    }
+    SleepMicros(100);
+  }
+  return error();
+}
+
+absl::Status Recorder::Impl::WaitEncoded(double timeout_s) {
+  if (CurrentTid() == encoder_tid_.load()) return absl::OkStatus();
+  const double deadline = MonotonicSeconds() + timeout_s;
+  while (ring_.staged_bytes() > 0 || ring_.HasStaged()) {
+    if (MonotonicSeconds() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("capture %s: snapshots still being encoded after %gs", path_, timeout_s));
+    }
+    encoder_events_.fetch_add(1);
+    encoder_events_.notify_one();
+    SleepMicros(200);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Recorder::Impl::Flush() {
+  if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
+  return WaitWritten(head_.load(std::memory_order_acquire), 30.0);
+}
+
+absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
+  if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
+  // The failure path may take time: drain the log, finish encoding the ring.
+  absl::Status status = WaitWritten(head_.load(std::memory_order_acquire), 30.0);
+  absl::Status encoded = WaitEncoded(30.0);
+  if (status.ok()) status = encoded;
+  absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
+  if (status.ok() && !written.ok()) status = written.status();
+  FailureRecord f;
+  f.reason = failure.reason;
+  f.stage = failure.stage;
+  f.step = failure.step;
+  f.rank = rank_;
+  f.exception_type = failure.exception_type;
+  f.failure_class = failure.failure_class;
+  f.timestamp_nanos = RealtimeNanos();
+  f.backtrace = failure.backtrace;
+  absl::Status appended = writer_->Append(f);
+  if (status.ok()) status = appended;
+  if (::fsync(writer_->fd()) != 0 && status.ok()) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat("fsync of capture ", path_));
+  }
+  return status;
+}
+
+void Recorder::Impl::OnTerminate(const std::string& exception_type, const std::string& what) {
+  if (closed_.load()) return;
+  FailureInfo f;
+  f.reason = what;
+  // The last step the recorder accepted is the one that was running or
+  // had just run when the exception escaped.
+  const bool any = head_.load() > 0;
+  f.stage = any ? ForwardModeName(last_accepted_mode_.load()) : "startup";
+  if (any) f.step = last_accepted_step_.load();
+  f.failure_class = FailureClass::kException;
+  f.exception_type = exception_type;
+  absl::Status s = OnFailure(f);
+  if (!s.ok()) std::fprintf(stderr, "crashreplay: recording the failure in %s: %s\n", path_.c_str(), s.ToString().c_str());
+  terminate_recorded_.store(true);
+}
+
+void Recorder::Impl::OnExit() {
+  absl::Status s = Close();
+  if (!s.ok()) std::fprintf(stderr, "crashreplay: closing capture %s at exit: %s\n", path_.c_str(), s.ToString().c_str());
+}
+
+// Async-signal context: atomics, nanosleep, clock_gettime, write, fsync.
+void Recorder::Impl::OnFatalSignal(int sig) noexcept {
+  if (closed_.load() || in_signal_.exchange(true)) return;
+  const pid_t self = CurrentTid();
+  const double deadline = MonotonicSeconds() + options_.signal_drain_timeout_s;
+  // Let the writer finish the steps already accepted (they are in memory,
+  // not encoded; encoding them here would allocate). Not when the writer is
+  // the thread that crashed.
+  if (self != writer_tid_.load()) {
+    const uint64_t accepted = head_.load(std::memory_order_acquire);
+    while (tail_.load(std::memory_order_acquire) < accepted && MonotonicSeconds() < deadline) SleepMicros(500);
+  }
+  if (self != encoder_tid_.load()) {
+    while (ring_.staged_bytes() > 0 && MonotonicSeconds() < deadline) SleepMicros(500);
+  }
+  // From here on the writer stops refreshing the failure frames, so the
+  // active buffer is stable while we read it.
+  crashing_.store(true);
+  if (terminate_recorded_.load()) {  // the terminate handler already wrote ring + failure
+    ::fsync(writer_->fd());
+    return;
+  }
+  ring_.WriteForSignal(writer_.get());
+  const int active = signal_active_.load(std::memory_order_acquire);
+  for (int i = 0; i < kNumSignals; ++i) {
+    if (kSignalOrder[i] == sig && active >= 0 && signal_frames_[active].size[i] > 0) {
+      writer_->AppendEncodedFrame(signal_frames_[active].bytes[i], signal_frames_[active].size[i]);
+    }
+  }
+  ::fsync(writer_->fd());
+}
+
+absl::Status Recorder::Impl::Close() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (closed_.load()) return close_status_;
+  internal::UnregisterCrashTarget(this);
+  stop_.store(true, std::memory_order_release);
+  writer_events_.fetch_add(1);
+  writer_events_.notify_all();
+  encoder_events_.fetch_add(1);
+  encoder_events_.notify_all();
+  if (writer_thread_.joinable()) writer_thread_.join();
+  if (encoder_thread_.joinable()) encoder_thread_.join();
+  absl::Status status = error();
+  if (status.ok() && ring_.dropped() != last_dropped_written_) {  // drops after the last step
+    DroppedSnapshotsRecord d{last_step_.load(), ring_.dropped(), ring_.bytes_dropped()};
+    status = writer_->Append(d);
+    last_dropped_written_ = ring_.dropped();
+  }
+  if (options_.write_snapshots_on_close && status.ok()) {
+    absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
+    if (!written.ok()) status = written.status();
+  }
+  absl::Status closed = writer_->Close();
+  if (status.ok()) status = closed;
+  close_status_ = status;
+  closed_.store(true);
+  return status;
+}
+
+RecorderStats Recorder::Impl::stats() const {
+  RecorderStats s;
+  s.steps_accepted = head_.load();
+  s.steps_written = tail_.load();
+  s.snapshots_accepted = ring_.accepted();
+  s.snapshots_encoded = ring_.encoded();
+  s.snapshots_dropped = ring_.dropped();
+  s.bytes_dropped = ring_.bytes_dropped();
+  s.ring_raw_bytes = ring_.staged_bytes();
+  s.ring_encoded_bytes = ring_.encoded_bytes();
+  s.weight_bytes = integrity_.total_bytes();
+  s.weight_check_period_steps = period_steps_.load();
+  s.weight_checks = weight_checks_.load();
+  s.corrupt_weight_slices = corrupt_slices_.load();
+  s.file_bytes = writer_->bytes_written();
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Recorder
+
+absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Begin(const SessionManifest& manifest_in,
+                                                          const RecorderOptions& options) {
+  if (options.path.empty() && options.session_dir.empty()) {
+    return absl::InvalidArgumentError("RecorderOptions: set session_dir (or path) to say where the capture goes");
+  }
+  SessionManifest manifest = manifest_in;
+  if (manifest.pid == 0) manifest.pid = static_cast<uint32_t>(getpid());
+  if (manifest.created_unix_nanos == 0) manifest.created_unix_nanos = RealtimeNanos();
+  if (manifest.hostname.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) manifest.hostname = host;
+  }
+  if (manifest.recorder_version.empty()) manifest.recorder_version = "crashreplay 0.1.0";
+  std::string path = options.path;
+  if (path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.session_dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create session directory ", options.session_dir, ": ", ec.message()));
+    }
+    path = SessionRankPath(options.session_dir, manifest.parallel.rank);
+  }
+  CaptureWriterOptions wo;
+  wo.blob = options.blob;
+  wo.overwrite = options.overwrite;
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<CaptureWriter> writer, CaptureWriter::Create(path, manifest, wo));
+  auto impl = std::make_unique<Impl>(manifest, options, path, std::move(writer));
+  CR_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Recorder>(new Recorder(std::move(impl)));
+}
+
+Recorder::Recorder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Recorder::~Recorder() = default;
+
+absl::Status Recorder::RecordStep(const StepView& step) { return impl_->RecordStep(step); }
+absl::Status Recorder::SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors) {
+  return impl_->SubmitSnapshot(step, tensors);
+}
+absl::Status Recorder::RecordWeightHashes(const WeightShardHashes& shard) { return impl_->RecordWeightHashes(shard); }
+absl::Status Recorder::RegisterWeights(std::span<const TensorView> weights) { return impl_->RegisterWeights(weights); }
+absl::Status Recorder::OnFailure(const FailureInfo& failure) { return impl_->OnFailure(failure); }
+absl::Status Recorder::Flush() { return impl_->Flush(); }
+absl::Status Recorder::Close() { return impl_->Close(); }
+RecorderStats Recorder::stats() const { return impl_->stats(); }
+const std::string& Recorder::path() const { return impl_->path(); }
+
+}  // namespace crashreplay::capture

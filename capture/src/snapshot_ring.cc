@@ -1,0 +1,259 @@
+#include "snapshot_ring.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "crashreplay/formats/hash.h"
+
+namespace crashreplay::capture::internal {
+
+SnapshotRing::SnapshotRing(uint64_t budget_bytes, uint32_t max_entries, uint32_t rank, const BlobEncodeOptions& blob)
+    : budget_(budget_bytes), rank_(rank), blob_(blob), staged_(std::max<uint32_t>(max_entries, 1)),
+      slots_(std::max<uint32_t>(max_entries, 1)) {
+  if (budget_ > 0) {
+    arena_.reset(new std::byte[budget_]);
+    // Touch every page now so that the first snapshots do not pay page
+    // faults on the serving thread.
+    std::memset(arena_.get(), 0, budget_);
+  }
+}
+
+SnapshotRing::~SnapshotRing() = default;
+
+void SnapshotRing::CountDrop(uint64_t bytes) {
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+  bytes_dropped_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+// Finds a free arena region of n bytes after the newest live region (FIFO
+// ring of regions). Called with mu_ held.
+bool SnapshotRing::AllocLocked(uint64_t n, uint64_t* offset) {
+  if (n > budget_) return false;
+  if (staged_count_ == 0) {
+    *offset = 0;
+    return true;
+  }
+  const Staged& oldest = StagedAt(0);
+  const Staged& newest = StagedAt(staged_count_ - 1);
+  const uint64_t newest_end = newest.begin + newest.size;
+  const bool wrapped = newest.begin < oldest.begin || (newest.begin == oldest.begin && staged_count_ > 1);
+  if (!wrapped) {
+    if (budget_ - newest_end >= n) {
+      *offset = newest_end;
+      return true;
+    }
+    if (oldest.begin >= n) {
+      *offset = 0;
+      return true;
+    }
+    return false;
+  }
+  if (oldest.begin - newest_end >= n) {
+    *offset = newest_end;
+    return true;
+  }
+  return false;
+}
+
+absl::Status SnapshotRing::Submit(uint64_t step, std::span<const TensorView> tensors) {
+  uint64_t total = 0;
+  for (const TensorView& t : tensors) {
+    if (t.data == nullptr && t.byte_size > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("snapshot of step ", step, ": tensor '", std::string(t.name), "' has no data"));
+    }
+    uint64_t elements = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(t.name), "' has a negative dimension"));
+      elements *= static_cast<uint64_t>(d);
+    }
+    if (DTypeBytes(t.dtype, elements) != t.byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat("snapshot of step ", step, ": tensor '", std::string(t.name), "' is ",
+                                                     t.byte_size, " bytes, its shape and dtype ",
+                                                     std::string(DTypeName(t.dtype)), " need ", DTypeBytes(t.dtype, elements)));
+    }
+    total += t.byte_size;
+  }
+  accepted_.fetch_add(1, std::memory_order_relaxed);
+  Staged* entry = nullptr;
+  uint64_t offset = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (;;) {
+      const bool room_for_entry = staged_count_ < staged_.size();
+      if (room_for_entry && AllocLocked(total, &offset)) break;
+      // Make room by dropping the oldest staged snapshot; one the encoder is
+      // reading (or another caller is filling) cannot go, so the new one is
+      // dropped instead: the step never waits.
+      if (staged_count_ == 0 || StagedAt(0).state != StageState::kStaged || total > budget_) {
+        CountDrop(total);
+        return absl::OkStatus();
+      }
+      Staged& oldest = StagedAt(0);
+      CountDrop(oldest.size);
+      staged_bytes_.fetch_sub(oldest.size, std::memory_order_relaxed);
+      staged_first_ = (staged_first_ + 1) % staged_.size();
+      --staged_count_;
+    }
+    entry = &staged_[(staged_first_ + staged_count_) % staged_.size()];
+    ++staged_count_;
+    entry->state = StageState::kFilling;
+    entry->step = step;
+    entry->begin = offset;
+    entry->size = total;
+    staged_bytes_.fetch_add(total, std::memory_order_relaxed);
+  }
+  // The entry is ours while kFilling: nobody evicts or encodes it.
+  if (entry->tensors.size() < tensors.size()) entry->tensors.resize(tensors.size());
+  entry->num_tensors = tensors.size();
+  uint64_t at = offset;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& t = tensors[i];
+    StagedTensor& st = entry->tensors[i];
+    st.name.assign(t.name);
+    st.dtype = t.dtype;
+    st.shape.assign(t.shape.begin(), t.shape.end());
+    st.offset = at;
+    st.size = t.byte_size;
+    if (t.byte_size > 0) std::memcpy(arena_.get() + at, t.data, t.byte_size);
+    at += t.byte_size;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  entry->state = StageState::kStaged;
+  return absl::OkStatus();
+}
+
+bool SnapshotRing::HasStaged() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return staged_count_ > 0 && StagedAt(0).state == StageState::kStaged;
+}
+
+bool SnapshotRing::EncodeNext() {
+  Staged* entry = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (staged_count_ == 0 || StagedAt(0).state != StageState::kStaged) return false;
+    entry = &StagedAt(0);
+    entry->state = StageState::kEncoding;
+  }
+  // Encoding reads the arena region, which nobody else touches while the
+  // entry is kEncoding (Submit evicts only kStaged entries).
+  std::vector<EncodedFrame> frames;
+  SnapshotRecord record;
+  record.step = entry->step;
+  record.rank = rank_;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < entry->num_tensors; ++i) {
+    const StagedTensor& st = entry->tensors[i];
+    std::span<const std::byte> raw(arena_.get() + st.offset, st.size);
+    const Hash128 hash = XXH128Of(raw);
+    TensorDescriptor d;
+    d.name = st.name;
+    d.dtype = std::string(DTypeName(st.dtype));
+    d.shape = st.shape;
+    d.content_hash = hash;
+    d.byte_size = st.size;
+    d.stored = true;
+    d.device = "cpu";
+    record.tensors.push_back(std::move(d));
+    const bool duplicate = std::any_of(frames.begin(), frames.end(), [&](const EncodedFrame& f) {
+      return f.blob_hash == hash;
+    });
+    if (duplicate) continue;
+    const int bits = DTypeBits(st.dtype);
+    const size_t element_size = bits >= 16 ? static_cast<size_t>(bits / 8) : 0;
+    frames.push_back(FrameEncoder::EncodeBlob(raw, hash, element_size, blob_));
+    bytes += frames.back().bytes.size();
+  }
+  absl::StatusOr<EncodedFrame> snapshot_frame = FrameEncoder::Encode(record);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Still the oldest: only kStaged entries are ever removed by Submit.
+    staged_bytes_.fetch_sub(entry->size, std::memory_order_relaxed);
+    staged_first_ = (staged_first_ + 1) % staged_.size();
+    --staged_count_;
+  }
+  if (!snapshot_frame.ok()) {  // a record Cap'n Proto refuses: count it as dropped
+    CountDrop(entry->size);
+    return true;
+  }
+  bytes += snapshot_frame->bytes.size();
+  frames.push_back(*std::move(snapshot_frame));
+
+  // Evict the oldest encoded snapshots until the new one fits the budget
+  // and a slot is free.
+  for (;;) {
+    EncodedSlot* free_slot = nullptr;
+    EncodedSlot* oldest = nullptr;
+    for (EncodedSlot& s : slots_) {
+      const int st = s.state.load(std::memory_order_acquire);
+      if (st == kFree && free_slot == nullptr) free_slot = &s;
+      if (st == kReady && (oldest == nullptr || s.seq < oldest->seq)) oldest = &s;
+    }
+    const bool fits = encoded_bytes_.load(std::memory_order_relaxed) + bytes <= budget_;
+    if (free_slot != nullptr && (fits || oldest == nullptr)) {
+      free_slot->frames = std::move(frames);
+      free_slot->seq = next_seq_++;
+      free_slot->step = record.step;
+      free_slot->bytes = bytes;
+      encoded_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+      free_slot->state.store(kReady, std::memory_order_release);
+      encoded_count_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    if (oldest == nullptr) {  // every slot is being written by a failure path
+      CountDrop(entry->size);
+      return true;
+    }
+    int expected = kReady;
+    if (oldest->state.compare_exchange_strong(expected, kFree)) {
+      CountDrop(oldest->bytes);
+      encoded_bytes_.fetch_sub(oldest->bytes, std::memory_order_relaxed);
+      std::vector<EncodedFrame>().swap(oldest->frames);
+      // A slot being written (failure path) cannot be evicted: try again.
+    }
+  }
+}
+
+absl::StatusOr<uint64_t> SnapshotRing::WriteAll(CaptureWriter* writer) {
+  std::vector<EncodedSlot*> order;
+  for (EncodedSlot& s : slots_) {
+    int expected = kReady;
+    if (s.state.compare_exchange_strong(expected, kWriting)) order.push_back(&s);
+  }
+  std::sort(order.begin(), order.end(), [](const EncodedSlot* a, const EncodedSlot* b) { return a->seq < b->seq; });
+  absl::Status status;
+  for (EncodedSlot* s : order) {
+    for (const EncodedFrame& f : s->frames) {
+      if (status.ok()) status = writer->Append(f);
+    }
+    s->state.store(kReady, std::memory_order_release);
+  }
+  if (!status.ok()) return status;
+  return order.size();
+}
+
+void SnapshotRing::WriteForSignal(CaptureWriter* writer) noexcept {
+  // Oldest first, without allocating: repeated minimum search (<= 64 slots).
+  uint64_t last_seq = 0;
+  for (;;) {
+    EncodedSlot* next = nullptr;
+    for (EncodedSlot& s : slots_) {
+      if (s.state.load(std::memory_order_acquire) == kReady && s.seq > last_seq &&
+          (next == nullptr || s.seq < next->seq)) {
+        next = &s;
+      }
+    }
+    if (next == nullptr) return;
+    last_seq = next->seq;
+    int expected = kReady;
+    if (!next->state.compare_exchange_strong(expected, kWriting)) continue;
+    for (const EncodedFrame& f : next->frames) {
+      if (!writer->AppendEncodedFrame(f.bytes.data(), f.bytes.size())) return;
+    }
+    // Left kWriting: the process is about to die; nobody may free it now.
+  }
+}
+
+}  // namespace crashreplay::capture::internal
+

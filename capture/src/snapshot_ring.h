@@ -1,0 +1,109 @@
+// SnapshotRing: the bounded in-memory ring of tensor snapshots (internal).
+//
+// Two stages, each bounded by the byte budget:
+//   staging  a preallocated arena the calling thread memcpys into (FIFO
+//            regions, one per snapshot); the encoder thread takes the
+//            oldest staged snapshot, hashes and compresses it, and frees
+//            its region;
+//   encoded  the ready-to-append frames (blob frames, then the
+//            SnapshotRecord frame) of the most recent snapshots.
+// Submit() never waits: when staging lacks room it evicts the oldest staged
+// snapshots; when the only candidate is being encoded or filled, the new
+// snapshot is dropped instead. Encode() evicts the oldest encoded snapshots
+// beyond the budget or the entry count. Every eviction is a drop, counted.
+//
+// Threads: Submit from the caller threads, EncodeNext from the encoder
+// thread, WriteForSignal from a signal handler (lock-free: per-slot atomic
+// states, CAS ready -> writing), Drain/WriteAll from the failure path.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "crashreplay/capture/recorder.h"
+#include "crashreplay/formats/capture_encoder.h"
+#include "crashreplay/formats/capture_writer.h"
+
+namespace crashreplay::capture::internal {
+
+class SnapshotRing {
+ public:
+  SnapshotRing(uint64_t budget_bytes, uint32_t max_entries, uint32_t rank, const BlobEncodeOptions& blob);
+  ~SnapshotRing();
+
+  // Caller thread. OK also when dropped; InvalidArgument for bad views.
+  absl::Status Submit(uint64_t step, std::span<const TensorView> tensors);
+
+  // Encoder thread: encodes the oldest staged snapshot. False if none.
+  bool EncodeNext();
+  // Whether a staged snapshot waits for EncodeNext.
+  bool HasStaged();
+
+  // Failure path (ordinary context): appends every encoded snapshot, oldest
+  // first, through writer->Append (indexed, blob-deduplicated). Returns the
+  // number of snapshots written.
+  absl::StatusOr<uint64_t> WriteAll(CaptureWriter* writer);
+
+  // Signal handler: appends every encoded snapshot with write(2) only.
+  void WriteForSignal(CaptureWriter* writer) noexcept;
+
+  uint64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
+  uint64_t encoded() const { return encoded_count_.load(std::memory_order_relaxed); }
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  uint64_t bytes_dropped() const { return bytes_dropped_.load(std::memory_order_relaxed); }
+  uint64_t staged_bytes() const { return staged_bytes_.load(std::memory_order_relaxed); }
+  uint64_t encoded_bytes() const { return encoded_bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  struct StagedTensor {
+    std::string name;
+    DType dtype = DType::kU8;
+    std::vector<int64_t> shape;
+    uint64_t offset = 0;  // in the arena
+    uint64_t size = 0;
+  };
+  enum class StageState : uint8_t { kFilling, kStaged, kEncoding };
+  struct Staged {
+    StageState state = StageState::kFilling;
+    uint64_t step = 0;
+    uint64_t begin = 0, size = 0;  // arena region
+    std::vector<StagedTensor> tensors;
+    size_t num_tensors = 0;  // tensors[0..num_tensors) are live (capacity reused)
+  };
+  enum SlotState : int { kFree = 0, kReady = 1, kWriting = 2 };
+  struct EncodedSlot {
+    std::atomic<int> state{kFree};
+    uint64_t seq = 0;
+    uint64_t step = 0;
+    uint64_t bytes = 0;
+    std::vector<EncodedFrame> frames;
+  };
+
+  bool AllocLocked(uint64_t n, uint64_t* offset);
+  void CountDrop(uint64_t bytes);
+  Staged& StagedAt(size_t i) { return staged_[(staged_first_ + i) % staged_.size()]; }
+
+  const uint64_t budget_;
+  const uint32_t rank_;
+  const BlobEncodeOptions blob_;
+  std::unique_ptr<std::byte[]> arena_;
+
+  std::mutex mu_;  // guards the staging FIFO (never held during memcpy or encoding)
+  std::vector<Staged> staged_;
+  size_t staged_first_ = 0, staged_count_ = 0;
+
+  std::vector<EncodedSlot> slots_;
+  uint64_t next_seq_ = 1;  // encoder thread only
+
+  std::atomic<uint64_t> accepted_{0}, encoded_count_{0}, dropped_{0}, bytes_dropped_{0};
+  std::atomic<uint64_t> staged_bytes_{0}, encoded_bytes_{0};
+};
+
+}  // namespace crashreplay::capture::internal

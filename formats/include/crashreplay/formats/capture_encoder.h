@@ -1,0 +1,81 @@
+// FrameEncoder: turns one record into a self-contained, ready-to-append frame.
+//
+// An EncodedFrame's `bytes` are the frame exactly as it goes on disk (24-byte
+// header with checksum, then the payload), so appending it needs nothing but
+// write(2) — see CaptureWriter::AppendEncodedFrame, which a fatal-signal
+// handler may call. Encoding allocates and may take long (zstd on a large
+// tensor), so the recorder does it on a background thread, off the serving
+// step. Stateless and thread-safe: any thread may encode at any time.
+// Errors: record encoding returns InvalidArgument when Cap'n Proto refuses
+// the record (a list over 2^29 elements); blob encoding cannot fail.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "crashreplay/formats/blob_codec.h"
+#include "crashreplay/formats/capture_format.h"
+#include "crashreplay/formats/capture_records.h"
+#include "crashreplay/formats/hash.h"
+
+namespace crashreplay {
+
+struct EncodedFrame {
+  uint16_t type = 0;
+  std::vector<unsigned char> bytes;  // header + payload
+  Hash128 blob_hash;                 // blob frames: the content address
+  uint64_t raw_size = 0;             // blob frames: decoded bytes
+  uint64_t step = 0;                 // step/snapshot/weight-check frames (for the index)
+};
+
+class FrameEncoder {
+ public:
+  static absl::StatusOr<EncodedFrame> Encode(const SessionManifest& manifest);  // sets the format version
+  static absl::StatusOr<EncodedFrame> Encode(const WeightHashesRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const StepRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const SnapshotRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const WeightCheckRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const DroppedSnapshotsRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const FailureRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const IndexRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const EndRecord& record);
+
+  // A blob frame for `raw`, whose XXH3-128 the caller computed (XXH128Of) to
+  // look for a duplicate first. element_size: 2 for bf16/fp16 enables the
+  // byte-plane shuffle; 0 or 1 disables it.
+  static EncodedFrame EncodeBlob(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
+                                 const BlobEncodeOptions& options = {});
+  static EncodedFrame EncodeBlob(std::span<const std::byte> raw, size_t element_size,
+                                 const BlobEncodeOptions& options = {});
+
+  // Any payload under any type and flags; for record types added later and
+  // for tests of the forward-compatibility rule.
+  static EncodedFrame EncodeRaw(uint16_t type, uint16_t flags, std::span<const unsigned char> payload);
+};
+
+// A failure frame encoded ahead of time whose signal number, step and
+// timestamp can be filled in from a fatal-signal handler. Create() encodes
+// `base` (reason, stage, rank, class ...) off the hot path and finds where
+// those fields sit in the bytes by encoding sentinels; Fill() is
+// async-signal-safe: it stores integers into the buffer and recomputes the
+// frame checksum with a stack-allocated hash state. No lock, no allocation.
+// One buffer: a handler that may run on several threads at once must guard
+// Fill() with an atomic flag of its own.
+class PreparedFailureFrame {
+ public:
+  static absl::StatusOr<PreparedFailureFrame> Create(const FailureRecord& base);
+
+  // Sets the fields and returns the complete frame (valid until the next
+  // Fill). step < 0 records "step unknown".
+  std::span<const unsigned char> Fill(int32_t signal, int64_t step, int64_t timestamp_nanos) noexcept;
+
+ private:
+  std::vector<unsigned char> bytes_;
+  size_t signal_at_ = 0, step_at_ = 0, timestamp_at_ = 0, has_step_byte_ = 0;
+  unsigned char has_step_mask_ = 0;
+};
+
+}  // namespace crashreplay

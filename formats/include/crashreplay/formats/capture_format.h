@@ -1,0 +1,143 @@
+// Byte layout of the capture container: file header, frame header, record
+// types, blob payload header and the reader's limits.
+//
+// docs/formats/capture.md is the normative description; this header is its
+// executable form. All integers are little-endian. Pure functions over byte
+// buffers, thread-safe, no allocation (ParseFrameHeader is usable on any
+// bytes, including hostile ones: it only reads kFrameHeaderSize bytes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "crashreplay/formats/hash.h"
+
+namespace crashreplay {
+
+// ---- file header (32 bytes) ------------------------------------------------
+//   0  8  magic "\x89CRCAP\r\n" (binary-safe, detects text-mode mangling)
+//   8  2  major version
+//  10  2  minor version
+//  12  4  flags, reserved, must be zero
+//  16  8  reserved, must be zero
+//  24  8  XXH3-64 of bytes 0..23
+inline constexpr char kCaptureMagic[8] = {'\x89', 'C', 'R', 'C', 'A', 'P', '\r', '\n'};
+inline constexpr size_t kFileHeaderSize = 32;
+inline constexpr uint16_t kCaptureMajorVersion = 1;
+inline constexpr uint16_t kCaptureMinorVersion = 0;
+
+// ---- frame header (24 bytes) -----------------------------------------------
+//   0  4  frame marker "CRfr"
+//   4  2  record type (RecordType)
+//   6  2  flags: bit 0 = skippable; other bits reserved, must be zero
+//   8  8  payload length in bytes
+//  16  8  XXH3-64 (seed 0) of header bytes 4..15 followed by the payload
+inline constexpr char kFrameMarker[4] = {'C', 'R', 'f', 'r'};
+inline constexpr size_t kFrameHeaderSize = 24;
+inline constexpr uint16_t kFrameFlagSkippable = 1u << 0;
+inline constexpr uint16_t kFrameFlagsKnown = kFrameFlagSkippable;
+
+enum class RecordType : uint16_t {
+  kManifest = 1,       // SessionManifest, exactly one, the first frame
+  kStep = 2,           // StepRecord
+  kBlob = 3,           // binary blob payload (below)
+  kSnapshot = 4,       // SnapshotRecord
+  kFailure = 5,        // FailureRecord
+  kWeightCheck = 6,    // WeightCheckRecord
+  kDropped = 7,        // DroppedSnapshotsRecord
+  kWeightHashes = 8,   // WeightHashesRecord
+  kIndex = 9,          // IndexRecord, written by a clean close
+  kEnd = 10,           // EndRecord, the last frame of a cleanly closed file
+};
+inline constexpr uint16_t kMaxKnownRecordType = 10;
+
+const char* RecordTypeName(uint16_t type);  // "step", ..., "unknown"
+
+struct FrameHeader {
+  uint16_t type = 0;
+  uint16_t flags = 0;
+  uint64_t payload_size = 0;
+  uint64_t checksum = 0;
+};
+
+// Writes the 24 header bytes for `payload`, checksum included.
+void EncodeFrameHeader(uint16_t type, uint16_t flags, const void* payload, size_t payload_size,
+                       unsigned char out[kFrameHeaderSize]);
+// Reads the fields; false if the marker is wrong (nothing else is checked).
+bool ParseFrameHeader(const unsigned char in[kFrameHeaderSize], FrameHeader* out);
+// The checksum a frame with this header and payload must carry.
+uint64_t FrameChecksum(const unsigned char header[kFrameHeaderSize], const void* payload,
+                       size_t payload_size);
+
+void EncodeFileHeader(unsigned char out[kFileHeaderSize]);
+// Checks magic, checksum, reserved fields and version; the error names what
+// is wrong (Unimplemented for a newer major version, DataLoss otherwise).
+absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* major,
+                             uint16_t* minor);
+
+// ---- blob payload ----------------------------------------------------------
+//   0  1  codec: 0 none, 1 zstd
+//   1  1  transform: 0 none, 1 byte-plane shuffle
+//   2  1  element size of the shuffle (2 for bf16/fp16), else 0
+//   3  5  reserved, must be zero
+//   8  8  raw (decoded) length
+//  16 16  XXH3-128 of the raw bytes: high 8 bytes, then low 8 bytes
+//  32  .  encoded bytes
+inline constexpr size_t kBlobHeaderSize = 32;
+enum class BlobCodec : uint8_t { kNone = 0, kZstd = 1 };
+enum class BlobTransform : uint8_t { kNone = 0, kBytePlaneShuffle = 1 };
+
+struct BlobHeader {
+  BlobCodec codec = BlobCodec::kNone;
+  BlobTransform transform = BlobTransform::kNone;
+  uint8_t element_size = 0;
+  uint64_t raw_size = 0;
+  Hash128 hash;
+};
+void EncodeBlobHeader(const BlobHeader& h, unsigned char out[kBlobHeaderSize]);
+// Validates codec/transform/reserved bytes; DataLoss naming the field.
+absl::Status ParseBlobHeader(const unsigned char* data, size_t size, BlobHeader* out);
+
+// ---- limits a reader enforces ---------------------------------------------
+struct CaptureLimits {
+  uint64_t max_structured_payload = 64ull << 20;   // one capnp record
+  uint64_t max_blob_raw_size = 8ull << 30;         // one decoded blob
+  uint64_t max_total_decoded = 256ull << 30;       // all blobs one reader decodes
+  uint64_t max_records = 1ull << 26;
+  uint64_t traversal_limit_words = 16ull << 20;    // capnp, per message (128 MiB)
+  int nesting_limit = 16;                          // capnp; the schema needs 5
+};
+
+// The file name of a rank inside a session directory: "rank-00003.crcap".
+std::string CaptureFileNameForRank(uint32_t rank);
+inline constexpr std::string_view kCaptureFileSuffix = ".crcap";
+
+// Little-endian helpers (the format is LE on every host).
+inline void StoreLE16(unsigned char* p, uint16_t v) {
+  p[0] = static_cast<unsigned char>(v);
+  p[1] = static_cast<unsigned char>(v >> 8);
+}
+inline void StoreLE32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline void StoreLE64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline uint16_t LoadLE16(const unsigned char* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+inline uint32_t LoadLE32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+inline uint64_t LoadLE64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace crashreplay

@@ -1,0 +1,146 @@
+#include "crashreplay/formats/blob_codec.h"
+
+#include <zstd.h>
+
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+
+namespace crashreplay {
+
+void ShuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigned char* out) {
+  const size_t n = size / k;
+  if (k == 2) {  // the common case (bf16/fp16), kept simple enough to vectorise
+    unsigned char* lo = out;
+    unsigned char* hi = out + n;
+    for (size_t i = 0; i < n; ++i) {
+      lo[i] = in[2 * i];
+      hi[i] = in[2 * i + 1];
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t p = 0; p < k; ++p) out[p * n + i] = in[i * k + p];
+    }
+  }
+  if (size > n * k) std::memcpy(out + n * k, in + n * k, size - n * k);
+}
+
+void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigned char* out) {
+  const size_t n = size / k;
+  if (k == 2) {
+    const unsigned char* lo = in;
+    const unsigned char* hi = in + n;
+    for (size_t i = 0; i < n; ++i) {
+      out[2 * i] = lo[i];
+      out[2 * i + 1] = hi[i];
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t p = 0; p < k; ++p) out[i * k + p] = in[p * n + i];
+    }
+  }
+  if (size > n * k) std::memcpy(out + n * k, in + n * k, size - n * k);
+}
+
+std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash,
+                                             size_t element_size, const BlobEncodeOptions& options,
+                                             size_t headroom) {
+  const auto* src = reinterpret_cast<const unsigned char*>(raw.data());
+  const size_t size = raw.size();
+  BlobHeader header;
+  header.raw_size = size;
+  header.hash = hash;
+
+  std::vector<unsigned char> shuffled;
+  const unsigned char* to_compress = src;
+  const bool shuffle = options.byte_plane_shuffle && element_size >= 2 && element_size <= 16 &&
+                       size >= element_size;
+  if (shuffle) {
+    shuffled.resize(size);
+    ShuffleBytePlanes(src, size, element_size, shuffled.data());
+    to_compress = shuffled.data();
+  }
+
+  const size_t front = headroom + kBlobHeaderSize;
+  std::vector<unsigned char> out(front + ZSTD_compressBound(size));
+  const size_t csize = ZSTD_compress(out.data() + front, out.size() - front, to_compress, size,
+                                     options.zstd_level);
+  const bool use_zstd = !ZSTD_isError(csize) &&
+                        static_cast<double>(csize) <= static_cast<double>(size) * (1.0 - options.min_saving);
+  if (use_zstd) {
+    header.codec = BlobCodec::kZstd;
+    if (shuffle) {
+      header.transform = BlobTransform::kBytePlaneShuffle;
+      header.element_size = static_cast<uint8_t>(element_size);
+    }
+    out.resize(front + csize);
+  } else {
+    // Stored as is, unshuffled: a reader then needs no work at all.
+    header.codec = BlobCodec::kNone;
+    out.resize(front + size);
+    if (size > 0) std::memcpy(out.data() + front, src, size);
+  }
+  EncodeBlobHeader(header, out.data() + headroom);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::byte>> DecodeBlobPayload(const unsigned char* payload, size_t size,
+                                                         uint64_t max_raw_size) {
+  BlobHeader h;
+  if (absl::Status s = ParseBlobHeader(payload, size, &h); !s.ok()) return s;
+  if (h.raw_size > max_raw_size) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "blob %s declares %d decoded bytes, over the reader's cap of %d (raise CaptureLimits."
+        "max_blob_raw_size if the file is trusted)",
+        h.hash.Hex(), h.raw_size, max_raw_size));
+  }
+  const unsigned char* body = payload + kBlobHeaderSize;
+  const size_t body_size = size - kBlobHeaderSize;
+  std::vector<std::byte> out;
+  if (h.codec == BlobCodec::kNone) {
+    out.resize(body_size);
+    if (body_size > 0) std::memcpy(out.data(), body, body_size);
+  } else {
+    // zstd's frame header states the content size; it must match what the
+    // blob header declared, so a small frame cannot claim a huge output
+    // (and a huge output cannot hide behind a small declared size).
+    const unsigned long long content = ZSTD_getFrameContentSize(body, body_size);
+    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN) {
+      return absl::DataLossError(absl::StrFormat("blob %s: zstd frame header is invalid or does not state its decoded size", h.hash.Hex()));
+    }
+    if (content != h.raw_size) {
+      return absl::DataLossError(absl::StrFormat(
+          "blob %s: zstd frame says %d decoded bytes, the blob header %d", h.hash.Hex(), content, h.raw_size));
+    }
+    const bool shuffled = h.transform == BlobTransform::kBytePlaneShuffle;
+    out.resize(h.raw_size);
+    std::vector<unsigned char> scratch(shuffled ? h.raw_size : 0);
+    unsigned char* dst = shuffled ? scratch.data() : reinterpret_cast<unsigned char*>(out.data());
+    std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+    if (!dctx) return absl::ResourceExhaustedError("cannot allocate a zstd decompression context");
+    // Bound the window so a hostile frame cannot make zstd allocate more
+    // than the output itself needs (plus its default 128 MiB ceiling).
+    ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, 27);
+    const size_t got = ZSTD_decompressDCtx(dctx.get(), dst, h.raw_size, body, body_size);
+    if (ZSTD_isError(got)) {
+      return absl::DataLossError(absl::StrFormat("blob %s: zstd cannot decode it (%s)", h.hash.Hex(),
+                                                 ZSTD_getErrorName(got)));
+    }
+    if (got != h.raw_size) {
+      return absl::DataLossError(absl::StrFormat("blob %s: decoded %d bytes, the header declares %d",
+                                                 h.hash.Hex(), got, h.raw_size));
+    }
+    if (shuffled) {
+      UnshuffleBytePlanes(scratch.data(), scratch.size(), h.element_size,
+                          reinterpret_cast<unsigned char*>(out.data()));
+    }
+  }
+  const Hash128 actual = XXH128Of(out.data(), out.size());
+  if (actual != h.hash) {
+    return absl::DataLossError(absl::StrFormat("blob %s: decoded bytes hash to %s", h.hash.Hex(), actual.Hex()));
+  }
+  return out;
+}
+
+}  // namespace crashreplay

@@ -1,0 +1,162 @@
+#include "crashreplay/formats/capture_encoder.h"
+
+#include <cstring>
+#include <string>
+
+#include "capture_schema_codec.h"
+
+namespace crashreplay {
+namespace {
+
+EncodedFrame Frame(RecordType type, uint16_t flags, const unsigned char* payload, size_t size) {
+  EncodedFrame f;
+  f.type = static_cast<uint16_t>(type);
+  f.bytes.resize(kFrameHeaderSize + size);
+  if (size > 0) std::memcpy(f.bytes.data() + kFrameHeaderSize, payload, size);
+  EncodeFrameHeader(f.type, flags, f.bytes.data() + kFrameHeaderSize, size, f.bytes.data());
+  return f;
+}
+
+template <typename T>
+absl::StatusOr<EncodedFrame> EncodeRecord(RecordType type, const T& record, uint64_t step) {
+  absl::StatusOr<std::vector<unsigned char>> payload = internal::ToPayload(record);
+  if (!payload.ok()) return payload.status();
+  EncodedFrame f = Frame(type, 0, payload->data(), payload->size());
+  f.step = step;
+  return f;
+}
+
+}  // namespace
+
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const SessionManifest& m) {
+  return EncodeRecord(RecordType::kManifest, m, 0);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const WeightHashesRecord& r) {
+  return EncodeRecord(RecordType::kWeightHashes, r, 0);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const StepRecord& r) {
+  return EncodeRecord(RecordType::kStep, r, r.step);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const SnapshotRecord& r) {
+  return EncodeRecord(RecordType::kSnapshot, r, r.step);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const WeightCheckRecord& r) {
+  return EncodeRecord(RecordType::kWeightCheck, r, r.step);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const DroppedSnapshotsRecord& r) {
+  return EncodeRecord(RecordType::kDropped, r, r.step);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const FailureRecord& r) {
+  return EncodeRecord(RecordType::kFailure, r, r.step.value_or(0));
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const IndexRecord& r) {
+  return EncodeRecord(RecordType::kIndex, r, 0);
+}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const EndRecord& r) {
+  return EncodeRecord(RecordType::kEnd, r, 0);
+}
+
+EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
+                                      const BlobEncodeOptions& options) {
+  // The payload is built in place after room for the frame header, so a
+  // 64 MiB tensor is not copied a second time.
+  EncodedFrame f;
+  f.type = static_cast<uint16_t>(RecordType::kBlob);
+  f.blob_hash = hash;
+  f.raw_size = raw.size();
+  f.bytes = EncodeBlobPayload(raw, hash, element_size, options, kFrameHeaderSize);
+  EncodeFrameHeader(f.type, 0, f.bytes.data() + kFrameHeaderSize, f.bytes.size() - kFrameHeaderSize,
+                    f.bytes.data());
+  return f;
+}
+
+EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, size_t element_size,
+                                      const BlobEncodeOptions& options) {
+  return EncodeBlob(raw, XXH128Of(raw), element_size, options);
+}
+
+EncodedFrame FrameEncoder::EncodeRaw(uint16_t type, uint16_t flags, std::span<const unsigned char> payload) {
+  return Frame(static_cast<RecordType>(type), flags, payload.data(), payload.size());
+}
+
+namespace {
+
+// The only position of `pattern` in the frame's payload, or npos when it
+// occurs zero or several times.
+size_t FindUnique(const std::vector<unsigned char>& bytes, const unsigned char* pattern, size_t n) {
+  size_t found = std::string::npos;
+  for (size_t i = kFrameHeaderSize; i + n <= bytes.size(); ++i) {
+    if (std::memcmp(bytes.data() + i, pattern, n) == 0) {
+      if (found != std::string::npos) return std::string::npos;
+      found = i;
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+absl::StatusOr<PreparedFailureFrame> PreparedFailureFrame::Create(const FailureRecord& base) {
+  // Sentinels no real record carries; their positions in the encoding are
+  // the positions of the fields (Cap'n Proto data sections are fixed-layout).
+  constexpr int32_t kSignal = 0x5167a1ed;
+  constexpr uint64_t kStep = 0x57e9c0de57e9c0deull;
+  constexpr int64_t kTime = 0x71e571e571e571e5ll;
+  FailureRecord r = base;
+  r.signal = kSignal;
+  r.step = kStep;
+  r.timestamp_nanos = kTime;
+  absl::StatusOr<EncodedFrame> with_step = FrameEncoder::Encode(r);
+  if (!with_step.ok()) return with_step.status();
+  r.step.reset();
+  r.timestamp_nanos = kTime;
+  absl::StatusOr<EncodedFrame> without_step = FrameEncoder::Encode(r);
+  if (!without_step.ok()) return without_step.status();
+
+  PreparedFailureFrame p;
+  p.bytes_ = std::move(with_step->bytes);
+  unsigned char buf[8];
+  StoreLE32(buf, static_cast<uint32_t>(kSignal));
+  p.signal_at_ = FindUnique(p.bytes_, buf, 4);
+  StoreLE64(buf, kStep);
+  p.step_at_ = FindUnique(p.bytes_, buf, 8);
+  StoreLE64(buf, static_cast<uint64_t>(kTime));
+  p.timestamp_at_ = FindUnique(p.bytes_, buf, 8);
+  if (p.signal_at_ == std::string::npos || p.step_at_ == std::string::npos ||
+      p.timestamp_at_ == std::string::npos || without_step->bytes.size() != p.bytes_.size()) {
+    return absl::InternalError("cannot locate the fields of a failure record in its encoding");
+  }
+  // hasStep is one bit: the only difference besides the step's own bytes
+  // (and the checksum).
+  int diffs = 0;
+  for (size_t i = kFrameHeaderSize; i < p.bytes_.size(); ++i) {
+    if (i >= p.step_at_ && i < p.step_at_ + 8) continue;
+    const unsigned char d = p.bytes_[i] ^ without_step->bytes[i];
+    if (d != 0) {
+      ++diffs;
+      p.has_step_byte_ = i;
+      p.has_step_mask_ = d;
+    }
+  }
+  if (diffs != 1 || (p.has_step_mask_ & (p.has_step_mask_ - 1)) != 0) {
+    return absl::InternalError("cannot locate the hasStep bit of a failure record in its encoding");
+  }
+  return p;
+}
+
+std::span<const unsigned char> PreparedFailureFrame::Fill(int32_t signal, int64_t step,
+                                                          int64_t timestamp_nanos) noexcept {
+  unsigned char* b = bytes_.data();
+  StoreLE32(b + signal_at_, static_cast<uint32_t>(signal));
+  StoreLE64(b + step_at_, step < 0 ? 0 : static_cast<uint64_t>(step));
+  if (step < 0) {
+    b[has_step_byte_] = static_cast<unsigned char>(b[has_step_byte_] & ~has_step_mask_);
+  } else {
+    b[has_step_byte_] = static_cast<unsigned char>(b[has_step_byte_] | has_step_mask_);
+  }
+  StoreLE64(b + timestamp_at_, static_cast<uint64_t>(timestamp_nanos));
+  StoreLE64(b + 16, FrameChecksum(b, b + kFrameHeaderSize, bytes_.size() - kFrameHeaderSize));
+  return {b, bytes_.size()};
+}
+
+}  // namespace crashreplay

@@ -1,0 +1,450 @@
+#include "crashreplay/formats/capture_reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "capture_schema_codec.h"
+#include "crashreplay/base/status.h"
+#include "crashreplay/formats/blob_codec.h"
+
+namespace crashreplay {
+namespace {
+
+bool AllZero(const unsigned char* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+// Prefixes a record-level error with where it is.
+absl::Status At(const absl::Status& s, const RecordInfo& r) {
+  return absl::Status(s.code(), absl::StrFormat("record %d (%s) at byte offset %d: %s", r.index,
+                                                RecordTypeName(r.type), r.offset, s.message()));
+}
+
+}  // namespace
+
+CaptureReader::CaptureReader(std::string path, const CaptureLimits& limits)
+    : path_(std::move(path)), limits_(limits) {}
+
+CaptureReader::~CaptureReader() {
+  if (mapping_ != nullptr) ::munmap(mapping_, size_);
+}
+
+absl::StatusOr<std::unique_ptr<CaptureReader>> CaptureReader::Open(const std::string& path,
+                                                                   const CaptureLimits& limits) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrFormat("cannot open capture %s", path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(e, absl::StrFormat("cannot stat capture %s", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrFormat("%s is not a regular file", path));
+  }
+  std::unique_ptr<CaptureReader> reader(new CaptureReader(path, limits));
+  reader->size_ = static_cast<size_t>(st.st_size);
+  if (reader->size_ > 0) {
+    void* m = ::mmap(nullptr, reader->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(e, absl::StrFormat("cannot map capture %s", path));
+    }
+    reader->mapping_ = m;
+    reader->data_ = static_cast<const unsigned char*>(m);
+  }
+  ::close(fd);
+  CR_RETURN_IF_ERROR(reader->ReadHeaderAndScan());
+  return reader;
+}
+
+absl::StatusOr<std::unique_ptr<CaptureReader>> CaptureReader::FromBytes(std::span<const unsigned char> bytes,
+                                                                        const CaptureLimits& limits,
+                                                                        const std::string& name) {
+  std::unique_ptr<CaptureReader> reader(new CaptureReader(name, limits));
+  reader->owned_.assign(bytes.begin(), bytes.end());
+  reader->data_ = reader->owned_.data();
+  reader->size_ = reader->owned_.size();
+  CR_RETURN_IF_ERROR(reader->ReadHeaderAndScan());
+  return reader;
+}
+
+std::span<const unsigned char> CaptureReader::Payload(const RecordInfo& r) const {
+  return {data_ + r.offset + kFrameHeaderSize, static_cast<size_t>(r.payload_size)};
+}
+
+absl::Status CaptureReader::ReadHeaderAndScan() {
+  if (absl::Status s = CheckFileHeader(data_, size_, &major_, &minor_); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("%s: %s", path_, s.message()));
+  }
+  uint64_t pos = kFileHeaderSize;
+  auto stop = [&](absl::Status s, bool torn) {
+    scan_status_ = absl::Status(s.code(), absl::StrFormat("%s: %s", path_, s.message()));
+    scan_stop_offset_ = pos;
+    truncated_ = torn;
+  };
+  while (pos < size_) {
+    const uint64_t remaining = size_ - pos;
+    const uint64_t index = records_.size();
+    if (index >= limits_.max_records) {
+      stop(absl::ResourceExhaustedError(absl::StrFormat(
+               "more than %d records at byte offset %d; raise CaptureLimits.max_records if the file is trusted",
+               limits_.max_records, pos)),
+           false);
+      return absl::OkStatus();
+    }
+    // A tail of zeros is what some filesystems leave after a crash that
+    // extended the file without writing it: a torn tail, not corruption.
+    if (AllZero(data_ + pos, static_cast<size_t>(remaining))) {
+      stop(absl::DataLossError(absl::StrFormat(
+               "torn tail: the last %d bytes from offset %d are zeros (the writer stopped mid-record)",
+               remaining, pos)),
+           true);
+      return absl::OkStatus();
+    }
+    if (remaining < kFrameHeaderSize) {
+      stop(absl::DataLossError(absl::StrFormat(
+               "torn tail: %d bytes at offset %d, fewer than a %d-byte frame header (record %d was cut off)",
+               remaining, pos, kFrameHeaderSize, index)),
+           true);
+      return absl::OkStatus();
+    }
+    FrameHeader h;
+    if (!ParseFrameHeader(data_ + pos, &h)) {
+      stop(absl::DataLossError(absl::StrFormat("record %d at byte offset %d: no frame marker: the file is corrupt here",
+                                               index, pos)),
+           false);
+      return absl::OkStatus();
+    }
+    if (h.payload_size > remaining - kFrameHeaderSize) {
+      stop(absl::DataLossError(absl::StrFormat(
+               "torn tail: record %d (%s) at byte offset %d declares %d payload bytes but only %d remain",
+               index, RecordTypeName(h.type), pos, h.payload_size, remaining - kFrameHeaderSize)),
+           true);
+      return absl::OkStatus();
+    }
+    const unsigned char* payload = data_ + pos + kFrameHeaderSize;
+    if (FrameChecksum(data_ + pos, payload, static_cast<size_t>(h.payload_size)) != h.checksum) {
+      stop(absl::DataLossError(absl::StrFormat("record %d (%s) at byte offset %d: checksum mismatch", index,
+                                               RecordTypeName(h.type), pos)),
+           false);
+      return absl::OkStatus();
+    }
+    const RecordInfo info{index, pos, h.type, h.flags, h.payload_size};
+    if ((h.flags & ~kFrameFlagsKnown) != 0) {
+      stop(At(absl::UnimplementedError(absl::StrFormat(
+                  "frame flags 0x%04x set bits this version does not know; use a newer crashreplay", h.flags)),
+              info),
+           false);
+      return absl::OkStatus();
+    }
+    if (absl::Status s = AcceptRecord(info, {payload, static_cast<size_t>(h.payload_size)}); !s.ok()) {
+      stop(At(s, info), false);
+      return absl::OkStatus();
+    }
+    records_.push_back(info);
+    pos += kFrameHeaderSize + h.payload_size;
+  }
+  scan_stop_offset_ = pos;
+  return absl::OkStatus();
+}
+
+absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const unsigned char> payload) {
+  if (end_.has_value()) return absl::DataLossError("a record follows the end record");
+  const auto type = static_cast<RecordType>(info.type);
+  const bool known = info.type >= 1 && info.type <= kMaxKnownRecordType;
+  if (known && type != RecordType::kManifest && !manifest_.has_value()) {
+    return absl::DataLossError("the first record is not the session manifest");
+  }
+  const unsigned char* p = payload.data();
+  const size_t n = payload.size();
+  switch (type) {
+    case RecordType::kManifest: {
+      if (manifest_.has_value()) return absl::DataLossError("a second session manifest");
+      SessionManifest m;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &m));
+      manifest_ = std::move(m);
+      return absl::OkStatus();
+    }
+    case RecordType::kStep: {
+      StepRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      steps_.push_back(std::move(r));
+      return absl::OkStatus();
+    }
+    case RecordType::kBlob: {
+      BlobHeader bh;
+      CR_RETURN_IF_ERROR(ParseBlobHeader(p, n, &bh));
+      if (!blobs_.emplace(bh.hash, info.index).second) ++duplicate_blobs_;
+      return absl::OkStatus();
+    }
+    case RecordType::kSnapshot: {
+      SnapshotRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      snapshots_.push_back(std::move(r));
+      return absl::OkStatus();
+    }
+    case RecordType::kFailure: {
+      FailureRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      failures_.push_back(std::move(r));
+      return absl::OkStatus();
+    }
+    case RecordType::kWeightCheck: {
+      WeightCheckRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      weight_checks_.push_back(std::move(r));
+      return absl::OkStatus();
+    }
+    case RecordType::kDropped: {
+      DroppedSnapshotsRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      dropped_ = r;
+      return absl::OkStatus();
+    }
+    case RecordType::kWeightHashes: {
+      WeightHashesRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      weight_hashes_.push_back(std::move(r));
+      return absl::OkStatus();
+    }
+    case RecordType::kIndex: {
+      if (index_.has_value()) return absl::DataLossError("a second index record");
+      IndexRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      index_ = std::move(r);
+      index_record_ = info.index;
+      return absl::OkStatus();
+    }
+    case RecordType::kEnd: {
+      EndRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      end_ = r;
+      return absl::OkStatus();
+    }
+  }
+  if ((info.flags & kFrameFlagSkippable) != 0) {
+    ++skipped_unknown_;
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(absl::StrFormat(
+      "record type %d is not known to this version and is not marked skippable; use a newer crashreplay",
+      info.type));
+}
+
+absl::StatusOr<std::vector<std::byte>> CaptureReader::DecodeBlobAt(const RecordInfo& r,
+                                                                   bool charge_total) const {
+  const std::span<const unsigned char> payload = Payload(r);
+  BlobHeader h;
+  CR_RETURN_IF_ERROR(ParseBlobHeader(payload.data(), payload.size(), &h));
+  if (!charge_total) return DecodeBlobPayload(payload.data(), payload.size(), limits_.max_blob_raw_size);
+  // Reserve against the per-reader total before allocating anything.
+  const uint64_t before = decoded_total_.fetch_add(h.raw_size);
+  if (before + h.raw_size > limits_.max_total_decoded || before + h.raw_size < before) {
+    decoded_total_.fetch_sub(h.raw_size);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "decoding blob %s (%d bytes) would pass this reader's total cap of %d decoded bytes",
+        h.hash.Hex(), h.raw_size, limits_.max_total_decoded));
+  }
+  return DecodeBlobPayload(payload.data(), payload.size(), limits_.max_blob_raw_size);
+}
+
+absl::StatusOr<std::vector<std::byte>> CaptureReader::ReadBlob(const Hash128& hash) const {
+  auto it = blobs_.find(hash);
+  if (it == blobs_.end()) {
+    return absl::NotFoundError(absl::StrFormat("%s: no blob with hash %s", path_, hash.Hex()));
+  }
+  const RecordInfo& r = records_[it->second];
+  absl::StatusOr<std::vector<std::byte>> out = DecodeBlobAt(r, /*charge_total=*/true);
+  if (!out.ok()) {
+    const absl::Status s = At(out.status(), r);
+    return absl::Status(s.code(), absl::StrFormat("%s: %s", path_, s.message()));
+  }
+  return out;
+}
+
+CaptureSummary CaptureReader::Summary() const {
+  CaptureSummary s;
+  s.path = path_;
+  s.format_major = major_;
+  s.format_minor = minor_;
+  s.truncated = truncated_;
+  s.corrupt = !scan_status_.ok() && !truncated_;
+  if (!scan_status_.ok()) {
+    s.problem = std::string(scan_status_.message());
+    s.problem_offset = scan_stop_offset_;
+  }
+  s.ok = scan_status_.ok() && end_.has_value() && end_->ok;
+  s.records = records_.size();
+  s.steps = steps_.size();
+  std::set<uint32_t> ranks;
+  if (manifest_.has_value()) ranks.insert(manifest_->parallel.rank);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    ranks.insert(steps_[i].rank);
+    s.first_step = i == 0 ? steps_[i].step : std::min(s.first_step, steps_[i].step);
+    s.last_step = std::max(s.last_step, steps_[i].step);
+  }
+  s.ranks.assign(ranks.begin(), ranks.end());
+  s.blobs = blobs_.size();
+  s.duplicate_blobs = duplicate_blobs_;
+  for (const auto& [hash, index] : blobs_) {
+    const RecordInfo& r = records_[index];
+    s.blob_stored_bytes += r.payload_size;
+    s.blob_raw_bytes += LoadLE64(data_ + r.offset + kFrameHeaderSize + 8);
+  }
+  s.bytes = size_;
+  s.snapshots = snapshots_.size();
+  s.failures = failures_.size();
+  s.weight_checks = weight_checks_.size();
+  for (const WeightCheckRecord& w : weight_checks_) {
+    for (const WeightSlice& sl : w.slices) s.corrupt_weight_slices += sl.corrupt ? 1 : 0;
+  }
+  if (dropped_.has_value()) {
+    s.snapshots_dropped = dropped_->snapshots_dropped;
+    s.bytes_dropped = dropped_->bytes_dropped;
+  }
+  if (end_.has_value()) {
+    s.snapshots_dropped = std::max(s.snapshots_dropped, end_->snapshots_dropped);
+    s.bytes_dropped = std::max(s.bytes_dropped, end_->bytes_dropped);
+  }
+  s.skipped_unknown = skipped_unknown_;
+  return s;
+}
+
+VerifyResult CaptureReader::Verify() const {
+  VerifyResult v;
+  auto fail = [&](const absl::Status& s, uint64_t record, uint64_t offset) {
+    v.status = absl::Status(s.code(), absl::StrFormat("%s: %s", path_, s.message()));
+    v.bad_record = record;
+    v.bad_offset = offset;
+    return v;
+  };
+  absl::flat_hash_set<Hash128, Hash128Hasher> blobs_seen;
+  absl::flat_hash_map<uint64_t, uint16_t> type_at_offset;
+  // Tensors marked stored must name a blob written earlier: the recorder
+  // writes blobs first so that a crash never leaves a dangling reference.
+  auto check_tensors = [&](const std::vector<TensorDescriptor>& tensors) -> absl::Status {
+    for (const TensorDescriptor& t : tensors) {
+      if (t.stored && !blobs_seen.contains(t.content_hash)) {
+        return absl::DataLossError(absl::StrFormat("tensor '%s' is marked stored but blob %s is not before it",
+                                                   t.name, t.content_hash.Hex()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  size_t step_i = 0, snap_i = 0;
+  for (const RecordInfo& r : records_) {
+    v.records_checked = r.index;
+    type_at_offset[r.offset] = r.type;
+    absl::Status s;
+    switch (static_cast<RecordType>(r.type)) {
+      case RecordType::kBlob: {
+        // One blob at a time, released right away: Verify's memory is
+        // bounded by the per-blob cap, so it is not charged to the total.
+        absl::StatusOr<std::vector<std::byte>> bytes = DecodeBlobAt(r, /*charge_total=*/false);
+        if (!bytes.ok()) {
+          s = bytes.status();
+        } else {
+          ++v.blobs_checked;
+          BlobHeader h;
+          (void)ParseBlobHeader(Payload(r).data(), Payload(r).size(), &h);
+          blobs_seen.insert(h.hash);
+        }
+        break;
+      }
+      case RecordType::kStep:
+        s = check_tensors(steps_[step_i++].tensors);
+        break;
+      case RecordType::kSnapshot:
+        s = check_tensors(snapshots_[snap_i++].tensors);
+        break;
+      case RecordType::kIndex:
+        for (const IndexEntry& e : index_->entries) {
+          auto it = type_at_offset.find(e.offset);
+          if (it == type_at_offset.end() || it->second != e.type) {
+            s = absl::DataLossError(absl::StrFormat("index lists a %s record at offset %d that is not there",
+                                                    RecordTypeName(e.type), e.offset));
+            break;
+          }
+        }
+        for (const BlobIndexEntry& b : index_->blobs) {
+          if (!s.ok()) break;
+          auto it = blobs_.find(b.hash);
+          if (it == blobs_.end() || records_[it->second].offset != b.offset) {
+            s = absl::DataLossError(absl::StrFormat("index lists blob %s at offset %d that is not there",
+                                                    b.hash.Hex(), b.offset));
+          }
+        }
+        break;
+      case RecordType::kEnd:
+        if (const uint64_t before = index_.has_value() ? index_record_ : r.index; end_->records != before) {
+          s = absl::DataLossError(absl::StrFormat("end record counts %d records before the index, the file has %d",
+                                                  end_->records, before));
+        } else if (index_.has_value() && end_->index_offset != records_[index_record_].offset) {
+          s = absl::DataLossError(absl::StrFormat("end record says the index is at offset %d, it is at %d",
+                                                  end_->index_offset, records_[index_record_].offset));
+        } else if (index_.has_value()) {
+          // Steps and blobs count what the index lists (frames appended on
+          // the signal path are in the file but not in the index).
+          uint64_t indexed_steps = 0;
+          for (const IndexEntry& e : index_->entries) {
+            indexed_steps += e.type == static_cast<uint16_t>(RecordType::kStep);
+          }
+          if (end_->steps != indexed_steps || end_->blobs != index_->blobs.size()) {
+            s = absl::DataLossError(absl::StrFormat(
+                "end record counts %d steps and %d blobs, the index lists %d and %d", end_->steps, end_->blobs,
+                indexed_steps, index_->blobs.size()));
+          }
+        }
+        break;
+      default:
+        break;
+    }
+    if (!s.ok()) return fail(At(s, r), r.index, r.offset);
+  }
+  v.records_checked = records_.size();
+  if (!scan_status_.ok()) {
+    // scan_status_ already names the path.
+    v.status = scan_status_;
+    v.bad_record = records_.size();
+    v.bad_offset = scan_stop_offset_;
+  }
+  return v;
+}
+
+absl::StatusOr<std::vector<std::string>> ListCaptureFiles(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    return absl::NotFoundError(absl::StrFormat("%s does not exist", path));
+  }
+  if (!std::filesystem::is_directory(st)) return std::vector<std::string>{path};
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("rank-") && name.ends_with(kCaptureFileSuffix)) files.push_back(entry.path().string());
+  }
+  if (ec) return absl::ErrnoToStatus(ec.value(), absl::StrFormat("cannot list session directory %s", path));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrFormat("%s holds no rank-*.crcap capture files", path));
+  }
+  std::sort(files.begin(), files.end());  // zero-padded ranks sort numerically
+  return files;
+}
+
+}  // namespace crashreplay

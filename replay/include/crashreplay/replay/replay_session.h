@@ -1,0 +1,80 @@
+// Replay of recorded steps: rebuild the engine state by re-executing the step
+// log, then run the target step kernel by kernel and compare it with what was
+// recorded.
+//
+// A RecordedStep is what the step log holds for one scheduler step: its exact
+// inputs (batch rows, tokens, positions, page-table rows, sampling parameters
+// and RNG counters), and what came out: the step digest, the sampled tokens,
+// per-kernel output digests when the recorder took them, and the failure when
+// the step failed. StepLogRecorder is the engine-side observer that produces
+// them; the capture container stores them (capture/).
+//
+// Outcomes (ReplayReport::outcome):
+//   "reproduced" the target step ran to the end and its digest (and every
+//                recorded kernel digest) matches, or the recorded failure
+//                fired again with the same signature;
+//   "diverged"   an earlier step's digest, or a kernel digest of the target
+//                step, differs from the recording (first step and kernel named);
+//   "failed"     a failure fired that was not recorded (or with another
+//                signature).
+// Deterministic: the same log and configuration give the same report bits
+// (timings aside) on any thread count.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "crashreplay/replay/engine.h"
+
+namespace crashreplay::replay {
+
+struct RecordedStep {
+  StepInput input;
+  std::optional<Hash128> digest;                  // absent when the step failed
+  std::vector<int32_t> sampled;
+  std::vector<std::pair<std::string, Hash128>> kernel_digests;  // label -> digest, in order
+  std::optional<Fault> fault;
+};
+
+// Records every step the engine runs (inputs, digests, failure).
+class StepLogRecorder : public StepObserver {
+ public:
+  explicit StepLogRecorder(bool kernel_digests = true) : kernel_digests_(kernel_digests) {}
+  void BeforeStep(const StepInput& input) override;
+  void AfterStep(const StepProgram& program) override;
+  const std::vector<RecordedStep>& steps() const { return steps_; }
+
+ private:
+  bool kernel_digests_;
+  std::vector<RecordedStep> steps_;
+};
+
+struct ReplayReport {
+  std::string outcome;   // reproduced | diverged | failed
+  int64_t step = -1;     // the target step
+  Hash128 digest;        // the target step's digest (zero when it failed)
+  std::vector<KernelRecord> kernels;  // the target step's kernels as run
+  std::optional<Fault> fault;
+  std::string first_nonfinite;        // first kernel with a NaN/Inf output in the target step
+  int64_t diverged_step = -1;
+  std::string diverged_kernel;        // label, when a kernel digest differs
+  std::string detail;                 // one line for people
+
+  nlohmann::json ToJson() const;
+};
+
+// Replays `log` up to `target` (an index into the log) on `engine`, whose KV
+// cache must be fresh. `stop_after`: a kernel label ("L3.attention") or ""
+// (run the whole step).
+ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
+                        const std::string& stop_after = "");
+
+// Chrome/Perfetto trace ("traceEvents", complete events) of a step's kernels.
+nlohmann::json ChromeTrace(const std::vector<KernelRecord>& kernels, int64_t step);
+
+}  // namespace crashreplay::replay

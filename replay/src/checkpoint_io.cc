@@ -1,0 +1,218 @@
+#include "crashreplay/replay/checkpoint_io.h"
+
+#include <filesystem>
+#include <map>
+#include <fstream>
+#include <sstream>
+
+#include "crashreplay/base/status.h"
+#include "crashreplay/formats/checkpoint.h"
+#include "crashreplay/formats/safetensors_writer.h"
+#include "crashreplay/replay/kernels/router.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using text::Cat;
+
+RopeSpec ToRopeSpec(const RopeConfig& r) {
+  RopeSpec o;
+  o.type = std::string(RopeTypeName(r.type));
+  o.theta = r.theta;
+  o.factor = r.factor;
+  o.low_freq_factor = r.low_freq_factor;
+  o.high_freq_factor = r.high_freq_factor;
+  if (r.original_max_position_embeddings > 0) o.original_max_position = r.original_max_position_embeddings;
+  o.beta_fast = r.beta_fast;
+  o.beta_slow = r.beta_slow;
+  o.mscale = r.mscale;
+  o.mscale_all_dim = r.mscale_all_dim;
+  o.attention_factor = r.attention_factor;
+  return o;
+}
+
+absl::StatusOr<RopeType> ToRopeType(const std::string& t) {
+  if (t == "default") return RopeType::kDefault;
+  if (t == "linear") return RopeType::kLinear;
+  if (t == "llama3") return RopeType::kLlama3;
+  if (t == "yarn") return RopeType::kYarn;
+  return absl::InvalidArgumentError(Cat("RoPE type '", t, "' has no config.json spelling here"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
+  ModelSpec s;
+  s.model_type = c.model_type;
+  if (c.UsesMla()) {
+    return absl::UnimplementedError(Cat(c.source, ": ", c.model_type, " uses MLA attention (kv_lora_rank ",
+                                        c.kv_lora_rank, "), which the engine does not implement; GQA models only"));
+  }
+  if (c.shared_expert_intermediate_size > 0) {
+    return absl::UnimplementedError(Cat(c.source, ": qwen2_moe's gated shared expert is not implemented"));
+  }
+  if (c.rope.type != RopeType::kDefault && c.rope.type != RopeType::kLinear && c.rope.type != RopeType::kLlama3 &&
+      c.rope.type != RopeType::kYarn) {
+    return absl::UnimplementedError(Cat(c.source, ": RoPE type '", RopeTypeName(c.rope.type), "' is not implemented"));
+  }
+  s.hidden = c.hidden_size;
+  s.layers = c.num_hidden_layers;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.intermediate = c.intermediate_size;
+  s.vocab = c.vocab_size;
+  s.rms_eps = c.rms_norm_eps;
+  s.qk_norm = c.qk_norm;
+  s.attention_bias = c.attention_bias;
+  s.tie_embeddings = c.tie_word_embeddings;
+  s.partial_rotary_factor = c.rope.partial_rotary_factor;
+  if (c.max_position_embeddings > 0) s.max_position = c.max_position_embeddings;
+  if (c.rope.form == RopeForm::kRopeParameters) {
+    s.rope_parameters = ToRopeSpec(c.rope);
+  } else {
+    s.rope_legacy = ToRopeSpec(c.rope);
+  }
+  if (c.IsMoe()) {
+    s.num_experts = c.num_experts;
+    s.experts_per_tok = c.num_experts_per_tok;
+    s.moe_intermediate = c.model_type == "mixtral" ? c.intermediate_size : c.moe_intermediate_size;
+    s.n_shared_experts = c.n_shared_experts;
+    s.scoring = c.scoring_func;
+    s.n_group = c.n_group;
+    s.topk_group = c.topk_group;
+    s.routed_scaling_factor = c.routed_scaling_factor;
+    // Mixtral's router always renormalises over the chosen k.
+    s.norm_topk_prob = c.model_type == "mixtral" ? true : c.norm_topk_prob;
+    s.first_k_dense = c.first_k_dense_replace;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) s.moe_layer_mask.push_back(c.IsMoeLayer(static_cast<int>(l)));
+    if (s.experts_per_tok > kMaxTopK || s.num_experts > kMaxExperts || s.n_group > 4 * kMaxTopK) {
+      return absl::UnimplementedError(Cat(c.source, ": MoE routing beyond the kernels' limits (top-k <= ", kMaxTopK,
+                                          ", experts <= ", kMaxExperts, ")"));
+    }
+  }
+  switch (c.quant.method) {
+    case QuantMethod::kNone: s.quant = QuantKind::kNone; break;
+    case QuantMethod::kFp8Block:
+      s.quant = QuantKind::kFp8Block;
+      s.quant_block_rows = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[0] : 128;
+      s.quant_block_cols = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[1] : 128;
+      break;
+    case QuantMethod::kNvfp4:
+      s.quant = QuantKind::kNvfp4;
+      s.quant_block_cols = c.quant.group_size > 0 ? c.quant.group_size : 16;
+      break;
+    case QuantMethod::kMxfp4:
+      s.quant = QuantKind::kMxfp4;
+      s.quant_block_cols = 32;
+      break;
+  }
+  return s;
+}
+
+ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
+  ModelConfig c;
+  c.model_type = s.model_type;
+  static const std::map<std::string, std::string> kArch = {
+      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},   {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
+      {"glm4_moe", "Glm4MoeForCausalLM"}};
+  if (kArch.count(s.model_type)) c.architectures = {kArch.at(s.model_type)};
+  c.hidden_size = s.hidden;
+  c.intermediate_size = s.intermediate;
+  c.num_hidden_layers = s.layers;
+  c.num_attention_heads = s.heads;
+  c.num_key_value_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.vocab_size = s.vocab;
+  c.max_position_embeddings = s.max_position;
+  c.rms_norm_eps = s.rms_eps;
+  c.tie_word_embeddings = s.tie_embeddings;
+  c.attention_bias = s.attention_bias;
+  c.qk_norm = s.qk_norm;
+  c.torch_dtype = "bfloat16";
+  const RopeSpec r = s.rope_parameters ? *s.rope_parameters : s.rope_legacy.value_or(RopeSpec{});
+  c.rope.form = s.rope_parameters ? RopeForm::kRopeParameters : RopeForm::kLegacy;
+  c.rope.type = ToRopeType(r.type).value_or(RopeType::kDefault);
+  c.rope.theta = r.theta;
+  c.rope.factor = r.factor;
+  c.rope.low_freq_factor = r.low_freq_factor;
+  c.rope.high_freq_factor = r.high_freq_factor;
+  c.rope.original_max_position_embeddings = r.type == "default" ? 0 : r.original_max_position;
+  c.rope.beta_fast = r.beta_fast;
+  c.rope.beta_slow = r.beta_slow;
+  c.rope.mscale = r.mscale;
+  c.rope.mscale_all_dim = r.mscale_all_dim;
+  c.rope.attention_factor = r.attention_factor;
+  c.rope.partial_rotary_factor = s.partial_rotary_factor;
+  if (s.is_moe()) {
+    c.num_experts = s.num_experts;
+    c.num_experts_per_tok = s.experts_per_tok;
+    c.moe_intermediate_size = s.model_type == "mixtral" ? 0 : s.moe_intermediate;
+    c.n_shared_experts = s.n_shared_experts;
+    c.norm_topk_prob = s.norm_topk_prob;
+    c.scoring_func = s.scoring;
+    c.topk_method = s.scoring == "sigmoid" ? "noaux_tc" : "greedy";
+    c.n_group = s.n_group;
+    c.topk_group = s.topk_group;
+    c.routed_scaling_factor = s.routed_scaling_factor;
+    c.first_k_dense_replace = s.first_k_dense;
+  }
+  switch (s.quant) {
+    case QuantKind::kNone: break;
+    case QuantKind::kFp8Block:
+      c.quant.method = QuantMethod::kFp8Block;
+      c.quant.weight_block_size = {s.quant_block_rows, s.quant_block_cols};
+      c.quant.fmt = "e4m3";
+      c.quant.activation_scheme = "dynamic";
+      break;
+    case QuantKind::kNvfp4:
+      c.quant.method = QuantMethod::kNvfp4;
+      c.quant.quant_algo = "NVFP4";
+      c.quant.group_size = s.quant_block_cols;
+      c.quant.ignore = {"lm_head", "model.layers.*.mlp.gate"};
+      break;
+    case QuantKind::kMxfp4:
+      c.quant.method = QuantMethod::kMxfp4;
+      c.quant.group_size = 32;
+      c.quant.ignore = {"lm_head", "model.layers.*.mlp.gate"};
+      break;
+  }
+  return c;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir) {
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(dir));
+  if (ck->config_path().empty()) return absl::NotFoundError(Cat(dir, ": no config.json"));
+  LoadedCheckpoint out;
+  CR_ASSIGN_OR_RETURN(out.config, LoadHfConfig(ck->config_path()));
+  CR_ASSIGN_OR_RETURN(out.spec, ModelSpecFromHfConfig(out.config));
+  for (const std::string& name : ck->names()) {
+    const CheckpointTensor* t = ck->Find(name);
+    CR_ASSIGN_OR_RETURN(std::span<const std::byte> data, ck->Data(name));
+    HostTensor h;
+    h.dtype = t->info->dtype;
+    h.shape = t->info->shape;
+    h.bytes.assign(reinterpret_cast<const uint8_t*>(data.data()), reinterpret_cast<const uint8_t*>(data.data()) + data.size());
+    out.tensors.emplace(name, std::move(h));
+  }
+  return out;
+}
+
+absl::Status WriteCheckpointDir(const std::string& dir, const ModelSpec& spec, const TensorSet& tensors,
+                                uint64_t max_shard_bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(Cat("cannot create ", dir, ": ", ec.message()));
+  SafetensorsWriter w;
+  w.SetMetadata("format", "pt");
+  for (const auto& [name, t] : tensors) {
+    CR_RETURN_IF_ERROR(w.Add(name, t.dtype, t.shape,
+                             std::span<const std::byte>(reinterpret_cast<const std::byte*>(t.bytes.data()), t.bytes.size())));
+  }
+  CR_RETURN_IF_ERROR(w.WriteSharded(dir, max_shard_bytes));
+  return WriteFileAtomically(dir + "/config.json", HfConfigToJson(HfConfigFromModelSpec(spec)));
+}
+
+}  // namespace crashreplay::replay

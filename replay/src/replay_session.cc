@@ -1,0 +1,136 @@
+#include "crashreplay/replay/replay_session.h"
+
+#include "text_util.h"
+
+namespace crashreplay::replay {
+
+using text::Cat;
+
+void StepLogRecorder::BeforeStep(const StepInput& input) {
+  RecordedStep s;
+  s.input = input;
+  steps_.push_back(std::move(s));
+}
+
+void StepLogRecorder::AfterStep(const StepProgram& p) {
+  RecordedStep& s = steps_.back();
+  if (kernel_digests_) {
+    for (const KernelRecord& k : p.records()) {
+      if (!k.failed) s.kernel_digests.emplace_back(k.label, k.digest);
+    }
+  }
+  if (p.fault()) {
+    s.fault = p.fault();
+    return;
+  }
+  s.digest = p.Digest();
+  s.sampled = p.SampledTokens();
+}
+
+nlohmann::json ReplayReport::ToJson() const {
+  nlohmann::json j;
+  j["outcome"] = outcome;
+  j["step"] = step;
+  j["digest"] = digest.Hex();
+  j["kernels"] = nlohmann::json::array();
+  for (const KernelRecord& k : kernels) j["kernels"].push_back(KernelRecordToJson(k));
+  if (fault) {
+    j["fault"] = fault->ToJson();
+    j["signature"] = j["fault"]["signature"];
+  }
+  j["first_nonfinite_kernel"] = first_nonfinite;
+  if (diverged_step >= 0) j["diverged"] = {{"step", diverged_step}, {"kernel", diverged_kernel}};
+  j["detail"] = detail;
+  return j;
+}
+
+ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
+                        const std::string& stop_after) {
+  ReplayReport rep;
+  rep.step = target;
+  if (engine.plan().fault) {
+    rep.outcome = "failed";
+    rep.fault = engine.plan().fault;
+    rep.detail = rep.fault->message;
+    return rep;
+  }
+  // Rebuild the KV cache: re-execute every earlier step as recorded.
+  for (int64_t i = 0; i < target; ++i) {
+    auto prog = engine.Prepare(log[i].input);
+    prog->RunAll();
+    if (prog->fault()) {
+      rep.outcome = "failed";
+      rep.fault = prog->fault();
+      rep.kernels = prog->records();
+      rep.first_nonfinite = prog->first_nonfinite();
+      rep.detail = Cat("step ", i, " failed while rebuilding the state of step ", target, ": ", rep.fault->message);
+      return rep;
+    }
+    if (log[i].digest && prog->Digest() != *log[i].digest && rep.diverged_step < 0) {
+      rep.diverged_step = i;
+    }
+  }
+  const RecordedStep& rec = log[target];
+  auto prog = engine.Prepare(rec.input);
+  size_t next_digest = 0;
+  while (!prog->done()) {
+    prog->RunNext();
+    const KernelRecord& k = prog->records().back();
+    // Kernel digests are compared in order; the first mismatch names where
+    // the step went another way.
+    if (!k.failed && next_digest < rec.kernel_digests.size() && rec.kernel_digests[next_digest].first == k.label) {
+      if (rec.kernel_digests[next_digest].second != k.digest && rep.diverged_kernel.empty()) {
+        rep.diverged_kernel = k.label;
+      }
+      next_digest += 1;
+    }
+    if (!stop_after.empty() && k.label == stop_after) break;
+  }
+  rep.kernels = prog->records();
+  rep.first_nonfinite = prog->first_nonfinite();
+  rep.fault = prog->fault();
+  if (!rep.fault && prog->done()) rep.digest = prog->Digest();
+  if (rep.fault) {
+    const bool same = rec.fault && rec.fault->Signature() == rep.fault->Signature();
+    rep.outcome = same ? "reproduced" : "failed";
+    rep.detail = same ? Cat("the recorded failure fired again: ", rep.fault->message) : rep.fault->message;
+    return rep;
+  }
+  if (rec.fault) {
+    rep.outcome = "diverged";
+    if (rep.diverged_step < 0) rep.diverged_step = target;
+    rep.detail = Cat("the recorded failure ", rec.fault->Signature(), " did not fire");
+    return rep;
+  }
+  const bool step_differs = prog->done() && rec.digest && rep.digest != *rec.digest;
+  if (rep.diverged_step >= 0 || !rep.diverged_kernel.empty() || step_differs) {
+    rep.outcome = "diverged";
+    if (rep.diverged_step < 0) rep.diverged_step = target;
+    rep.detail = Cat("first divergence at step ", rep.diverged_step,
+                     rep.diverged_kernel.empty() ? std::string() : Cat(", kernel ", rep.diverged_kernel));
+    return rep;
+  }
+  rep.outcome = "reproduced";
+  rep.detail = prog->done() ? "every output matches the recording" : Cat("matches up to ", stop_after);
+  return rep;
+}
+
+nlohmann::json ChromeTrace(const std::vector<KernelRecord>& kernels, int64_t step) {
+  nlohmann::json events = nlohmann::json::array();
+  double ts = 0;
+  for (const KernelRecord& k : kernels) {
+    events.push_back({{"name", k.label},
+                      {"cat", k.name},
+                      {"ph", "X"},
+                      {"ts", ts},
+                      {"dur", k.micros},
+                      {"pid", 1},
+                      {"tid", 1},
+                      {"args", {{"step", step}, {"nan", k.nan}, {"inf", k.inf}, {"digest", k.digest.Hex()},
+                                {"failed", k.failed}}}});
+    ts += k.micros;
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+}  // namespace crashreplay::replay

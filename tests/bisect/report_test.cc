@@ -1,0 +1,126 @@
+// Reports and progress output, from a real search whose trials produce
+// per-kernel tables (written with the signature, as an external command may).
+#include "crashreplay/bisect/report.h"
+
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace crashreplay::bisect {
+namespace {
+
+using testing::ReadFile;
+using testing::TempDir;
+using testing::WriteTrialScript;
+
+// With t2 on, attention in layer 1 produces NaN and the run fails non-finite.
+std::string KernelScript(const TempDir& dir) {
+  return WriteTrialScript(
+      dir, "kern.sh",
+      "row() { printf '{\"name\":\"%s\",\"layer\":%s,\"numel\":64,\"nan_count\":%s,\"inf_count\":0,\"digest\":\"%s\",\"max_abs\":%s}' \"$@\"; }\n"
+      "if on t2; then nan=5; dig=bad; mx=9.0; else nan=0; dig=ok; mx=1.0; fi\n"
+      "k=\"[$(row embedding -1 0 e 1.0),$(row attention 0 0 a0 2.0),$(row attention 1 $nan $dig $mx),$(row lm_head -1 $nan $dig $mx)]\"\n"
+      "if on t2; then\n"
+      "  printf '{\"signature\":{\"class\":\"non_finite\",\"stage\":\"decode\",\"kernel\":\"sampling\",\"check\":\"probs_finite\"},\"kernels\":%s}' \"$k\" > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
+      "  exit 1\n"
+      "fi\n"
+      "printf '{\"signature\":{\"class\":\"none\"},\"kernels\":%s}' \"$k\" > \"$CRASHREPLAY_SIGNATURE_OUT\"\nexit 0");
+}
+
+BisectReport Search(const TempDir& dir) {
+  CommandTrialRunner runner({{KernelScript(dir)}, {}, dir.path(), {}});
+  Progress progress(stderr, false, true);
+  Scheduler s(runner, {}, &progress);
+  auto [good, bad] = testing::BoolToggles(6);
+  BisectOptions o;
+  o.good = good;
+  o.bad = bad;
+  o.workdir = dir.path();
+  return RunBisect(s, o, &progress);
+}
+
+TEST(Report, FirstBadKernelComesFromTheTrialsKernelTables) {
+  TempDir dir;
+  BisectReport r = Search(dir);
+  ASSERT_EQ(r.status, BisectStatus::kCulpritFound);
+  ASSERT_TRUE(r.first_bad_kernel.has_value());
+  EXPECT_EQ(r.first_bad_kernel->reason, KernelFinding::Reason::kNonFinite);
+  EXPECT_EQ(r.first_bad_kernel->test.name, "attention");
+  EXPECT_EQ(r.first_bad_kernel->test.layer, 1);
+  const std::string text = ReportText(r);
+  EXPECT_NE(text.find("first bad kernel: kernel #2 attention (layer 1) goes non-finite"), std::string::npos) << text;
+  EXPECT_NE(text.find("t2 = true"), std::string::npos);
+  EXPECT_NE(text.find("reproduce:"), std::string::npos);
+}
+
+TEST(Report, JsonHasTheDocumentedKeys) {
+  TempDir dir;
+  const nlohmann::json j = ReportJson(Search(dir));
+  EXPECT_EQ(j["status"], "culprit_found");
+  EXPECT_EQ(j["culprit"], (nlohmann::json{{"t2", true}}));
+  EXPECT_EQ(j["culprit_good"], (nlohmann::json{{"t2", false}}));
+  EXPECT_EQ(j["target_signature"]["class"], "non_finite");
+  EXPECT_EQ(j["target_signature"]["kernel"], "sampling");
+  EXPECT_TRUE(j["trials"].is_number_integer());
+  EXPECT_TRUE(j["other_findings"].is_array());
+  EXPECT_EQ(j["first_bad_kernel"]["kernel"], "attention");
+  EXPECT_NE(j["reproduce"].get<std::string>().find("culprit.toml"), std::string::npos);
+  ASSERT_TRUE(j["history"].is_array());
+  EXPECT_EQ(j["history"].size(), static_cast<size_t>(j["trials"].get<int>()));
+  EXPECT_EQ(j["history"][0]["changes"], "(good configuration)");
+}
+
+TEST(Report, HtmlIsSelfContainedWithHistoryAndKernelChart) {
+  TempDir dir;
+  BisectReport r = Search(dir);
+  const std::string html = ReportHtml(r);
+  EXPECT_EQ(html.rfind("<!doctype html>", 0), 0u);
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("class='nonfinite first'"), std::string::npos);  // the first bad kernel's bar
+  EXPECT_NE(html.find("<table id='hist'>"), std::string::npos);
+  // Nothing is fetched: no external scripts, styles, images or fonts.
+  for (const char* forbidden : {"src=", "<link", "@import", "url(", "https://"}) {
+    EXPECT_EQ(html.find(forbidden), std::string::npos) << forbidden;
+  }
+}
+
+TEST(Progress, PlainLinesWhenNotATerminalAndRedrawOnOne) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  {
+    Progress p(f, /*live=*/false);
+    p.SetPhase("isolate");
+    p.TrialStarted(1, "{a=1}");
+    p.TrialFinished(1, "{a=1}", "good");
+    p.SetCandidates("2 of 5 changes");
+  }
+  std::fflush(f);
+  std::string plain(buf, len);
+  EXPECT_EQ(plain.find('\r'), std::string::npos);
+  EXPECT_NE(plain.find("bisect: trial 1 good: {a=1}\n"), std::string::npos);
+  EXPECT_NE(plain.find("candidates now: 2 of 5 changes"), std::string::npos);
+  std::fclose(f);
+  std::free(buf);
+
+  buf = nullptr;
+  f = open_memstream(&buf, &len);
+  {
+    Progress p(f, /*live=*/true);
+    p.SetPhase("isolate");
+    p.TrialStarted(1, "{a=1}");
+    p.SetCandidates("2 of 5 changes");
+    p.Finish();
+  }
+  std::fflush(f);
+  std::string live(buf, len);
+  EXPECT_NE(live.find("\r\033[K[bisect isolate] trials 0 done, 1 running | candidates: 2 of 5 changes"),
+            std::string::npos);
+  std::fclose(f);
+  std::free(buf);
+}
+
+}  // namespace
+}  // namespace crashreplay::bisect

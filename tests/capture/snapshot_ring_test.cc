@@ -1,0 +1,141 @@
+// The snapshot ring's policy, driven directly (no encoder thread, so every
+// drop is deterministic), and the recorder's snapshots read back.
+#include <gtest/gtest.h>
+
+#include "crashreplay/capture/recorder.h"
+#include "crashreplay/formats/capture_reader.h"
+#include "crashreplay/formats/capture_writer.h"
+#include "recorder_test_util.h"
+#include "snapshot_ring.h"
+
+namespace crashreplay::testing {
+namespace {
+
+using capture::TensorView;
+using capture::internal::SnapshotRing;
+
+constexpr uint64_t kBudget = 1 << 20;
+
+struct Snap {
+  std::vector<std::byte> bytes;
+  std::vector<int64_t> shape;
+  TensorView view(const char* name = "x") const {
+    return TensorView{name, DType::kU8, shape, bytes.data(), bytes.size()};
+  }
+};
+
+Snap MakeSnap(size_t n, uint32_t seed) { return Snap{RandomBytes(n, seed), {static_cast<int64_t>(n)}}; }
+
+TEST(SnapshotRing, FullStagingDropsTheOldestStagedSnapshotNotTheNew) {
+  SnapshotRing ring(kBudget, 16, 0, {});
+  const Snap a = MakeSnap(400 << 10, 1), b = MakeSnap(400 << 10, 2), c = MakeSnap(400 << 10, 3);
+  const TensorView va = a.view(), vb = b.view(), vc = c.view();
+  ASSERT_TRUE(ring.Submit(1, {&va, 1}).ok());
+  ASSERT_TRUE(ring.Submit(2, {&vb, 1}).ok());
+  EXPECT_EQ(ring.dropped(), 0u);
+  ASSERT_TRUE(ring.Submit(3, {&vc, 1}).ok());  // 1200 KiB > 1 MiB: step 1 goes
+  EXPECT_EQ(ring.dropped(), 1u);
+  EXPECT_EQ(ring.bytes_dropped(), 400u << 10);
+  EXPECT_EQ(ring.staged_bytes(), 800u << 10);
+  EXPECT_EQ(ring.accepted(), 3u);
+}
+
+TEST(SnapshotRing, SnapshotOverTheBudgetIsDroppedAndCounted) {
+  SnapshotRing ring(kBudget, 16, 0, {});
+  const Snap big = MakeSnap(kBudget + 1, 4);
+  const TensorView v = big.view();
+  ASSERT_TRUE(ring.Submit(1, {&v, 1}).ok());
+  EXPECT_EQ(ring.dropped(), 1u);
+  EXPECT_EQ(ring.bytes_dropped(), kBudget + 1);
+  EXPECT_FALSE(ring.HasStaged());
+}
+
+TEST(SnapshotRing, EntryLimitDropsTheOldest) {
+  SnapshotRing ring(kBudget, 2, 0, {});
+  const Snap s = MakeSnap(1024, 5);
+  const TensorView v = s.view();
+  for (uint64_t step = 0; step < 5; ++step) ASSERT_TRUE(ring.Submit(step, {&v, 1}).ok());
+  EXPECT_EQ(ring.dropped(), 3u);
+}
+
+TEST(SnapshotRing, MalformedViewIsRefusedNotDropped) {
+  SnapshotRing ring(kBudget, 4, 0, {});
+  const Snap s = MakeSnap(1024, 6);
+  const int64_t wrong_shape[] = {1000};
+  const TensorView v{"x", DType::kU8, wrong_shape, s.bytes.data(), s.bytes.size()};
+  EXPECT_EQ(ring.Submit(1, {&v, 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ring.accepted(), 0u);
+  EXPECT_EQ(ring.dropped(), 0u);
+}
+
+TEST(SnapshotRing, EncodedStoreKeepsTheMostRecentWithinTheBudgetAndWritesThemReadably) {
+  RecorderTempDir dir;
+  const std::string path = dir.path() + "/rank-00000.crcap";
+  SnapshotRing ring(kBudget, 16, 0, {});
+  std::vector<Snap> snaps;
+  for (uint32_t i = 0; i < 4; ++i) snaps.push_back(MakeSnap(400 << 10, 10 + i));  // random: incompressible
+  for (uint32_t i = 0; i < 4; ++i) {
+    const TensorView v = snaps[i].view();
+    ASSERT_TRUE(ring.Submit(i, {&v, 1}).ok());
+    ASSERT_TRUE(ring.EncodeNext());
+  }
+  EXPECT_FALSE(ring.EncodeNext());
+  // 400 KiB each, stored raw: two fit in 1 MiB, the two oldest were dropped.
+  EXPECT_EQ(ring.encoded(), 4u);
+  EXPECT_EQ(ring.dropped(), 2u);
+  EXPECT_EQ(ring.staged_bytes(), 0u);
+  auto writer = CaptureWriter::Create(path, TestManifest());
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  absl::StatusOr<uint64_t> written = ring.WriteAll(writer->get());
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, 2u);
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto r = ReadCapture(path);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->snapshots().size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(r->snapshots()[k].step, k + 2) << "oldest first";
+    const TensorDescriptor& d = r->snapshots()[k].tensors.at(0);
+    EXPECT_EQ(d.content_hash, XXH128Of(snaps[k + 2].bytes));
+    auto blob = r->ReadBlob(d.content_hash);
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_EQ(*blob, snaps[k + 2].bytes);
+  }
+  EXPECT_TRUE(r->Verify().status.ok()) << r->Verify().status;
+}
+
+TEST(SnapshotRing, CompressibleSnapshotsAreKeptCompressed) {
+  SnapshotRing ring(kBudget, 16, 0, {});
+  std::vector<std::byte> zeros(512 << 10);
+  const int64_t shape[] = {static_cast<int64_t>(zeros.size() / 2)};
+  const TensorView v{"kv", DType::kBF16, shape, zeros.data(), zeros.size()};
+  ASSERT_TRUE(ring.Submit(7, {&v, 1}).ok());
+  ASSERT_TRUE(ring.EncodeNext());
+  EXPECT_LT(ring.encoded_bytes(), 16u << 10) << "zeros compress to almost nothing";
+}
+
+TEST(RecorderSnapshots, DroppedSnapshotsAreCountedInTheCapture) {
+  RecorderTempDir dir;
+  capture::RecorderOptions o;
+  o.session_dir = dir.path();
+  o.snapshot_ring_bytes = 256 << 10;
+  o.install_signal_handlers = false;
+  auto rec = capture::Recorder::Begin(TestManifest(), o);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  const Snap big = MakeSnap(300 << 10, 1);  // over the whole budget: always dropped
+  const TensorView v = big.view();
+  for (uint64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*rec)->SubmitSnapshot(i, {&v, 1}).ok());
+    ASSERT_TRUE((*rec)->RecordStep(TestBatch(i, 4).view()).ok());
+  }
+  ASSERT_TRUE((*rec)->Close().ok());
+  auto r = ReadCapture(capture::SessionRankPath(dir.path(), 0));
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(r->dropped().has_value());
+  EXPECT_EQ(r->dropped()->snapshots_dropped, 3u);
+  EXPECT_EQ(r->dropped()->bytes_dropped, 3u * (300 << 10));
+  EXPECT_EQ(r->Summary().snapshots_dropped, 3u);
+}
+
+}  // namespace
+}  // namespace crashreplay::testing

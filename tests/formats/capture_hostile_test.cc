@@ -1,0 +1,304 @@
+// Hostile captures, kept as named files under tests/formats/data/capture/
+// (and in fuzz/corpus/capture/ as seeds): each must give a clear error and
+// keep everything before the bad record readable.
+//
+// The files are made by the builders below. To regenerate them after a
+// deliberate format change:
+//   CRASHREPLAY_REGENERATE_CAPTURES=1 build/tests/formats_test --gtest_filter='CaptureHostile.*'
+#include <capnp/any.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+#include <zstd.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include "capture_test_util.h"
+#include "crashreplay/formats/capture_encoder.h"
+
+namespace crashreplay {
+namespace {
+
+using testing::ReadFileBytes;
+using testing::TempDir;
+using testing::TestManifest;
+using testing::TestStep;
+using testing::WriteFileBytes;
+
+using Bytes = std::vector<unsigned char>;
+
+void Put(Bytes& out, const Bytes& more) { out.insert(out.end(), more.begin(), more.end()); }
+
+// File header + manifest + one valid step: the prefix every case keeps.
+Bytes ValidPrefix() {
+  Bytes out(kFileHeaderSize);
+  EncodeFileHeader(out.data());
+  Put(out, FrameEncoder::Encode(TestManifest(0))->bytes);
+  Put(out, FrameEncoder::Encode(TestStep(0, 0))->bytes);
+  return out;
+}
+
+Bytes Frame(RecordType type, const Bytes& payload) {
+  return FrameEncoder::EncodeRaw(static_cast<uint16_t>(type), 0, payload).bytes;
+}
+
+Bytes BlobPayload(const BlobHeader& h, const Bytes& body) {
+  Bytes out(kBlobHeaderSize);
+  EncodeBlobHeader(h, out.data());
+  Put(out, body);
+  return out;
+}
+
+Bytes Zstd(const Bytes& raw, bool with_content_size) {
+  Bytes out(ZSTD_compressBound(raw.size()));
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, with_content_size ? 1 : 0);
+  ZSTD_outBuffer o{out.data(), out.size(), 0};
+  ZSTD_inBuffer i{raw.data(), raw.size(), 0};
+  // Streaming without a pledged size: the frame then omits the content size
+  // when asked to.
+  if (with_content_size) ZSTD_CCtx_setPledgedSrcSize(cctx, raw.size());
+  ZSTD_compressStream2(cctx, &o, &i, ZSTD_e_end);
+  ZSTD_freeCCtx(cctx);
+  out.resize(o.pos);
+  return out;
+}
+
+// A step record whose root struct has a 300-deep chain of structs behind
+// every pointer slot.
+Bytes DeepNesting() {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<capnp::AnyPointer>().initAsAnyStruct(4, 18);
+  auto slots = root.getPointerSection();
+  for (unsigned s = 0; s < slots.size(); ++s) {
+    capnp::AnyStruct::Builder cur = slots[s].initAsAnyStruct(1, 1);
+    for (int depth = 0; depth < 300; ++depth) cur = cur.getPointerSection()[0].initAsAnyStruct(1, 1);
+  }
+  auto words = capnp::messageToFlatArray(message);
+  Bytes payload(words.asBytes().begin(), words.asBytes().end());
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, payload));
+  return out;
+}
+
+// A frame header declaring a 2^63-byte payload.
+Bytes HugeFrameLength() {
+  Bytes out = ValidPrefix();
+  Bytes frame = Frame(RecordType::kStep, Bytes(8, 0));
+  StoreLE64(frame.data() + 8, uint64_t{1} << 63);
+  Put(out, frame);
+  return out;
+}
+
+// A Cap'n Proto segment table declaring 2^32-1 words in a 16-byte message.
+Bytes HugeSegmentSize() {
+  Bytes payload(16, 0);
+  StoreLE32(payload.data(), 0);  // one segment
+  StoreLE32(payload.data() + 4, 0xffffffffu);
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, payload));
+  return out;
+}
+
+// 64 MiB of zeros in a 2 KiB zstd frame, honestly declared: over a reader's
+// cap it must be refused before allocating.
+Bytes DecompressionBomb() {
+  const Bytes zeros(64 << 20, 0);
+  BlobHeader h;
+  h.codec = BlobCodec::kZstd;
+  h.raw_size = zeros.size();
+  h.hash = XXH128Of(zeros.data(), zeros.size());
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, BlobPayload(h, Zstd(zeros, true))));
+  return out;
+}
+
+// The same frame under a blob header that declares 16 bytes.
+Bytes BombUnderDeclared() {
+  const Bytes zeros(64 << 20, 0);
+  BlobHeader h;
+  h.codec = BlobCodec::kZstd;
+  h.raw_size = 16;
+  h.hash = XXH128Of(zeros.data(), 16);
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, BlobPayload(h, Zstd(zeros, true))));
+  return out;
+}
+
+// A zstd frame that does not state its content size.
+Bytes BombNoContentSize() {
+  const Bytes zeros(1 << 20, 0);
+  BlobHeader h;
+  h.codec = BlobCodec::kZstd;
+  h.raw_size = zeros.size();
+  h.hash = XXH128Of(zeros.data(), zeros.size());
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, BlobPayload(h, Zstd(zeros, false))));
+  return out;
+}
+
+// A well-formed blob whose declared hash is not its content's.
+Bytes WrongHash() {
+  Bytes raw(4096);
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<unsigned char>(i % 13);
+  BlobHeader h;
+  h.codec = BlobCodec::kZstd;
+  h.raw_size = raw.size();
+  h.hash = XXH128Of(raw.data(), raw.size());
+  h.hash.low ^= 1;
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, BlobPayload(h, Zstd(raw, true))));
+  return out;
+}
+
+Bytes TooNewVersion() {
+  Bytes out = ValidPrefix();
+  StoreLE16(out.data() + 8, kCaptureMajorVersion + 1);
+  StoreLE64(out.data() + 24, XXH64Of(out.data(), 24));
+  return out;
+}
+
+Bytes UnknownRequiredRecord() {
+  Bytes out = ValidPrefix();
+  Put(out, FrameEncoder::EncodeRaw(4242, 0, Bytes{1, 2, 3}).bytes);
+  return out;
+}
+
+Bytes DanglingBlobReference() {
+  Bytes out = ValidPrefix();
+  SnapshotRecord snap;
+  snap.step = 0;
+  TensorDescriptor t;
+  t.name = "kv_pages";
+  t.dtype = "BF16";
+  t.content_hash = Hash128{0x1234, 0x5678};
+  t.stored = true;
+  snap.tensors = {t};
+  Put(out, FrameEncoder::Encode(snap)->bytes);
+  return out;
+}
+
+struct HostileCase {
+  const char* name;
+  std::function<Bytes()> build;
+  CaptureLimits limits;
+  // What must happen: the Open() status code when the header is refused,
+  // else the status code Verify() reports (OK never).
+  absl::StatusCode open_code;
+  absl::StatusCode verify_code;
+  const char* message;  // a substring of the error
+};
+
+CaptureLimits SmallBlobCap() {
+  CaptureLimits l;
+  l.max_blob_raw_size = 1 << 20;
+  return l;
+}
+
+std::vector<HostileCase> Cases() {
+  using C = absl::StatusCode;
+  return {
+      {"deep_nesting", DeepNesting, {}, C::kOk, C::kDataLoss, "malformed Cap'n Proto record"},
+      {"huge_frame_length", HugeFrameLength, {}, C::kOk, C::kDataLoss, "declares 9223372036854775808 payload bytes"},
+      {"huge_segment_size", HugeSegmentSize, {}, C::kOk, C::kDataLoss, "malformed Cap'n Proto record"},
+      {"decompression_bomb", DecompressionBomb, SmallBlobCap(), C::kOk, C::kResourceExhausted,
+       "over the reader's cap"},
+      {"bomb_under_declared", BombUnderDeclared, {}, C::kOk, C::kDataLoss, "zstd frame says 67108864 decoded bytes"},
+      {"bomb_no_content_size", BombNoContentSize, {}, C::kOk, C::kDataLoss, "zstd frame header is invalid"},
+      {"wrong_hash", WrongHash, {}, C::kOk, C::kDataLoss, "decoded bytes hash to"},
+      {"too_new_version", TooNewVersion, {}, C::kUnimplemented, C::kOk, "is newer than this crashreplay reads"},
+      {"unknown_required_record", UnknownRequiredRecord, {}, C::kOk, C::kUnimplemented,
+       "record type 4242 is not known"},
+      {"dangling_blob_reference", DanglingBlobReference, {}, C::kOk, C::kDataLoss, "is marked stored but blob"},
+  };
+}
+
+std::string DataDir() {
+  const char* src = std::getenv("CRASHREPLAY_SOURCE_DIR");
+  return std::string(src != nullptr ? src : ".") + "/tests/formats/data/capture";
+}
+
+TEST(CaptureHostile, RegenerateWhenAsked) {
+  if (std::getenv("CRASHREPLAY_REGENERATE_CAPTURES") == nullptr) GTEST_SKIP() << "set CRASHREPLAY_REGENERATE_CAPTURES=1";
+  std::filesystem::create_directories(DataDir());
+  for (const HostileCase& c : Cases()) WriteFileBytes(DataDir() + "/" + c.name + ".crcap", c.build());
+}
+
+TEST(CaptureHostile, EveryNamedFileGivesItsClearErrorAndKeepsThePrefix) {
+  for (const HostileCase& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    const std::string path = DataDir() + "/" + c.name + ".crcap";
+    ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing; see the top of this file";
+    auto reader = CaptureReader::Open(path, c.limits);
+    if (c.open_code != absl::StatusCode::kOk) {
+      ASSERT_FALSE(reader.ok());
+      EXPECT_EQ(reader.status().code(), c.open_code) << reader.status();
+      EXPECT_NE(reader.status().message().find(c.message), std::string_view::npos) << reader.status();
+      continue;
+    }
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    const VerifyResult v = (*reader)->Verify();
+    EXPECT_EQ(v.status.code(), c.verify_code) << v.status;
+    EXPECT_NE(v.status.message().find(c.message), std::string_view::npos) << v.status;
+    EXPECT_FALSE((*reader)->Summary().ok);
+    ASSERT_TRUE((*reader)->manifest().has_value());
+    EXPECT_EQ((*reader)->steps().size(), 1u);
+    EXPECT_GE(v.bad_offset, kFileHeaderSize);
+  }
+}
+
+TEST(CaptureHostile, NamedFilesMatchTheirBuilders) {
+  // A file that drifted from its builder would test something unnamed.
+  for (const HostileCase& c : Cases()) {
+    EXPECT_EQ(ReadFileBytes(DataDir() + "/" + c.name + ".crcap"), c.build()) << c.name;
+  }
+}
+
+TEST(CaptureHostile, NestingLimitIsEnforced) {
+  TempDir dir;
+  const std::string path = dir.File("n.crcap");
+  testing::WriteSmallCapture(path, 1, true);
+  CaptureLimits tight;
+  tight.nesting_limit = 2;  // the manifest's weight hashes sit 4 deep
+  auto reader = CaptureReader::Open(path, tight);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->scan_status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE((*reader)->scan_status().message().find("nesting"), std::string_view::npos) << (*reader)->scan_status();
+}
+
+TEST(CaptureHostile, StructuredRecordSizeLimitIsEnforcedBeforeCopying) {
+  TempDir dir;
+  const std::string path = dir.File("s.crcap");
+  testing::WriteSmallCapture(path, 1, true);
+  CaptureLimits tight;
+  tight.max_structured_payload = 64;
+  auto reader = CaptureReader::Open(path, tight);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->scan_status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*reader)->records().empty());
+}
+
+TEST(CaptureHostile, TotalDecodedBytesAreCapped) {
+  TempDir dir;
+  const std::string path = dir.File("t.crcap");
+  testing::WriteSmallCapture(path, 3, true, 4096);
+  CaptureLimits tight;
+  tight.max_total_decoded = 3 * 8192;  // three of the four 8 KiB blobs
+  auto reader = CaptureReader::Open(path, tight);
+  ASSERT_TRUE(reader.ok());
+  int ok = 0, refused = 0;
+  for (const SnapshotRecord& s : (*reader)->snapshots()) {
+    for (const TensorDescriptor& t : s.tensors) {
+      auto b = (*reader)->ReadBlob(t.content_hash);
+      if (b.ok()) ++ok;
+      else if (b.status().code() == absl::StatusCode::kResourceExhausted) ++refused;
+    }
+  }
+  EXPECT_EQ(ok, 3);
+  EXPECT_EQ(refused, 3);
+}
+
+}  // namespace
+}  // namespace crashreplay

@@ -1,0 +1,362 @@
+// Round trips through the capture container: what a writer appends, a
+// reader returns unchanged; blobs are stored once per content hash; the
+// shuffle is lossless and pays off on bf16; the version rule holds.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "capture_test_util.h"
+#include "crashreplay/formats/blob_codec.h"
+#include "crashreplay/formats/capture_encoder.h"
+
+namespace crashreplay {
+namespace {
+
+using testing::Bf16Normal;
+using testing::Describe;
+using testing::ReadFileBytes;
+using testing::TempDir;
+using testing::TestManifest;
+using testing::TestStep;
+using testing::WriteFileBytes;
+using testing::WriteSmallCapture;
+
+TEST(CaptureRoundTrip, EveryRecordKindReadsBackEqual) {
+  TempDir dir;
+  const std::string path = dir.File("c.crcap");
+  WriteSmallCapture(path, 3, /*close=*/true);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const CaptureReader& r = **reader;
+  EXPECT_TRUE(r.scan_status().ok()) << r.scan_status();
+
+  SessionManifest expected = TestManifest(0);
+  expected.format_major = kCaptureMajorVersion;
+  expected.format_minor = kCaptureMinorVersion;
+  ASSERT_TRUE(r.manifest().has_value());
+  EXPECT_EQ(*r.manifest(), expected);
+
+  ASSERT_EQ(r.steps().size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    const auto own = Bf16Normal(64, 100 + static_cast<uint32_t>(i));
+    EXPECT_EQ(r.steps()[i], TestStep(i, 0, {Describe("input_ids", own, false)}));
+  }
+  ASSERT_EQ(r.snapshots().size(), 3u);
+  ASSERT_EQ(r.weight_hashes().size(), 1u);
+  EXPECT_EQ(r.weight_hashes()[0].shards, expected.weights);
+  ASSERT_EQ(r.failures().size(), 1u);
+  EXPECT_EQ(r.failures()[0].reason, "CUDA error: device-side assert triggered");
+  EXPECT_EQ(r.failures()[0].failure_class, FailureClass::kDeviceAssert);
+  EXPECT_EQ(r.failures()[0].step, std::optional<uint64_t>(3));
+  ASSERT_EQ(r.weight_checks().size(), 1u);
+  EXPECT_EQ(r.weight_checks()[0].slices[0].byte_end, 512u);
+  ASSERT_TRUE(r.dropped().has_value());
+  EXPECT_EQ(r.dropped()->snapshots_dropped, 2u);
+
+  // Every stored tensor's bytes come back bit-exact.
+  for (const SnapshotRecord& s : r.snapshots()) {
+    for (const TensorDescriptor& t : s.tensors) {
+      auto bytes = r.ReadBlob(t.content_hash);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      EXPECT_EQ(bytes->size(), t.byte_size);
+      EXPECT_EQ(XXH128Of(bytes->data(), bytes->size()), t.content_hash);
+    }
+  }
+  const CaptureSummary sum = r.Summary();
+  EXPECT_TRUE(sum.ok);
+  EXPECT_FALSE(sum.truncated);
+  EXPECT_EQ(sum.steps, 3u);
+  EXPECT_EQ(sum.ranks, std::vector<uint32_t>{0});
+  EXPECT_EQ(sum.blobs, 4u);  // one shared + three per-step
+  EXPECT_EQ(sum.bytes, ReadFileBytes(path).size());
+  EXPECT_EQ(sum.snapshots_dropped, 2u);
+  ASSERT_TRUE(r.end().has_value());
+  EXPECT_TRUE(r.end()->ok);
+  EXPECT_TRUE(r.Verify().status.ok()) << r.Verify().status;
+}
+
+TEST(CaptureRoundTrip, SameBytesAreStoredOnceHoweverOftenReferenced) {
+  TempDir dir;
+  const std::string path = dir.File("dedup.crcap");
+  WriteSmallCapture(path, 5, /*close=*/true, /*tensor_elems=*/4096);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  size_t blob_frames = 0;
+  for (const RecordInfo& rec : (*reader)->records()) blob_frames += rec.type == static_cast<uint16_t>(RecordType::kBlob);
+  EXPECT_EQ(blob_frames, 6u);  // 5 step-own + 1 shared, referenced 5 times
+  EXPECT_EQ((*reader)->Summary().duplicate_blobs, 0u);
+  const auto shared = Bf16Normal(4096, 7);
+  int refs = 0;
+  for (const SnapshotRecord& s : (*reader)->snapshots()) {
+    for (const TensorDescriptor& t : s.tensors) refs += t.content_hash == XXH128Of(shared.data(), shared.size());
+  }
+  EXPECT_EQ(refs, 5);
+}
+
+TEST(CaptureRoundTrip, ByteShuffleIsLosslessForAnySizeAndElementSize) {
+  for (size_t k : {2u, 3u, 4u, 8u}) {
+    for (size_t n : {0u, 1u, 2u, 3u, 7u, 8u, 17u, 1000u}) {
+      std::vector<unsigned char> in(n), mid(n), out(n);
+      for (size_t i = 0; i < n; ++i) in[i] = static_cast<unsigned char>(i * 37 + k);
+      ShuffleBytePlanes(in.data(), n, k, mid.data());
+      UnshuffleBytePlanes(mid.data(), n, k, out.data());
+      EXPECT_EQ(in, out) << "k=" << k << " n=" << n;
+    }
+  }
+}
+
+TEST(CaptureRoundTrip, ByteShuffleCompressesBf16Better) {
+  const auto raw = Bf16Normal(1 << 18, 3);
+  const Hash128 h = XXH128Of(raw.data(), raw.size());
+  BlobEncodeOptions plain;
+  plain.byte_plane_shuffle = false;
+  const auto shuffled = EncodeBlobPayload(raw, h, 2, BlobEncodeOptions{});
+  const auto unshuffled = EncodeBlobPayload(raw, h, 2, plain);
+  EXPECT_LT(shuffled.size(), unshuffled.size());
+  EXPECT_EQ(shuffled[1], static_cast<unsigned char>(BlobTransform::kBytePlaneShuffle));
+  auto back = DecodeBlobPayload(shuffled.data(), shuffled.size(), 1 << 30);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, raw);
+}
+
+TEST(CaptureRoundTrip, IncompressibleBlobIsStoredRaw) {
+  std::vector<std::byte> noise(4096);
+  std::mt19937 rng(1);
+  for (auto& b : noise) b = static_cast<std::byte>(rng());
+  const auto payload = EncodeBlobPayload(noise, XXH128Of(noise.data(), noise.size()), 1, {});
+  EXPECT_EQ(payload[0], static_cast<unsigned char>(BlobCodec::kNone));
+  auto back = DecodeBlobPayload(payload.data(), payload.size(), 1 << 20);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, noise);
+}
+
+TEST(CaptureRoundTrip, WriterDestroyedWithoutCloseReadsAsNotOkButComplete) {
+  TempDir dir;
+  const std::string path = dir.File("crash.crcap");
+  WriteSmallCapture(path, 4, /*close=*/false);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const CaptureSummary sum = (*reader)->Summary();
+  EXPECT_FALSE(sum.ok);
+  EXPECT_FALSE(sum.truncated);
+  EXPECT_FALSE(sum.corrupt);
+  EXPECT_EQ(sum.steps, 4u);
+  EXPECT_EQ((*reader)->failures().size(), 1u);
+  EXPECT_TRUE((*reader)->Verify().status.ok());  // every checksum holds; it just was not closed
+}
+
+TEST(CaptureRoundTrip, SignalPathFramesAreReadableAndCounted) {
+  TempDir dir;
+  const std::string path = dir.File("sig.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(1), {});
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(TestStep(0, 1)).ok());
+  // Encoded ahead of time, appended the way a signal handler would.
+  FailureRecord f;
+  f.reason = "SIGSEGV";
+  f.signal = 11;
+  f.failure_class = FailureClass::kCrash;
+  auto frame = FrameEncoder::Encode(f);
+  ASSERT_TRUE(frame.ok());
+  const auto blob = FrameEncoder::EncodeBlob(Bf16Normal(256, 9), 2);
+  EXPECT_TRUE((*writer)->AppendEncodedFrame(blob.bytes.data(), blob.bytes.size()));
+  EXPECT_TRUE((*writer)->AppendEncodedFrame(frame->bytes.data(), frame->bytes.size()));
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->failures().size(), 1u);
+  EXPECT_EQ((*reader)->failures()[0].signal, 11);
+  EXPECT_TRUE((*reader)->HasBlob(blob.blob_hash));
+  EXPECT_TRUE((*reader)->Summary().ok);
+  EXPECT_TRUE((*reader)->Verify().status.ok()) << (*reader)->Verify().status;
+}
+
+TEST(CaptureRoundTrip, CloseTwiceAndAppendAfterCloseAreRefused) {
+  TempDir dir;
+  auto writer = CaptureWriter::Create(dir.File("x.crcap"), TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ((*writer)->Close().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*writer)->Append(TestStep(1, 0)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CaptureRoundTrip, CreateRefusesToOverwriteUnlessAsked) {
+  TempDir dir;
+  const std::string path = dir.File("x.crcap");
+  ASSERT_TRUE(CaptureWriter::Create(path, TestManifest(0), {}).ok());
+  EXPECT_EQ(CaptureWriter::Create(path, TestManifest(0), {}).status().code(), absl::StatusCode::kAlreadyExists);
+  CaptureWriterOptions o;
+  o.overwrite = true;
+  EXPECT_TRUE(CaptureWriter::Create(path, TestManifest(0), o).ok());
+}
+
+// The forward-compatibility rule: unknown record types marked skippable are
+// skipped; unknown types without the bit stop the scan with a clear message.
+TEST(CaptureCompat, UnknownSkippableRecordIsSkipped) {
+  TempDir dir;
+  const std::string path = dir.File("skip.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  const unsigned char payload[5] = {1, 2, 3, 4, 5};
+  ASSERT_TRUE((*writer)->Append(FrameEncoder::EncodeRaw(700, kFrameFlagSkippable, payload)).ok());
+  ASSERT_TRUE((*writer)->Append(TestStep(0, 0)).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_TRUE((*reader)->scan_status().ok()) << (*reader)->scan_status();
+  EXPECT_EQ((*reader)->Summary().skipped_unknown, 1u);
+  EXPECT_EQ((*reader)->steps().size(), 1u);
+  EXPECT_TRUE((*reader)->Summary().ok);
+}
+
+TEST(CaptureCompat, UnknownRequiredRecordStopsTheScanWithAClearMessage) {
+  TempDir dir;
+  const std::string path = dir.File("req.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append(TestStep(0, 0)).ok());
+  const unsigned char payload[3] = {9, 9, 9};
+  ASSERT_TRUE((*writer)->Append(FrameEncoder::EncodeRaw(700, 0, payload)).ok());
+  ASSERT_TRUE((*writer)->Append(TestStep(1, 0)).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->scan_status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE((*reader)->scan_status().message().find("record type 700 is not known"), std::string_view::npos)
+      << (*reader)->scan_status();
+  EXPECT_EQ((*reader)->steps().size(), 1u);  // the step before it survives
+  EXPECT_FALSE((*reader)->Summary().ok);
+}
+
+TEST(CaptureCompat, NewerMajorVersionIsRefusedNamingBothVersions) {
+  TempDir dir;
+  const std::string path = dir.File("v.crcap");
+  WriteSmallCapture(path, 1, true);
+  auto bytes = ReadFileBytes(path);
+  StoreLE16(bytes.data() + 8, kCaptureMajorVersion + 1);
+  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  WriteFileBytes(path, bytes);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(reader.status().message().find("version 2.0 is newer"), std::string_view::npos) << reader.status();
+  EXPECT_NE(reader.status().message().find("use a newer crashreplay"), std::string_view::npos);
+}
+
+TEST(CaptureCompat, NewerMinorVersionIsRead) {
+  TempDir dir;
+  const std::string path = dir.File("v.crcap");
+  WriteSmallCapture(path, 1, true);
+  auto bytes = ReadFileBytes(path);
+  StoreLE16(bytes.data() + 10, kCaptureMinorVersion + 3);
+  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  WriteFileBytes(path, bytes);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->Summary().format_minor, kCaptureMinorVersion + 3);
+  EXPECT_TRUE((*reader)->Summary().ok);
+}
+
+TEST(CaptureCompat, SessionDirectoryListsRankFilesInOrder) {
+  TempDir dir;
+  for (uint32_t rank : {1u, 0u, 10u}) WriteSmallCapture(dir.File(CaptureFileNameForRank(rank)), 1, true);
+  WriteFileBytes(dir.File("notes.txt"), {'x'});
+  auto files = ListCaptureFiles(dir.path());
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 3u);
+  EXPECT_EQ((*files)[0], dir.File("rank-00000.crcap"));
+  EXPECT_EQ((*files)[2], dir.File("rank-00010.crcap"));
+  TempDir empty;
+  EXPECT_EQ(ListCaptureFiles(empty.path()).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace crashreplay
+
+namespace crashreplay {
+namespace {
+
+TEST(CapturePreparedFailure, FilledFramesReadBackWithTheirSignalStepAndTime) {
+  testing::TempDir dir;
+  const std::string path = dir.File("pf.crcap");
+  auto writer = CaptureWriter::Create(path, testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  FailureRecord base;
+  base.reason = "fatal signal";
+  base.stage = "decode";
+  base.rank = 3;
+  base.failure_class = FailureClass::kCrash;
+  auto prepared = PreparedFailureFrame::Create(base);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto a = prepared->Fill(11, 41, 123456789);
+  ASSERT_TRUE((*writer)->AppendEncodedFrame(a.data(), a.size()));
+  auto b = prepared->Fill(6, -1, 987654321);
+  ASSERT_TRUE((*writer)->AppendEncodedFrame(b.data(), b.size()));
+  writer->reset();  // the process "dies": no Close
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*reader)->scan_status().ok()) << (*reader)->scan_status();
+  ASSERT_EQ((*reader)->failures().size(), 2u);
+  FailureRecord want = base;
+  want.signal = 11;
+  want.step = 41;
+  want.timestamp_nanos = 123456789;
+  EXPECT_EQ((*reader)->failures()[0], want);
+  want.signal = 6;
+  want.step.reset();
+  want.timestamp_nanos = 987654321;
+  EXPECT_EQ((*reader)->failures()[1], want);
+}
+
+}  // namespace
+}  // namespace crashreplay
+
+namespace crashreplay {
+namespace {
+
+TEST(CaptureWriterContract, ManifestIndexAndEndCannotBeAppended) {
+  testing::TempDir dir;
+  auto writer = CaptureWriter::Create(dir.File("x.crcap"), testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  auto manifest = FrameEncoder::Encode(testing::TestManifest(0));
+  ASSERT_TRUE(manifest.ok());
+  EXPECT_EQ((*writer)->Append(*manifest).code(), absl::StatusCode::kInvalidArgument);
+  auto end = FrameEncoder::Encode(EndRecord{});
+  EXPECT_EQ((*writer)->Append(*end).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CaptureWriterContract, ConcurrentAppendsFromSeveralThreadsAllReadBack) {
+  testing::TempDir dir;
+  const std::string path = dir.File("mt.crcap");
+  auto writer = CaptureWriter::Create(path, testing::TestManifest(0), {});
+  ASSERT_TRUE(writer.ok());
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const uint64_t step = static_cast<uint64_t>(t * kPerThread + i);
+        // Encoded outside the writer, as the recorder's background threads do.
+        auto frame = FrameEncoder::Encode(testing::TestStep(step, 0));
+        ASSERT_TRUE(frame.ok());
+        ASSERT_TRUE((*writer)->Append(*frame).ok());
+        // Every thread also stores the same shared blob: kept once.
+        ASSERT_TRUE((*writer)->AppendBlob(testing::Bf16Normal(512, 1), 2).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_TRUE((*reader)->Verify().status.ok()) << (*reader)->Verify().status;
+  std::set<uint64_t> steps;
+  for (const StepRecord& s : (*reader)->steps()) steps.insert(s.step);
+  EXPECT_EQ(steps.size(), static_cast<size_t>(kThreads * kPerThread));
+  EXPECT_EQ((*reader)->Summary().blobs, 1u);
+  EXPECT_EQ((*reader)->Summary().duplicate_blobs, 0u);
+}
+
+}  // namespace
+}  // namespace crashreplay

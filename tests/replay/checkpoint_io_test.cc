@@ -1,0 +1,111 @@
+// make-model's checkpoints read back into the same model: config.json and
+// safetensors round trips, and the engine gives the same bits from disk as
+// from memory.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "crashreplay/replay/checkpoint_io.h"
+#include "engine_test_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("crashreplay_replay_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+
+TEST(CheckpointIo, EveryArchRoundTripsThroughDisk) {
+  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
+    for (const char* quant : {"bf16", "fp8", "nvfp4", "mxfp4"}) {
+      MakeModelOptions o;
+      o.arch = arch;
+      o.quant = quant;
+      auto ck = GenerateRandomCheckpoint(o);
+      ASSERT_TRUE(ck.ok());
+      const std::string dir = TempDir(std::string(arch) + quant);
+      ASSERT_TRUE(WriteCheckpointDir(dir, ck->spec, ck->tensors, 64 << 10).ok());
+      auto back = LoadCheckpointDir(dir);
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->tensors.size(), ck->tensors.size());
+      for (const auto& [name, t] : ck->tensors) {
+        ASSERT_TRUE(back->tensors.count(name)) << name;
+        EXPECT_EQ(back->tensors[name].bytes, t.bytes) << name;
+        EXPECT_EQ(back->tensors[name].shape, t.shape) << name;
+      }
+      EXPECT_EQ(back->spec.model_type, ck->spec.model_type);
+      EXPECT_EQ(back->spec.num_experts, ck->spec.num_experts);
+      EXPECT_EQ(back->spec.qk_norm, ck->spec.qk_norm);
+      EXPECT_EQ(back->spec.quant, ck->spec.quant);
+      EXPECT_EQ(back->spec.scoring, ck->spec.scoring);
+      EXPECT_EQ(back->spec.rope_legacy->type, ck->spec.rope_legacy->type);
+      std::filesystem::remove_all(dir);
+    }
+  }
+}
+
+TEST(CheckpointIo, RopeConfigToggleReadsOnlyTheChosenForm) {
+  MakeModelOptions o;
+  o.arch = "llama";
+  auto ck = GenerateRandomCheckpoint(o);
+  ASSERT_TRUE(ck.ok());
+  ck->spec.rope_parameters = ck->spec.rope_legacy;
+  ck->spec.rope_legacy.reset();
+  auto back = ModelSpecFromHfConfig(HfConfigFromModelSpec(ck->spec));
+  ASSERT_TRUE(back.ok());
+  ASSERT_TRUE(back->rope_parameters.has_value());
+  EXPECT_FALSE(back->rope_legacy.has_value());
+  EngineConfig legacy, params;
+  params.rope_config = RopeConfig::kRopeParameters;
+  auto m1 = BuildModel(*back, ck->tensors, legacy);
+  auto m2 = BuildModel(*back, ck->tensors, params);
+  ASSERT_TRUE(m1.ok() && m2.ok());
+  EXPECT_TRUE((*m1)->rope.from_default);  // llama3 scaling and theta 500000 are lost
+  EXPECT_FALSE((*m2)->rope.from_default);
+  EXPECT_NE((*m1)->rope.inv_freq, (*m2)->rope.inv_freq);
+}
+
+TEST(CheckpointIo, MlaModelIsRefusedByName) {
+  ModelConfig c;
+  c.model_type = "deepseek_v3";
+  c.source = "x/config.json";
+  c.kv_lora_rank = 512;
+  auto s = ModelSpecFromHfConfig(c);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(s.status().message()).find("MLA"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace crashreplay::replay
+
+namespace crashreplay::replay {
+namespace {
+
+TEST(ShardHashes, MatchTheSameCheckpointAndNameTheTamperedTensor) {
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.quant = "nvfp4";
+  auto ck = GenerateRandomCheckpoint(o);
+  ASSERT_TRUE(ck.ok());
+  EngineConfig c;
+  c.tp_size = 2;
+  auto a = BuildModel(ck->spec, ck->tensors, c);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(VerifyShardHashes(**a, (*a)->shard_hashes).ok());
+  c.scale_format = ScaleFormat::kUe8m0Requant;  // scale conversion does not change what is hashed
+  auto b = BuildModel(ck->spec, ck->tensors, c);
+  EXPECT_TRUE(VerifyShardHashes(**b, (*a)->shard_hashes).ok());
+  ck->tensors["model.layers.1.self_attn.o_proj.weight"].bytes[20] ^= 1;  // packed byte 20 = columns 40, 41: rank 1's half
+  auto t = BuildModel(ck->spec, ck->tensors, c);
+  absl::Status s = VerifyShardHashes(**t, (*a)->shard_hashes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(s.message()).find("rank 1 tensor 'model.layers.1.self_attn.o_proj.weight'"), std::string::npos) << s;
+  c.tp_size = 1;
+  auto one = BuildModel(ck->spec, ck->tensors, c);
+  EXPECT_EQ(VerifyShardHashes(**one, (*a)->shard_hashes).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace crashreplay::replay

@@ -1,0 +1,106 @@
+// Record a run in memory, then replay a step: same configuration reproduces
+// bit for bit; a configuration that breaks a precondition fails with its
+// signature; a configuration with another reduction order diverges at the
+// first kernel that computes differently.
+#include <gtest/gtest.h>
+
+#include "crashreplay/replay/replay_session.h"
+#include "engine_test_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using testing::MakeEngine;
+using testing::TwoRequests;
+
+std::vector<RecordedStep> Record(const MakeModelOptions& o, const std::vector<std::string>& sets, int threads = 1) {
+  auto e = MakeEngine(o, sets, threads);
+  StepLogRecorder rec;
+  auto reqs = TwoRequests(4);
+  for (auto& q : reqs) q.prompt.insert(q.prompt.end(), 40, 'x');
+  e->Run(reqs, &rec);
+  return rec.steps();
+}
+
+MakeModelOptions Glm() {
+  MakeModelOptions o;
+  o.arch = "deepseek_v3";
+  o.quant = "nvfp4";
+  return o;
+}
+
+TEST(ReplayStep, SameConfigurationReproducesEveryStepOnAnyThreadCount) {
+  const auto log = Record(Glm(), {"tp_size=2"});
+  ASSERT_EQ(log.size(), 4u);
+  for (int threads : {1, 2}) {
+    for (int64_t step = 0; step < 4; ++step) {
+      auto e = MakeEngine(Glm(), {"tp_size=2"}, threads);
+      ReplayReport r = ReplayStep(*e, log, step);
+      EXPECT_EQ(r.outcome, "reproduced") << "step " << step << ": " << r.detail;
+      EXPECT_EQ(r.digest, *log[step].digest);
+    }
+  }
+}
+
+TEST(ReplayStep, RepeatedReplaysGiveIdenticalReports) {
+  const auto log = Record(Glm(), {});
+  Hash128 first;
+  for (int i = 0; i < 5; ++i) {
+    auto e = MakeEngine(Glm(), {}, 1 + i % 2);
+    ReplayReport r = ReplayStep(*e, log, 2);
+    ASSERT_EQ(r.outcome, "reproduced");
+    if (i == 0) first = r.digest;
+    EXPECT_EQ(r.digest, first);
+  }
+}
+
+TEST(ReplayStep, Paged64UnderSmallPagesReproducesPrefillAndFailsInDecode) {
+  const auto log = Record(Glm(), {});
+  auto e0 = MakeEngine(Glm(), {"attention_backend=paged64"});
+  ReplayReport pre = ReplayStep(*e0, log, 0);
+  EXPECT_EQ(pre.outcome, "reproduced") << pre.detail;  // prefill runs the reference kernel
+  auto e1 = MakeEngine(Glm(), {"attention_backend=paged64"});
+  ReplayReport dec = ReplayStep(*e1, log, 1);
+  EXPECT_EQ(dec.outcome, "failed");
+  ASSERT_TRUE(dec.fault);
+  EXPECT_EQ(dec.fault->Signature(), "assert/decode/attention/page_size_is_64");
+  EXPECT_EQ(dec.kernels.back().label, "L0.attention");
+  EXPECT_TRUE(dec.kernels.back().failed);
+}
+
+TEST(ReplayStep, FlashDecodeDivergesAtTheFirstDecodeAttention) {
+  const auto log = Record(Glm(), {});
+  auto e = MakeEngine(Glm(), {"attention_backend=flashdecode"});
+  ReplayReport r = ReplayStep(*e, log, 1);
+  EXPECT_EQ(r.outcome, "diverged");
+  EXPECT_EQ(r.diverged_step, 1);
+  EXPECT_EQ(r.diverged_kernel, "L0.attention");
+}
+
+TEST(ReplayStep, RecordedFailureReproducesWithItsSignature) {
+  const auto log = Record(Glm(), {"attention_backend=paged64"});
+  ASSERT_EQ(log.size(), 2u);
+  ASSERT_TRUE(log[1].fault);
+  auto bad = MakeEngine(Glm(), {"attention_backend=paged64"});
+  ReplayReport r = ReplayStep(*bad, log, 1);
+  EXPECT_EQ(r.outcome, "reproduced") << r.detail;
+  ASSERT_TRUE(r.fault);
+  EXPECT_EQ(r.fault->Signature(), "assert/decode/attention/page_size_is_64");
+  auto good = MakeEngine(Glm(), {"attention_backend=paged64", "page_size=64"});
+  ReplayReport g = ReplayStep(*good, log, 1);
+  EXPECT_EQ(g.outcome, "diverged");  // the recorded failure does not fire
+  EXPECT_FALSE(g.fault);
+}
+
+TEST(ReplayStep, StopAfterAKernelLeavesTheRestUnrun) {
+  const auto log = Record(Glm(), {});
+  auto e = MakeEngine(Glm(), {});
+  ReplayReport r = ReplayStep(*e, log, 1, "L1.topk");
+  EXPECT_EQ(r.outcome, "reproduced");
+  EXPECT_EQ(r.kernels.back().label, "L1.topk");
+  auto trace = ChromeTrace(r.kernels, 1);
+  EXPECT_EQ(trace["traceEvents"].size(), r.kernels.size());
+}
+
+}  // namespace
+}  // namespace crashreplay::replay

@@ -1,0 +1,198 @@
+// The built `crashreplay` binary on good, truncated and bit-flipped
+// captures: never killed by a signal, and the documented exit codes
+// (0 ok, 2 usage, 3 data error).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "crashreplay/formats/capture_reader.h"
+
+namespace crashreplay {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  int signal = 0;
+  std::string out, err;
+};
+
+class CaptureCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* bin = std::getenv("CRASHREPLAY_BINARY_DIR");
+    ASSERT_NE(bin, nullptr) << "run under ctest (CRASHREPLAY_BINARY_DIR names the build directory)";
+    binary_ = std::string(bin) + "/tools/crashreplay";
+    ASSERT_TRUE(std::filesystem::exists(binary_)) << binary_;
+    std::string tmpl = (std::filesystem::temp_directory_path() / "crcli-XXXXXX").string();
+    dir_ = ::mkdtemp(tmpl.data());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static std::string Slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  Result Run(const std::string& args) {
+    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
+    const int status = std::system((binary_ + " " + args + " >" + out + " 2>" + err).c_str());
+    Result r;
+    // std::system runs /bin/sh, which reports a child killed by signal N as
+    // exit status 128+N.
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) {
+      r.exit_code = WEXITSTATUS(status);
+      if (r.exit_code > 128) r.signal = r.exit_code - 128;
+    }
+    r.out = Slurp(out);
+    r.err = Slurp(err);
+    return r;
+  }
+
+  std::string Sample() {
+    const std::string session = dir_ + "/session";
+    const Result r = Run("sample-capture " + session);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return session;
+  }
+
+  static std::vector<char> ReadBytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  }
+  static void WriteBytes(const std::string& path, const std::vector<char>& bytes, size_t n) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(n));
+  }
+
+  std::string binary_, dir_;
+};
+
+TEST_F(CaptureCli, SampleSessionSummarisesAsTwoRanksAndVerifies) {
+  const std::string session = Sample();
+  const Result info = Run("info --json " + session);
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const nlohmann::json j = nlohmann::json::parse(info.out);
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["truncated"], false);
+  EXPECT_EQ(j["steps"], 4);
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["files"].size(), 2u);
+  // Each rank: 4 steps share one KV blob and add one hidden-state blob.
+  EXPECT_EQ(j["blobs"], 10);
+  EXPECT_EQ(j["records"], j["files"][0]["records"].get<int>() + j["files"][1]["records"].get<int>());
+  EXPECT_EQ(j["bytes"], std::filesystem::file_size(session + "/rank-00000.crcap") +
+                            std::filesystem::file_size(session + "/rank-00001.crcap"));
+  const Result verify = Run("verify " + session);
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  const Result text = Run("info " + session + "/rank-00001.crcap");
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_NE(text.out.find("closed cleanly (ok)"), std::string::npos) << text.out;
+}
+
+TEST_F(CaptureCli, SampleCaptureIsDeterministic) {
+  const std::string a = Sample();
+  const Result r = Run("sample-capture " + dir_ + "/again");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(ReadBytes(a + "/rank-00000.crcap"), ReadBytes(dir_ + "/again/rank-00000.crcap"));
+  EXPECT_EQ(Run("sample-capture " + a).exit_code, 2);  // refuses to overwrite without --force
+}
+
+TEST_F(CaptureCli, TruncatedCapturesNeverCrashAndGetTheRightExitCodes) {
+  const std::string file = Sample() + "/rank-00000.crcap";
+  const std::vector<char> bytes = ReadBytes(file);
+  auto full = CaptureReader::Open(file);
+  ASSERT_TRUE(full.ok());
+  std::set<size_t> boundaries = {kFileHeaderSize};
+  std::set<size_t> cuts;
+  for (const RecordInfo& r : (*full)->records()) {
+    const size_t end = r.offset + kFrameHeaderSize + r.payload_size;
+    boundaries.insert(end);
+    for (size_t c : {end - 1, end, end + 1, static_cast<size_t>(r.offset + 7)}) cuts.insert(c);
+  }
+  for (size_t c = 0; c < bytes.size(); c += 211) cuts.insert(c);
+  const std::string cut_path = dir_ + "/cut.crcap";
+  for (size_t cut : cuts) {
+    if (cut > bytes.size()) continue;
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    WriteBytes(cut_path, bytes, cut);
+    const Result info = Run("info --json " + cut_path);
+    const Result verify = Run("verify " + cut_path);
+    ASSERT_EQ(info.signal, 0);
+    ASSERT_EQ(verify.signal, 0);
+    if (cut < kFileHeaderSize) {
+      EXPECT_EQ(info.exit_code, 3) << info.err;
+      EXPECT_EQ(verify.exit_code, 3);
+      continue;
+    }
+    ASSERT_EQ(info.exit_code, 0) << info.err;
+    const bool boundary = boundaries.contains(cut);
+    const nlohmann::json j = nlohmann::json::parse(info.out);
+    EXPECT_EQ(j["truncated"], !boundary);
+    EXPECT_EQ(j["ok"], cut == bytes.size());
+    EXPECT_EQ(verify.exit_code, boundary ? 0 : 3) << verify.err;
+    if (!boundary) {
+      EXPECT_NE(verify.err.find("first bad record is #"), std::string::npos) << verify.err;
+    }
+  }
+}
+
+TEST_F(CaptureCli, BitFlippedCapturesNeverCrashAndFailVerify) {
+  const std::string file = Sample() + "/rank-00001.crcap";
+  const std::vector<char> bytes = ReadBytes(file);
+  const std::string bad = dir_ + "/flip.crcap";
+  for (size_t i = 0; i < bytes.size(); i += 53) {
+    SCOPED_TRACE("flip at byte " + std::to_string(i));
+    std::vector<char> m = bytes;
+    m[i] = static_cast<char>(m[i] ^ (1 << (i % 8)));
+    WriteBytes(bad, m, m.size());
+    const Result info = Run("info " + bad);
+    const Result verify = Run("verify " + bad);
+    ASSERT_EQ(info.signal, 0);
+    ASSERT_EQ(verify.signal, 0);
+    EXPECT_TRUE(info.exit_code == 0 || info.exit_code == 3) << info.exit_code;
+    EXPECT_EQ(verify.exit_code, 3) << verify.out;
+    EXPECT_NE(verify.err.find("byte offset"), std::string::npos) << verify.err;
+  }
+}
+
+TEST_F(CaptureCli, UsageErrorsExitTwoAndMissingFilesExitThree) {
+  EXPECT_EQ(Run("verify").exit_code, 2);
+  EXPECT_EQ(Run("info --no-such-flag x").exit_code, 2);
+  EXPECT_EQ(Run("sample-capture").exit_code, 2);
+  const Result help = Run("info --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--json"), std::string::npos);
+  const Result missing = Run("verify " + dir_ + "/nope.crcap");
+  EXPECT_EQ(missing.exit_code, 3);
+  EXPECT_NE(missing.err.find("does not exist"), std::string::npos) << missing.err;
+}
+
+TEST_F(CaptureCli, NewerMajorVersionExitsThreeSayingSo) {
+  const std::string session = Sample();
+  const std::string file = session + "/rank-00000.crcap";
+  std::vector<char> bytes = ReadBytes(file);
+  std::vector<unsigned char> header(bytes.begin(), bytes.begin() + kFileHeaderSize);
+  StoreLE16(header.data() + 8, kCaptureMajorVersion + 1);
+  StoreLE64(header.data() + 24, XXH64Of(header.data(), 24));
+  std::copy(header.begin(), header.end(), bytes.begin());
+  WriteBytes(file, bytes, bytes.size());
+  for (const char* cmd : {"info ", "verify "}) {
+    const Result r = Run(cmd + file);
+    EXPECT_EQ(r.exit_code, 3) << cmd;
+    EXPECT_NE(r.err.find("newer than this crashreplay reads"), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace crashreplay

@@ -1,0 +1,232 @@
+// `crashreplay bisect`: find the configuration change that causes a failure.
+//
+//   crashreplay bisect CAPTURE --good GOOD.toml --bad BAD.toml [options]
+//   crashreplay bisect --good GOOD.toml --bad BAD.toml [options] -- COMMAND ...
+//
+// Argument parsing only; the search lives in bisect/ (docs/bisect.md).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "command.h"
+#include "commands_decl.h"
+#include "crashreplay/bisect/bisect.h"
+#include "crashreplay/bisect/command_trial.h"
+#include "crashreplay/bisect/replay_trial.h"
+#include "crashreplay/bisect/report.h"
+#include "exit_codes.h"
+
+namespace crashreplay::tools {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+void OnSigint(int) {
+  g_interrupted.store(true);
+  ::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  std::string digits = text;
+  uint64_t mult = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K': case 'k': mult = 1ull << 10; break;
+      case 'M': case 'm': mult = 1ull << 20; break;
+      case 'G': case 'g': mult = 1ull << 30; break;
+      case 'T': case 't': mult = 1ull << 40; break;
+      default: break;
+    }
+    if (mult != 1) digits.pop_back();
+  }
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(digits, &v) || v == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--memory-limit '", text, "': expected bytes, e.g. 8G or 8589934592"));
+  }
+  return v * mult;
+}
+
+std::string SelfPath(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return argv0;
+}
+
+}  // namespace
+
+int RunBisectCommand(int argc, char** argv) {
+  // Everything after `--` is the external trial command, untouched by CLI11.
+  std::vector<std::string> command;
+  int cli_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      cli_argc = i;
+      for (int k = i + 1; k < argc; ++k) command.emplace_back(argv[k]);
+      break;
+    }
+  }
+  CLI::App app(
+      "Find the minimal configuration change that turns a working run into the failing one, the first bad "
+      "kernel, and the one command that reproduces them. Trials replay CAPTURE, or run COMMAND after `--` "
+      "with {config} replaced by a TOML file of the trial's configuration (also in $CRASHREPLAY_CONFIG); "
+      "exit 0 good, 125 skip, 1-127 bad. Exit codes: 0 culprit found, 1 aborted, 2 usage, 3 data error, "
+      "4 the bad configuration does not fail, 5 the good configuration fails too, 130 interrupted.",
+      "bisect");
+  std::string capture, good_path, bad_path, runner, gpus, threshold, report_path, workdir, memory_limit, steps,
+      step_mode = "binary";
+  int jobs = 0, repeat = 1;
+  double timeout = 0, kill_grace = 2.0;
+  bool json = false, quiet = false;
+  app.add_option("capture", capture, "capture to replay (built-in trials)");
+  app.add_option("--good", good_path, "configuration that works (flat TOML)")->required();
+  app.add_option("--bad", bad_path, "configuration that fails (flat TOML)")->required();
+  app.add_option("--jobs,-j", jobs, "trials run in parallel (default 1, or the size of --gpus)");
+  app.add_option("--repeat", repeat, "runs per configuration; disagreement is reported as flaky")->check(CLI::Range(1, 100));
+  app.add_option("--timeout", timeout, "seconds before a trial is killed and judged a timeout (0: none)");
+  app.add_option("--kill-grace", kill_grace, "seconds between SIGTERM and SIGKILL on timeout");
+  app.add_option("--memory-limit", memory_limit, "address-space limit per trial (bytes, or with K/M/G/T)");
+  app.add_option("--runner", runner, "prefix for every trial command, e.g. 'srun -G1 --exclusive'");
+  app.add_option("--gpus", gpus, "GPU pool: CUDA_VISIBLE_DEVICES per worker, e.g. 0,1,2 (or 0,1;2,3)");
+  app.add_option("--threshold", threshold, "numeric toggle to search a threshold on, TOGGLE[:precision]");
+  app.add_option("--steps", steps, "search the first failing step in LO:HI (step-parameterised trials)");
+  app.add_option("--step-mode", step_mode, "binary (failures persist) or linear")->check(CLI::IsMember({"binary", "linear"}));
+  app.add_option("--report", report_path, "write a self-contained HTML report here");
+  app.add_option("--workdir", workdir, "where trial configurations and culprit.toml go (default: a new temp dir)");
+  app.add_flag("--json", json, "print the report as JSON on stdout");
+  app.add_flag("--quiet,-q", quiet, "no progress on stderr");
+  if (auto rc = ParseArgs(app, cli_argc, argv)) return *rc;
+
+  if (capture.empty() == command.empty()) {
+    std::fprintf(stderr, "crashreplay bisect: give either a CAPTURE or `-- COMMAND ...`, not %s\n",
+                 capture.empty() ? "neither" : "both");
+    return kExitUsage;
+  }
+  auto good = ReadConfigFile(good_path);
+  if (!good.ok()) return ReportError(good.status());
+  auto bad = ReadConfigFile(bad_path);
+  if (!bad.ok()) return ReportError(bad.status());
+
+  bisect::TrialLimits limits;
+  if (timeout > 0) limits.timeout_s = timeout;
+  limits.kill_grace_s = kill_grace;
+  if (!memory_limit.empty()) {
+    auto bytes = ParseBytes(memory_limit);
+    if (!bytes.ok()) return ReportError(bytes.status());
+    limits.memory_limit_bytes = *bytes;
+  }
+  std::vector<std::string> runner_words;
+  if (!runner.empty()) {
+    auto words = bisect::SplitCommandLine(runner);
+    if (!words.ok()) return ReportError(words.status());
+    runner_words = *words;
+  }
+  if (workdir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/crashreplay-bisect-XXXXXX");
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return ReportError(absl::FailedPreconditionError(absl::StrCat("cannot create a work directory ", tmpl)));
+    }
+    workdir = tmpl;
+  } else if (::access(workdir.c_str(), W_OK) != 0) {
+    return ReportError(absl::InvalidArgumentError(absl::StrCat("--workdir '", workdir, "' is not a writable directory")));
+  }
+
+  bisect::BisectOptions options;
+  options.good = *good;
+  options.bad = *bad;
+  options.good_label = good_path;
+  options.bad_label = bad_path;
+  options.workdir = workdir;
+  if (!threshold.empty()) {
+    const size_t colon = threshold.find(':');
+    options.threshold_toggle = threshold.substr(0, colon);
+    if (colon != std::string::npos &&
+        (!absl::SimpleAtod(threshold.substr(colon + 1), &options.threshold_precision) ||
+         options.threshold_precision <= 0)) {
+      std::fprintf(stderr, "crashreplay bisect: --threshold '%s': precision must be a positive number\n",
+                   threshold.c_str());
+      return kExitUsage;
+    }
+  }
+  if (!steps.empty()) {
+    const size_t colon = steps.find(':');
+    int64_t lo = 0, hi = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(steps.substr(0, colon), &lo) ||
+        !absl::SimpleAtoi(steps.substr(colon + 1), &hi) || lo > hi || lo < 0) {
+      std::fprintf(stderr, "crashreplay bisect: --steps '%s': expected LO:HI with 0 <= LO <= HI\n", steps.c_str());
+      return kExitUsage;
+    }
+    options.step_range = std::make_pair(lo, hi);
+    options.step_mode = step_mode == "linear" ? bisect::StepSearchMode::kLinear : bisect::StepSearchMode::kBinary;
+  }
+
+  std::unique_ptr<bisect::TrialRunner> trial_runner;
+  if (!command.empty()) {
+    trial_runner = std::make_unique<bisect::CommandTrialRunner>(
+        bisect::CommandTrialOptions{command, runner_words, workdir, limits});
+  } else {
+    bisect::ReplayTrialOptions ro;
+    ro.crashreplay_binary = SelfPath(argv[0]);
+    ro.capture = capture;
+    ro.runner = runner_words;
+    ro.workdir = workdir;
+    ro.limits = limits;
+    trial_runner = std::make_unique<bisect::ReplayTrialRunner>(ro);
+  }
+
+  bisect::SchedulerOptions so;
+  so.gpus = bisect::ParseGpuList(gpus);
+  so.jobs = jobs > 0 ? jobs : (so.gpus.empty() ? 1 : static_cast<int>(so.gpus.size()));
+  so.repeat = repeat;
+  so.interrupt = &g_interrupted;
+  bisect::Progress progress = bisect::Progress::ForStderr(quiet);
+  bisect::Scheduler scheduler(*trial_runner, so, &progress);
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSigint;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old {};
+  ::sigaction(SIGINT, &sa, &old);
+  if (!quiet) progress.Note(absl::StrCat("trial files and culprit.toml go to ", workdir));
+  bisect::BisectReport report = bisect::RunBisect(scheduler, options, &progress);
+  ::sigaction(SIGINT, &old, nullptr);
+  progress.Finish();
+  report.jobs = scheduler.parallelism();
+  report.repeat = so.repeat;
+
+  const nlohmann::json j = bisect::ReportJson(report);
+  {
+    std::ofstream out(workdir + "/report.json");
+    out << j.dump(2) << "\n";
+  }
+  if (!report_path.empty()) {
+    std::ofstream out(report_path, std::ios::binary);
+    out << bisect::ReportHtml(report);
+    if (!out) std::fprintf(stderr, "crashreplay bisect: cannot write the HTML report to %s\n", report_path.c_str());
+  }
+  if (json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::fputs(bisect::ReportText(report).c_str(), stdout);
+  }
+  std::fflush(stdout);
+  switch (report.status) {
+    case bisect::BisectStatus::kCulpritFound: return kExitOk;
+    case bisect::BisectStatus::kNotReproducible: return kExitNotReproduced;
+    case bisect::BisectStatus::kGoodFails: return kExitGoodFails;
+    case bisect::BisectStatus::kInterrupted: return kExitInterrupted;
+    case bisect::BisectStatus::kAborted: return kExitFailed;
+  }
+  return kExitFailed;
+}
+
+}  // namespace crashreplay::tools

@@ -1,0 +1,224 @@
+// `crashreplay info CAPTURE [--json]`: what a capture file or a session
+// directory holds. Exit 0 when every file could be summarised, including
+// crash captures that were never closed (ok=false) and torn or corrupt ones
+// (the summary says so; `verify` gives the verdict); 3 when a file cannot
+// be read at all (not a capture, header corrupt, newer major version).
+#include <cstdio>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_format.h"
+#include "command.h"
+#include "commands_decl.h"
+#include "crashreplay/formats/capture_reader.h"
+#include "exit_codes.h"
+
+namespace crashreplay::tools {
+namespace {
+
+std::string HumanBytes(uint64_t n) {
+  if (n < 10 * 1024) return absl::StrFormat("%d B", n);
+  if (n < 10ull * 1024 * 1024) return absl::StrFormat("%.1f KiB", n / 1024.0);
+  if (n < 10ull << 30) return absl::StrFormat("%.1f MiB", n / 1048576.0);
+  return absl::StrFormat("%.1f GiB", n / 1073741824.0);
+}
+
+nlohmann::json FileJson(const CaptureReader& r) {
+  const CaptureSummary s = r.Summary();
+  nlohmann::json j = {
+      {"path", s.path},
+      {"format", absl::StrFormat("%d.%d", s.format_major, s.format_minor)},
+      {"ok", s.ok},
+      {"truncated", s.truncated},
+      {"corrupt", s.corrupt},
+      {"steps", s.steps},
+      {"ranks", s.ranks},
+      {"records", s.records},
+      {"blobs", s.blobs},
+      {"blob_raw_bytes", s.blob_raw_bytes},
+      {"blob_stored_bytes", s.blob_stored_bytes},
+      {"bytes", s.bytes},
+      {"snapshots", s.snapshots},
+      {"failures", s.failures},
+      {"weight_checks", s.weight_checks},
+      {"corrupt_weight_slices", s.corrupt_weight_slices},
+      {"snapshots_dropped", s.snapshots_dropped},
+      {"bytes_dropped", s.bytes_dropped},
+      {"skipped_unknown", s.skipped_unknown},
+  };
+  if (s.steps > 0) {
+    j["first_step"] = s.first_step;
+    j["last_step"] = s.last_step;
+  }
+  if (!s.problem.empty()) {
+    j["problem"] = s.problem;
+    j["problem_offset"] = s.problem_offset;
+  }
+  if (r.manifest().has_value()) {
+    const SessionManifest& m = *r.manifest();
+    j["session_id"] = m.session_id;
+    j["engine"] = m.engine;
+    j["engine_version"] = m.engine_version;
+    j["model_type"] = m.model.model_type;
+    j["device"] = {{"name", m.device.name}, {"sm_arch", m.device.sm_arch},
+                   {"memory_capacity_bytes", m.device.memory_capacity_bytes}};
+    j["tp_size"] = m.parallel.tp_size;
+    j["rank"] = m.parallel.rank;
+    j["weight_check_period_steps"] = m.weight_check_period_steps;
+    j["quirks"] = m.quirks;
+  }
+  nlohmann::json failures = nlohmann::json::array();
+  for (const FailureRecord& f : r.failures()) {
+    nlohmann::json fj = {{"reason", f.reason}, {"stage", f.stage}, {"class", FailureClassName(f.failure_class)},
+                         {"signal", f.signal}, {"rank", f.rank}};
+    if (f.step.has_value()) fj["step"] = *f.step;
+    failures.push_back(std::move(fj));
+  }
+  j["failure_records"] = std::move(failures);
+  nlohmann::json corrupt = nlohmann::json::array();
+  for (const WeightCheckRecord& w : r.weight_checks()) {
+    for (const WeightSlice& sl : w.slices) {
+      if (sl.corrupt) {
+        corrupt.push_back({{"step", w.step}, {"tensor", sl.tensor}, {"byte_begin", sl.byte_begin},
+                           {"byte_end", sl.byte_end}, {"hash", sl.hash.Hex()}, {"expected", sl.expected.Hex()}});
+      }
+    }
+  }
+  j["weight_corruption"] = std::move(corrupt);
+  return j;
+}
+
+void PrintText(const CaptureReader& r) {
+  const CaptureSummary s = r.Summary();
+  const char* state = s.ok ? "closed cleanly (ok)" : s.truncated ? "NOT ok: torn tail" : s.corrupt ? "NOT ok: corrupt"
+                                                                                              : "NOT ok: never closed (the recorder stopped)";
+  std::printf("%s: capture format %d.%d, %s, %s\n", s.path.c_str(), s.format_major, s.format_minor,
+              HumanBytes(s.bytes).c_str(), state);
+  if (r.manifest().has_value()) {
+    const SessionManifest& m = *r.manifest();
+    std::printf("  session %s  engine %s %s  model %s\n", m.session_id.c_str(), m.engine.c_str(),
+                m.engine_version.c_str(), m.model.model_type.c_str());
+    std::printf("  device %s (sm_%u, %s), rank %u of tp %u, %zu toggles\n", m.device.name.c_str(), m.device.sm_arch,
+                HumanBytes(m.device.memory_capacity_bytes).c_str(), m.parallel.rank, m.parallel.tp_size,
+                m.toggles.size());
+  }
+  if (s.steps > 0) {
+    std::printf("  steps %llu..%llu (%llu step records)\n", static_cast<unsigned long long>(s.first_step),
+                static_cast<unsigned long long>(s.last_step), static_cast<unsigned long long>(s.steps));
+  } else {
+    std::printf("  no steps\n");
+  }
+  const double ratio = s.blob_stored_bytes > 0 ? static_cast<double>(s.blob_raw_bytes) / s.blob_stored_bytes : 0.0;
+  std::printf("  %llu records, %llu blobs (%s stored for %s of tensors, %.2fx), %llu snapshots\n",
+              static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.blobs),
+              HumanBytes(s.blob_stored_bytes).c_str(), HumanBytes(s.blob_raw_bytes).c_str(), ratio,
+              static_cast<unsigned long long>(s.snapshots));
+  if (s.weight_checks > 0) {
+    const uint32_t k = r.manifest().has_value() ? r.manifest()->weight_check_period_steps : 0;
+    std::printf("  weight checks: %llu (full coverage every %u steps), corrupt slices: %llu\n",
+                static_cast<unsigned long long>(s.weight_checks), k,
+                static_cast<unsigned long long>(s.corrupt_weight_slices));
+    for (const WeightCheckRecord& w : r.weight_checks()) {
+      for (const WeightSlice& sl : w.slices) {
+        if (sl.corrupt) {
+          std::printf("    WEIGHT CORRUPTION at step %llu: %s bytes [%llu, %llu) hash %s, expected %s\n",
+                      static_cast<unsigned long long>(w.step), sl.tensor.c_str(),
+                      static_cast<unsigned long long>(sl.byte_begin), static_cast<unsigned long long>(sl.byte_end),
+                      sl.hash.Hex().c_str(), sl.expected.Hex().c_str());
+        }
+      }
+    }
+  }
+  if (s.snapshots_dropped > 0) {
+    std::printf("  dropped snapshots: %llu (%s) — the ring was full\n",
+                static_cast<unsigned long long>(s.snapshots_dropped), HumanBytes(s.bytes_dropped).c_str());
+  }
+  for (const FailureRecord& f : r.failures()) {
+    std::printf("  failure (%s, stage %s, step %s%s): %s\n", FailureClassName(f.failure_class), f.stage.c_str(),
+                f.step.has_value() ? std::to_string(*f.step).c_str() : "?",
+                f.signal != 0 ? absl::StrFormat(", signal %d", f.signal).c_str() : "", f.reason.c_str());
+  }
+  if (s.skipped_unknown > 0) {
+    std::printf("  %llu records of newer types were skipped\n", static_cast<unsigned long long>(s.skipped_unknown));
+  }
+  if (!s.problem.empty()) {
+    std::printf("  stopped at byte %llu: %s\n", static_cast<unsigned long long>(s.problem_offset), s.problem.c_str());
+    std::printf("  every complete record before it is shown; run 'crashreplay verify %s' for the full check\n",
+                s.path.c_str());
+  }
+}
+
+}  // namespace
+
+int RunInfo(int argc, char** argv) {
+  CLI::App app(
+      "Summarise a capture file or a session directory of rank files.\n"
+      "Exit 0 when summarised (even if not ok), 3 when a file cannot be read at all.",
+      "info");
+  std::string path;
+  bool json = false;
+  app.add_option("CAPTURE", path, "a .crcap file or a session directory")->required();
+  app.add_flag("--json", json, "print JSON: ok, steps, ranks, records, blobs, bytes, truncated, files[...]");
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+
+  absl::StatusOr<std::vector<std::string>> files = ListCaptureFiles(path);
+  if (!files.ok()) return ReportError(files.status());
+  std::vector<std::unique_ptr<CaptureReader>> readers;
+  for (const std::string& f : *files) {
+    absl::StatusOr<std::unique_ptr<CaptureReader>> r = CaptureReader::Open(f);
+    if (!r.ok()) return ReportError(r.status());
+    readers.push_back(std::move(*r));
+  }
+  // Session totals: steps are distinct step indices, ranks distinct ranks.
+  bool ok = true, truncated = false, corrupt = false;
+  uint64_t records = 0, blobs = 0, bytes = 0, failures = 0, step_records = 0, corrupt_slices = 0, dropped = 0;
+  std::set<uint64_t> steps;
+  std::set<uint32_t> ranks;
+  nlohmann::json per_file = nlohmann::json::array();
+  for (const auto& r : readers) {
+    const CaptureSummary s = r->Summary();
+    ok &= s.ok;
+    truncated |= s.truncated;
+    corrupt |= s.corrupt;
+    records += s.records;
+    blobs += s.blobs;
+    bytes += s.bytes;
+    failures += s.failures;
+    step_records += s.steps;
+    corrupt_slices += s.corrupt_weight_slices;
+    dropped += s.snapshots_dropped;
+    for (const StepRecord& st : r->steps()) steps.insert(st.step);
+    ranks.insert(s.ranks.begin(), s.ranks.end());
+    if (json) per_file.push_back(FileJson(*r));
+  }
+  if (json) {
+    nlohmann::json j = {{"path", path},
+                        {"ok", ok},
+                        {"truncated", truncated},
+                        {"corrupt", corrupt},
+                        {"steps", steps.size()},
+                        {"step_records", step_records},
+                        {"ranks", ranks.size()},
+                        {"records", records},
+                        {"blobs", blobs},
+                        {"bytes", bytes},
+                        {"failures", failures},
+                        {"corrupt_weight_slices", corrupt_slices},
+                        {"snapshots_dropped", dropped},
+                        {"files", std::move(per_file)}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  if (readers.size() > 1) {
+    std::printf("session %s: %zu rank files, %zu ranks, %zu steps, %s, %s\n\n", path.c_str(), readers.size(),
+                ranks.size(), steps.size(), HumanBytes(bytes).c_str(), ok ? "all closed cleanly (ok)" : "NOT ok");
+  }
+  for (const auto& r : readers) PrintText(*r);
+  return kExitOk;
+}
+
+}  // namespace crashreplay::tools

@@ -1,0 +1,51 @@
+// `crashreplay make-model DIR --arch ARCH --quant Q [size options]`: writes a
+// small random checkpoint (config.json + safetensors) in real HF layouts.
+#include <cstdio>
+
+#include "command.h"
+#include "commands_decl.h"
+#include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/replay/random_checkpoint.h"
+#include "exit_codes.h"
+
+namespace crashreplay::tools {
+
+int RunMakeModel(int argc, char** argv) {
+  CLI::App app("Write a small random HF checkpoint of a supported architecture and quantization.", "make-model");
+  std::string dir;
+  replay::MakeModelOptions o;
+  std::string rope_form = "legacy";
+  app.add_option("DIR", dir, "output directory")->required();
+  app.add_option("--arch", o.arch, "llama | qwen3 | qwen3_moe | mixtral | deepseek_v3 (GLM-4.5 layout)")
+      ->check(CLI::IsMember({"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe"}));
+  app.add_option("--quant", o.quant, "bf16 | fp8 | nvfp4 | mxfp4")->check(CLI::IsMember({"bf16", "fp8", "nvfp4", "mxfp4"}));
+  app.add_option("--layers", o.layers)->check(CLI::Range(1, 1024));
+  app.add_option("--hidden", o.hidden)->check(CLI::Range(16, 1 << 16));
+  app.add_option("--heads", o.heads)->check(CLI::Range(1, 1024));
+  app.add_option("--kv-heads", o.kv_heads)->check(CLI::Range(1, 1024));
+  app.add_option("--head-dim", o.head_dim)->check(CLI::Range(2, 1024));
+  app.add_option("--intermediate", o.intermediate)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--moe-intermediate", o.moe_intermediate)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--experts", o.experts)->check(CLI::Range(1, 1024));
+  app.add_option("--experts-per-tok", o.experts_per_tok)->check(CLI::Range(1, 16));
+  app.add_option("--shared-experts", o.n_shared_experts)->check(CLI::Range(0, 16));
+  app.add_option("--n-group", o.n_group)->check(CLI::Range(1, 64));
+  app.add_option("--topk-group", o.topk_group)->check(CLI::Range(1, 64));
+  app.add_option("--vocab", o.vocab, "vocabulary size (>= 256 for the byte-level tokenizer)")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--seed", o.seed);
+  app.add_option("--rope-form", rope_form, "legacy (rope_theta/rope_scaling) | rope_parameters | both")
+      ->check(CLI::IsMember({"legacy", "rope_parameters", "both"}));
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  auto ckpt = replay::GenerateRandomCheckpoint(o);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  if (rope_form != "legacy") ckpt->spec.rope_parameters = ckpt->spec.rope_legacy;
+  if (rope_form == "rope_parameters") ckpt->spec.rope_legacy.reset();
+  if (absl::Status s = replay::WriteCheckpointDir(dir, ckpt->spec, ckpt->tensors); !s.ok()) return ReportError(s);
+  size_t bytes = 0;
+  for (const auto& [name, t] : ckpt->tensors) bytes += t.bytes.size();
+  std::printf("wrote %s: %s %s, %zu tensors, %zu bytes\n", dir.c_str(), ckpt->spec.model_type.c_str(), o.quant.c_str(),
+              ckpt->tensors.size(), bytes);
+  return kExitOk;
+}
+
+}  // namespace crashreplay::tools

@@ -1,0 +1,195 @@
+// `crashreplay run MODEL_DIR --prompt TEXT...`: the built-in engine. Prefills
+// the prompts, decodes up to --max-new-tokens each with continuous batching,
+// and stops at the first failure, printing its signature.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "commands_decl.h"
+#include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/formats/safetensors_writer.h"
+#include "crashreplay/replay/engine.h"
+#include "exit_codes.h"
+
+namespace crashreplay::tools {
+namespace {
+
+std::string Printable(const std::vector<int32_t>& tokens) {
+  std::string s;
+  for (int32_t t : tokens) {
+    if (t >= 32 && t < 127) {
+      s += static_cast<char>(t);
+    } else {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "<%d>", t);
+      s += buf;
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string piece = text.substr(start, comma - start);
+    char* end = nullptr;
+    const long v = std::strtol(piece.c_str(), &end, 10);
+    if (piece.empty() || *end != '\0') {
+      return absl::InvalidArgumentError("--prompt-ids expects comma-separated integers, got '" + text + "'");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    start = comma + 1;
+  }
+  return ids;
+}
+
+// Writes every step's logits and sampled tokens as DIR/step_NNNNN.safetensors.
+class DumpObserver : public replay::StepObserver {
+ public:
+  explicit DumpObserver(std::string dir) : dir_(std::move(dir)) {}
+  void BeforeStep(const replay::StepInput&) override {}
+  void AfterStep(const replay::StepProgram& p) override {
+    if (!status_.ok()) return;
+    SafetensorsWriter w;
+    for (const char* name : {"logits", "next_tokens", "input_ids", "positions"}) {
+      const replay::Buffer* b = p.buffer(name);
+      if (b == nullptr) continue;
+      status_.Update(w.Add(name, b->is_int ? DType::kI32 : DType::kF32, b->shape,
+                           std::span<const std::byte>(static_cast<const std::byte*>(b->data()), b->bytes())));
+    }
+    char file[64];
+    std::snprintf(file, sizeof file, "/step_%05lld.safetensors", static_cast<long long>(p.input().step));
+    if (status_.ok()) status_.Update(w.Write(dir_ + file));
+  }
+  absl::Status status() const { return status_; }
+
+ private:
+  std::string dir_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+int RunRun(int argc, char** argv) {
+  CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
+  std::string model_dir, config_file, record, dump_dir;
+  std::vector<std::string> prompts, prompt_ids, sets;
+  int64_t max_new = 16;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int top_k = 0, threads = 0;
+  uint64_t seed = 0;
+  bool json = false;
+  app.add_option("MODEL_DIR", model_dir, "checkpoint directory (config.json + safetensors)")->required();
+  app.add_option("--prompt", prompts, "a prompt (byte-level tokens); repeat for more requests");
+  app.add_option("--prompt-ids", prompt_ids, "a prompt as token ids, e.g. 1,2,3; repeatable");
+  app.add_option("--max-new-tokens", max_new, "tokens to generate per request")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--config", config_file, "flat TOML configuration file (see 'crashreplay toggles')");
+  app.add_option("--set", sets, "override one toggle, name=value; repeatable");
+  app.add_option("--temperature", temperature, "0: greedy")->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-p", top_p)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-k", top_k)->check(CLI::Range(0, 1 << 20));
+  app.add_option("--min-p", min_p)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", seed, "sampling seed");
+  app.add_option("--threads", threads, "CPU threads (default CRASHREPLAY_THREADS or 1); never changes results");
+  app.add_option("--record", record, "write a capture of the run (needs the capture library)");
+  app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
+  app.add_flag("--json", json, "print the result as JSON");
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+
+  replay::Config config = replay::Config::Defaults();
+  if (!config_file.empty()) {
+    if (absl::Status s = config.ApplyFile(config_file); !s.ok()) return ReportError(s);
+  }
+  for (const std::string& s : sets) {
+    if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);
+  }
+  if (!record.empty()) {
+    return ReportError(absl::UnimplementedError("--record: the capture recorder is not merged into this build yet"));
+  }
+  std::vector<replay::Request> requests;
+  for (const std::string& p : prompts) {
+    replay::Request r;
+    r.prompt.assign(p.begin(), p.end());
+    for (auto& t : r.prompt) t &= 0xff;
+    requests.push_back(std::move(r));
+  }
+  for (const std::string& p : prompt_ids) {
+    auto ids = ParseIds(p);
+    if (!ids.ok()) return ReportError(ids.status());
+    replay::Request r;
+    r.prompt = *ids;
+    requests.push_back(std::move(r));
+  }
+  if (requests.empty()) return ReportError(absl::InvalidArgumentError("give at least one --prompt or --prompt-ids"));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].id = static_cast<int64_t>(i);
+    requests[i].max_new_tokens = max_new;
+    requests[i].sampling = replay::SamplingParams{temperature, top_k, top_p, min_p, seed};
+  }
+
+  auto ckpt = replay::LoadCheckpointDir(model_dir);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  const replay::EngineConfig ec = replay::ResolveConfig(config);
+  auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
+  if (!model.ok()) return ReportError(model.status());
+  replay::Engine engine(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  std::unique_ptr<DumpObserver> dump;
+  if (!dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir, ec);
+    dump = std::make_unique<DumpObserver>(dump_dir);
+  }
+  const replay::RunResult r = engine.Run(requests, dump.get());
+  if (dump && !dump->status().ok()) return ReportError(dump->status());
+
+  if (json) {
+    nlohmann::json out;
+    out["outcome"] = r.fault ? "failed" : "ok";
+    out["config"] = nlohmann::json::object();
+    for (const auto& [k, v] : config.Items()) out["config"][k] = v;
+    out["plan"] = r.plan.ToJson();
+    out["steps"] = nlohmann::json::array();
+    for (const auto& s : r.steps) {
+      out["steps"].push_back({{"step", s.step}, {"mode", replay::ForwardModeName(s.mode)}, {"rows", s.rows},
+                              {"tokens", s.tokens}, {"digest", s.digest.Hex()}, {"sampled", s.sampled}});
+    }
+    out["outputs"] = nlohmann::json::array();
+    for (const auto& [id, toks] : r.outputs) out["outputs"].push_back({{"request", id}, {"tokens", toks}, {"text", Printable(toks)}});
+    if (r.fault) {
+      out["fault"] = r.fault->ToJson();
+      out["signature"] = out["fault"]["signature"];
+    }
+    out["first_nonfinite_kernel"] = r.first_nonfinite;
+    out["kernels"] = nlohmann::json::array();
+    if (r.fault) {
+      for (const auto& k : r.last_step_kernels) out["kernels"].push_back(replay::KernelRecordToJson(k));
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("memory: capacity %llu B, weights %llu B, KV pool %lld pages of %llu B, graphs %llu B\n",
+                static_cast<unsigned long long>(r.plan.capacity), static_cast<unsigned long long>(r.plan.weights),
+                static_cast<long long>(r.plan.pool_pages), static_cast<unsigned long long>(r.plan.page_bytes),
+                static_cast<unsigned long long>(r.plan.graph_reservation));
+    for (const auto& s : r.steps) {
+      std::printf("step %lld %-7s rows %lld tokens %lld digest %s\n", static_cast<long long>(s.step),
+                  replay::ForwardModeName(s.mode), static_cast<long long>(s.rows), static_cast<long long>(s.tokens),
+                  s.digest.Hex().c_str());
+    }
+    for (const auto& [id, toks] : r.outputs) std::printf("request %lld: %s\n", static_cast<long long>(id), Printable(toks).c_str());
+    if (r.fault) {
+      std::printf("FAILED %s\n  %s\n", r.fault->Signature().c_str(), r.fault->message.c_str());
+      if (!r.first_nonfinite.empty()) std::printf("  first non-finite output: %s\n", r.first_nonfinite.c_str());
+    }
+  }
+  return r.fault ? kExitFailed : kExitOk;
+}
+
+}  // namespace crashreplay::tools
