@@ -109,8 +109,17 @@ absl::StatusOr<void*> CudaExecutor::Allocate(size_t bytes) {
   return p;
 }
 
+void CudaExecutor::set_arena(DevicePool* pool) {
+  arena_ = pool;
+  if (pool != nullptr) arena_ranges_.push_back(pool->static_range());
+}
+
 void CudaExecutor::Free(void* p) {
-  if (p != nullptr && (arena_ == nullptr || !arena_->InStatic(p))) cudaFree(p);
+  if (p == nullptr) return;
+  for (const auto& [begin, end] : arena_ranges_) {
+    if (p >= begin && p < end) return;
+  }
+  cudaFree(p);
 }
 
 absl::Status CudaExecutor::CopyToDevice(void* dst, const void* src, size_t bytes) {
@@ -142,8 +151,9 @@ absl::Status CudaExecutor::EnsureScratch(size_t bytes) {
     return CudaStatus(e, Cat("cudaMalloc(", bytes, " bytes of kernel scratch)").c_str());
   }
   if (scratch_ != nullptr) {
-    // cudaFree synchronizes the device and is illegal inside a capture.
-    if (capturing_) {
+    // cudaFree synchronizes the device and is illegal inside a capture, and
+    // a captured graph keeps using the scratch it was captured with.
+    if (capturing_ || graphs_captured_) {
       retired_scratch_.push_back(scratch_);
     } else {
       cudaFree(scratch_);
@@ -199,6 +209,7 @@ absl::StatusOr<cudaGraphExec_t> CudaExecutor::EndCapture() {
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   if (e != cudaSuccess) return CudaStatus(e, "cudaGraphInstantiate");
+  graphs_captured_ = true;
   return exec;
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -72,8 +73,9 @@ class CudaExecutor final : public Executor {
   bool capturing() const { return capturing_; }
 
   // While set, Allocate hands out pieces of the pool's static arena (weights
-  // and the KV pool, as the planner budgets them) and Free ignores them.
-  void set_arena(DevicePool* pool) { arena_ = pool; }
+  // and the KV pool, as the planner budgets them); Free ignores pointers into
+  // any arena ever set, also after it is unset.
+  void set_arena(DevicePool* pool);
 
  private:
   CudaExecutor(ExecMode mode, int device) : mode_(mode), device_(device) {}
@@ -94,6 +96,8 @@ class CudaExecutor final : public Executor {
   std::vector<OpKind> kinds_;
   bool capturing_ = false;
   DevicePool* arena_ = nullptr;
+  std::vector<std::pair<const void*, const void*>> arena_ranges_;
+  bool graphs_captured_ = false;  // captured graphs hold scratch pointers
   absl::Status dead_;
   std::optional<ExecFault> fault_;
 };

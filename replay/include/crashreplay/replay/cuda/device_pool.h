@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -54,9 +55,7 @@ class DevicePool {
   DevicePool& operator=(const DevicePool&) = delete;
 
   absl::StatusOr<void*> AllocStatic(size_t bytes);
-  bool InStatic(const void* p) const {
-    return p >= static_cast<const void*>(static_) && p < static_cast<const void*>(static_ + plan_.static_budget);
-  }
+  std::pair<const void*, const void*> static_range() const { return {static_, static_ + plan_.static_budget}; }
   void* workspace() const { return workspace_; }
   uint64_t ballast_bytes() const { return ballast_bytes_; }
   uint64_t static_used() const { return static_used_; }
