@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/formats/sharding.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/model.h"
 #include "text_util.h"
@@ -11,10 +12,6 @@ namespace crashreplay::replay {
 namespace {
 
 using text::Cat;
-
-struct Slice {
-  int64_t r0, r1, c0, c1;
-};
 
 absl::StatusOr<const HostTensor*> Get(const TensorSet& t, const std::string& name) {
   auto it = t.find(name);
@@ -32,17 +29,6 @@ float ScalarF32(const HostTensor& t) {
   float v = 0;
   std::memcpy(&v, t.bytes.data(), 4);
   return v;
-}
-
-// Copies a [rows, cols] block [r0,r1) x [c0,c1) of `elem_bits`-bit elements.
-std::vector<uint8_t> CopyBlock(const std::vector<uint8_t>& src, int64_t cols, int elem_bits, Slice s) {
-  const int64_t row_bytes = cols * elem_bits / 8;
-  const int64_t b0 = s.c0 * elem_bits / 8, b1 = s.c1 * elem_bits / 8;
-  std::vector<uint8_t> out((s.r1 - s.r0) * (b1 - b0));
-  for (int64_t r = s.r0; r < s.r1; ++r) {
-    std::memcpy(out.data() + (r - s.r0) * (b1 - b0), src.data() + r * row_bytes + b0, b1 - b0);
-  }
-  return out;
 }
 
 void SetViews(LinearShard* s) {
@@ -88,18 +74,44 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
 
 class Builder {
  public:
-  Builder(const ModelSpec& spec, const TensorSet& t, const EngineConfig& cfg) : spec_(spec), t_(t), cfg_(cfg) {}
+  Builder(const ModelSpec& spec, const TensorSet& t, const EngineConfig& cfg) : spec_(spec), t_(t), cfg_(cfg) {
+    tp_ = cfg.tp_size;
+    sharding_.num_kv_heads = spec.kv_heads;
+    sharding_.num_experts = spec.num_experts;
+    sharding_.expert_parallel = cfg.moe_parallel == MoeParallel::kExpert;
+  }
 
-  // Loads `base`.weight (+ scales, + bias) restricted to `s` (logical elements).
-  absl::StatusOr<LinearShard> Linear(const std::string& base, Slice s, bool bias_rows, int rank) {
+  // The rank's shard of one tensor, cut by the shared sharding rules
+  // (formats/sharding.h) and hashed as the capture side hashes it.
+  absl::StatusOr<std::vector<uint8_t>> Shard(const std::string& name, const HostTensor& t, int rank,
+                                             ShardSpec* spec_out = nullptr, ShardBlock* block_out = nullptr) {
+    const ShardSpec spec = ShardingRuleFor(name, t.shape, tp_, rank, sharding_);
+    CR_ASSIGN_OR_RETURN(ShardBlock b, ShardBlockFor(name, spec, t.shape, t.bytes.size()));
+    if (spec.kind == ShardKind::kOwned) b.held = spec.owner == rank;  // whole tensor, one owner
+    std::vector<uint8_t> out;
+    if (b.held) {
+      out.resize(b.bytes());
+      const uint64_t w = b.col_byte_end - b.col_byte_begin;
+      for (int64_t r = b.row_begin; r < b.row_end; ++r) {
+        std::memcpy(out.data() + (r - b.row_begin) * w, t.bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
+      }
+      (*hashes_)[rank][name] = XXH128Of(out.data(), out.size());
+    }
+    if (spec_out) *spec_out = spec;
+    if (block_out) *block_out = b;
+    return out;
+  }
+
+  // Loads rank `rank`'s shard of `base`.weight with its scales and bias.
+  absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) {
     const std::string name = base + ".weight";
     CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, name));
     if (w->shape.size() != 2) return absl::InvalidArgumentError(Cat("tensor '", name, "' is not 2-D"));
     LinearShard out;
     QWeight& q = out.w;
-    int64_t rows = w->shape[0], cols = w->shape[1];
     int bits = 16;
     const HostTensor* scale = nullptr;
+    std::string scale_name;
     switch (w->dtype) {
       case DType::kBF16: q.format = WFormat::kBF16; break;
       case DType::kF16: q.format = WFormat::kF16; break;
@@ -107,7 +119,8 @@ class Builder {
       case DType::kF8E4M3: {
         q.format = WFormat::kE4m3;
         bits = 8;
-        CR_ASSIGN_OR_RETURN(scale, Get(t_, base + ".weight_scale_inv"));
+        scale_name = base + ".weight_scale_inv";
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
         q.scale_format = SFormat::kF32;
         q.block_rows = static_cast<int32_t>(spec_.quant_block_rows > 1 ? spec_.quant_block_rows : 128);
         q.block_cols = static_cast<int32_t>(spec_.quant_block_cols > 1 ? spec_.quant_block_cols : 128);
@@ -116,13 +129,16 @@ class Builder {
       case DType::kU8: {
         q.format = WFormat::kE2m1;
         bits = 4;
-        cols *= 2;
-        CR_ASSIGN_OR_RETURN(scale, Get(t_, base + ".weight_scale"));
+        scale_name = base + ".weight_scale";
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
         if (scale->dtype == DType::kF8E4M3) {  // NVFP4 (ModelOpt)
           q.scale_format = SFormat::kE4m3;
           q.block_cols = 16;
           CR_ASSIGN_OR_RETURN(const HostTensor* g, Get(t_, base + ".weight_scale_2"));
           q.global_scale = ScalarF32(*g);
+          CR_RETURN_IF_ERROR(Shard(base + ".weight_scale_2", *g, rank).status());
+          auto in = t_.find(base + ".input_scale");
+          if (in != t_.end()) CR_RETURN_IF_ERROR(Shard(in->first, in->second, rank).status());
         } else {  // MXFP4: e8m0 bytes
           q.scale_format = SFormat::kE8m0;
           q.block_cols = 32;
@@ -133,52 +149,50 @@ class Builder {
         return absl::UnimplementedError(Cat("tensor '", name, "' has dtype ", DTypeName(w->dtype),
                                             ", which the engine does not load as a weight"));
     }
-    if (s.r1 < 0) s.r1 = rows;
-    if (s.c1 < 0) s.c1 = cols;
-    if (s.r1 > rows || s.c1 > cols) {
-      return absl::InvalidArgumentError(Cat("tensor '", name, "' is [", rows, ", ", cols, "], smaller than expected"));
-    }
+    ShardSpec spec;
+    ShardBlock blk;
+    CR_ASSIGN_OR_RETURN(out.data, Shard(name, *w, rank, &spec, &blk));
+    if (!blk.held) return absl::InternalError(Cat("rank ", rank, " does not hold '", name, "'"));
+    q.rows = blk.row_end - blk.row_begin;
+    q.cols = static_cast<int64_t>((blk.col_byte_end - blk.col_byte_begin) * 8 / bits);
     if (scale != nullptr) {
-      const bool rows_ok = s.r0 % q.block_rows == 0 && (s.r1 % q.block_rows == 0 || s.r1 == rows);
-      const bool cols_ok = s.c0 % q.block_cols == 0 && (s.c1 % q.block_cols == 0 || s.c1 == cols);
-      if (!rows_ok || !cols_ok) {
+      ShardBlock sb;
+      CR_ASSIGN_OR_RETURN(out.scales, Shard(scale_name, *scale, rank, nullptr, &sb));
+      const int64_t sbytes = scale->dtype == DType::kF32 ? 4 : 1;
+      q.scale_cols = static_cast<int64_t>((sb.col_byte_end - sb.col_byte_begin) / sbytes);
+      // The rule cuts weight and scales into the same number of equal parts;
+      // they stay aligned only when every part holds whole scale blocks.
+      const int64_t want_rows = (q.rows + q.block_rows - 1) / q.block_rows;
+      const int64_t want_cols = (q.cols + q.block_cols - 1) / q.block_cols;
+      const bool aligned = spec.kind != ShardKind::kSplit ||
+                           (spec.dim == 0 ? q.rows % q.block_rows == 0 || spec.parts == 1
+                                          : q.cols % q.block_cols == 0 || spec.parts == 1);
+      if (!aligned || want_rows != sb.row_end - sb.row_begin || want_cols != q.scale_cols) {
         return absl::InvalidArgumentError(
-            Cat("rank ", rank, "'s shard of '", name, "' (rows ", s.r0, "..", s.r1, ", columns ", s.c0, "..", s.c1,
-                ") splits a ", q.block_rows, "x", q.block_cols, " scale block; use a tp_size that divides the ",
-                "blocks evenly"));
+            Cat("rank ", rank, "'s shard of '", name, "' (", q.rows, "x", q.cols, ") splits a ", q.block_rows, "x",
+                q.block_cols, " scale block; use a tp_size that divides the blocks evenly"));
       }
-      q.scale_cols = scale->shape.size() == 2 ? scale->shape[1] : 1;
-      const int sbits = scale->dtype == DType::kF32 ? 32 : 8;
-      const Slice ss{s.r0 / q.block_rows, (s.r1 + q.block_rows - 1) / q.block_rows, s.c0 / q.block_cols,
-                     (s.c1 + q.block_cols - 1) / q.block_cols};
-      out.scales = CopyBlock(scale->bytes, q.scale_cols, sbits, ss);
-      q.scale_cols = ss.c1 - ss.c0;
     }
-    out.data = CopyBlock(w->bytes, cols, bits, s);
-    q.rows = s.r1 - s.r0;
-    q.cols = s.c1 - s.c0;
     auto bias_it = t_.find(base + ".bias");
     if (bias_it != t_.end()) {
-      const HostTensor& b = bias_it->second;
-      const int64_t n = static_cast<int64_t>(b.bytes.size() / 2);
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, b.bytes.data() + 2 * i, 2);
-        out.bias.push_back(b.dtype == DType::kF16 ? Fp16ToFloat(v) : Bf16ToFloat(v));
+      ShardSpec bspec;
+      CR_ASSIGN_OR_RETURN(std::vector<uint8_t> b, Shard(bias_it->first, bias_it->second, rank, &bspec));
+      const bool f32 = bias_it->second.dtype == DType::kF32;
+      for (size_t i = 0; i < b.size(); i += f32 ? 4 : 2) {
+        float v;
+        if (f32) {
+          std::memcpy(&v, b.data() + i, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, b.data() + i, 2);
+          v = bias_it->second.dtype == DType::kF16 ? Fp16ToFloat(h) : Bf16ToFloat(h);
+        }
+        out.bias.push_back(v);
       }
-      // Column-parallel layers own their rows' bias; row-parallel ones add the
-      // bias once, on rank 0.
-      if (bias_rows) {
-        out.bias = std::vector<float>(out.bias.begin() + s.r0, out.bias.begin() + s.r1);
-      } else if (rank != 0) {
-        out.bias.assign(out.bias.size(), 0.0f);
-      }
+      // A row-parallel layer's bias is replicated; it is added once, on rank 0.
+      if (spec.kind == ShardKind::kSplit && spec.dim == 1 && rank != 0) out.bias.assign(out.bias.size(), 0.0f);
     }
     SetViews(&out);
-    Hasher128 h;
-    h.Update(out.data.data(), out.data.size());
-    h.Update(out.scales.data(), out.scales.size());
-    (*hashes_)[rank][name] = h.Digest();
     // Device bytes: UE8M0 scales live packed, one byte each (DeepGEMM's
     // layout), whatever the host copy holds.
     const size_t stored_scales = out.scales.size();
@@ -192,6 +206,7 @@ class Builder {
 
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) {
     CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
+    for (int r = 0; r < tp_; ++r) CR_RETURN_IF_ERROR(Shard(name, *t, r).status());
     std::vector<float> v(n);
     if (t->bytes.size() != DTypeBytes(t->dtype, n)) {
       return absl::InvalidArgumentError(Cat("tensor '", name, "' should have ", n, " elements"));
@@ -215,6 +230,8 @@ class Builder {
   const ModelSpec& spec_;
   const TensorSet& t_;
   const EngineConfig& cfg_;
+  int tp_ = 1;
+  ShardingModel sharding_;
 };
 
 absl::Status Divides(int64_t n, int tp, const char* what) {
@@ -249,13 +266,15 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   b.bytes_ = &m->rank_weight_bytes;
   const int64_t H = spec.hidden, hd = spec.head_dim;
 
-  CR_ASSIGN_OR_RETURN(m->embed, b.Linear("model.embed_tokens", Slice{0, -1, 0, -1}, false, 0));
-  for (int r = 1; r < tp; ++r) m->rank_weight_bytes[r] += m->embed.bytes();
+  CR_ASSIGN_OR_RETURN(m->embed, b.Linear("model.embed_tokens", 0));
+  for (int r = 1; r < tp; ++r) {  // replicated: every rank holds (and hashes) it
+    m->rank_weight_bytes[r] += m->embed.bytes();
+    m->shard_hashes[r]["model.embed_tokens.weight"] = m->shard_hashes[0]["model.embed_tokens.weight"];
+  }
   CR_ASSIGN_OR_RETURN(m->final_norm, b.Vector("model.norm.weight", H));
   const std::string head = tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
   for (int r = 0; r < tp; ++r) {
-    CR_ASSIGN_OR_RETURN(LinearShard s,
-                        b.Linear(head, Slice{r * m->vocab_local, (r + 1) * m->vocab_local, 0, -1}, true, r));
+    CR_ASSIGN_OR_RETURN(LinearShard s, b.Linear(head, r));
     m->lm_head.push_back(std::move(s));
   }
   if (!spec.is_moe() || spec.first_k_dense > 0) CR_RETURN_IF_ERROR(Divides(spec.intermediate, tp, "intermediate size"));
@@ -282,7 +301,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
     layer.moe = spec.layer_is_moe(l);
     if (layer.moe) {
       const std::string router = n.router();
-      CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), Slice{0, -1, 0, -1}, true, 0));
+      CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), 0));
+      for (int r = 1; r < tp; ++r) m->shard_hashes[r][router] = m->shard_hashes[0][router];
       if (spec.scoring == "sigmoid" && tensors.count(n.bias())) {
         CR_ASSIGN_OR_RETURN(layer.correction_bias, b.Vector(n.bias(), spec.num_experts));
       }
@@ -290,40 +310,33 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
     const std::string a = n.prefix + "self_attn.";
     for (int r = 0; r < tp; ++r) {
       RankLayer rl;
-      const int64_t q0 = r * m->heads_local * hd, q1 = q0 + m->heads_local * hd;
-      const int64_t kvh = spec.kv_heads >= tp ? r * m->kv_heads_local : r * spec.kv_heads / tp;
-      const int64_t k0 = kvh * hd, k1 = k0 + m->kv_heads_local * hd;
-      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", Slice{q0, q1, 0, -1}, true, r));
-      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", Slice{k0, k1, 0, -1}, true, r));
-      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", Slice{k0, k1, 0, -1}, true, r));
-      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", Slice{0, -1, q0, q1}, false, r));
+      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
       auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
       if (!layer.moe) {
-        const int64_t i0 = r * m->intermediate_local, i1 = i0 + m->intermediate_local;
-        CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", Slice{i0, i1, 0, -1}, true, r));
-        CR_ASSIGN_OR_RETURN(rl.up, b.Linear(n.prefix + "mlp.up_proj", Slice{i0, i1, 0, -1}, true, r));
-        CR_ASSIGN_OR_RETURN(rl.down, b.Linear(n.prefix + "mlp.down_proj", Slice{0, -1, i0, i1}, false, r));
+        CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.up, b.Linear(n.prefix + "mlp.up_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.down, b.Linear(n.prefix + "mlp.down_proj", r));
       } else {
         const bool ep = cfg.moe_parallel == MoeParallel::kExpert;
         const int64_t e_per = ep ? spec.num_experts / tp : spec.num_experts;
         rl.expert_begin = ep ? r * e_per : 0;
-        const int64_t mi = m->moe_intermediate_local;
-        const int64_t i0 = ep ? 0 : r * mi, i1 = i0 + mi;
         for (int64_t j = rl.expert_begin; j < rl.expert_begin + e_per; ++j) {
           ExpertShard e;
-          CR_ASSIGN_OR_RETURN(e.gate, b.Linear(strip(n.expert(j, "gate")), Slice{i0, i1, 0, -1}, true, r));
-          CR_ASSIGN_OR_RETURN(e.up, b.Linear(strip(n.expert(j, "up")), Slice{i0, i1, 0, -1}, true, r));
-          CR_ASSIGN_OR_RETURN(e.down, b.Linear(strip(n.expert(j, "down")), Slice{0, -1, i0, i1}, false, r));
+          CR_ASSIGN_OR_RETURN(e.gate, b.Linear(strip(n.expert(j, "gate")), r));
+          CR_ASSIGN_OR_RETURN(e.up, b.Linear(strip(n.expert(j, "up")), r));
+          CR_ASSIGN_OR_RETURN(e.down, b.Linear(strip(n.expert(j, "down")), r));
           rl.experts.push_back(std::move(e));
         }
         if (spec.n_shared_experts > 0) {
           const int64_t si = spec.moe_intermediate * spec.n_shared_experts;
           CR_RETURN_IF_ERROR(Divides(si, tp, "shared expert intermediate size"));
-          const int64_t s0 = r * si / tp, s1 = s0 + si / tp;
           rl.has_shared = true;
-          CR_ASSIGN_OR_RETURN(rl.shared.gate, b.Linear(strip(n.shared("gate")), Slice{s0, s1, 0, -1}, true, r));
-          CR_ASSIGN_OR_RETURN(rl.shared.up, b.Linear(strip(n.shared("up")), Slice{s0, s1, 0, -1}, true, r));
-          CR_ASSIGN_OR_RETURN(rl.shared.down, b.Linear(strip(n.shared("down")), Slice{0, -1, s0, s1}, false, r));
+          CR_ASSIGN_OR_RETURN(rl.shared.gate, b.Linear(strip(n.shared("gate")), r));
+          CR_ASSIGN_OR_RETURN(rl.shared.up, b.Linear(strip(n.shared("up")), r));
+          CR_ASSIGN_OR_RETURN(rl.shared.down, b.Linear(strip(n.shared("down")), r));
         }
       }
       layer.ranks.push_back(std::move(rl));
