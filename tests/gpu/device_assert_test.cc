@@ -32,6 +32,10 @@ namespace {
     std::fprintf(stderr, "no fault record: %s\n", std::string(rep.status.message()).c_str());
     std::_Exit(12);
   }
+  if (!run.result.fault) {
+    std::fprintf(stderr, "cuda failed where the cpu did not: %s\n", f->Describe().c_str());
+    std::_Exit(14);
+  }
   // The CPU engine's fault for the same run, for the parent to compare.
   const Fault& want = *run.result.fault;
   std::fprintf(stderr, "cuda: kernel=%s layer=%d check=%s index=%lld value=%g error=%s surfaced=%s\n",
