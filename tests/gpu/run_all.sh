@@ -18,7 +18,9 @@ status=0
 
 echo "== configure + build (archs $ARCHS)" | tee "$OUT/build.log"
 start=$(date +%s)
-if ! { cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRASHREPLAY_CUDA=ON \
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if ! { cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCRASHREPLAY_CUDA=ON \
          -DCRASHREPLAY_CUDA_ARCHS="$ARCHS" &&
        cmake --build "$BUILD" -j"$JOBS" --target gpu_test replay_test gpu_bench crashreplay; } >>"$OUT/build.log" 2>&1; then
   echo "BUILD FAILED (see $OUT/build.log)"; tail -30 "$OUT/build.log"; exit 2
