@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "crashreplay/replay/executor.h"
 #include "commands_decl.h"
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
@@ -111,6 +112,14 @@ int RunRun(int argc, char** argv) {
   }
   for (const std::string& s : sets) {
     if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);
+  }
+  // device=cuda (CUDA backend hook): "no CUDA device" is a usage error here.
+  if (config.Enum("device") != "cpu") {
+    auto exec = replay::MakeExecutor(config.Enum("device"), replay::ExecMode::kKernelByKernel, 1);
+    if (!exec.ok()) return ReportError(exec.status());
+    return ReportError(absl::UnimplementedError(
+        "--set device=cuda: `run` drives the CPU engine; steps run on the GPU through OpStep "
+        "(replay/op_step.h), which is not wired into `run` yet"));
   }
   std::vector<replay::Request> requests;
   for (const std::string& p : prompts) {

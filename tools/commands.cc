@@ -17,6 +17,7 @@ constexpr Command kCommands[] = {
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
+    {"devices", "list the compiled backends and CUDA devices; --device checks one can run", RunDevices},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

@@ -13,5 +13,6 @@ int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);
 int RunHash(int argc, char** argv);
 int RunBisectCommand(int argc, char** argv);
+int RunDevices(int argc, char** argv);
 
 }  // namespace crashreplay::tools

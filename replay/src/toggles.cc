@@ -61,6 +61,10 @@ const std::vector<ToggleSpec>& Table() {
        "factor applied to device_memory_gb so a small model sees the memory arithmetic of a large "
        "one (capacity = device_memory_gb * 1e9 * device_memory_scale)",
        false},
+      {"device", ToggleType::kEnum, {"cpu", "cuda"}, 0, 0, "cpu",
+       "backend that runs the step's kernels: cpu (reference, always present) or cuda (the same kernel "
+       "bodies on the GPU, device-side asserts; fails with 'no CUDA device' where there is none)",
+       false},
   };
   return kTable;
 }

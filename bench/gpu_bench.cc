@@ -1,0 +1,215 @@
+// GPU benchmark: (1) decode GEMV/GEMM throughput of the CUDA LinearOp for
+// bf16, FP8-block, NVFP4 and MXFP4 weights, as a fraction of the device's
+// memory bandwidth (the reference: a device-to-device cudaMemcpy of the same
+// size, and the theoretical peak where the driver reports it); (2) one-step
+// replay time, async vs kernel-by-kernel, on a random checkpoint.
+// Prints one line per figure; exits 0 with a note when there is no device.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/cuda/cuda_executor.h"
+#include "crashreplay/replay/engine.h"
+#include "crashreplay/replay/op_step.h"
+#include "crashreplay/replay/random_checkpoint.h"
+
+namespace cr = crashreplay::replay;
+
+namespace {
+
+struct Weights {
+  std::vector<uint8_t> data, scales;
+  cr::QWeight w;
+};
+
+// A [rows, cols] weight of the given kind with deterministic contents.
+Weights MakeWeights(const std::string& kind, int64_t rows, int64_t cols) {
+  Weights m;
+  m.w.rows = rows;
+  m.w.cols = cols;
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint8_t>(state >> 56);
+  };
+  if (kind == "bf16") {
+    m.w.format = cr::WFormat::kBF16;
+    m.data.resize(rows * cols * 2);
+    for (size_t i = 0; i < m.data.size(); i += 2) {
+      const uint16_t b = crashreplay::FloatToBf16((static_cast<float>(next()) - 128.0f) / 1024.0f);
+      m.data[i] = static_cast<uint8_t>(b);
+      m.data[i + 1] = static_cast<uint8_t>(b >> 8);
+    }
+    return m;
+  }
+  if (kind == "fp8") {
+    m.w.format = cr::WFormat::kE4m3;
+    m.w.scale_format = cr::SFormat::kF32;
+    m.w.block_rows = m.w.block_cols = 128;
+    m.data.resize(rows * cols);
+    for (auto& b : m.data) b = next() & 0x7e;  // finite e4m3
+  } else {
+    m.w.format = cr::WFormat::kE2m1;
+    m.w.scale_format = kind == "nvfp4" ? cr::SFormat::kE4m3 : cr::SFormat::kE8m0;
+    m.w.block_rows = 1;
+    m.w.block_cols = kind == "nvfp4" ? 16 : 32;
+    m.data.resize(rows * cols / 2);
+    for (auto& b : m.data) b = next();
+  }
+  m.w.scale_cols = (cols + m.w.block_cols - 1) / m.w.block_cols;
+  const int64_t srows = (rows + m.w.block_rows - 1) / m.w.block_rows;
+  if (m.w.scale_format == cr::SFormat::kF32) {
+    m.scales.resize(srows * m.w.scale_cols * 4);
+    std::vector<float> s(srows * m.w.scale_cols, 1.0f / 448.0f);
+    std::memcpy(m.scales.data(), s.data(), m.scales.size());
+  } else {
+    m.scales.assign(srows * m.w.scale_cols, kind == "nvfp4" ? 0x38 : 127);  // 1.0 in e4m3 / e8m0
+  }
+  return m;
+}
+
+double Peak(int device) {
+  int clock_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess || clock_khz == 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;  // DDR: two transfers per clock
+}
+
+double MemcpyBandwidth(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e0);
+  for (int i = 0; i < 10; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes * 10 / (ms / 1e3);  // read + write
+}
+
+}  // namespace
+
+int main() {
+  auto count = cr::cuda::DeviceCount();
+  if (!count.ok()) {
+    std::printf("gpu_bench: skipped: %s\n", std::string(count.status().message()).c_str());
+    return 0;
+  }
+  auto info = cr::cuda::QueryDevice(0);
+  auto exec = cr::cuda::CudaExecutor::Create(cr::ExecMode::kAsync, 0);
+  if (!info.ok() || !exec.ok()) return 1;
+  const double peak = Peak(0);
+  std::printf("device: %s sm_%d%d, %.1f GB, peak bandwidth %.0f GB/s%s\n", info->name.c_str(), info->sm_major,
+              info->sm_minor, info->total_bytes / 1e9, peak / 1e9, peak > 0 ? "" : " (not reported)");
+  const int64_t rows = 8192, cols = 8192;
+  for (const std::string kind : {"bf16", "fp8", "nvfp4", "mxfp4"}) {
+    Weights wt = MakeWeights(kind, rows, cols);
+    cr::ExecMemory mem(exec->get());
+    auto d = mem.Copy(wt.data);
+    cr::LinearShardView view{wt.w, nullptr};
+    view.w.data = *d;
+    if (!wt.scales.empty()) view.w.scales = *mem.Copy(wt.scales);
+    auto shards = mem.Copy(std::vector<cr::LinearShardView>{view});
+    const size_t wbytes = wt.data.size() + wt.scales.size();
+    const double ref = MemcpyBandwidth(wbytes);
+    for (int64_t tokens : {1, 8, 32}) {
+      std::vector<float> x(tokens * cols, 0.01f);
+      auto xd = mem.Copy(x);
+      auto yd = mem.Alloc(tokens * rows * 4);
+      for (cr::DotKind dot : {cr::DotKind::kDequant, cr::DotKind::kFused}) {
+        cr::LinearOp op;
+        op.shards = *shards;
+        op.dot = dot;
+        op.x = *xd;
+        op.y = static_cast<float*>(*yd);
+        op.ranks = 1;
+        op.tokens = tokens;
+        op.rows = rows;
+        op.cols = cols;
+        (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
+        (void)(*exec)->Synchronize();
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        const int iters = 10;
+        cudaEventRecord(e0, (*exec)->stream());
+        for (int i = 0; i < iters; ++i) (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
+        cudaEventRecord(e1, (*exec)->stream());
+        if (!(*exec)->Synchronize().ok()) return 1;
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double s = ms / 1e3 / iters;
+        const double bytes = static_cast<double>(wbytes) + tokens * (cols + rows) * 4.0;
+        std::printf("linear %-5s %-7s tokens %2lld: %8.1f us  %7.1f GB/s  %5.1f%% of memcpy (%.0f GB/s)  %5.1f%% of peak\n",
+                    kind.c_str(), dot == cr::DotKind::kDequant ? "dequant" : "fused",
+                    static_cast<long long>(tokens), s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / ref, ref / 1e9,
+                    peak > 0 ? 100.0 * bytes / s / peak : 0.0);
+      }
+    }
+  }
+  // One decode step of a random checkpoint, async vs kernel by kernel.
+  cr::MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.quant = "nvfp4";
+  o.layers = 8;
+  o.hidden = 1024;
+  o.heads = 16;
+  o.kv_heads = 4;
+  o.head_dim = 64;
+  o.intermediate = 2048;
+  o.moe_intermediate = 256;
+  o.experts = 32;
+  o.experts_per_tok = 4;
+  o.vocab = 8192;
+  auto ckpt = cr::GenerateRandomCheckpoint(o);
+  if (!ckpt.ok()) return 1;
+  const cr::EngineConfig ec = cr::ResolveConfig(cr::Config::Defaults());
+  auto model = cr::BuildModel(ckpt->spec, ckpt->tensors, ec);
+  if (!model.ok()) return 1;
+  cr::StepInput in;
+  in.mode = cr::ForwardMode::kDecode;
+  for (int r = 0; r < 32; ++r) {
+    cr::StepRow row;
+    row.request_id = r;
+    row.tokens = {r + 1};
+    row.start_pos = 255;
+    for (int p = 0; p < 256 / 16; ++p) row.page_table.push_back(r * 16 + p);
+    in.rows.push_back(row);
+  }
+  for (cr::ExecMode mode : {cr::ExecMode::kAsync, cr::ExecMode::kKernelByKernel}) {
+    auto ex = cr::cuda::CudaExecutor::Create(mode, 0);
+    if (!ex.ok()) return 1;
+    auto dm = cr::DeviceModel::Upload(**model, ex->get());
+    auto kv = cr::DeviceKv::Create(**model, ec, 32 * 16, ex->get());
+    if (!dm.ok() || !kv.ok()) return 1;
+    double best = 1e30;
+    size_t kernels = 0;
+    for (int i = 0; i < 5; ++i) {
+      auto step = cr::OpStep::Build(**dm, ec, kv->get(), ex->get(), in);
+      if (!step.ok()) return 1;
+      kernels = (*step)->kernels().size();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!(*step)->RunAll().ok()) return 1;
+      const auto t1 = std::chrono::steady_clock::now();
+      best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::printf("decode step (qwen3_moe nvfp4, 8 layers, 32 rows x 256 positions, %zu kernels) %-16s %8.2f ms\n",
+                kernels, cr::ExecModeName(mode), best);
+  }
+  return 0;
+}

@@ -1,0 +1,383 @@
+// Kernel invocations as plain data: one struct per kernel of the step, and
+// one CR_HD function per struct that computes one work item of it by calling
+// the shared kernel bodies (kernels/*.h). This is what both backends launch
+// (DESIGN decision 8): the CPU executor loops over the items on its thread
+// pool, the CUDA executor runs one thread per item (or a tiled variant that
+// still calls the same body per item), so the two differ in launch geometry
+// only, never in what an item computes or checks.
+//
+// The work-item decomposition and the `item` each body is given match
+// StepProgram's CPU launches (step.cc), so a fault names the same work item on
+// either backend. Every pointer in an op points into the memory of the
+// executor that runs it (host memory for the CPU executor, device memory for
+// the CUDA executor), including the small per-rank arrays (shards, KV views).
+//
+// Determinism: every output element is written by exactly one item, with the
+// body's fixed summation order; no op uses atomics.
+#pragma once
+
+#include <cstdint>
+
+#include "crashreplay/base/hd.h"
+#include "crashreplay/replay/kernels/attention.h"
+#include "crashreplay/replay/kernels/check.h"
+#include "crashreplay/replay/kernels/elementwise.h"
+#include "crashreplay/replay/kernels/linear.h"
+#include "crashreplay/replay/kernels/router.h"
+#include "crashreplay/replay/kernels/sampling.h"
+
+namespace crashreplay::replay {
+
+// Stable ids, recorded by the CUDA fault buffer.
+enum class OpKind : uint32_t {
+  kEmbedding, kRmsNorm, kLinear, kRope, kKvWrite, kAttention, kSiluMul, kReduce,
+  kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kCount,
+};
+const char* OpKindName(OpKind k);
+
+// The batch's request layout, shared by the ops that resolve pages or rows.
+struct BatchView {
+  const int32_t* positions = nullptr;     // [tokens]
+  const int32_t* token_row = nullptr;     // [tokens] request row of each token
+  const int32_t* page_tables = nullptr;   // all rows' page tables, concatenated
+  const int64_t* table_offset = nullptr;  // [rows + 1] start of row r in page_tables
+  int64_t tokens = 0;
+};
+
+CR_HD PageTableRow RowTable(const BatchView& b, int64_t t) {
+  const int32_t r = b.token_row[t];
+  return PageTableRow{b.page_tables + b.table_offset[r], b.table_offset[r + 1] - b.table_offset[r]};
+}
+
+struct LinearShardView {
+  QWeight w;
+  const float* bias = nullptr;  // [rows] or null
+};
+
+struct ExpertView {
+  QWeight gate, up, down;
+};
+
+struct EmbeddingOp {
+  static constexpr OpKind kKind = OpKind::kEmbedding;
+  QWeight table;
+  const int32_t* tokens = nullptr;
+  float* out = nullptr;  // [tokens, table.cols]
+  int64_t n_tokens = 0;
+};
+
+// out[r] = RMSNorm(x[gather ? gather[r] : r]) over rows of n elements.
+struct RmsNormOp {
+  static constexpr OpKind kKind = OpKind::kRmsNorm;
+  const float* x = nullptr;
+  const float* w = nullptr;
+  float* out = nullptr;
+  const int32_t* gather = nullptr;
+  int64_t rows = 0, n = 0;
+  float eps = 1e-6f;
+};
+
+// y[rank, token, row] for every rank's shard; x is [tokens, cols] shared by
+// the ranks, or [ranks, tokens, cols] when x_per_rank.
+struct LinearOp {
+  static constexpr OpKind kKind = OpKind::kLinear;
+  const LinearShardView* shards = nullptr;  // [ranks], all of the same shape
+  DotKind dot = DotKind::kDequant;
+  const float* x = nullptr;
+  bool x_per_rank = false;
+  float* y = nullptr;
+  int64_t ranks = 0, tokens = 0, rows = 0, cols = 0;
+};
+
+// Rotates `heads` heads of head_dim in every row [ranks * tokens] of x.
+struct RopeOp {
+  static constexpr OpKind kKind = OpKind::kRope;
+  float* x = nullptr;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int64_t rows = 0, tokens = 0, heads = 0, head_dim = 0, rotary_dim = 0;
+  float mscale = 1.0f;
+};
+
+struct KvWriteOp {
+  static constexpr OpKind kKind = OpKind::kKvWrite;
+  const KvPoolView* views = nullptr;  // [ranks]
+  const float* k = nullptr;           // [ranks, tokens, kvd]
+  const float* v = nullptr;
+  BatchView batch;
+  int64_t ranks = 0, kvd = 0;
+};
+
+struct AttentionOp {
+  static constexpr OpKind kKind = OpKind::kAttention;
+  const KvPoolView* views = nullptr;  // [ranks]
+  const float* q = nullptr;           // [ranks, tokens, heads * head_dim]
+  float* out = nullptr;
+  BatchView batch;
+  int32_t backend = 0;                // AttentionBackend as int
+  int64_t ranks = 0, heads = 0, group = 1, head_dim = 0;
+  int64_t max_len = 0;                // longest attended length (scratch sizing)
+  float scale = 1.0f;
+};
+
+struct SiluMulOp {
+  static constexpr OpKind kKind = OpKind::kSiluMul;
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  float* out = nullptr;
+  int64_t rows = 0, n = 0;
+};
+
+// hidden[i] += sum over ranks of partial[r * n + i], in rank order.
+struct ReduceOp {
+  static constexpr OpKind kKind = OpKind::kReduce;
+  float* hidden = nullptr;
+  const float* partial = nullptr;
+  int32_t ranks = 1;
+  int64_t n = 0;
+};
+
+struct RouterOp {
+  static constexpr OpKind kKind = OpKind::kRouter;
+  QWeight router;  // [experts, hidden]
+  const float* x = nullptr;
+  float* logits = nullptr;
+  int64_t tokens = 0;
+};
+
+struct TopKOp {
+  static constexpr OpKind kKind = OpKind::kTopK;
+  const float* logits = nullptr;  // [tokens, experts]
+  const float* bias = nullptr;    // sigmoid routing correction bias or null
+  int32_t* ids = nullptr;         // [tokens, k]
+  float* weights = nullptr;
+  int64_t tokens = 0;
+  int32_t experts = 0, k = 0, n_group = 1, topk_group = 1;
+  bool sigmoid = false, renormalize = true;
+  float scaling = 1.0f;
+};
+
+struct ExpertsOp {
+  static constexpr OpKind kKind = OpKind::kExperts;
+  const ExpertView* experts = nullptr;  // [ranks, stride]
+  const int32_t* local_count = nullptr; // [ranks]
+  const int64_t* expert_begin = nullptr;// [ranks]
+  const float* x = nullptr;             // [tokens, hidden]
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  float* partial = nullptr;             // [ranks, tokens, hidden]
+  int64_t ranks = 0, tokens = 0, hidden = 0, k = 0, stride = 0, inter = 0;
+  DotKind dot = DotKind::kDequant;
+};
+
+struct SharedExpertOp {
+  static constexpr OpKind kKind = OpKind::kSharedExpert;
+  const ExpertView* shared = nullptr;  // [ranks]
+  const float* x = nullptr;
+  float* partial = nullptr;
+  int64_t ranks = 0, tokens = 0, hidden = 0, inter = 0;
+  DotKind dot = DotKind::kDequant;
+};
+
+// logits[row, rank * vocab_local + j] = local[rank, row, j].
+struct GatherLogitsOp {
+  static constexpr OpKind kKind = OpKind::kGatherLogits;
+  const float* local = nullptr;
+  float* logits = nullptr;
+  int64_t ranks = 0, rows = 0, vocab_local = 0;
+};
+
+struct ProcessLogitsOp {
+  static constexpr OpKind kKind = OpKind::kProcessLogits;
+  const float* logits = nullptr;
+  float* probs = nullptr;
+  const SamplingParams* params = nullptr;  // [rows]
+  int64_t rows = 0;
+  int32_t vocab = 0;
+  bool sorted = true;
+};
+
+struct SampleOp {
+  static constexpr OpKind kKind = OpKind::kSample;
+  const float* logits = nullptr;
+  const float* probs = nullptr;
+  const SamplingParams* params = nullptr;  // [rows]
+  const int64_t* request_id = nullptr;     // [rows]
+  const uint64_t* sample_offset = nullptr; // [rows]
+  int32_t* next = nullptr;
+  int64_t rows = 0;
+  int32_t vocab = 0;
+};
+
+// ---- work items ------------------------------------------------------------
+// Items(op): how many; ScratchFloats(op): per-item scratch the launcher gives;
+// RunItem(op, i, scratch, st): compute item i.
+
+CR_HD int64_t Items(const EmbeddingOp& o) { return o.n_tokens; }
+CR_HD int64_t ScratchFloats(const EmbeddingOp&) { return 0; }
+CR_HD void RunItem(const EmbeddingOp& o, int64_t t, float*, KernelStatus* st) {
+  EmbeddingRow(o.table, o.tokens[t], o.out + t * o.table.cols, t, st);
+}
+
+CR_HD int64_t Items(const RmsNormOp& o) { return o.rows; }
+CR_HD int64_t ScratchFloats(const RmsNormOp&) { return 0; }
+CR_HD void RunItem(const RmsNormOp& o, int64_t r, float*, KernelStatus*) {
+  const int64_t src = o.gather != nullptr ? o.gather[r] : r;
+  RmsNormRow(o.x + src * o.n, o.w, o.n, o.eps, o.out + r * o.n);
+}
+
+// One output element; the body is told the (rank, token) item as step.cc does.
+CR_HD int64_t Items(const LinearOp& o) { return o.ranks * o.tokens * o.rows; }
+CR_HD int64_t ScratchFloats(const LinearOp&) { return 0; }
+CR_HD void LinearRow(const LinearOp& o, int64_t rt, int64_t row, const float* xi, KernelStatus* st) {
+  const LinearShardView& s = o.shards[rt / o.tokens];
+  float v = LinearElement(o.dot, s.w, xi, row, rt, st);
+  if (s.bias != nullptr) v += s.bias[row];
+  o.y[rt * o.rows + row] = v;
+}
+CR_HD const float* LinearInput(const LinearOp& o, int64_t rt) {
+  return o.x + (o.x_per_rank ? rt : rt % o.tokens) * o.cols;
+}
+CR_HD void RunItem(const LinearOp& o, int64_t i, float*, KernelStatus* st) {
+  const int64_t rt = i / o.rows;
+  LinearRow(o, rt, i % o.rows, LinearInput(o, rt), st);
+}
+
+CR_HD int64_t Items(const RopeOp& o) { return o.rows * o.heads; }
+CR_HD int64_t ScratchFloats(const RopeOp&) { return 0; }
+CR_HD void RunItem(const RopeOp& o, int64_t i, float*, KernelStatus*) {
+  const int64_t rt = i / o.heads, h = i % o.heads;
+  RopeHead(o.x + (rt * o.heads + h) * o.head_dim, o.rotary_dim, o.positions[rt % o.tokens], o.inv_freq, o.mscale);
+}
+
+CR_HD int64_t Items(const KvWriteOp& o) { return o.ranks * o.batch.tokens; }
+CR_HD int64_t ScratchFloats(const KvWriteOp&) { return 0; }
+CR_HD void RunItem(const KvWriteOp& o, int64_t rt, float*, KernelStatus* st) {
+  const int64_t r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  KvWriteToken(o.views[r], RowTable(o.batch, t), o.batch.positions[t], o.k + rt * o.kvd, o.v + rt * o.kvd, rt, st);
+}
+
+CR_HD int64_t Items(const AttentionOp& o) { return o.ranks * o.batch.tokens * o.heads; }
+CR_HD int64_t ScratchFloats(const AttentionOp& o) {
+  return FlashScratchFloats(o.max_len, o.head_dim) + o.max_len + kPaged64Tile;
+}
+CR_HD void RunItem(const AttentionOp& o, int64_t i, float* scratch, KernelStatus* st) {
+  const int64_t rt = i / o.heads, h = i % o.heads, r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  const int64_t qd = o.heads * o.head_dim;
+  const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  const float* qh = o.q + rt * qd + h * o.head_dim;
+  float* out = o.out + rt * qd + h * o.head_dim;
+  const PageTableRow pt = RowTable(o.batch, t);
+  switch (o.backend) {
+    case 1: AttendFlashDecode(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st); break;
+    case 2: AttendPaged64(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st); break;
+    default: AttendReference(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st); break;
+  }
+}
+
+CR_HD int64_t Items(const SiluMulOp& o) { return o.rows; }
+CR_HD int64_t ScratchFloats(const SiluMulOp&) { return 0; }
+CR_HD void RunItem(const SiluMulOp& o, int64_t r, float*, KernelStatus*) {
+  SiluMulRow(o.gate + r * o.n, o.up + r * o.n, o.n, o.out + r * o.n);
+}
+
+CR_HD int64_t Items(const ReduceOp& o) { return o.n; }
+CR_HD int64_t ScratchFloats(const ReduceOp&) { return 0; }
+CR_HD void RunItem(const ReduceOp& o, int64_t i, float*, KernelStatus*) {
+  o.hidden[i] = o.hidden[i] + FixedOrderSum(o.partial, o.ranks, o.n, i);
+}
+
+CR_HD int64_t Items(const RouterOp& o) { return o.tokens * o.router.rows; }
+CR_HD int64_t ScratchFloats(const RouterOp&) { return 0; }
+CR_HD void RunItem(const RouterOp& o, int64_t i, float*, KernelStatus*) {
+  const int64_t e = o.router.rows, t = i / e;
+  o.logits[i] = DotRaw(o.router, o.x + t * o.router.cols, i % e, 0, o.router.cols);
+}
+
+CR_HD int64_t Items(const TopKOp& o) { return o.tokens; }
+CR_HD int64_t ScratchFloats(const TopKOp& o) { return 2 * o.experts + o.experts / 4 + 1; }
+CR_HD void RunItem(const TopKOp& o, int64_t t, float* scratch, KernelStatus* st) {
+  const int64_t E = o.experts, K = o.k;
+  if (o.sigmoid) {
+    uint8_t* mask = reinterpret_cast<uint8_t*>(scratch + 2 * E);
+    RouteSigmoidGrouped(o.logits + t * E, o.bias, o.experts, o.k, o.n_group, o.topk_group, o.renormalize, o.scaling,
+                        o.ids + t * K, o.weights + t * K, scratch, mask, t, st);
+  } else {
+    RouteSoftmaxTopK(o.logits + t * E, o.experts, o.k, o.renormalize, o.ids + t * K, o.weights + t * K, scratch, t,
+                     st);
+  }
+}
+
+CR_HD int64_t Items(const ExpertsOp& o) { return o.ranks * o.tokens; }
+CR_HD int64_t ScratchFloats(const ExpertsOp& o) { return 3 * o.inter; }
+CR_HD void RunItem(const ExpertsOp& o, int64_t rt, float* scratch, KernelStatus* st) {
+  const int64_t r = rt / o.tokens, t = rt % o.tokens, H = o.hidden, mi = o.inter;
+  float* g = scratch;
+  float* u = g + mi;
+  float* a = u + mi;
+  float* out = o.partial + rt * H;
+  const float* x = o.x + t * H;
+  for (int64_t i = 0; i < H; ++i) out[i] = 0.0f;
+  for (int64_t k = 0; k < o.k; ++k) {
+    const int64_t j = o.ids[t * o.k + k] - o.expert_begin[r];
+    if (j < 0 || j >= o.local_count[r]) continue;  // another rank's expert
+    const ExpertView& e = o.experts[r * o.stride + j];
+    for (int64_t i = 0; i < mi; ++i) {
+      g[i] = LinearElement(o.dot, e.gate, x, i, rt, st);
+      u[i] = LinearElement(o.dot, e.up, x, i, rt, st);
+    }
+    SiluMulRow(g, u, mi, a);
+    const float w = o.weights[t * o.k + k];
+    for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], w, LinearElement(o.dot, e.down, a, i, rt, st));
+  }
+}
+
+CR_HD int64_t Items(const SharedExpertOp& o) { return o.ranks * o.tokens; }
+CR_HD int64_t ScratchFloats(const SharedExpertOp& o) { return 3 * o.inter; }
+CR_HD void RunItem(const SharedExpertOp& o, int64_t rt, float* scratch, KernelStatus* st) {
+  const int64_t r = rt / o.tokens, t = rt % o.tokens, H = o.hidden;
+  const ExpertView& e = o.shared[r];
+  const int64_t si = e.gate.rows;
+  float* g = scratch;
+  float* u = g + si;
+  float* a = u + si;
+  const float* x = o.x + t * H;
+  for (int64_t i = 0; i < si; ++i) {
+    g[i] = LinearElement(o.dot, e.gate, x, i, rt, st);
+    u[i] = LinearElement(o.dot, e.up, x, i, rt, st);
+  }
+  SiluMulRow(g, u, si, a);
+  for (int64_t i = 0; i < H; ++i) o.partial[rt * H + i] += LinearElement(o.dot, e.down, a, i, rt, st);
+}
+
+CR_HD int64_t Items(const GatherLogitsOp& o) { return o.rows * o.ranks; }
+CR_HD int64_t ScratchFloats(const GatherLogitsOp&) { return 0; }
+CR_HD void RunItem(const GatherLogitsOp& o, int64_t i, float*, KernelStatus*) {
+  const int64_t row = i / o.ranks, r = i % o.ranks, vl = o.vocab_local;
+  const float* src = o.local + (r * o.rows + row) * vl;
+  float* dst = o.logits + row * vl * o.ranks + r * vl;
+  for (int64_t j = 0; j < vl; ++j) dst[j] = src[j];
+}
+
+CR_HD int64_t Items(const ProcessLogitsOp& o) { return o.rows; }
+CR_HD int64_t ScratchFloats(const ProcessLogitsOp& o) { return o.vocab; }
+CR_HD void RunItem(const ProcessLogitsOp& o, int64_t r, float* scratch, KernelStatus*) {
+  const SamplingParams& sp = o.params[r];
+  if (sp.temperature <= 0.0f) return;  // greedy rows take the argmax of the logits
+  ProcessLogits(o.logits + r * o.vocab, o.vocab, sp, o.sorted, o.probs + r * o.vocab,
+                reinterpret_cast<int32_t*>(scratch));
+}
+
+CR_HD int64_t Items(const SampleOp& o) { return o.rows; }
+CR_HD int64_t ScratchFloats(const SampleOp&) { return 0; }
+CR_HD void RunItem(const SampleOp& o, int64_t r, float*, KernelStatus* st) {
+  const SamplingParams& sp = o.params[r];
+  if (sp.temperature <= 0.0f) {
+    o.next[r] = ArgMaxRow(o.logits + r * o.vocab, o.vocab, r, st);
+  } else {
+    const float u = CounterUniform(sp.seed, static_cast<uint64_t>(o.request_id[r]), o.sample_offset[r]);
+    o.next[r] = SampleRow(o.probs + r * o.vocab, o.vocab, u, r, st);
+  }
+}
+
+}  // namespace crashreplay::replay

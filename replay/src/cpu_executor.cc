@@ -1,0 +1,84 @@
+// The CPU executor: ops run on a CpuPool in host memory, always kernel by
+// kernel (a fired check is reported by the Launch that ran it).
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/executor.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using text::Cat;
+
+float* ThreadScratch(int64_t n) {
+  thread_local std::vector<float> s;
+  if (static_cast<int64_t>(s.size()) < n) s.resize(static_cast<size_t>(n));
+  return s.data();
+}
+
+class CpuExecutor final : public Executor {
+ public:
+  explicit CpuExecutor(int threads) : pool_(threads) {}
+
+  std::string_view name() const override { return "cpu"; }
+  ExecMode mode() const override { return ExecMode::kKernelByKernel; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) return absl::ResourceExhaustedError(Cat("host allocation of ", bytes, " bytes failed"));
+    return p;
+  }
+  void Free(void* p) override { std::free(p); }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Fill(void* dst, int byte, size_t bytes) override {
+    if (bytes) std::memset(dst, byte, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Launch(const Op& op, const LaunchTag& tag) override {
+    const uint32_t seq = launches_++;
+    const KernelStatus st = std::visit(
+        [this](const auto& o) {
+          const int64_t scratch = ScratchFloats(o);
+          return pool_.Launch(Items(o), [&o, scratch](int64_t i, KernelStatus* s) {
+            RunItem(o, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s);
+          });
+        },
+        op);
+    if (!st.fired) return absl::OkStatus();
+    ExecFault f;
+    f.launch = seq;
+    f.tag = tag;
+    f.op = KindOf(op);
+    f.status = st;
+    f.surfaced_in = "Launch";
+    f.surfaced_after_launch = launches_;
+    fault_ = f;
+    return absl::AbortedError(f.Describe());
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  const std::optional<ExecFault>& fault() const override { return fault_; }
+  uint32_t launches() const override { return launches_; }
+
+ private:
+  CpuPool pool_;
+  uint32_t launches_ = 0;
+  std::optional<ExecFault> fault_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> MakeCpuExecutor(int threads) { return std::make_unique<CpuExecutor>(threads); }
+
+}  // namespace crashreplay::replay

@@ -1,0 +1,95 @@
+// CUDA launchers of the ops; see op_kernels.h. Kept to one template instance
+// per op type (plus the tiled linear kernel) to bound compile time.
+#include "device_check.cuh"  // first: re-enables assert for this file
+
+#include "op_kernels.h"
+
+namespace crashreplay::replay::cuda {
+
+namespace {
+
+template <typename OpT>
+__global__ void __launch_bounds__(kBlockThreads) ItemKernel(OpT op, int64_t items, LaunchArgs a) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  float* scratch = a.scratch != nullptr ? a.scratch + tid * a.scratch_stride : nullptr;
+  for (int64_t i = tid; i < items; i += stride) {
+    KernelStatus st;
+    RunItem(op, i, scratch, &st);
+    if (st.fired) RecordFaultAndAssert(a.fault, a.launch, a.layer, OpT::kKind, st);
+  }
+}
+
+// One block row per (rank, token) rt; x[rt] staged in shared memory; threads
+// over output rows. Same body (LinearRow) as the item kernel.
+__global__ void __launch_bounds__(kBlockThreads) LinearTiledKernel(LinearOp op, LaunchArgs a) {
+  extern __shared__ float xs[];
+  const int64_t rt = blockIdx.x;
+  const float* x = LinearInput(op, rt);
+  for (int64_t c = threadIdx.x; c < op.cols; c += blockDim.x) xs[c] = x[c];
+  __syncthreads();
+  for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; row < op.rows;
+       row += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    KernelStatus st;
+    LinearRow(op, rt, row, xs, &st);
+    if (st.fired) RecordFaultAndAssert(a.fault, a.launch, a.layer, OpKind::kLinear, st);
+  }
+}
+
+int64_t Blocks(int64_t threads) { return (threads + kBlockThreads - 1) / kBlockThreads; }
+
+template <typename OpT>
+cudaError_t EnqueueItems(const OpT& op, const LaunchArgs& a, cudaStream_t stream) {
+  const int64_t items = Items(op);
+  if (items <= 0) return cudaSuccess;
+  const int64_t threads = ScratchThreads(items, ScratchFloats(op));
+  const int64_t blocks = Blocks(threads) < (int64_t{1} << 30) ? Blocks(threads) : (int64_t{1} << 30);
+  ItemKernel<OpT><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, items, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int64_t ScratchThreads(int64_t items, int64_t scratch_floats) {
+  return scratch_floats > 0 && items > kMaxScratchThreads ? kMaxScratchThreads : items;
+}
+
+cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream) {
+  const int64_t rt = op.ranks * op.tokens;
+  if (rt <= 0 || op.rows <= 0) return cudaSuccess;
+  const size_t shared = static_cast<size_t>(op.cols) * sizeof(float);
+  int device = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
+  if (rt > 0x7fffffff || shared > static_cast<size_t>(optin)) return EnqueueItems(op, a, stream);
+  if (shared > 48 * 1024) {
+    e = cudaFuncSetAttribute(LinearTiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (e != cudaSuccess) return e;
+  }
+  const int64_t ychunks = Blocks(op.rows) < 65535 ? Blocks(op.rows) : 65535;
+  const dim3 grid(static_cast<unsigned>(rt), static_cast<unsigned>(ychunks));
+  LinearTiledKernel<<<grid, kBlockThreads, shared, stream>>>(op, a);
+  return cudaGetLastError();
+}
+
+#define CR_DEFINE_ENQUEUE(OpT) \
+  cudaError_t Enqueue(const OpT& op, const LaunchArgs& a, cudaStream_t s) { return EnqueueItems(op, a, s); }
+CR_DEFINE_ENQUEUE(EmbeddingOp)
+CR_DEFINE_ENQUEUE(RmsNormOp)
+CR_DEFINE_ENQUEUE(RopeOp)
+CR_DEFINE_ENQUEUE(KvWriteOp)
+CR_DEFINE_ENQUEUE(AttentionOp)
+CR_DEFINE_ENQUEUE(SiluMulOp)
+CR_DEFINE_ENQUEUE(ReduceOp)
+CR_DEFINE_ENQUEUE(RouterOp)
+CR_DEFINE_ENQUEUE(TopKOp)
+CR_DEFINE_ENQUEUE(ExpertsOp)
+CR_DEFINE_ENQUEUE(SharedExpertOp)
+CR_DEFINE_ENQUEUE(GatherLogitsOp)
+CR_DEFINE_ENQUEUE(ProcessLogitsOp)
+CR_DEFINE_ENQUEUE(SampleOp)
+#undef CR_DEFINE_ENQUEUE
+
+}  // namespace crashreplay::replay::cuda

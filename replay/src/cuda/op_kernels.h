@@ -1,0 +1,58 @@
+// The CUDA launchers of the ops (ops.h): launch geometry and tiling only; each
+// thread computes whole work items with the shared CR_HD bodies.
+//
+// Geometry: ItemKernel runs one work item per thread, 256 threads a block, a
+// grid-stride loop; ops with per-item scratch cap the grid at
+// kMaxScratchThreads threads so the scratch workspace (threads x
+// ScratchFloats) stays bounded. LinearOp uses a tiled kernel: one block row
+// per (rank, token), the input row staged in shared memory, threads over
+// output rows; it falls back to ItemKernel when the row exceeds the shared
+// memory the device allows.
+// A failed check writes the fault record and executes a device assert.
+// Returns the launch's cudaError_t (configuration errors only; execution
+// errors surface at a later synchronizing call).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "crashreplay/replay/cuda/fault_record.h"
+#include "crashreplay/replay/ops.h"
+
+namespace crashreplay::replay::cuda {
+
+inline constexpr int kBlockThreads = 256;
+inline constexpr int64_t kMaxScratchThreads = 1 << 16;
+
+struct LaunchArgs {
+  DeviceFaultRecord* fault = nullptr;  // device view of the mapped record
+  uint32_t launch = 0;
+  int32_t layer = -1;
+  float* scratch = nullptr;            // threads * scratch_stride floats
+  int64_t scratch_stride = 0;
+};
+
+// Threads the launch of `items` work items with `scratch_floats` each uses
+// (what the caller must provide scratch for).
+int64_t ScratchThreads(int64_t items, int64_t scratch_floats);
+
+#define CR_DECLARE_ENQUEUE(OpT) cudaError_t Enqueue(const OpT& op, const LaunchArgs& args, cudaStream_t stream);
+CR_DECLARE_ENQUEUE(EmbeddingOp)
+CR_DECLARE_ENQUEUE(RmsNormOp)
+CR_DECLARE_ENQUEUE(LinearOp)
+CR_DECLARE_ENQUEUE(RopeOp)
+CR_DECLARE_ENQUEUE(KvWriteOp)
+CR_DECLARE_ENQUEUE(AttentionOp)
+CR_DECLARE_ENQUEUE(SiluMulOp)
+CR_DECLARE_ENQUEUE(ReduceOp)
+CR_DECLARE_ENQUEUE(RouterOp)
+CR_DECLARE_ENQUEUE(TopKOp)
+CR_DECLARE_ENQUEUE(ExpertsOp)
+CR_DECLARE_ENQUEUE(SharedExpertOp)
+CR_DECLARE_ENQUEUE(GatherLogitsOp)
+CR_DECLARE_ENQUEUE(ProcessLogitsOp)
+CR_DECLARE_ENQUEUE(SampleOp)
+#undef CR_DECLARE_ENQUEUE
+
+}  // namespace crashreplay::replay::cuda

@@ -1,0 +1,77 @@
+#include "crashreplay/replay/executor.h"
+
+#include "text_util.h"
+
+namespace crashreplay::replay {
+
+using text::Cat;
+
+#if defined(CRASHREPLAY_HAVE_CUDA)
+// cuda/cuda_executor.cc
+absl::StatusOr<std::unique_ptr<Executor>> MakeCudaExecutor(ExecMode mode);
+#endif
+std::unique_ptr<Executor> MakeCpuExecutor(int threads);  // cpu_executor.cc
+
+const char* OpKindName(OpKind k) {
+  switch (k) {
+    case OpKind::kEmbedding: return "embedding";
+    case OpKind::kRmsNorm: return "rms_norm";
+    case OpKind::kLinear: return "linear";
+    case OpKind::kRope: return "rope";
+    case OpKind::kKvWrite: return "kv_write";
+    case OpKind::kAttention: return "attention";
+    case OpKind::kSiluMul: return "silu_mul";
+    case OpKind::kReduce: return "fixed_order_reduce";
+    case OpKind::kRouter: return "router";
+    case OpKind::kTopK: return "topk";
+    case OpKind::kExperts: return "experts";
+    case OpKind::kSharedExpert: return "shared_expert";
+    case OpKind::kGatherLogits: return "gather_logits";
+    case OpKind::kProcessLogits: return "logits_processor";
+    case OpKind::kSample: return "sampler";
+    case OpKind::kCount: break;
+  }
+  return "unknown";
+}
+
+OpKind KindOf(const Op& op) {
+  return std::visit([](const auto& o) { return std::decay_t<decltype(o)>::kKind; }, op);
+}
+
+const char* ExecModeName(ExecMode m) { return m == ExecMode::kAsync ? "async" : "kernel_by_kernel"; }
+
+std::string ExecFault::Describe() const {
+  const std::string label = tag.layer >= 0 ? Cat("L", tag.layer, ".", tag.kernel) : tag.kernel;
+  std::string s = Cat("check ", CheckName(status.check), " failed in kernel ", label, " (launch #", launch, ", op ",
+                      OpKindName(op), ") at item ", status.item, ": index ", status.index, ", value ", status.value);
+  if (!device_error.empty()) s += Cat("; ", device_error);
+  if (surfaced_in != "Launch" || surfaced_after_launch != launch + 1) {
+    s += Cat("; surfaced later, in ", surfaced_in, " after launch #", surfaced_after_launch - 1);
+  }
+  return s;
+}
+
+std::vector<std::string_view> CompiledBackends() {
+#if defined(CRASHREPLAY_HAVE_CUDA)
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(std::string_view device, ExecMode mode, int threads) {
+  if (device == "cpu") return MakeCpuExecutor(threads);
+  if (device == "cuda") {
+#if defined(CRASHREPLAY_HAVE_CUDA)
+    return MakeCudaExecutor(mode);
+#else
+    (void)mode;
+    return absl::InvalidArgumentError(
+        "--device cuda: this crashreplay was built without the CUDA backend (configure with "
+        "-DCRASHREPLAY_CUDA=ON where nvcc is installed); use --device cpu");
+#endif
+  }
+  return absl::InvalidArgumentError(Cat("unknown device '", device, "'; choose cpu or cuda"));
+}
+
+}  // namespace crashreplay::replay

@@ -1,0 +1,98 @@
+// Helpers shared by the op-lowering tests (CPU) and the GPU tests: record a
+// run of the CPU engine (every step's inputs and kernel records), then replay
+// those steps with OpStep on any executor.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "crashreplay/replay/executor.h"
+#include "crashreplay/replay/op_step.h"
+#include "engine_test_util.h"
+
+namespace crashreplay::replay::testing {
+
+struct RecordedRun {
+  std::unique_ptr<Engine> engine;
+  RunResult result;
+  std::vector<StepInput> inputs;
+  std::vector<std::vector<KernelRecord>> records;  // per step
+};
+
+class Recorder : public StepObserver {
+ public:
+  explicit Recorder(RecordedRun* run) : run_(run) {}
+  void BeforeStep(const StepInput& input) override { run_->inputs.push_back(input); }
+  void AfterStep(const StepProgram& program) override { run_->records.push_back(program.records()); }
+
+ private:
+  RecordedRun* run_;
+};
+
+inline RecordedRun RecordRun(const MakeModelOptions& opts, const std::vector<std::string>& sets, int64_t max_new,
+                             float temperature) {
+  RecordedRun run;
+  run.engine = MakeEngine(opts, sets);
+  if (!run.engine) return run;
+  Recorder rec(&run);
+  run.result = run.engine->Run(TwoRequests(max_new, temperature), &rec);
+  return run;
+}
+
+// The engine's KV pool size (MakeEngine caps it at 4096 pages).
+inline int64_t EnginePages(const Engine& e) { return std::min<int64_t>(e.plan().pool_pages, 4096); }
+
+// Replays every recorded step on `exec` with OpStep. Returns the status of
+// the first failing step (or OK); `digests` gets each step's per-kernel
+// output digests, `steps` the step digests.
+struct OpReplay {
+  std::unique_ptr<DeviceModel> model;
+  std::unique_ptr<DeviceKv> kv;
+  std::vector<std::vector<Hash128>> kernel_digests;
+  std::vector<Hash128> step_digests;
+  absl::Status status;
+  size_t failed_step = 0;
+};
+
+inline OpReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool watch) {
+  OpReplay r;
+  auto dm = DeviceModel::Upload(run.engine->model(), exec);
+  if (!dm.ok()) {
+    r.status = dm.status();
+    return r;
+  }
+  r.model = std::move(*dm);
+  auto kv = DeviceKv::Create(run.engine->model(), run.engine->config(), EnginePages(*run.engine), exec);
+  if (!kv.ok()) {
+    r.status = kv.status();
+    return r;
+  }
+  r.kv = std::move(*kv);
+  for (size_t i = 0; i < run.inputs.size(); ++i) {
+    auto step = OpStep::Build(*r.model, run.engine->config(), r.kv.get(), exec, run.inputs[i]);
+    if (!step.ok()) {
+      r.status = step.status();
+      r.failed_step = i;
+      return r;
+    }
+    (*step)->set_watch(watch);
+    r.status = (*step)->RunAll();
+    r.kernel_digests.push_back((*step)->digests());
+    if (!r.status.ok()) {
+      r.failed_step = i;
+      return r;
+    }
+    auto d = (*step)->Digest();
+    if (!d.ok()) {
+      r.status = d.status();
+      return r;
+    }
+    r.step_digests.push_back(*d);
+  }
+  return r;
+}
+
+}  // namespace crashreplay::replay::testing
