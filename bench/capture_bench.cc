@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <zstd.h>
+
 #include "crashreplay/formats/blob_codec.h"
 #include "crashreplay/formats/capture_encoder.h"
 #include "crashreplay/formats/capture_reader.h"
@@ -141,11 +143,32 @@ int main(int argc, char** argv) {
   Row("zstd -1 (file to file, incl. process start)", static_cast<double>(mib), t_cli < 1e29 ? t_cli : -1, cli_ratio);
   std::string zb;
   if (RunTimed("zstd -b1 -i1 " + raw_path + " 2>&1", &zb) > 0) {
-    const size_t cr = zb.rfind('\r');
-    std::string line = zb.substr(cr == std::string::npos ? 0 : cr + 1);
-    line.erase(std::remove(line.begin(), line.end(), '\n'), line.end());
-    std::printf("  zstd -b1 (its in-memory benchmark):          %s\n", line.c_str());
+    // zstd redraws its result line with \r; keep the last complete one.
+    const size_t mbs = zb.rfind("MB/s");
+    if (mbs != std::string::npos) {
+      const size_t start = zb.find_last_of("\r\n", mbs);
+      std::string line = zb.substr(start == std::string::npos ? 0 : start + 1, mbs + 4 - (start + 1));
+      std::printf("  zstd -b1 (its in-memory benchmark): %s\n", line.c_str());
+    }
   }
+
+  std::printf("\nwhere the blob encoder's time goes (library calls, in memory):\n");
+  std::vector<unsigned char> planes(bytes);
+  const double t_shuffle = BestSeconds(3, [&] {
+    ShuffleBytePlanes(reinterpret_cast<const unsigned char*>(data.data()), bytes, 2, planes.data());
+  });
+  Row("byte-plane shuffle alone", static_cast<double>(mib), t_shuffle, 0);
+  std::vector<unsigned char> zout(ZSTD_compressBound(bytes));
+  size_t zsize = 0;
+  const double t_z_planes = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data(), bytes, 1); });
+  Row("ZSTD_compress level 1, shuffled planes", static_cast<double>(mib), t_z_planes, static_cast<double>(bytes) / zsize);
+  const double t_z_plain = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), data.data(), bytes, 1); });
+  Row("ZSTD_compress level 1, interleaved", static_cast<double>(mib), t_z_plain, static_cast<double>(bytes) / zsize);
+  const size_t half = bytes / 2;
+  const double t_hi = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data() + half, half, 1); });
+  Row("ZSTD_compress level 1, high-byte plane only", static_cast<double>(mib) / 2, t_hi, static_cast<double>(half) / zsize);
+  const double t_lo = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data(), half, 1); });
+  Row("ZSTD_compress level 1, low-byte plane only", static_cast<double>(mib) / 2, t_lo, static_cast<double>(half) / zsize);
 
   std::printf("\nXXH3-128 hashing:\n");
   std::vector<std::byte> small(100 * 1024);
@@ -168,12 +191,12 @@ int main(int argc, char** argv) {
   }
   double t_xxhsum = 1e30;
   for (int i = 0; i < 3; ++i) {
-    const double t = RunTimed("xxhsum -H2 " + raw_path + " >/dev/null");
+    const double t = RunTimed("xxhsum -H2 " + raw_path + " >/dev/null 2>&1");
     if (t > 0) t_xxhsum = std::min(t_xxhsum, t);
   }
   Row("xxhsum -H2 FILE (incl. process start, read)", static_cast<double>(mib), t_xxhsum < 1e29 ? t_xxhsum : -1, 0);
   std::string hx;
-  RunTimed("xxhsum -H2 " + raw_path, &hx);
+  RunTimed("xxhsum -H2 " + raw_path + " 2>/dev/null", &hx);
   std::printf("  same hash as xxhsum -H2: %s (%s)\n", hx.rfind(h.Hex(), 0) == 0 ? "yes" : "NO", h.Hex().c_str());
 
   std::filesystem::remove_all(tmp);

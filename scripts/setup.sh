@@ -38,4 +38,10 @@ if [ ${#py_missing[@]} -gt 0 ]; then
   echo "setup: installing Python packages: ${py_missing[*]}"
   $PY -m pip install -q --disable-pip-version-check --root-user-action=ignore "${py_missing[@]}"
 fi
+# The Python package's build backend (`pip install .`); its import name
+# differs from its PyPI name, so it is checked on its own.
+$PY -c "import scikit_build_core" 2>/dev/null || {
+  echo "setup: installing Python package: scikit-build-core"
+  $PY -m pip install -q --disable-pip-version-check --root-user-action=ignore scikit-build-core
+}
 echo "setup: dependencies present"

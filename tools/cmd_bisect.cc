@@ -81,7 +81,7 @@ int RunBisectCommand(int argc, char** argv) {
       "exit 0 good, 125 skip, 1-127 bad. Exit codes: 0 culprit found, 1 aborted, 2 usage, 3 data error, "
       "4 the bad configuration does not fail, 5 the good configuration fails too, 130 interrupted.",
       "bisect");
-  std::string capture, good_path, bad_path, runner, gpus, threshold, report_path, workdir, memory_limit, steps,
+  std::string capture, good_path, bad_path, reference_path, runner, gpus, threshold, report_path, workdir, memory_limit, steps,
       step_mode = "binary";
   int jobs = 0, repeat = 1;
   double timeout = 0, kill_grace = 2.0;
@@ -89,6 +89,8 @@ int RunBisectCommand(int argc, char** argv) {
   app.add_option("capture", capture, "capture to replay (built-in trials)");
   app.add_option("--good", good_path, "configuration that works (flat TOML)")->required();
   app.add_option("--bad", bad_path, "configuration that fails (flat TOML)")->required();
+  app.add_option("--reference", reference_path,
+                 "configuration whose kernel table is the reference for the first bad kernel (default: --good)");
   app.add_option("--jobs,-j", jobs, "trials run in parallel (default 1, or the size of --gpus)");
   app.add_option("--repeat", repeat, "runs per configuration; disagreement is reported as flaky")->check(CLI::Range(1, 100));
   app.add_option("--timeout", timeout, "seconds before a trial is killed and judged a timeout (0: none)");
@@ -114,6 +116,13 @@ int RunBisectCommand(int argc, char** argv) {
   if (!good.ok()) return ReportError(good.status());
   auto bad = ReadConfigFile(bad_path);
   if (!bad.ok()) return ReportError(bad.status());
+
+  std::optional<Config> reference;
+  if (!reference_path.empty()) {
+    auto ref = ReadConfigFile(reference_path);
+    if (!ref.ok()) return ReportError(ref.status());
+    reference = *ref;
+  }
 
   bisect::TrialLimits limits;
   if (timeout > 0) limits.timeout_s = timeout;
@@ -146,6 +155,7 @@ int RunBisectCommand(int argc, char** argv) {
   options.good_label = good_path;
   options.bad_label = bad_path;
   options.workdir = workdir;
+  options.reference = reference;
   if (!threshold.empty()) {
     const size_t colon = threshold.find(':');
     options.threshold_toggle = threshold.substr(0, colon);

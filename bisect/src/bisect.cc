@@ -163,9 +163,15 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
   }
   r.other_findings = judge.other_findings();
 
-  // 4. First bad kernel, from tables the trials already produced (cached).
+  // 4. First bad kernel, from tables the trials produced (the culprit's is cached).
   const TrialResult culprit_result = scheduler.RunOne(culprit_config);
   r.reference_kernels = r.good_result.kernels;
+  if (o.reference) {
+    scheduler.set_phase("reference");
+    const TrialResult ref = scheduler.RunOne(*o.reference);
+    if (Stopped(r, scheduler)) return Finish(r, scheduler, start), r;
+    r.reference_kernels = ref.kernels;
+  }
   r.culprit_kernels = culprit_result.kernels;
   if (!r.reference_kernels.empty() && !r.culprit_kernels.empty()) {
     r.first_bad_kernel = FirstBadKernel(r.reference_kernels, r.culprit_kernels, o.tolerance);

@@ -74,7 +74,7 @@ std::string KernelChart(const BisectReport& r) {
   const std::vector<KernelBar> bars = KernelBars(r);
   if (bars.empty()) return "<p>No per-kernel tables: the trials did not report any (external commands may write them with their signature).</p>";
   const int bw = 14, h = 240, top = 20, left = 50;
-  const int w = left + static_cast<int>(bars.size()) * bw + 20;
+  const int w = left + static_cast<int>(bars.size()) * bw + 90;  // room for the slanted labels
   auto y_of = [&](double l) { return top + (4.0 - l) / 8.0 * h; };
   std::string svg = absl::StrFormat(
       "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img' aria-label='per-kernel error vs tolerance'>",
@@ -98,7 +98,7 @@ std::string KernelChart(const BisectReport& r) {
     svg += absl::StrFormat("<text transform='translate(%d,%d) rotate(60)' class='kl'>%s</text>",
                            left + static_cast<int>(i) * bw + 4, h + top + 6, Html(b.label));
   }
-  svg += absl::StrFormat("<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='tol'/>", left, w - 10, y_of(0), y_of(0));
+  svg += absl::StrFormat("<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='tol'/>", left, w - 80, y_of(0), y_of(0));
   svg += "</svg>";
   return svg;
 }

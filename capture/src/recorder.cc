@@ -42,57 +42,14 @@ void SleepMicros(long us) {
   nanosleep(&ts, nullptr);
 }
 
-// Copies the view into a reused record (vectors keep their capacity, so a
-// steady batch size allocates nothing after the first steps).
-absl::Status CopyStep(const StepView& v, uint32_t rank, StepRecord* r) {
-  const size_t rows = v.page_table_offsets.empty() ? 0 : v.page_table_offsets.size() - 1;
-  if (!v.page_table_offsets.empty()) {
-    int64_t prev = 0;
-    for (int64_t o : v.page_table_offsets) {
-      if (o < prev || static_cast<uint64_t>(o) > v.page_table_slots.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("step ", v.step,
-                                                       ": page_table_offsets must be non-decreasing offsets into the ",
-                                                       v.page_table_slots.size(), " page-table slots"));
-      }
-      prev = o;
-    }
-  } else if (!v.page_table_slots.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": page_table_slots without page_table_offsets"));
-  }
-  r->step = v.step;
-  r->rank = rank;
-  r->mode = v.mode;
-  r->timestamp_nanos = v.timestamp_nanos != 0 ? v.timestamp_nanos : RealtimeNanos();
-  r->request_ids.resize(v.request_ids.size());
-  for (size_t i = 0; i < v.request_ids.size(); ++i) r->request_ids[i].assign(v.request_ids[i]);
-  r->token_ids.assign(v.token_ids.begin(), v.token_ids.end());
-  r->positions.assign(v.positions.begin(), v.positions.end());
-  r->seq_lens.assign(v.seq_lens.begin(), v.seq_lens.end());
-  r->extend_lens.assign(v.extend_lens.begin(), v.extend_lens.end());
-  r->req_pool_indices.assign(v.req_pool_indices.begin(), v.req_pool_indices.end());
-  r->page_table.resize(rows);
-  for (size_t i = 0; i < rows; ++i) {
-    PageTableRow& row = r->page_table[i];
-    row.req_pool_index = i < v.req_pool_indices.size() ? v.req_pool_indices[i] : -1;
-    row.token_slots.assign(v.page_table_slots.begin() + v.page_table_offsets[i],
-                           v.page_table_slots.begin() + v.page_table_offsets[i + 1]);
-  }
-  r->out_cache_loc.assign(v.out_cache_loc.begin(), v.out_cache_loc.end());
-  r->sampling.assign(v.sampling.begin(), v.sampling.end());
-  r->rng_seed = v.rng_seed;
-  r->rng_offset = v.rng_offset;
-  r->output_token_ids.assign(v.output_token_ids.begin(), v.output_token_ids.end());
-  r->digests.resize(v.digests.size());
-  for (size_t i = 0; i < v.digests.size(); ++i) {
-    r->digests[i].name.assign(v.digests[i].name);
-    if (v.digests[i].is_128) {
-      r->digests[i].value = v.digests[i].value128;
-    } else {
-      r->digests[i].value = v.digests[i].value64;
-    }
-  }
-  r->tensors.clear();
-  return absl::OkStatus();
+// Idle back-off of the background threads: poll every 50 us at first, up to
+// every 1 ms after a while without work; `events` (bumped by Close/Flush/
+// OnFailure) cuts the wait short. Latency from a step to the file is thus
+// at most about 1 ms, and an idle recorder wakes about 1000 times a second.
+void IdleWait(std::atomic<int>& events, int seen, int* idle) {
+  if (events.load(std::memory_order_acquire) != seen) return;
+  *idle = std::min(*idle + 1, 20);
+  SleepMicros(*idle * 50);
 }
 
 }  // namespace
@@ -160,12 +117,12 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
       SleepMicros(50);
     }
   }
-  CR_RETURN_IF_ERROR(CopyStep(step, rank_, &slots_[h % slots_.size()]));
+  CR_RETURN_IF_ERROR(slots_[h % slots_.size()].Pack(step, step.timestamp_nanos != 0 ? step.timestamp_nanos : RealtimeNanos()));
   last_accepted_step_.store(step.step, std::memory_order_relaxed);
   last_accepted_mode_.store(step.mode, std::memory_order_relaxed);
   head_.store(h + 1, std::memory_order_release);
-  writer_events_.fetch_add(1, std::memory_order_release);
-  writer_events_.notify_one();
+  // No wake-up call: a futex wake is a system call of several microseconds
+  // on the serving thread. The writer polls (IdleWait) instead.
   return absl::OkStatus();
 }
 
@@ -174,10 +131,7 @@ absl::Status Recorder::Impl::SubmitSnapshot(uint64_t step, std::span<const Tenso
     return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; snapshot of step ", step,
                                                       " not taken"));
   }
-  CR_RETURN_IF_ERROR(ring_.Submit(step, tensors));
-  encoder_events_.fetch_add(1, std::memory_order_release);
-  encoder_events_.notify_one();
-  return absl::OkStatus();
+  return ring_.Submit(step, tensors);  // the encoder polls, as the writer does
 }
 
 absl::Status Recorder::Impl::RecordWeightHashes(const WeightShardHashes& shard) {
@@ -187,25 +141,28 @@ absl::Status Recorder::Impl::RecordWeightHashes(const WeightShardHashes& shard) 
   return writer_->Append(r);
 }
 
-absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights) {
+absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights, bool device) {
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
-  return integrity_.Register(weights);
+  return integrity_.Register(weights, device);
 }
 
 void Recorder::Impl::WriterLoop() {
   writer_tid_.store(CurrentTid());
   uint64_t t = tail_.load(std::memory_order_relaxed);
+  int idle = 0;
+  StepRecord record;
   for (;;) {
     const int ev = writer_events_.load(std::memory_order_acquire);
     const uint64_t h = head_.load(std::memory_order_acquire);
     while (t < h) {
-      ProcessStep(slots_[t % slots_.size()]);
+      slots_[t % slots_.size()].Unpack(rank_, &record);
+      ProcessStep(record);
       ++t;
       tail_.store(t, std::memory_order_release);
-      tail_.notify_all();
     }
     if (stop_.load(std::memory_order_acquire) && t == head_.load(std::memory_order_acquire)) break;
-    if (t == head_.load(std::memory_order_acquire)) writer_events_.wait(ev, std::memory_order_acquire);
+    if (t == head_.load(std::memory_order_acquire)) IdleWait(writer_events_, ev, &idle);
+    else idle = 0;
   }
 }
 
@@ -278,12 +235,14 @@ void Recorder::Impl::EncodeSignalFrames(std::optional<uint64_t> step, ForwardMod
 
 void Recorder::Impl::EncoderLoop() {
   encoder_tid_.store(CurrentTid());
+  int idle = 0;
   for (;;) {
     const int ev = encoder_events_.load(std::memory_order_acquire);
-    while (ring_.EncodeNext()) {
-    }
+    bool worked = false;
+    while (ring_.EncodeNext()) worked = true;
     if (stop_.load(std::memory_order_acquire) && !ring_.HasStaged()) break;
-    if (!ring_.HasStaged()) encoder_events_.wait(ev, std::memory_order_acquire);
+    if (!worked) IdleWait(encoder_events_, ev, &idle);
+    else idle = 0;
   }
 }
 
@@ -488,6 +447,9 @@ absl::Status Recorder::SubmitSnapshot(uint64_t step, std::span<const TensorView>
 }
 absl::Status Recorder::RecordWeightHashes(const WeightShardHashes& shard) { return impl_->RecordWeightHashes(shard); }
 absl::Status Recorder::RegisterWeights(std::span<const TensorView> weights) { return impl_->RegisterWeights(weights); }
+absl::Status Recorder::RegisterDeviceWeights(std::span<const TensorView> weights) {
+  return impl_->RegisterWeights(weights, /*device=*/true);
+}
 absl::Status Recorder::OnFailure(const FailureInfo& failure) { return impl_->OnFailure(failure); }
 absl::Status Recorder::Flush() { return impl_->Flush(); }
 absl::Status Recorder::Close() { return impl_->Close(); }

@@ -177,6 +177,13 @@ int cr_recorder_register_weights(cr_recorder* r, const cr_tensor* tensors, size_
   return Result(r->recorder->RegisterWeights(views));
 }
 
+int cr_recorder_register_device_weights(cr_recorder* r, const cr_tensor* tensors, size_t n) {
+  if (r == nullptr) return Fail(absl::InvalidArgumentError("cr_recorder_register_device_weights: NULL recorder"));
+  std::vector<TensorView> views;
+  if (absl::Status s = Tensors(tensors, n, &views); !s.ok()) return Fail(s);
+  return Result(r->recorder->RegisterDeviceWeights(views));
+}
+
 int cr_recorder_on_failure(cr_recorder* r, const cr_failure* f) {
   if (r == nullptr || f == nullptr) return Fail(absl::InvalidArgumentError("cr_recorder_on_failure: NULL argument"));
   FailureInfo info;

@@ -17,6 +17,7 @@
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_writer.h"
 #include "snapshot_ring.h"
+#include "step_slot.h"
 #include "weight_integrity.h"
 
 namespace crashreplay::capture {
@@ -31,7 +32,7 @@ class Recorder::Impl final : public internal::CrashTarget {
   absl::Status RecordStep(const StepView& step);
   absl::Status SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors);
   absl::Status RecordWeightHashes(const WeightShardHashes& shard);
-  absl::Status RegisterWeights(std::span<const TensorView> weights);
+  absl::Status RegisterWeights(std::span<const TensorView> weights, bool device = false);
   absl::Status OnFailure(const FailureInfo& failure);
   absl::Status Flush();
   absl::Status Close();
@@ -65,7 +66,7 @@ class Recorder::Impl final : public internal::CrashTarget {
   std::unique_ptr<CaptureWriter> writer_;
 
   // Step queue: slots_[seq % size], head_ = accepted, tail_ = written.
-  std::vector<StepRecord> slots_;
+  std::vector<internal::StepSlot> slots_;
   std::mutex producer_mu_;
   std::atomic<uint64_t> head_{0};
   std::atomic<uint64_t> tail_{0};

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "crashreplay/capture/chunked_hash.h"
 #include "crashreplay/formats/hash.h"
 
 namespace crashreplay::capture::internal {
@@ -13,21 +14,34 @@ WeightIntegrity::WeightIntegrity(uint64_t chunk_bytes, uint64_t fixed_bytes_per_
     : chunk_bytes_(std::max<uint64_t>(chunk_bytes, 64)), fixed_bytes_per_step_(fixed_bytes_per_step),
       budget_(budget) {}
 
-absl::Status WeightIntegrity::Register(std::span<const TensorView> weights) {
+Hash128 WeightIntegrity::HashSlice(const Tensor& t, uint64_t begin, uint64_t end) {
+  if (!t.device) return XXH128Of(t.data + begin, end - begin);
+  absl::StatusOr<Hash128> h = ChunkedHashDevice(t.data + begin, end - begin);
+  // A device error after registration (a sticky CUDA error): report the
+  // slice as unverifiable by a hash that cannot match.
+  return h.ok() ? *h : Hash128{~0ull, ~0ull};
+}
+
+absl::Status WeightIntegrity::Register(std::span<const TensorView> weights, bool device) {
   for (const TensorView& w : weights) {
     if (w.data == nullptr && w.byte_size > 0) {
       return absl::InvalidArgumentError(absl::StrCat("weight '", std::string(w.name), "' has no data"));
     }
+  }
+  if (device && !weights.empty()) {
+    // Refuse early (Unimplemented without CUDA, FailedPrecondition for host memory).
+    absl::StatusOr<Hash128> probe = ChunkedHashDevice(weights[0].data, std::min<uint64_t>(weights[0].byte_size, 1));
+    if (!probe.ok()) return probe.status();
   }
   std::lock_guard<std::mutex> lock(mu_);
   const auto start = std::chrono::steady_clock::now();
   uint64_t hashed = 0;
   for (const TensorView& w : weights) {
     const uint32_t index = static_cast<uint32_t>(tensors_.size());
-    tensors_.push_back(Tensor{std::string(w.name), static_cast<const unsigned char*>(w.data), w.byte_size});
+    tensors_.push_back(Tensor{std::string(w.name), static_cast<const unsigned char*>(w.data), w.byte_size, device});
     for (uint64_t b = 0; b < w.byte_size; b += chunk_bytes_) {
       const uint64_t e = std::min(w.byte_size, b + chunk_bytes_);
-      chunks_.push_back(Chunk{index, b, e, XXH128Of(static_cast<const unsigned char*>(w.data) + b, e - b)});
+      chunks_.push_back(Chunk{index, b, e, HashSlice(tensors_.back(), b, e)});
     }
     total_bytes_ += w.byte_size;
     hashed += w.byte_size;
@@ -81,7 +95,7 @@ void WeightIntegrity::CheckNext(uint64_t step, double step_nanos, WeightCheckRec
     s.tensor = t.name;
     s.byte_begin = c.begin;
     s.byte_end = c.end;
-    s.hash = XXH128Of(t.data + c.begin, c.end - c.begin);
+    s.hash = HashSlice(t, c.begin, c.end);
     s.expected = c.expected;
     s.corrupt = s.hash != s.expected;
     record->slices.push_back(std::move(s));

@@ -31,7 +31,9 @@ class WeightIntegrity {
  public:
   WeightIntegrity(uint64_t chunk_bytes, uint64_t fixed_bytes_per_step, double budget);
 
-  absl::Status Register(std::span<const TensorView> weights);
+  // `device`: the buffers are device memory; their slices are hashed with
+  // the chunked device hash (chunked_hash.h) instead of XXH3-128.
+  absl::Status Register(std::span<const TensorView> weights, bool device = false);
 
   bool empty() const;
   uint64_t total_bytes() const;
@@ -52,7 +54,9 @@ class WeightIntegrity {
     std::string name;
     const unsigned char* data = nullptr;
     uint64_t size = 0;
+    bool device = false;
   };
+  static Hash128 HashSlice(const Tensor& t, uint64_t begin, uint64_t end);
 
   const uint64_t chunk_bytes_;
   const uint64_t fixed_bytes_per_step_;

@@ -2,6 +2,10 @@
 
 #include <zstd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <cstring>
 #include <memory>
 
@@ -11,10 +15,24 @@ namespace crashreplay {
 
 void ShuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigned char* out) {
   const size_t n = size / k;
-  if (k == 2) {  // the common case (bf16/fp16), kept simple enough to vectorise
+  if (k == 2) {  // the common case (bf16/fp16)
     unsigned char* lo = out;
     unsigned char* hi = out + n;
-    for (size_t i = 0; i < n; ++i) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    // 16 elements per iteration: mask/shift the bytes into 16-bit lanes and
+    // pack them (the scalar loop ran at about 0.5 GB/s).
+    const __m128i mask = _mm_set1_epi16(0x00ff);
+    for (; i + 16 <= n; i += 16) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i + 16));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i),
+                       _mm_packus_epi16(_mm_and_si128(a, mask), _mm_and_si128(b, mask)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i),
+                       _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+    }
+#endif
+    for (; i < n; ++i) {
       lo[i] = in[2 * i];
       hi[i] = in[2 * i + 1];
     }
@@ -31,7 +49,16 @@ void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigne
   if (k == 2) {
     const unsigned char* lo = in;
     const unsigned char* hi = in + n;
-    for (size_t i = 0; i < n; ++i) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16) {
+      const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + i));
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm_unpacklo_epi8(l, h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i + 16), _mm_unpackhi_epi8(l, h));
+    }
+#endif
+    for (; i < n; ++i) {
       out[2 * i] = lo[i];
       out[2 * i + 1] = hi[i];
     }

@@ -5,6 +5,19 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#if defined(__x86_64__)
+// libxxhash's runtime-dispatched one-shot hashes pick AVX2/AVX-512 when the
+// CPU has them; the inlined code is compiled for the SSE2 baseline and runs
+// at about half the speed on tensor-sized inputs (bench/capture_bench.cc).
+extern "C" XXH128_hash_t XXH3_128bits_dispatch(const void* input, size_t len);
+extern "C" XXH64_hash_t XXH3_64bits_dispatch(const void* input, size_t len);
+#define CR_XXH3_128 XXH3_128bits_dispatch
+#define CR_XXH3_64 XXH3_64bits_dispatch
+#else
+#define CR_XXH3_128 XXH3_128bits
+#define CR_XXH3_64 XXH3_64bits
+#endif
+
 namespace crashreplay {
 
 std::string Hash128::Hex() const {
@@ -30,11 +43,11 @@ std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
 }
 
 Hash128 XXH128Of(const void* data, size_t size) {
-  const XXH128_hash_t h = XXH3_128bits(data, size);
+  const XXH128_hash_t h = CR_XXH3_128(data, size);
   return Hash128{h.high64, h.low64};
 }
 
-uint64_t XXH64Of(const void* data, size_t size) { return XXH3_64bits(data, size); }
+uint64_t XXH64Of(const void* data, size_t size) { return CR_XXH3_64(data, size); }
 
 Hasher128::Hasher128() : state_(XXH3_createState()) { XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_)); }
 Hasher128::~Hasher128() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }

@@ -55,6 +55,29 @@ TEST(Report, FirstBadKernelComesFromTheTrialsKernelTables) {
   EXPECT_NE(text.find("reproduce:"), std::string::npos);
 }
 
+TEST(Report, ReferenceConfigurationSuppliesTheReferenceTable) {
+  TempDir dir;
+  CommandTrialRunner runner({{KernelScript(dir)}, {}, dir.path(), {}});
+  Scheduler s(runner, {});
+  auto [good, bad] = testing::BoolToggles(6);
+  BisectOptions o;
+  o.good = good;
+  o.bad = bad;
+  o.workdir = dir.path();
+  // A reference run that is itself non-finite at attention layer 1 (as a
+  // wrong reference would be) must not be blamed: that kernel is skipped, and
+  // lm_head, non-finite in the reference too, is skipped as well.
+  Config reference = good;
+  reference["t2"] = ConfigValue::Bool(true);
+  reference["reference_backend"] = ConfigValue::Bool(true);
+  o.reference = reference;
+  BisectReport r = RunBisect(s, o, nullptr);
+  ASSERT_EQ(r.status, BisectStatus::kCulpritFound);
+  EXPECT_EQ(r.reference_kernels[2].nan_count, 5);
+  EXPECT_FALSE(r.first_bad_kernel.has_value());
+  EXPECT_EQ(r.history.back().phase, "reference");
+}
+
 TEST(Report, JsonHasTheDocumentedKeys) {
   TempDir dir;
   const nlohmann::json j = ReportJson(Search(dir));

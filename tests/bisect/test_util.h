@@ -73,8 +73,10 @@ inline std::string WriteTrialScript(const TempDir& dir, const std::string& name,
             "cfg=\"$CRASHREPLAY_CONFIG\"\n"
             "val() { sed -n \"s/^$1 = //p\" \"$cfg\"; }\n"
             "on() { [ \"$(val \"$1\")\" = true ]; }\n"
-            "grep -v '^#' \"$cfg\" | tr '\\n' ' ' >> '" + dir.path() + "/invocations.log'\n"
-            "echo >> '" + dir.path() + "/invocations.log'\n" +
+            // One printf, one write(2) on an O_APPEND file: parallel trials
+            // never interleave their lines.
+            "line=$(grep -v '^#' \"$cfg\" | tr '\\n' ' ')\n"
+            "printf '%s\\n' \"$line\" >> '" + dir.path() + "/invocations.log'\n" +
                 body + "\n",
             /*executable=*/true);
   return path;

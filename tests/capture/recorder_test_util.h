@@ -130,11 +130,11 @@ inline int RunInChild(const std::function<void()>& body) {
   return status;
 }
 
-// Under ASan a SIGSEGV is reported and turned into exit(1) by the sanitizer
-// (its handler runs after ours, which is the chaining we want).
+// Under ASan a SIGSEGV/SIGBUS/SIGFPE is reported and turned into exit(1) by
+// the sanitizer (its handler runs after ours, which is the chaining we want).
 inline bool DiedBy(int status, int sig) {
 #if defined(__SANITIZE_ADDRESS__)
-  if (sig == SIGSEGV && WIFEXITED(status) && WEXITSTATUS(status) != 0) return true;
+  if ((sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE) && WIFEXITED(status) && WEXITSTATUS(status) != 0) return true;
 #endif
   return WIFSIGNALED(status) && WTERMSIG(status) == sig;
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "crashreplay/capture/chunked_hash.h"
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_reader.h"
 #include "recorder_test_util.h"
@@ -111,6 +112,28 @@ TEST(WeightIntegrity, BudgetSizesTheSliceFromTheStepInterval) {
   for (const WeightCheckRecord& c : r->weight_checks()) {
     for (const WeightSlice& s : c.slices) EXPECT_FALSE(s.corrupt);
   }
+}
+
+}  // namespace
+}  // namespace crashreplay::testing
+
+namespace crashreplay::testing {
+namespace {
+
+TEST(WeightIntegrity, DeviceWeightsNeedACudaBuildAndDeviceMemory) {
+  if (capture::DeviceHashAvailable()) GTEST_SKIP() << "a GPU is present";
+  RecorderTempDir dir;
+  capture::RecorderOptions o;
+  o.session_dir = dir.path();
+  o.install_signal_handlers = false;
+  o.snapshot_ring_bytes = 1 << 20;
+  auto rec = capture::Recorder::Begin(TestManifest(), o);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  std::vector<std::byte> host = RandomBytes(4096, 1);
+  const int64_t shape[] = {4096};
+  const capture::TensorView v{"w", DType::kU8, shape, host.data(), host.size()};
+  EXPECT_FALSE((*rec)->RegisterDeviceWeights({&v, 1}).ok());
+  EXPECT_EQ((*rec)->stats().weight_bytes, 0u) << "nothing registered after a refusal";
 }
 
 }  // namespace

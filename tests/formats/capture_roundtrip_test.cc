@@ -96,10 +96,15 @@ TEST(CaptureRoundTrip, SameBytesAreStoredOnceHoweverOftenReferenced) {
 
 TEST(CaptureRoundTrip, ByteShuffleIsLosslessForAnySizeAndElementSize) {
   for (size_t k : {2u, 3u, 4u, 8u}) {
-    for (size_t n : {0u, 1u, 2u, 3u, 7u, 8u, 17u, 1000u}) {
+    for (size_t n : {0u, 1u, 2u, 3u, 7u, 8u, 17u, 31u, 32u, 33u, 1000u, 4099u}) {
       std::vector<unsigned char> in(n), mid(n), out(n);
       for (size_t i = 0; i < n; ++i) in[i] = static_cast<unsigned char>(i * 37 + k);
       ShuffleBytePlanes(in.data(), n, k, mid.data());
+      const size_t elems = n / k;
+      for (size_t i = 0; i < elems * k; ++i) {  // the layout docs/formats/capture.md defines
+        ASSERT_EQ(mid[(i % k) * elems + i / k], in[i]) << "k=" << k << " n=" << n << " i=" << i;
+      }
+      for (size_t i = elems * k; i < n; ++i) ASSERT_EQ(mid[i], in[i]);
       UnshuffleBytePlanes(mid.data(), n, k, out.data());
       EXPECT_EQ(in, out) << "k=" << k << " n=" << n;
     }

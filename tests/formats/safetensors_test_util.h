@@ -17,12 +17,29 @@
 
 namespace crashreplay::testing_util {
 
+inline std::filesystem::path ScratchRoot() {
+  return std::filesystem::path(::testing::TempDir()) / ("crashreplay_" + std::to_string(::getpid()));
+}
+
+// Removes this process's scratch directories when the test program ends
+// (kept when a test failed, so the files can be inspected).
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (::testing::UnitTest::GetInstance()->Passed()) {
+      std::error_code ec;
+      std::filesystem::remove_all(ScratchRoot(), ec);
+    }
+  }
+};
+inline const bool kScratchCleanupRegistered =
+    (::testing::AddGlobalTestEnvironment(new ScratchCleanup), true);
+
 // A fresh directory under the gtest temp dir, named after the running test.
 inline std::string ScratchDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                              ("crashreplay_" + std::to_string(::getpid())) /
-                              (std::string(info->test_suite_name()) + "." + info->name());
+  std::filesystem::path dir =
+      ScratchRoot() / (std::string(info->test_suite_name()) + "." + info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

@@ -9,8 +9,9 @@
 //  2. isolates a 1-minimal culprit among their differences (dd.h), keeping
 //     the target fixed; failures with other signatures are other findings.
 //  3. optionally: threshold search on a numeric toggle, first failing step.
-//  4. compares the culprit's and the good configuration's kernel tables, when
-//     the trials produced them, for the first bad kernel.
+//  4. compares the culprit's kernel table with the reference's (the good
+//     configuration, or options.reference), when the trials produced them,
+//     for the first bad kernel.
 //  5. writes <workdir>/culprit.toml (good + culprit) and the reproduce command.
 // It never assumes what the trials run: everything goes through the
 // Scheduler's TrialRunner. Interruption and aborts return what is known.
@@ -38,6 +39,9 @@ struct BisectOptions {
   std::optional<std::pair<int64_t, int64_t>> step_range;  // first failing step search
   StepSearchMode step_mode = StepSearchMode::kBinary;
   std::string workdir;              // culprit.toml goes here
+  // Configuration whose kernel table is the reference for the first bad
+  // kernel (e.g. the reference backend); default: the good configuration.
+  std::optional<Config> reference;
   Tolerance tolerance;
 };
 
@@ -65,7 +69,7 @@ struct BisectReport {
   std::optional<ThresholdResult> threshold;
   std::optional<StepSearchResult> first_step;
   std::optional<KernelFinding> first_bad_kernel;
-  std::vector<KernelRow> reference_kernels;  // good configuration's table
+  std::vector<KernelRow> reference_kernels;  // good (or --reference) configuration's table
   std::vector<KernelRow> culprit_kernels;    // culprit configuration's table
   Tolerance tolerance;
   std::string culprit_config_path;        // <workdir>/culprit.toml

@@ -15,7 +15,7 @@
 //   exit 0 -> good; 125 -> skip; 1..127 (not 125) -> bad
 //   exit 128+S (S a signal number, how a shell reports a child killed by S)
 //                                    -> bad, class crash_signal
-//   any other exit code (193..255)   -> abort
+//   exit 128 or 193..255             -> abort
 // A bad verdict's signature comes from the command's signature file when it
 // wrote a valid one; otherwise from the classification above (class `other`
 // for a plain non-zero exit, `oom` when stderr reports an allocation failure).

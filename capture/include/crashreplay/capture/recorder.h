@@ -197,6 +197,12 @@ class Recorder {
   // set; later calls add tensors.
   absl::Status RegisterWeights(std::span<const TensorView> weights);
 
+  // The same for weights in device memory (`data` is a device pointer):
+  // slices are hashed on the GPU with the chunked hash (chunked_hash.h), so
+  // WeightSlice hashes of these tensors are chunked hashes, not XXH3-128.
+  // Unimplemented in a build without CUDA; FailedPrecondition for host memory.
+  absl::Status RegisterDeviceWeights(std::span<const TensorView> weights);
+
   // Writes the ring and a FailureRecord, fsyncs. Waits for the writer and
   // encoder (seconds at most: it is the failure path).
   absl::Status OnFailure(const FailureInfo& failure);

@@ -167,6 +167,8 @@ int cr_recorder_submit_snapshot(cr_recorder* r, uint64_t step, const cr_tensor* 
 int cr_recorder_record_weight_hashes(cr_recorder* r, uint32_t rank, const cr_tensor* tensors, size_t num_tensors,
                                      uint64_t* root_high, uint64_t* root_low);
 int cr_recorder_register_weights(cr_recorder* r, const cr_tensor* tensors, size_t num_tensors);
+/* The same for device pointers (CUDA builds; CR_UNIMPLEMENTED otherwise). */
+int cr_recorder_register_device_weights(cr_recorder* r, const cr_tensor* tensors, size_t num_tensors);
 int cr_recorder_on_failure(cr_recorder* r, const cr_failure* failure);
 int cr_recorder_flush(cr_recorder* r);
 int cr_recorder_close(cr_recorder* r);

@@ -1,0 +1,368 @@
+"""crashreplay.Recorder: the Python face of the C++ flight recorder.
+
+One Recorder per process (per rank) writes one capture file. Everything the
+hot path receives is normalised here without copying where possible:
+  * step-log vectors (lists, numpy arrays, torch CPU tensors) become
+    contiguous int64/float32 numpy arrays (a conversion only when the dtype
+    differs); the C++ side copies them into a queue slot;
+  * snapshot tensors are borrowed through DLPack and copied once, by the
+    recorder's memcpy into its ring, with the GIL released;
+  * torch CUDA tensors (snapshots and step fields) go through
+    crashreplay.cuda_staging: copied asynchronously into pinned host memory
+    on a side stream queued before the step's own kernels; the staging
+    thread hands them to the recorder when the copy is done.
+Hashing, compression and disk I/O happen on the recorder's own threads.
+
+Thread safety: like the C++ recorder, record_step/snapshot are meant for the
+scheduler thread; on_failure, flush and stats may be called from any thread.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from crashreplay import _crashreplay
+from crashreplay._manifest import build_manifest
+from crashreplay._tensors import host_view, is_device_tensor, is_torch_tensor
+from crashreplay.failure import FailureHook
+
+_MODES = ("unknown", "prefill", "decode", "extend", "mixed", "idle")
+
+
+def _to_numpy(x: Any, dtype) -> Optional[np.ndarray]:
+    """A contiguous 1-D numpy array of `dtype` for a host sequence, or None."""
+    if x is None:
+        return None
+    if is_torch_tensor(x):
+        x = x.detach()
+        if x.device.type != "cpu":
+            raise ValueError("device tensors must be staged first (Recorder routes them through cuda_staging)")
+        x = x.float().numpy() if str(x.dtype) == "torch.bfloat16" else x.numpy()
+    a = np.asarray(x)
+    if a.dtype != dtype:
+        a = a.astype(dtype)
+    return np.ascontiguousarray(a.reshape(-1))
+
+
+def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """CSR (offsets, slots) from rows, a (offsets, slots) pair, or a 2-D array."""
+    if page_table is None:
+        return None, None
+    if isinstance(page_table, tuple) and len(page_table) == 2:
+        return _to_numpy(page_table[0], np.int64), _to_numpy(page_table[1], np.int64)
+    if isinstance(page_table, np.ndarray) and page_table.ndim == 2:
+        n, w = page_table.shape
+        return np.arange(0, (n + 1) * w, w, dtype=np.int64), np.ascontiguousarray(page_table, dtype=np.int64).reshape(-1)
+    rows = [_to_numpy(r, np.int64) for r in page_table]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    if rows:
+        offsets[1:] = np.cumsum([len(r) for r in rows])
+        slots = np.concatenate(rows) if offsets[-1] else np.zeros(0, dtype=np.int64)
+    else:
+        slots = np.zeros(0, dtype=np.int64)
+    return offsets, slots
+
+
+def _trim_rows(rows: Any, lengths: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """CSR from a padded 2-D row block and each row's valid length."""
+    r = _to_numpy_2d(rows)
+    n = _to_numpy(lengths, np.int64)
+    if r.shape[0] != n.shape[0]:
+        raise ValueError(f"page_table: {r.shape[0]} rows but {n.shape[0]} lengths")
+    if n.size and int(n.max()) > r.shape[1]:
+        raise ValueError(f"page_table: a length {int(n.max())} exceeds the row width {r.shape[1]}")
+    offsets = np.zeros(n.shape[0] + 1, dtype=np.int64)
+    np.cumsum(n, out=offsets[1:])
+    mask = np.arange(r.shape[1])[None, :] < n[:, None]
+    return offsets, np.ascontiguousarray(r[mask], dtype=np.int64)
+
+
+def _to_numpy_2d(x: Any) -> np.ndarray:
+    if is_torch_tensor(x):
+        x = x.detach().numpy()
+    a = np.asarray(x)
+    if a.ndim != 2:
+        raise ValueError(f"page_table rows must be 2-D, got shape {a.shape}")
+    return a
+
+
+def _sampling(sampling: Any) -> Dict[str, Optional[np.ndarray]]:
+    """Per-request sampling arrays from a dict of sequences or a list of dicts."""
+    out: Dict[str, Optional[np.ndarray]] = {k: None for k in ("temperatures", "top_ps", "top_ks", "min_ps", "seeds", "has_seed")}
+    if sampling is None:
+        return out
+    if not isinstance(sampling, Mapping):  # list of per-request dicts
+        rows = list(sampling)
+        cols: Dict[str, List[Any]] = {"temperature": [], "top_p": [], "top_k": [], "min_p": [], "seed": []}
+        for r in rows:
+            cols["temperature"].append(r.get("temperature", 1.0))
+            cols["top_p"].append(r.get("top_p", 1.0))
+            cols["top_k"].append(r.get("top_k", -1))
+            cols["min_p"].append(r.get("min_p", 0.0))
+            cols["seed"].append(r.get("seed"))
+        sampling = {"temperatures": cols["temperature"], "top_ps": cols["top_p"], "top_ks": cols["top_k"],
+                    "min_ps": cols["min_p"], "seeds": cols["seed"]}
+    unknown = set(sampling) - {"temperatures", "top_ps", "top_ks", "min_ps", "seeds"}
+    if unknown:
+        raise ValueError(f"sampling: unknown keys {sorted(unknown)}; use temperatures, top_ps, top_ks, min_ps, seeds")
+    out["temperatures"] = _to_numpy(sampling.get("temperatures"), np.float32)
+    out["top_ps"] = _to_numpy(sampling.get("top_ps"), np.float32)
+    out["top_ks"] = _to_numpy(sampling.get("top_ks"), np.int64)
+    out["min_ps"] = _to_numpy(sampling.get("min_ps"), np.float32)
+    seeds = sampling.get("seeds")
+    if seeds is not None:
+        if is_torch_tensor(seeds) or isinstance(seeds, np.ndarray):
+            out["seeds"] = _to_numpy(seeds, np.int64)
+            out["has_seed"] = np.ones(out["seeds"].shape[0], dtype=np.uint8)
+        else:
+            seeds = list(seeds)
+            out["has_seed"] = np.array([s is not None for s in seeds], dtype=np.uint8)
+            out["seeds"] = np.array([0 if s is None else int(s) for s in seeds], dtype=np.int64)
+    return out
+
+
+def _named(tensors: Mapping[str, Any]) -> List[Tuple[str, Any, str]]:
+    out = []
+    for name, t in tensors.items():
+        arr, dtype = host_view(t)
+        out.append((str(name), arr, dtype))
+    return out
+
+
+class Recorder:
+    """Records one rank's session into SESSION_DIR/rank-NNNNN.crcap (or a file).
+
+    target: a session directory, or a file path ending in ".crcap".
+    engine, engine_version, config (dict/dataclass/Namespace -> typed
+    toggles), toggles (extra (name, value) pairs), model (ModelConfigInfo
+    fields), device ("auto", or DeviceInfo fields), parallel
+    (ParallelLayout fields: tp_size, tp_rank, world_size, rank, ...).
+    Options: snapshot_ring_bytes, max_snapshots, install_signal_handlers,
+    write_snapshots_on_close, overwrite, weight_check_budget,
+    weight_check_bytes_per_step, zstd_level, step_queue_slots, ...
+    cuda_order: "before" (the step's kernels wait for the snapshot copies)
+    or "concurrent" (see crashreplay.cuda_staging).
+    """
+
+    def __init__(self, target: str, *, engine: str, engine_version: str = "", config: Any = None,
+                 toggles: Optional[Iterable[Tuple[str, Any]]] = None, model: Optional[Dict[str, Any]] = None,
+                 device: Any = "auto", parallel: Optional[Dict[str, Any]] = None,
+                 session_id: Optional[str] = None, features: Iterable[str] = (),
+                 cuda_order: str = "before", **options: Any):
+        manifest = build_manifest(engine=engine, engine_version=engine_version, config=config, toggles=toggles,
+                                  model=model, device=device, parallel=parallel, session_id=session_id,
+                                  features=features)
+        opts = dict(options)
+        if str(target).endswith(".crcap"):
+            opts["path"] = str(target)
+        else:
+            opts["session_dir"] = str(target)
+        self._rank = int(manifest["parallel"].get("rank", 0))
+        self._impl = _crashreplay.Recorder(manifest, opts)
+        self._cuda_order = cuda_order
+        self._stager = None
+        self.current_step: Optional[int] = None
+        self.current_stage: str = ""
+        self._host_weights: List[Any] = []
+
+    # -- properties ------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self._impl.path
+
+    @property
+    def closed(self) -> bool:
+        return self._impl.closed
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def stats(self) -> Dict[str, int]:
+        s = self._impl.stats()
+        if self._stager is not None:
+            s["cuda_staged_pending"] = self._stager.pending()
+            s["cuda_staged_dropped"] = self._stager.dropped
+        return s
+
+    # -- hot path --------------------------------------------------------
+    def record_step(self, step: int, *, mode: str = "unknown", request_ids: Sequence[str] = (),
+                    token_ids: Any = None, positions: Any = None, seq_lens: Any = None, extend_lens: Any = None,
+                    req_pool_indices: Any = None, page_table: Any = None, out_cache_loc: Any = None,
+                    sampling: Any = None, rng_seed: int = 0, rng_offset: int = 0, output_token_ids: Any = None,
+                    digests: Optional[Mapping[str, Union[int, str]]] = None, timestamp_nanos: int = 0) -> None:
+        """Appends one step of this rank to the step log (never touches the disk).
+
+        Per-token vectors: token_ids, positions, out_cache_loc. Per-request:
+        request_ids, seq_lens, extend_lens, req_pool_indices, page_table
+        (one row of KV slots per request: a list of rows, a 2-D array, or
+        CSR (offsets, slots)), sampling ({temperatures, top_ps, top_ks,
+        min_ps, seeds} or a list of per-request dicts). digests: name ->
+        uint64 or 32-hex hash. CUDA tensors are staged asynchronously.
+        """
+        if mode not in _MODES:
+            raise ValueError(f"mode '{mode}' is not one of {', '.join(_MODES)}")
+        self.current_step = step
+        self.current_stage = mode
+        fields = dict(token_ids=token_ids, positions=positions, seq_lens=seq_lens, extend_lens=extend_lens,
+                      req_pool_indices=req_pool_indices, out_cache_loc=out_cache_loc,
+                      output_token_ids=output_token_ids)
+        # Tensor-valued parts of page_table/sampling become top-level fields,
+        # so CUDA staging sees every device tensor; _record_host_step
+        # reassembles them.
+        if isinstance(page_table, Mapping):
+            fields["_pt_rows"] = page_table["rows"]
+            fields["_pt_lengths"] = page_table["lengths"]
+            page_table = "padded"
+        if isinstance(sampling, Mapping):
+            for k, v in sampling.items():
+                fields["_s_" + k] = v
+            sampling = "fields"
+        common = dict(mode=mode, request_ids=[str(r) for r in request_ids], page_table=page_table,
+                      sampling=sampling, rng_seed=int(rng_seed), rng_offset=int(rng_offset),
+                      digests=dict(digests or {}), timestamp_nanos=int(timestamp_nanos) or time.time_ns())
+        if any(is_device_tensor(v) for v in fields.values()) or (self._stager is not None and self._stager.pending()):
+            # Keep step order: once anything is staged, later steps queue behind it.
+            self._ensure_stager().stage_step(step, {**fields, **common})
+            return
+        self._record_host_step(step, **fields, **common)
+
+    def _record_host_step(self, step: int, *, mode, request_ids, token_ids, positions, seq_lens, extend_lens,
+                          req_pool_indices, page_table, out_cache_loc, sampling, rng_seed, rng_offset,
+                          output_token_ids, digests, timestamp_nanos, **parts) -> None:
+        if isinstance(page_table, str):  # "padded": rows cut to their lengths
+            page_table = _trim_rows(parts.pop("_pt_rows"), parts.pop("_pt_lengths"))
+        if isinstance(sampling, str):  # "fields": the sampling dict, flattened
+            sampling = {k[3:]: parts.pop(k) for k in list(parts) if k.startswith("_s_")}
+        if parts:
+            raise ValueError(f"record_step: unexpected fields {sorted(parts)}")
+        offsets, slots = _page_table(page_table)
+        s = _sampling(sampling)
+        self._impl.record_step(
+            step, mode, request_ids,
+            _to_numpy(token_ids, np.int64), _to_numpy(positions, np.int64), _to_numpy(seq_lens, np.int64),
+            _to_numpy(extend_lens, np.int64), _to_numpy(req_pool_indices, np.int64), offsets, slots,
+            _to_numpy(out_cache_loc, np.int64), s["temperatures"], s["top_ps"], s["top_ks"], s["min_ps"],
+            s["seeds"], s["has_seed"], rng_seed, rng_offset, _to_numpy(output_token_ids, np.int64),
+            sorted(digests.items()), timestamp_nanos)
+
+    def snapshot(self, step: int, tensors: Mapping[str, Any]) -> None:
+        """Submits the step's input tensors to the snapshot ring.
+
+        Host tensors (numpy, torch CPU, any DLPack host tensor) are copied
+        into the ring now (one memcpy, GIL released). torch CUDA tensors are
+        staged asynchronously (see crashreplay.cuda_staging) and reach the
+        ring from the staging thread; call this before launching the step.
+        """
+        self.current_step = step
+        host = {k: v for k, v in tensors.items() if not is_device_tensor(v)}
+        device = {k: v for k, v in tensors.items() if is_device_tensor(v)}
+        if host:
+            self._impl.submit_snapshot(step, _named(host))
+        if device:
+            self._ensure_stager().stage_snapshot(step, device)
+
+    # -- weights ---------------------------------------------------------
+    def record_weight_hashes(self, tensors: Mapping[str, Any], rank: Optional[int] = None,
+                             threads: int = 0) -> Dict[str, Any]:
+        """Hashes this rank's weights (XXH3-128 per tensor + root) and records them.
+
+        Host tensors are hashed in parallel in C++. CUDA tensors are copied
+        to host one at a time (a one-off cost at load) and hashed there.
+        Returns {rank, root, tensors: {name: {hash, byte_size}}}.
+        """
+        rank = self._rank if rank is None else rank
+        host = {k: v for k, v in tensors.items() if not is_device_tensor(v)}
+        entries: List[Tuple[str, str, int]] = []
+        if host:
+            h = _crashreplay.hash_tensors(rank, _named(host), threads)
+            entries += [(n, e["hash"], e["byte_size"]) for n, e in h["tensors"].items()]
+        for name, t in tensors.items():
+            if is_device_tensor(t):
+                one = _crashreplay.hash_tensors(rank, _named({name: t.detach().cpu()}), 1)
+                e = one["tensors"][name]
+                entries.append((name, e["hash"], e["byte_size"]))
+        return self._impl.record_weight_hashes(rank, entries)
+
+    def register_weights(self, tensors: Mapping[str, Any]) -> None:
+        """Registers weights for the per-step integrity check.
+
+        The recorder re-hashes a rotating slice of them after every step, so
+        the buffers stay referenced (and must not be freed or moved) until
+        close(). Host tensors are hashed on the CPU with XXH3-128; CUDA
+        tensors are handed to the C++ recorder's device path (chunked hash
+        on the GPU; a build without CUDA, such as `pip install .`, refuses
+        them with crashreplay.Error "Unimplemented").
+        """
+        host = {k: v for k, v in tensors.items() if not is_device_tensor(v)}
+        device = {k: v for k, v in tensors.items() if is_device_tensor(v)}
+        if host:
+            named = _named(host)
+            self._impl.register_weights(named)
+            self._host_weights.extend(t for _, t, _ in named)
+        if device:
+            named = [(str(k), v.detach() if is_torch_tensor(v) else v, "") for k, v in device.items()]
+            for name, t, _ in named:
+                if is_torch_tensor(t) and not t.is_contiguous():
+                    raise ValueError(f"device weight {name!r} is not contiguous; the recorder hashes it in place")
+            self._impl.register_device_weights(named)
+            self._host_weights.extend(t for _, t, _ in named)
+
+    # -- failure and shutdown -------------------------------------------
+    def failure_hook(self, step: Optional[int] = None, stage: str = "") -> FailureHook:
+        """Context manager / decorator recording an escaping exception (re-raised)."""
+        return FailureHook(self, step=step, stage=stage)
+
+    def on_failure(self, reason: str, *, stage: str = "", step: Optional[int] = None,
+                   failure_class: str = "exception", exception_type: str = "", backtrace: str = "",
+                   staging_timeout_s: float = 5.0) -> None:
+        """Writes the snapshot ring and a FailureRecord, and fsyncs.
+
+        Staged CUDA copies that complete within staging_timeout_s are written
+        first (after a device fault their completion is read from a pinned
+        host fence, without CUDA calls).
+        """
+        if self._stager is not None:
+            self._stager.drain(staging_timeout_s)
+        self._impl.on_failure(reason, stage, step, failure_class, exception_type, backtrace)
+
+    def flush(self) -> None:
+        """Waits until every accepted step is in the file (staged ones too)."""
+        if self._stager is not None:
+            self._stager.drain()
+        self._impl.flush()
+
+    def close(self) -> None:
+        """Drains, writes the index and end record (ok=true). Idempotent."""
+        if self._stager is not None:
+            self._stager.close()
+        self._impl.close()
+        self._host_weights.clear()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and isinstance(exc, Exception) and not self.closed:
+            FailureHook(self).record(exc, tb)
+        self.close()
+        return False
+
+    # -- CUDA staging ----------------------------------------------------
+    def _ensure_stager(self):
+        if self._stager is None:
+            if "torch" not in sys.modules:
+                raise ValueError("device tensors need torch (CUDA staging); import torch first")
+            from crashreplay.cuda_staging import CudaStager
+
+            self._stager = CudaStager(self._deliver_staged, order=self._cuda_order)
+        return self._stager
+
+    def _deliver_staged(self, kind: str, step: int, payload: Any) -> None:
+        if kind == "snapshot":
+            self._impl.submit_snapshot(step, _named(payload))
+        else:
+            self._record_host_step(step, **payload)

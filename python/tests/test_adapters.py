@@ -1,0 +1,236 @@
+"""Engine adapters: extraction logic and recording, without the engines.
+
+sglang and vLLM need a GPU and are not installed here, so these tests use
+SMALL STAND-INS (classes named Fake*) shaped like sglang's ForwardBatch /
+SamplingBatchInfo / ReqToTokenPool and vLLM's GPUModelRunner / InputBatch,
+with the attribute names read from those projects' sources. They pin down
+the extraction and what reaches the capture; they do not prove that a
+given engine version still has these fields (the adapters check that at
+run time with require_fields and the version gate).
+"""
+import enum
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import crashreplay
+from crashreplay import sglang as cr_sglang
+from crashreplay import vllm as cr_vllm
+from crashreplay._adapter_common import UnsupportedVersion, env_toggles
+
+
+class FakeForwardMode(enum.IntEnum):  # sglang ForwardMode member names
+    EXTEND = 1
+    DECODE = 2
+    MIXED = 3
+    IDLE = 4
+    TARGET_VERIFY = 5
+
+
+def fake_forward_batch(mode=FakeForwardMode.DECODE, with_cpu_mirror=True):
+    sampling = SimpleNamespace(temperatures=np.array([[0.7], [1.0]], np.float32),  # sglang keeps (bs, 1)
+                               top_ps=np.array([0.9, 1.0], np.float32), top_ks=np.array([20, -1], np.int32),
+                               min_ps=np.array([0.0, 0.05], np.float32),
+                               sampling_seed=np.array([7, 8], np.int64))
+    return SimpleNamespace(
+        forward_mode=mode, batch_size=2, input_ids=np.array([101, 202], np.int64),
+        positions=np.array([3, 1], np.int64), seq_lens=np.array([4, 2], np.int64),
+        seq_lens_cpu=np.array([4, 2], np.int64) if with_cpu_mirror else None,
+        req_pool_indices=np.array([1, 0], np.int64), out_cache_loc=np.array([13, 21], np.int64),
+        extend_seq_lens=None, sampling_info=sampling, rids=["req-a", "req-b"])
+
+
+# req_to_token: row r holds the KV slots of the request in pool row r.
+REQ_TO_TOKEN = np.array([[20, 21, 0, 0, 0, 0],
+                         [10, 11, 12, 13, 0, 0],
+                         [0, 0, 0, 0, 0, 0]], np.int32)
+
+
+def test_sglang_extract_step_maps_forward_batch_fields():
+    f = cr_sglang.extract_step(fake_forward_batch(), REQ_TO_TOKEN)
+    assert f["mode"] == "decode" and f["request_ids"] == ["req-a", "req-b"]
+    assert f["token_ids"].tolist() == [101, 202] and f["out_cache_loc"].tolist() == [13, 21]
+    # rows selected by req_pool_indices, cut to the widest seq_len
+    assert f["page_table"]["rows"].tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
+    assert f["sampling"]["seeds"].tolist() == [7, 8]
+    assert "extend_lens" not in f
+
+
+def test_sglang_mode_names_and_unknown_modes():
+    assert cr_sglang.forward_mode_name(FakeForwardMode.EXTEND) == "extend"
+    assert cr_sglang.forward_mode_name(FakeForwardMode.TARGET_VERIFY) == "extend"
+    assert cr_sglang.forward_mode_name(FakeForwardMode.IDLE) == "idle"
+    assert cr_sglang.forward_mode_name("SOMETHING_NEW") == "unknown"
+
+
+def test_sglang_without_seq_lens_cpu_records_no_rows_rather_than_syncing():
+    f = cr_sglang.extract_step(fake_forward_batch(with_cpu_mirror=False), REQ_TO_TOKEN)
+    assert "page_table" not in f
+
+
+def test_sglang_batch_missing_a_field_is_refused_by_name():
+    fb = fake_forward_batch()
+    del fb.out_cache_loc
+    with pytest.raises(UnsupportedVersion, match="no field 'out_cache_loc'"):
+        cr_sglang.extract_step(fb, REQ_TO_TOKEN)
+
+
+def test_sglang_adapter_records_steps_snapshots_and_a_failing_forward(tmp_path):
+    rec = crashreplay.Recorder(str(tmp_path / "c.crcap"), engine="sglang", install_signal_handlers=False)
+    adapter = cr_sglang.SGLangAdapter(rec, snapshot_kv=True)
+    kv = SimpleNamespace(k_buffer=[np.arange(40, dtype=np.float32).reshape(40, 1) * (layer + 1)
+                                   for layer in range(2)])
+
+    class FakeModelRunner:  # stand-in for sglang's ModelRunner
+        req_to_token_pool = SimpleNamespace(req_to_token=REQ_TO_TOKEN)
+        token_to_kv_pool = kv
+        calls = 0
+
+        def forward(self, forward_batch, skip_attn_backend_init=False):
+            FakeModelRunner.calls += 1
+            if FakeModelRunner.calls == 3:
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return "logits"
+
+    runner = FakeModelRunner()
+    adapter.attach_runner(runner)
+    assert runner.forward(fake_forward_batch(FakeForwardMode.EXTEND)) == "logits"
+    assert runner.forward(forward_batch=fake_forward_batch()) == "logits"
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        runner.forward(fake_forward_batch())
+    rec.close()
+    cap = crashreplay.read_capture(rec.path)
+    assert [s["step"] for s in cap["step_records"]] == [0, 1, 2]
+    assert [s["mode"] for s in cap["step_records"]] == ["extend", "decode", "decode"]
+    s = cap["step_records"][2]
+    assert s["page_table"] == [{"req_pool_index": 1, "token_slots": [10, 11, 12, 13]},
+                               {"req_pool_index": 0, "token_slots": [20, 21]}]
+    assert [p["seed"] for p in s["sampling"]] == [7, 8] and abs(s["sampling"][0]["temperature"] - 0.7) < 1e-6
+    (f,) = cap["failure_records"]
+    assert (f["step"], f["stage"], f["failure_class"]) == (2, "decode", "device-assert")
+    snap = [x for x in cap["snapshot_records"] if x["step"] == 2][0]
+    names = {d["name"]: d for d in snap["tensors"]}
+    assert {"token_ids", "req_to_token_rows", "kv.k_buffer.0", "kv.k_buffer.1"} <= set(names)
+    # the KV pages the rows select, gathered at those slots
+    got = crashreplay.load_tensor(crashreplay.CaptureFile(rec.path), names["kv.k_buffer.1"])
+    assert got.reshape(-1).tolist() == [2.0 * x for x in [10, 11, 12, 13, 20, 21, 0, 0]]
+
+
+def test_sglang_server_args_become_toggles_without_secrets():
+    from dataclasses import dataclass
+
+    @dataclass
+    class FakeServerArgs:  # a few of sglang's ServerArgs fields
+        attention_backend: str = "fa3"
+        moe_runner_backend: str = "deep_gemm"
+        kv_cache_dtype: str = "fp8_e4m3"
+        mem_fraction_static: float = 0.95
+        disable_cuda_graph: bool = False
+        cuda_graph_max_bs: int = 256
+        tp_size: int = 8
+        quantization: str = "fp8"
+        api_key: str = "hunter2"
+
+    t = dict(cr_sglang.server_args_toggles(FakeServerArgs(), environ={"SGLANG_ENABLE_JIT_DEEPGEMM": "1",
+                                                                     "SGL_USE_DEEPGEMM_UE8M0": "0",
+                                                                     "HF_TOKEN": "secret", "HOME": "/root"}))
+    assert t["attention_backend"] == "fa3" and t["mem_fraction_static"] == 0.95 and t["tp_size"] == 8
+    assert t["env.SGLANG_ENABLE_JIT_DEEPGEMM"] == "1" and t["env.SGL_USE_DEEPGEMM_UE8M0"] == "0"
+    assert "api_key" not in t and "env.HF_TOKEN" not in t and "env.HOME" not in t
+
+
+def test_version_gates_refuse_outside_the_checked_range(monkeypatch):
+    monkeypatch.delenv("CRASHREPLAY_FORCE_VERSION", raising=False)
+    cr_sglang.check_sglang_version("0.5.3rc2")
+    with pytest.raises(UnsupportedVersion, match="sglang 0.4.6 is not supported"):
+        cr_sglang.check_sglang_version("0.4.6")
+    cr_vllm.check_vllm_version("0.11.0")
+    with pytest.raises(UnsupportedVersion, match="vllm 0.6.3 is not supported"):
+        cr_vllm.check_vllm_version("0.6.3")
+    monkeypatch.setenv("CRASHREPLAY_FORCE_VERSION", "1")
+    cr_sglang.check_sglang_version("0.4.6")  # a warning only
+
+
+class FakeCpuGpuBuffer:  # vLLM's CpuGpuBuffer: .cpu/.np host side, .gpu device side
+    def __init__(self, values):
+        self.np = np.asarray(values)
+        self.cpu = self.np
+        self.gpu = self.np.copy()
+
+
+def fake_vllm_runner():
+    block_table = SimpleNamespace(block_size=2,
+                                  block_table=FakeCpuGpuBuffer(np.array([[5, 6, 0], [7, 0, 0]], np.int32)),
+                                  slot_mapping=FakeCpuGpuBuffer(np.array([11, 14, 15, 0], np.int64)))
+    input_batch = SimpleNamespace(req_ids=["r0", "r1"], num_reqs=2,
+                                  num_computed_tokens_cpu=np.array([3, 0], np.int32),
+                                  block_table=SimpleNamespace(block_tables=[block_table]))
+    sp = lambda **k: SimpleNamespace(**{"temperature": 1.0, "top_p": 1.0, "top_k": None, "min_p": 0.0,  # noqa: E731
+                                        "seed": None, **k})
+    return SimpleNamespace(input_batch=input_batch,
+                           input_ids=FakeCpuGpuBuffer(np.array([9, 8, 7, 0], np.int32)),
+                           positions=FakeCpuGpuBuffer(np.array([3, 0, 1, 0], np.int64)),
+                           requests={"r0": SimpleNamespace(sampling_params=sp(temperature=0.5, seed=3)),
+                                     "r1": SimpleNamespace(sampling_params=sp(top_k=40))})
+
+
+def test_vllm_extract_step_from_runner_buffers():
+    so = SimpleNamespace(total_num_scheduled_tokens=3, num_scheduled_tokens={"r0": 1, "r1": 2})
+    f = cr_vllm.extract_step(fake_vllm_runner(), so)
+    assert f["mode"] == "mixed" and f["request_ids"] == ["r0", "r1"]
+    assert f["token_ids"].tolist() == [9, 8, 7] and f["positions"].tolist() == [3, 0, 1]
+    assert f["seq_lens"].tolist() == [4, 2] and f["extend_lens"].tolist() == [1, 2]
+    assert [r.tolist() for r in f["page_table"]] == [[5, 6], [7]]  # ceil(seq_len / block_size) blocks
+    assert f["out_cache_loc"].tolist() == [11, 14, 15]
+    assert f["sampling"][0]["seed"] == 3 and f["sampling"][1]["top_k"] == 40 and f["sampling"][0]["top_k"] == -1
+
+
+def test_vllm_step_mode_rules():
+    assert cr_vllm.step_mode(np.array([5, 3]), np.array([0, 0])) == "prefill"
+    assert cr_vllm.step_mode(np.array([1, 1]), np.array([9, 4])) == "decode"
+    assert cr_vllm.step_mode(np.array([4]), np.array([9])) == "extend"
+    assert cr_vllm.step_mode(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == "idle"
+
+
+def test_vllm_adapter_records_what_it_extracts(tmp_path):
+    rec = crashreplay.Recorder(str(tmp_path / "v.crcap"), engine="vllm", install_signal_handlers=False)
+    adapter = cr_vllm.VLLMAdapter(rec)
+    so = SimpleNamespace(total_num_scheduled_tokens=3, num_scheduled_tokens={"r0": 1, "r1": 2})
+    adapter.after_prepare(fake_vllm_runner(), so)
+    rec.close()
+    (s,) = crashreplay.read_capture(rec.path)["step_records"]
+    assert s["page_table"] == [{"req_pool_index": 0, "token_slots": [5, 6]},
+                               {"req_pool_index": 1, "token_slots": [7]}]
+    assert s["request_ids"] == ["r0", "r1"] and s["out_cache_loc"] == [11, 14, 15]
+
+
+def test_vllm_config_toggles_flatten_the_config_parts():
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="fp8", gpu_memory_utilization=0.9),
+                          parallel_config=SimpleNamespace(tensor_parallel_size=4))
+    t = dict(cr_vllm.config_toggles(cfg, environ={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}))
+    assert t["cache_config.cache_dtype"] == "fp8" and t["parallel_config.tensor_parallel_size"] == 4
+    assert t["env.VLLM_ATTENTION_BACKEND"] == "FLASHINFER" and t["vllm.page_table_unit"] == "block"
+
+
+def test_install_without_crashreplay_dir_does_nothing(monkeypatch):
+    monkeypatch.delenv("CRASHREPLAY_DIR", raising=False)
+    assert cr_sglang.install() is False and cr_vllm.install() is False
+
+
+def test_env_toggles_pick_kernel_switches_only():
+    t = env_toggles({"SGLANG_ENABLE_JIT_DEEPGEMM": "0", "CUDA_LAUNCH_BLOCKING": "1", "PATH": "/bin",
+                     "VLLM_API_KEY": "x"})
+    assert t == [("env.CUDA_LAUNCH_BLOCKING", "1"), ("env.SGLANG_ENABLE_JIT_DEEPGEMM", "0")]
+
+
+def test_sglang_launcher_requires_a_session_directory():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CRASHREPLAY_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    r = subprocess.run([sys.executable, "-m", "crashreplay.sglang", "--model-path", "x"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "set CRASHREPLAY_DIR" in r.stderr

@@ -1,0 +1,216 @@
+"""crashreplay.Recorder with real numpy tensors, read back through the C++ reader."""
+import numpy as np
+import pytest
+
+import crashreplay
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def make(tmp_path, **kw):
+    return crashreplay.Recorder(str(tmp_path / "cap.crcap"), engine="unit", engine_version="0",
+                                install_signal_handlers=False, overwrite=True, **kw)
+
+
+def test_config_becomes_typed_sorted_toggles_in_the_manifest(tmp_path):
+    class Backend:  # an enum-like value is recorded by its string form
+        def __str__(self):
+            return "fa3"
+
+    cfg = {"mem_fraction_static": 0.88, "tp_size": 8, "disable_cuda_graph": False, "quantization": None,
+           "attention_backend": Backend(), "cuda_graph_bs": [1, 2, 4], "moe": {"runner": "deep_gemm"}}
+    with make(tmp_path, config=cfg, parallel={"tp_size": 8, "rank": 0}) as rec:
+        path = rec.path
+    m = crashreplay.read_capture(path)["manifest"]
+    assert m["toggles"] == {"attention_backend": "fa3", "cuda_graph_bs": "[1, 2, 4]", "disable_cuda_graph": False,
+                            "mem_fraction_static": 0.88, "moe.runner": "deep_gemm", "quantization": None,
+                            "tp_size": 8}
+    assert isinstance(m["toggles"]["tp_size"], int) and isinstance(m["toggles"]["disable_cuda_graph"], bool)
+    assert m["engine"] == "unit" and m["parallel"]["tp_size"] == 8
+    assert m["device"]["name"] == "cpu"  # no GPU here, and torch is not imported
+
+
+def test_unknown_manifest_key_is_rejected_by_name(tmp_path):
+    with pytest.raises(ValueError, match="manifest.parallel: unknown key 'tp'"):
+        make(tmp_path, parallel={"tp": 2})
+
+
+def test_step_log_round_trips_every_field(tmp_path):
+    with make(tmp_path) as rec:
+        rec.record_step(7, mode="extend", request_ids=["a", "b"], token_ids=np.array([5, 6, 7], np.int32),
+                        positions=[0, 1, 0], seq_lens=np.array([2, 1]), extend_lens=[2, 1],
+                        req_pool_indices=[3, 9], page_table={"rows": np.array([[10, 11, 99], [12, 98, 97]]),
+                                                             "lengths": [2, 1]},
+                        out_cache_loc=[10, 11, 12],
+                        sampling=[{"temperature": 0.0, "top_k": 1, "seed": 5}, {"top_p": 0.5, "min_p": 0.1}],
+                        rng_seed=11, rng_offset=4, output_token_ids=[42, 43],
+                        digests={"logits": 123, "hidden": "0123456789abcdef0123456789abcdef"})
+        path = rec.path
+    s = crashreplay.read_capture(path)["step_records"][0]
+    assert (s["step"], s["mode"], s["request_ids"]) == (7, "extend", ["a", "b"])
+    assert s["token_ids"] == [5, 6, 7] and s["positions"] == [0, 1, 0] and s["seq_lens"] == [2, 1]
+    assert s["page_table"] == [{"req_pool_index": 3, "token_slots": [10, 11]},
+                               {"req_pool_index": 9, "token_slots": [12]}]
+    assert s["sampling"][0]["top_k"] == 1 and s["sampling"][0]["seed"] == 5
+    assert s["sampling"][1]["seed"] is None and abs(s["sampling"][1]["min_p"] - 0.1) < 1e-6
+    assert (s["rng_seed"], s["rng_offset"], s["output_token_ids"]) == (11, 4, [42, 43])
+    assert s["digests"] == {"logits": 123, "hidden": "0123456789abcdef0123456789abcdef"}
+
+
+def test_bad_mode_and_mismatched_sampling_lengths_are_refused(tmp_path):
+    with make(tmp_path) as rec:
+        with pytest.raises(ValueError, match="mode 'decoding'"):
+            rec.record_step(0, mode="decoding")
+        with pytest.raises(ValueError, match="one entry per request"):
+            rec.record_step(0, mode="decode", sampling={"temperatures": [1.0, 1.0], "top_ps": [1.0]})
+
+
+def test_snapshots_of_every_dtype_are_written_on_failure_byte_exact(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {
+        "ids": rng.integers(0, 1000, 16).astype(np.int64),
+        "f32": rng.standard_normal((4, 4)).astype(np.float32),
+        "bf16": rng.standard_normal((3, 5)).astype(ml_dtypes.bfloat16),
+        "fp8": rng.standard_normal(32).astype(ml_dtypes.float8_e4m3fn),
+        "strided": rng.standard_normal((6, 6)).astype(np.float16)[:, ::2],  # made contiguous
+        "mask": rng.integers(0, 2, 9).astype(bool),
+    }
+    with make(tmp_path) as rec:
+        rec.snapshot(3, tensors)
+        rec.record_step(3, mode="decode")
+        rec.on_failure("test failure", stage="decode", step=3)
+        path = rec.path
+    cap = crashreplay.read_capture(path)
+    assert cap["failure_records"][0]["reason"] == "test failure"
+    (snap,) = cap["snapshot_records"]
+    by_name = {d["name"]: d for d in snap["tensors"]}
+    assert by_name["bf16"]["dtype"] == "BF16" and by_name["fp8"]["dtype"] == "F8_E4M3"
+    assert by_name["strided"]["shape"] == [6, 3]
+    f = crashreplay.CaptureFile(path)
+    for name, want in tensors.items():
+        got = crashreplay.load_tensor(f, by_name[name])
+        assert got.dtype == want.dtype, name
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes(), name
+
+
+def test_weight_hashes_match_hash_tensor_and_are_recorded(tmp_path):
+    w = {"layers.0.w": np.arange(64, dtype=np.float32).reshape(8, 8), "embed": np.ones(10, np.float16)}
+    with make(tmp_path) as rec:
+        got = rec.record_weight_hashes(w)
+        path = rec.path
+    assert got["tensors"]["embed"]["hash"] == crashreplay.hash_tensor(w["embed"])
+    assert got["tensors"]["layers.0.w"]["byte_size"] == 256
+    (shard,) = crashreplay.read_capture(path)["weight_hashes"]
+    assert shard["root"] == got["root"] and shard["tensors"] == got["tensors"]
+    # The root depends on every tensor: change one byte, the root changes.
+    w2 = dict(w, embed=np.ones(10, np.float16) * 2)
+    assert crashreplay._crashreplay.hash_tensors(0, [(k, v, "") for k, v in w2.items()], 0)["root"] != got["root"]
+
+
+def test_hash_tensor_is_xxh128_of_the_bytes():
+    a = np.arange(100, dtype=np.int32)
+    assert crashreplay.hash_tensor(a) == crashreplay.hash_bytes(a.tobytes())
+
+
+def test_unsupported_dtype_and_closed_recorder_errors_say_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="has no capture dtype"):
+        crashreplay.describe_tensor(np.zeros(3, np.complex64))
+    rec = make(tmp_path)
+    rec.close()
+    rec.close()  # idempotent
+    with pytest.raises(crashreplay.Error, match="is closed"):
+        rec.record_step(0)
+
+
+def test_failure_hook_records_once_and_reraises(tmp_path):
+    rec = make(tmp_path)
+
+    @rec.failure_hook(stage="prefill")
+    def step():
+        with rec.failure_hook(step=4, stage="decode"):  # the inner hook wins
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        step()
+    rec.close()
+    (f,) = crashreplay.read_capture(rec.path)["failure_records"]
+    assert (f["step"], f["stage"], f["failure_class"]) == (4, "decode", "exception")
+
+
+def test_context_manager_records_escaping_exception_and_closes_ok(tmp_path):
+    with pytest.raises(KeyError):
+        with make(tmp_path) as rec:
+            rec.record_step(0, mode="decode")
+            raise KeyError("boom")
+    cap = crashreplay.read_capture(rec.path)
+    assert cap["ok"] and cap["steps"] == 1 and len(cap["failure_records"]) == 1
+
+
+@pytest.mark.parametrize("text,cls", [
+    ("CUDA error: device-side assert triggered", "device-assert"),
+    ("torch.AcceleratorError: CUDA error: device-side assert triggered", "device-assert"),
+    ("CUDA out of memory. Tried to allocate 20.00 MiB", "out-of-memory"),
+    ("RuntimeError: CUDA error: out of memory", "out-of-memory"),
+    ("ValueError: bad shape", "exception"),
+])
+def test_classify_failure_from_text(text, cls):
+    assert crashreplay.classify_failure(text) == cls
+
+
+def test_classify_failure_reads_the_exception_type_and_chained_causes():
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    assert crashreplay.classify_failure(OutOfMemoryError("allocation failed")) == "out-of-memory"
+    try:
+        try:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        except RuntimeError as inner:
+            raise ValueError("batch failed") from inner
+    except ValueError as outer:
+        assert crashreplay.classify_failure(outer) == "device-assert"
+
+
+def test_session_directory_layout_names_the_rank(tmp_path):
+    rec = crashreplay.Recorder(str(tmp_path / "sess"), engine="unit", parallel={"tp_size": 2, "tp_rank": 1, "rank": 1},
+                               install_signal_handlers=False)
+    rec.record_step(0, mode="decode")
+    rec.close()
+    assert rec.path.endswith("rank-00001.crcap")
+    d = crashreplay.read_capture(str(tmp_path / "sess"))
+    assert [f["ranks"] for f in d["files"]] == [[1]]
+
+
+def test_device_tensor_without_torch_is_refused_clearly(tmp_path):
+    import sys
+
+    if "torch" in sys.modules:
+        pytest.skip("torch is imported: the CUDA staging path would be taken")
+
+    class FakeCudaArray:  # stand-in: a DLPack producer claiming CUDA memory
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with make(tmp_path) as rec:
+        with pytest.raises(ValueError, match="import torch first"):
+            rec.snapshot(0, {"x": FakeCudaArray()})
+
+
+def test_registered_host_weights_catch_an_in_place_overwrite(tmp_path):
+    """A stray write into a registered weight buffer is recorded as corruption."""
+    w = {"a": np.arange(4096, dtype=np.float32), "b": np.ones(2048, np.float16)}
+    rec = crashreplay.Recorder(str(tmp_path / "w.crcap"), engine="unit", install_signal_handlers=False,
+                               weight_chunk_bytes=4096, weight_check_bytes_per_step=4096)
+    rec.register_weights(w)
+    for step in range(3):
+        rec.record_step(step, mode="decode")
+    rec.flush()
+    w["a"][100] = -1.0  # the "kernel bug": an out-of-bounds write into a weight
+    for step in range(3, 3 + 12):
+        rec.record_step(step, mode="decode")
+    rec.close()
+    stats = rec.stats()
+    assert stats["weight_bytes"] == 4096 * 4 + 2048 * 2
+    cap = crashreplay.read_capture(rec.path)
+    bad = [s for r in cap["weight_check_records"] for s in r["slices"] if s["corrupt"]]
+    assert bad and bad[0]["tensor"] == "a" and bad[0]["byte_begin"] <= 400 < bad[0]["byte_end"]
