@@ -16,6 +16,7 @@ constexpr Command kCommands[] = {
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
+    {"demo", "record, replay and bisect the demo crash end to end", RunDemo},
     // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace

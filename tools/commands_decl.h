@@ -12,5 +12,6 @@ int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);
 int RunHash(int argc, char** argv);
 int RunBisectCommand(int argc, char** argv);
+int RunDemo(int argc, char** argv);
 
 }  // namespace crashreplay::tools
