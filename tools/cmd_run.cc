@@ -11,6 +11,7 @@
 
 #include "command.h"
 #include "commands_decl.h"
+#include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/engine.h"
@@ -99,7 +100,7 @@ int RunRun(int argc, char** argv) {
   app.add_option("--min-p", min_p)->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--threads", threads, "CPU threads (default CRASHREPLAY_THREADS or 1); never changes results");
-  app.add_option("--record", record, "write a capture of the run (needs the capture library)");
+  app.add_option("--record", record, "write a capture session of the run to this directory");
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_flag("--json", json, "print the result as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
@@ -110,9 +111,6 @@ int RunRun(int argc, char** argv) {
   }
   for (const std::string& s : sets) {
     if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);
-  }
-  if (!record.empty()) {
-    return ReportError(absl::UnimplementedError("--record: the capture recorder is not merged into this build yet"));
   }
   std::vector<replay::Request> requests;
   for (const std::string& p : prompts) {
@@ -141,14 +139,36 @@ int RunRun(int argc, char** argv) {
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
   replay::Engine engine(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  std::unique_ptr<replay::CaptureRecorder> recorder;
+  if (!record.empty()) {
+    auto rec = replay::CaptureRecorder::Begin(record, model_dir, config, engine.model());
+    if (!rec.ok()) return ReportError(rec.status());
+    recorder = std::move(*rec);
+  }
   std::unique_ptr<DumpObserver> dump;
   if (!dump_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dump_dir, ec);
     dump = std::make_unique<DumpObserver>(dump_dir);
   }
-  const replay::RunResult r = engine.Run(requests, dump.get());
+  // Both observers see every step.
+  struct Tee : replay::StepObserver {
+    std::vector<replay::StepObserver*> to;
+    void BeforeStep(const replay::StepInput& in) override {
+      for (auto* o : to) o->BeforeStep(in);
+    }
+    void AfterStep(const replay::StepProgram& p) override {
+      for (auto* o : to) o->AfterStep(p);
+    }
+  } tee;
+  if (recorder) tee.to.push_back(recorder.get());
+  if (dump) tee.to.push_back(dump.get());
+  const replay::RunResult r = engine.Run(requests, &tee);
   if (dump && !dump->status().ok()) return ReportError(dump->status());
+  if (recorder) {
+    if (absl::Status s = recorder->Finish(r.fault); !s.ok()) return ReportError(s);
+    if (!json) std::printf("recorded %s\n", recorder->path().c_str());
+  }
 
   if (json) {
     nlohmann::json out;

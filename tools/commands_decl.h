@@ -7,6 +7,7 @@ int RunVersion(int argc, char** argv);
 int RunToggles(int argc, char** argv);
 int RunMakeModel(int argc, char** argv);
 int RunRun(int argc, char** argv);
+int RunReplay(int argc, char** argv);
 int RunSampleCapture(int argc, char** argv);
 int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);

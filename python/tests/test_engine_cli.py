@@ -59,7 +59,7 @@ def test_paged_decode_kernel_fails_in_decode_after_prefill(glm):
                                 "check": "page_size_is_64"}
     assert [s["mode"] for s in out["steps"]] == ["prefill", "decode"]
     assert out["fault"]["layer"] == 0 and out["fault"]["index"] == 16
-    assert out["kernels"][-1]["kernel"] == "L0.attention" and out["kernels"][-1]["failed"]
+    assert out["kernels"][-1]["name"] == "L0.attention" and out["kernels"][-1]["failed"]
 
 
 def test_ue8m0_kernel_rejects_nvfp4_scales(glm):

@@ -95,7 +95,7 @@ class Builder {
       for (int64_t r = b.row_begin; r < b.row_end; ++r) {
         std::memcpy(out.data() + (r - b.row_begin) * w, t.bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
       }
-      (*hashes_)[rank][name] = XXH128Of(out.data(), out.size());
+      (*hashes_)[rank][name] = ShardHash{XXH128Of(out.data(), out.size()), out.size()};
     }
     if (spec_out) *spec_out = spec;
     if (block_out) *block_out = b;
@@ -223,7 +223,7 @@ class Builder {
     return v;
   }
 
-  std::vector<std::map<std::string, Hash128>>* hashes_ = nullptr;
+  std::vector<std::map<std::string, ShardHash>>* hashes_ = nullptr;
   std::vector<uint64_t>* bytes_ = nullptr;
 
  private:
@@ -370,8 +370,8 @@ absl::Status VerifyShardHashes(const Model& m, const std::vector<std::map<std::s
       if (it == m.shard_hashes[r].end()) {
         return absl::NotFoundError(Cat("rank ", r, ": the recording hashed tensor '", name, "', the checkpoint has no such shard"));
       }
-      if (it->second != hash) {
-        return absl::DataLossError(Cat("rank ", r, " tensor '", name, "': shard hash ", it->second.Hex(),
+      if (it->second.hash != hash) {
+        return absl::DataLossError(Cat("rank ", r, " tensor '", name, "': shard hash ", it->second.hash.Hex(),
                                        " but the recording has ", hash.Hex(), "; is this the recorded checkpoint?"));
       }
     }

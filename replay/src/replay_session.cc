@@ -40,6 +40,7 @@ nlohmann::json ReplayReport::ToJson() const {
   }
   j["first_nonfinite_kernel"] = first_nonfinite;
   if (diverged_step >= 0) j["diverged"] = {{"step", diverged_step}, {"kernel", diverged_kernel}};
+  if (fault) j["matches_recorded_failure"] = matches_recorded_failure;
   j["detail"] = detail;
   return j;
 }
@@ -91,15 +92,28 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   rep.fault = prog->fault();
   if (!rep.fault && prog->done()) rep.digest = prog->Digest();
   if (rep.fault) {
-    const bool same = rec.fault && rec.fault->Signature() == rep.fault->Signature();
-    rep.outcome = same ? "reproduced" : "failed";
-    rep.detail = same ? Cat("the recorded failure fired again: ", rep.fault->message) : rep.fault->message;
+    // A failure is "failed" whether or not it was recorded: exit status 1,
+    // which is what bisection counts as bad; the report says if it matches.
+    rep.matches_recorded_failure = rec.fault && rec.fault->Signature() == rep.fault->Signature();
+    rep.outcome = "failed";
+    rep.detail = rep.matches_recorded_failure ? Cat("the recorded failure fired again: ", rep.fault->message)
+                                              : rep.fault->message;
     return rep;
   }
   if (rec.fault) {
-    rep.outcome = "diverged";
-    if (rep.diverged_step < 0) rep.diverged_step = target;
-    rep.detail = Cat("the recorded failure ", rec.fault->Signature(), " did not fire");
+    // The recorded step failed, so only the kernels before the failure have
+    // recorded digests; if they all match, the step ran clean where the
+    // recording failed.
+    if (rep.diverged_step >= 0 || !rep.diverged_kernel.empty()) {
+      rep.outcome = "diverged";
+      if (rep.diverged_step < 0) rep.diverged_step = target;
+      rep.detail = Cat("first divergence at step ", rep.diverged_step,
+                       rep.diverged_kernel.empty() ? std::string() : Cat(", kernel ", rep.diverged_kernel));
+    } else {
+      rep.outcome = "reproduced";
+      rep.detail = Cat("ran clean: the recorded failure ", rec.fault->Signature(),
+                       " did not fire and every recorded output matches");
+    }
     return rep;
   }
   const bool step_differs = prog->done() && rec.digest && rep.digest != *rec.digest;

@@ -417,6 +417,7 @@ std::optional<Fault> StepProgram::RunNext() {
     if (b == nullptr) continue;  // the KV cache is not an activation buffer
     hasher.Update(b->data(), b->bytes());
     const size_t n = b->is_int ? b->i.size() : b->f.size();
+    rec.numel += static_cast<int64_t>(n);
     for (size_t i = 0; i < n; ++i) {
       const double v = b->is_int ? b->i[i] : b->f[i];
       if (std::isnan(v)) {
@@ -431,6 +432,7 @@ std::optional<Fault> StepProgram::RunNext() {
       rec.max = first ? v : std::max(rec.max, v);
       first = false;
       sum_abs += std::abs(v);
+      rec.max_abs = std::max(rec.max_abs, std::abs(v));
       count += 1;
     }
   }
@@ -465,11 +467,15 @@ std::optional<Fault> StepProgram::RunAll() {
   return fault_;
 }
 
+// Field names follow bisect's kernel table (bisect/kernel_table.h): name
+// (the label, unique in a step), layer, numel, nan_count, inf_count, digest,
+// max_abs; the rest are extra.
 nlohmann::json KernelRecordToJson(const KernelRecord& r) {
-  return nlohmann::json{{"kernel", r.label}, {"name", r.name},       {"layer", r.layer},
-                        {"nan", r.nan},      {"inf", r.inf},         {"min", r.min},
-                        {"max", r.max},      {"mean_abs", r.mean_abs}, {"digest", r.digest.Hex()},
-                        {"micros", r.micros}, {"failed", r.failed}};
+  return nlohmann::json{{"name", r.label},      {"kernel", r.name},         {"layer", r.layer},
+                        {"numel", r.numel},     {"nan_count", r.nan},       {"inf_count", r.inf},
+                        {"digest", r.digest.Hex()}, {"max_abs", r.max_abs}, {"min", r.min},
+                        {"max", r.max},         {"mean_abs", r.mean_abs},   {"micros", r.micros},
+                        {"failed", r.failed}};
 }
 
 std::vector<int32_t> StepProgram::SampledTokens() const {

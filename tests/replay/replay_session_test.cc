@@ -77,18 +77,19 @@ TEST(ReplayStep, FlashDecodeDivergesAtTheFirstDecodeAttention) {
   EXPECT_EQ(r.diverged_kernel, "L0.attention");
 }
 
-TEST(ReplayStep, RecordedFailureReproducesWithItsSignature) {
+TEST(ReplayStep, RecordedFailureFiresAgainAndAGoodConfigurationRunsClean) {
   const auto log = Record(Glm(), {"attention_backend=paged64"});
   ASSERT_EQ(log.size(), 2u);
   ASSERT_TRUE(log[1].fault);
   auto bad = MakeEngine(Glm(), {"attention_backend=paged64"});
   ReplayReport r = ReplayStep(*bad, log, 1);
-  EXPECT_EQ(r.outcome, "reproduced") << r.detail;
+  EXPECT_EQ(r.outcome, "failed") << r.detail;
+  EXPECT_TRUE(r.matches_recorded_failure);
   ASSERT_TRUE(r.fault);
   EXPECT_EQ(r.fault->Signature(), "assert/decode/attention/page_size_is_64");
   auto good = MakeEngine(Glm(), {"attention_backend=paged64", "page_size=64"});
   ReplayReport g = ReplayStep(*good, log, 1);
-  EXPECT_EQ(g.outcome, "diverged");  // the recorded failure does not fire
+  EXPECT_EQ(g.outcome, "reproduced") << g.detail;  // ran clean where the recording failed
   EXPECT_FALSE(g.fault);
 }
 

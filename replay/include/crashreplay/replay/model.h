@@ -31,6 +31,12 @@
 
 namespace crashreplay::replay {
 
+struct ShardHash {
+  Hash128 hash;
+  uint64_t bytes = 0;
+  friend bool operator==(const ShardHash&, const ShardHash&) = default;
+};
+
 struct LinearShard {
   QWeight w;                    // views data/scales below
   std::vector<uint8_t> data;
@@ -80,8 +86,9 @@ struct Model {
   RopeTable rope;
   DotKind dense_dot = DotKind::kDequant;
   DotKind moe_dot = DotKind::kDequant;
-  // Per rank: tensor name -> XXH3-128 of the shard's bytes (data, then scales).
-  std::vector<std::map<std::string, Hash128>> shard_hashes;
+  // Per rank: tensor name -> XXH3-128 of the rank's shard bytes and their
+  // count, as formats/sharding.h cuts them (the capture side's definition).
+  std::vector<std::map<std::string, ShardHash>> shard_hashes;
   std::vector<uint64_t> rank_weight_bytes;
 };
 

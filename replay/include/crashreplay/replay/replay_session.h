@@ -9,14 +9,17 @@
 // the step failed. StepLogRecorder is the engine-side observer that produces
 // them; the capture container stores them (capture/).
 //
-// Outcomes (ReplayReport::outcome):
-//   "reproduced" the target step ran to the end and its digest (and every
-//                recorded kernel digest) matches, or the recorded failure
-//                fired again with the same signature;
-//   "diverged"   an earlier step's digest, or a kernel digest of the target
-//                step, differs from the recording (first step and kernel named);
-//   "failed"     a failure fired that was not recorded (or with another
-//                signature).
+// Outcomes (ReplayReport::outcome), as bisection reads them (exit 0 / 1 / 1):
+//   "reproduced" the target step ran to the end without a failure and every
+//                recorded digest (earlier steps, the step, its kernels)
+//                matches; when the recorded step had failed, only the kernels
+//                before its failure have digests, and "reproduced" then means
+//                it ran clean where the recording failed;
+//   "diverged"   no failure, but an earlier step's digest, a kernel digest of
+//                the target step or the step digest differs (first step and
+//                kernel named);
+//   "failed"     a check fired (matches_recorded_failure says whether it is
+//                the recorded failure's signature).
 // Deterministic: the same log and configuration give the same report bits
 // (timings aside) on any thread count.
 #pragma once
@@ -63,6 +66,7 @@ struct ReplayReport {
   std::string first_nonfinite;        // first kernel with a NaN/Inf output in the target step
   int64_t diverged_step = -1;
   std::string diverged_kernel;        // label, when a kernel digest differs
+  bool matches_recorded_failure = false;
   std::string detail;                 // one line for people
 
   nlohmann::json ToJson() const;

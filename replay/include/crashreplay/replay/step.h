@@ -94,7 +94,8 @@ struct KernelRecord {
   int layer = -1;
   int64_t nan = 0;
   int64_t inf = 0;
-  double min = 0, max = 0, mean_abs = 0;
+  int64_t numel = 0;
+  double min = 0, max = 0, mean_abs = 0, max_abs = 0;
   Hash128 digest;  // of all output buffers' bytes, in output order
   double micros = 0;
   bool failed = false;

@@ -1,0 +1,235 @@
+#include "crashreplay/replay/capture_io.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "crashreplay/base/status.h"
+#include "crashreplay/capture/weight_hash.h"
+#include "text_util.h"
+
+namespace crashreplay::replay {
+
+using text::Cat;
+
+namespace {
+
+crashreplay::ToggleValue ToCaptureValue(const ToggleValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<int64_t>(&v)) return *i;
+  if (const auto* d = std::get_if<double>(&v)) return *d;
+  return std::get<bool>(v);
+}
+
+std::string ToText(const crashreplay::ToggleValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) return ToggleValueText(ToggleValue(*d));
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const std::string& session_dir,
+                                                                        const std::string& checkpoint_dir,
+                                                                        const Config& config, const Model& model) {
+  SessionManifest m;
+  m.engine = "crashreplay";
+  m.engine_version = "0.1.0";
+  m.session_id = Cat("crashreplay-", ::getpid());
+  std::error_code ec;
+  const std::string abs_dir = std::filesystem::absolute(checkpoint_dir, ec).string();
+  m.model.checkpoint_path = abs_dir;
+  {
+    std::ifstream in(checkpoint_dir + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    m.model.config_json = ss.str();
+  }
+  const ModelSpec& s = model.spec;
+  m.model.model_type = s.model_type;
+  m.model.num_layers = static_cast<uint32_t>(s.layers);
+  m.model.hidden_size = static_cast<uint32_t>(s.hidden);
+  m.model.vocab_size = static_cast<uint32_t>(s.vocab);
+  m.model.num_heads = static_cast<uint32_t>(s.heads);
+  m.model.num_kv_heads = static_cast<uint32_t>(s.kv_heads);
+  m.model.head_dim = static_cast<uint32_t>(s.head_dim);
+  m.model.intermediate_size = static_cast<uint32_t>(s.intermediate);
+  m.model.num_experts = static_cast<uint32_t>(s.num_experts);
+  for (const ToggleSpec& t : Toggles()) m.toggles.push_back(Toggle{std::string(t.name), ToCaptureValue(config.Get(t.name))});
+  m.device.name = "crashreplay CPU (emulated device)";
+  m.device.memory_capacity_bytes = static_cast<uint64_t>(config.Float("device_memory_gb") * 1e9);
+  m.parallel.tp_size = static_cast<uint32_t>(model.tp);
+  m.parallel.world_size = static_cast<uint32_t>(model.tp);
+  for (size_t r = 0; r < model.shard_hashes.size(); ++r) {
+    WeightShardHashes w;
+    w.rank = static_cast<uint32_t>(r);
+    for (const auto& [name, h] : model.shard_hashes[r]) w.tensors.push_back(TensorHash{name, h.hash, h.bytes});
+    w.root = capture::WeightRoot(&w.tensors);
+    m.weights.push_back(std::move(w));
+  }
+  capture::RecorderOptions o;
+  o.session_dir = session_dir;
+  o.overwrite = true;
+  o.install_signal_handlers = false;
+  auto rec = std::unique_ptr<CaptureRecorder>(new CaptureRecorder());
+  CR_ASSIGN_OR_RETURN(rec->recorder_, capture::Recorder::Begin(m, o));
+  return rec;
+}
+
+void CaptureRecorder::BeforeStep(const StepInput&) {}
+
+void CaptureRecorder::AfterStep(const StepProgram& p) {
+  if (!status_.ok()) return;
+  const StepInput& in = p.input();
+  std::vector<std::string> ids;
+  std::vector<std::string_view> id_views;
+  std::vector<int64_t> tokens, positions, seq_lens, extend_lens, pool, offsets{0}, slots, out;
+  std::vector<crashreplay::SamplingParams> sampling;
+  for (size_t r = 0; r < in.rows.size(); ++r) {
+    const StepRow& row = in.rows[r];
+    ids.push_back(std::to_string(row.request_id));
+    for (size_t j = 0; j < row.tokens.size(); ++j) {
+      tokens.push_back(row.tokens[j]);
+      positions.push_back(row.start_pos + static_cast<int64_t>(j));
+    }
+    seq_lens.push_back(row.start_pos + static_cast<int64_t>(row.tokens.size()));
+    extend_lens.push_back(static_cast<int64_t>(row.tokens.size()));
+    pool.push_back(static_cast<int64_t>(r));
+    for (int32_t page : row.page_table) slots.push_back(page);
+    offsets.push_back(static_cast<int64_t>(slots.size()));
+    crashreplay::SamplingParams sp;
+    sp.temperature = row.sampling.temperature;
+    sp.top_p = row.sampling.top_p;
+    sp.top_k = row.sampling.top_k > 0 ? row.sampling.top_k : -1;
+    sp.min_p = row.sampling.min_p;
+    sp.seed = row.sampling.seed;
+    sp.has_seed = true;
+    sampling.push_back(sp);
+  }
+  for (const std::string& s : ids) id_views.push_back(s);
+  if (!p.fault()) {
+    for (int32_t t : p.SampledTokens()) out.push_back(t);
+  }
+  std::vector<std::string> names;
+  std::vector<capture::DigestView> digests;
+  names.reserve(p.records().size() + 1);
+  if (!p.fault()) {
+    names.push_back("step");
+    digests.push_back(capture::DigestView{names.back(), true, 0, p.Digest()});
+  }
+  for (const KernelRecord& k : p.records()) {
+    if (k.failed) continue;
+    names.push_back("kernel:" + k.label);
+    digests.push_back(capture::DigestView{names.back(), true, 0, k.digest});
+  }
+  capture::StepView v;
+  v.step = static_cast<uint64_t>(in.step);
+  v.mode = in.mode == ForwardMode::kPrefill ? crashreplay::ForwardMode::kPrefill : crashreplay::ForwardMode::kDecode;
+  v.request_ids = id_views;
+  v.token_ids = tokens;
+  v.positions = positions;
+  v.seq_lens = seq_lens;
+  v.extend_lens = extend_lens;
+  v.req_pool_indices = pool;
+  v.page_table_offsets = offsets;
+  v.page_table_slots = slots;
+  v.sampling = sampling;
+  v.output_token_ids = out;
+  v.digests = digests;
+  status_ = recorder_->RecordStep(v);
+}
+
+absl::Status CaptureRecorder::Finish(const std::optional<Fault>& fault) {
+  CR_RETURN_IF_ERROR(status_);
+  if (fault) {
+    capture::FailureInfo f;
+    f.reason = fault->message;
+    f.stage = fault->stage;
+    if (fault->step >= 0) f.step = static_cast<uint64_t>(fault->step);
+    f.failure_class = fault->klass == "oom" ? FailureClass::kOutOfMemory
+                      : fault->klass == "assert" ? FailureClass::kDeviceAssert
+                                                 : FailureClass::kException;
+    f.exception_type = fault->Signature();
+    CR_RETURN_IF_ERROR(recorder_->OnFailure(f));
+  }
+  return recorder_->Close();
+}
+
+absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
+  std::string file = path;
+  if (std::filesystem::is_directory(path)) file = capture::SessionRankPath(path, 0);
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<CaptureReader> reader, CaptureReader::Open(file));
+  if (!reader->manifest()) return absl::DataLossError(Cat(file, ": no session manifest"));
+  LoadedCapture out;
+  out.manifest = *reader->manifest();
+  for (const Toggle& t : out.manifest.toggles) {
+    if (FindToggle(t.name) == nullptr) continue;  // another engine's setting
+    CR_RETURN_IF_ERROR(out.config.Set(t.name, ToText(t.value)));
+  }
+  out.weights.resize(out.manifest.weights.size());
+  for (const WeightShardHashes& w : out.manifest.weights) {
+    if (w.rank >= out.weights.size()) return absl::DataLossError(Cat(file, ": weight hashes of rank ", w.rank));
+    for (const TensorHash& t : w.tensors) out.weights[w.rank][t.name] = t.hash;
+  }
+  std::map<std::string, uint64_t> sampled_so_far;
+  for (const StepRecord& s : reader->steps()) {
+    RecordedStep rs;
+    rs.input.step = static_cast<int64_t>(s.step);
+    rs.input.mode = s.mode == crashreplay::ForwardMode::kDecode ? ForwardMode::kDecode : ForwardMode::kPrefill;
+    const size_t rows = s.request_ids.size();
+    if (s.extend_lens.size() != rows || s.seq_lens.size() != rows || s.sampling.size() != rows ||
+        s.page_table.size() != rows) {
+      return absl::InvalidArgumentError(Cat(file, ": step ", s.step, " has per-request vectors of different lengths"));
+    }
+    size_t tok = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      StepRow row;
+      row.request_id = std::strtoll(s.request_ids[r].c_str(), nullptr, 10);
+      const int64_t n = s.extend_lens[r];
+      if (n < 0 || tok + n > s.token_ids.size()) return absl::InvalidArgumentError(Cat(file, ": step ", s.step, " token counts"));
+      for (int64_t j = 0; j < n; ++j) row.tokens.push_back(static_cast<int32_t>(s.token_ids[tok + j]));
+      tok += n;
+      row.start_pos = s.seq_lens[r] - n;
+      for (int64_t page : s.page_table[r].token_slots) row.page_table.push_back(static_cast<int32_t>(page));
+      const crashreplay::SamplingParams& sp = s.sampling[r];
+      row.sampling = SamplingParams{sp.temperature, sp.top_k > 0 ? sp.top_k : 0, sp.top_p, sp.min_p, sp.seed};
+      row.sample_offset = sampled_so_far[s.request_ids[r]]++;
+      rs.input.rows.push_back(std::move(row));
+    }
+    for (const Digest& d : s.digests) {
+      const Hash128* h = std::get_if<Hash128>(&d.value);
+      if (h == nullptr) continue;
+      if (d.name == "step") rs.digest = *h;
+      if (d.name.rfind("kernel:", 0) == 0) rs.kernel_digests.emplace_back(d.name.substr(7), *h);
+    }
+    for (int64_t t : s.output_token_ids) rs.sampled.push_back(static_cast<int32_t>(t));
+    out.steps.push_back(std::move(rs));
+  }
+  if (!reader->failures().empty()) {
+    const FailureRecord& f = reader->failures().front();
+    Fault fault;
+    fault.message = f.reason;
+    fault.stage = f.stage;
+    const std::vector<std::string_view> parts = text::Split(f.exception_type, '/');
+    if (parts.size() == 4) {
+      fault.klass = std::string(parts[0]);
+      fault.kernel = std::string(parts[2]);
+      fault.check = std::string(parts[3]);
+    } else {
+      fault.klass = f.failure_class == FailureClass::kOutOfMemory ? "oom" : "error";
+    }
+    if (f.step) {
+      fault.step = static_cast<int64_t>(*f.step);
+      out.failure_step = fault.step;
+      for (RecordedStep& rs : out.steps) {
+        if (rs.input.step == fault.step) rs.fault = fault;
+      }
+    }
+    out.failure = fault;
+  }
+  return out;
+}
+
+}  // namespace crashreplay::replay

@@ -1,0 +1,109 @@
+// `crashreplay replay CAPTURE [--step N] [--config FILE] [--set k=v]...
+// [--json] [--trace OUT.json]`: re-executes a recorded step kernel by kernel
+// and says whether it reproduced, diverged or failed (docs/replay.md).
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "commands_decl.h"
+#include "crashreplay/replay/capture_io.h"
+#include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/replay/replay_session.h"
+#include "exit_codes.h"
+
+namespace crashreplay::tools {
+
+int RunReplay(int argc, char** argv) {
+  CLI::App app("Replay one recorded step kernel by kernel under a configuration.", "replay");
+  std::string capture_path, config_file, trace, model_dir, stop_after;
+  std::vector<std::string> sets;
+  int64_t step = -1;
+  int threads = 0;
+  bool json = false;
+  app.add_option("CAPTURE", capture_path, "capture file or session directory")->required();
+  app.add_option("--step", step, "step to replay (default: the failing step, else the last)");
+  app.add_option("--config", config_file, "flat TOML configuration applied over the recorded one");
+  app.add_option("--set", sets, "override one toggle, name=value; repeatable");
+  app.add_option("--model", model_dir, "checkpoint directory (default: the recorded path)");
+  app.add_option("--stop-after", stop_after, "stop after this kernel label, e.g. L0.attention");
+  app.add_option("--threads", threads, "CPU threads (never changes results)");
+  app.add_option("--trace", trace, "write a Chrome/Perfetto trace of the step's kernels");
+  app.add_flag("--json", json, "print the report as JSON");
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+
+  auto cap = replay::LoadCapture(capture_path);
+  if (!cap.ok()) return ReportError(cap.status());
+  replay::Config config = cap->config;
+  if (!config_file.empty()) {
+    if (absl::Status s = config.ApplyFile(config_file); !s.ok()) return ReportError(s);
+  }
+  for (const std::string& s : sets) {
+    if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);
+  }
+  if (model_dir.empty()) model_dir = cap->manifest.model.checkpoint_path;
+  auto ckpt = replay::LoadCheckpointDir(model_dir);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  const replay::EngineConfig ec = replay::ResolveConfig(config);
+  auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
+  if (!model.ok()) return ReportError(model.status());
+  std::string weights_note = "verified";
+  if (static_cast<size_t>(ec.tp_size) == cap->weights.size()) {
+    if (absl::Status s = replay::VerifyShardHashes(**model, cap->weights); !s.ok()) return ReportError(s);
+  } else {
+    weights_note = "not verified (tp_size differs from the recording)";
+  }
+  if (step < 0) step = cap->failure_step >= 0 ? cap->failure_step : static_cast<int64_t>(cap->steps.size()) - 1;
+  int64_t max_page = 0;
+  for (const auto& s : cap->steps)
+    for (const auto& r : s.input.rows)
+      for (int32_t p : r.page_table) max_page = std::max<int64_t>(max_page, p + 1);
+  replay::Engine engine(std::move(*model), ec, threads, max_page);
+
+  replay::ReplayReport rep;
+  if (engine.plan().fault || cap->steps.empty() || step >= static_cast<int64_t>(cap->steps.size())) {
+    rep.step = step;
+    if (engine.plan().fault) {
+      rep.fault = engine.plan().fault;
+      rep.matches_recorded_failure = cap->failure && cap->failure->Signature() == rep.fault->Signature();
+      rep.outcome = "failed";
+      rep.detail = rep.fault->message;
+    } else if (cap->steps.empty() && cap->failure) {
+      rep.outcome = "reproduced";
+      rep.detail = "ran clean: the recorded failure " + cap->failure->Signature() + " (before the first step) does not happen";
+    } else {
+      return ReportError(absl::InvalidArgumentError("--step " + std::to_string(step) + ": the capture has " +
+                                                    std::to_string(cap->steps.size()) + " steps"));
+    }
+  } else {
+    rep = replay::ReplayStep(engine, cap->steps, step, stop_after);
+  }
+  if (!trace.empty()) {
+    std::ofstream out(trace);
+    out << replay::ChromeTrace(rep.kernels, rep.step).dump() << "\n";
+  }
+  if (json) {
+    nlohmann::json j = rep.ToJson();
+    j["weights"] = weights_note;
+    j["config"] = nlohmann::json::object();
+    for (const auto& [k, v] : config.Items()) j["config"][k] = v;
+    if (cap->failure) j["recorded_signature"] = cap->failure->Signature();
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("step %lld: %s (%s)\nweights: %s\n", static_cast<long long>(rep.step), rep.outcome.c_str(),
+                rep.detail.c_str(), weights_note.c_str());
+    std::printf("%-28s %10s %6s %6s %12s  %s\n", "kernel", "micros", "nan", "inf", "max|x|", "digest");
+    for (const auto& k : rep.kernels) {
+      std::printf("%-28s %10.1f %6lld %6lld %12.5g  %s%s\n", k.label.c_str(), k.micros, static_cast<long long>(k.nan),
+                  static_cast<long long>(k.inf), k.max_abs, k.digest.Hex().c_str(), k.failed ? "  FAILED" : "");
+    }
+    if (rep.fault) std::printf("fault: %s\n  %s\n", rep.fault->Signature().c_str(), rep.fault->message.c_str());
+    if (!rep.first_nonfinite.empty()) std::printf("first non-finite output: %s\n", rep.first_nonfinite.c_str());
+  }
+  return rep.outcome == "reproduced" ? kExitOk : kExitFailed;
+}
+
+}  // namespace crashreplay::tools
