@@ -5,14 +5,14 @@
 //      capture, from the memory planner's arithmetic;
 //   3. launch 2 (`run --config configs/demo/launch2_assert.toml`): starts,
 //      prefills, fails in decode with the paged decode kernel's precondition;
-//   4. replay of launch 2's failing step from its step log, kernel by kernel
-//      (ReplayStep), and the first bad kernel against the conservative
-//      configuration replayed on the same recorded inputs;
+//   4. `replay` of launch 2's capture: the failing step kernel by kernel, and
+//      the same recorded step under the conservative configuration;
 //   5. one bisection per failing launch against configs/demo/conservative.toml
-//      (RunBisect, trials are `crashreplay run` processes), and the reports.
-// Steps 1-3 and the bisect trials exec this binary's own subcommands; step 4
-// calls the replay library. Nothing here decides a failure: the
-// configuration files and the engine do.
+//      (RunBisect; each trial is a `crashreplay run` process), the first bad
+//      kernel from replays of the capture, and the HTML reports.
+// Launches and the capture carry `--record`. Every step execs this binary's
+// own subcommands or calls the bisect library as `crashreplay bisect` does.
+// Nothing here decides a failure: the configuration files and the engine do.
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,13 +29,11 @@
 #include "command.h"
 #include "commands_decl.h"
 #include "crashreplay/bisect/bisect.h"
+#include "crashreplay/bisect/kernel_table.h"
 #include "crashreplay/bisect/process.h"
 #include "crashreplay/bisect/report.h"
 #include "crashreplay/bisect/scheduler.h"
 #include "crashreplay/formats/config_file.h"
-#include "crashreplay/replay/checkpoint_io.h"
-#include "crashreplay/replay/engine.h"
-#include "crashreplay/replay/replay_session.h"
 #include "exit_codes.h"
 #include "run_trial.h"
 
@@ -66,15 +64,20 @@ absl::StatusOr<bisect::ProcessResult> Exec(const std::vector<std::string>& argv)
 
 struct Launch {
   std::string config_path;
+  std::string capture;  // the session directory `run --record` wrote
   int exit_code = -1;
   nlohmann::json result;  // `run --json`
 };
 
-absl::StatusOr<Launch> RunLaunch(const std::string& self, const std::string& model, const std::string& config) {
+absl::StatusOr<Launch> RunLaunch(const std::string& self, const std::string& model, const std::string& config,
+                                 const std::string& record) {
+  std::error_code ignored;
+  std::filesystem::remove_all(record, ignored);  // a rerun records afresh
   CR_ASSIGN_OR_RETURN(bisect::ProcessResult p,
                       Exec({self, "run", model, "--config", config, "--prompt", kPrompt, "--max-new-tokens",
-                            std::to_string(kMaxNewTokens), "--json"}));
+                            std::to_string(kMaxNewTokens), "--record", record, "--json"}));
   Launch l;
+  l.capture = record;
   l.config_path = config;
   l.exit_code = p.exited ? p.exit_code : -1;
   l.result = nlohmann::json::parse(p.stdout_text, nullptr, /*allow_exceptions=*/false);
@@ -85,77 +88,34 @@ absl::StatusOr<Launch> RunLaunch(const std::string& self, const std::string& mod
   return l;
 }
 
-std::vector<replay::Request> DemoRequests() {
-  replay::Request r;
-  for (const char* c = kPrompt; *c != '\0'; ++c) r.prompt.push_back(static_cast<unsigned char>(*c));
-  r.id = 0;
-  r.max_new_tokens = kMaxNewTokens;
-  r.sampling = replay::SamplingParams{0.0f, 0, 1.0f, 0.0f, 0};
-  return {r};
-}
-
-// An engine for `config_file` on the loaded checkpoint, as `run` builds it.
-absl::StatusOr<std::unique_ptr<replay::Engine>> MakeEngine(const replay::LoadedCheckpoint& ckpt,
-                                                           const std::string& config_file, int threads) {
-  replay::Config config = replay::Config::Defaults();
-  CR_RETURN_IF_ERROR(config.ApplyFile(config_file));
-  const replay::EngineConfig ec = replay::ResolveConfig(config);
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<replay::Model> model, replay::BuildModel(ckpt.spec, ckpt.tensors, ec));
-  return std::make_unique<replay::Engine>(std::move(model), ec, threads,
-                                          replay::PagesNeeded(DemoRequests(), ec.page_size));
-}
-
-std::vector<bisect::KernelRow> Rows(const std::vector<replay::KernelRecord>& records) {
-  std::vector<bisect::KernelRow> rows;
-  for (const auto& k : records) rows.push_back(KernelRowFromRunRecord(replay::KernelRecordToJson(k)));
-  return rows;
-}
-
-// Launch 2 recorded in process (StepLogRecorder, the engine-side recorder):
-// the step log a capture holds, and the index of the failing step.
-struct Recording {
-  replay::LoadedCheckpoint checkpoint;
-  std::vector<replay::RecordedStep> log;
-  int64_t target = -1;
-};
-
-absl::StatusOr<Recording> Record(const std::string& model_dir, const std::string& config, int threads) {
-  Recording rec;
-  CR_ASSIGN_OR_RETURN(rec.checkpoint, replay::LoadCheckpointDir(model_dir));
-  replay::StepLogRecorder recorder;
-  CR_ASSIGN_OR_RETURN(auto engine, MakeEngine(rec.checkpoint, config, threads));
-  engine->Run(DemoRequests(), &recorder);
-  rec.log = recorder.steps();
-  for (size_t i = 0; i < rec.log.size(); ++i) {
-    if (rec.log[i].fault) {
-      rec.target = static_cast<int64_t>(i);
-      break;
-    }
+// `crashreplay replay CAPTURE --json [--config FILE] [--trace OUT]`.
+absl::StatusOr<nlohmann::json> Replay(const std::string& self, const std::string& capture, const std::string& config,
+                                      const std::string& trace) {
+  std::vector<std::string> argv = {self, "replay", capture, "--json"};
+  if (!config.empty()) argv.insert(argv.end(), {"--config", config});
+  if (!trace.empty()) argv.insert(argv.end(), {"--trace", trace});
+  CR_ASSIGN_OR_RETURN(bisect::ProcessResult p, Exec(argv));
+  nlohmann::json j = nlohmann::json::parse(p.stdout_text, nullptr, /*allow_exceptions=*/false);
+  if (!p.exited || (p.exit_code != kExitOk && p.exit_code != kExitFailed) || j.is_discarded()) {
+    return absl::InternalError(absl::StrCat(bisect::ShellJoin(argv), " exited ", p.exit_code, ": ", p.stderr_tail));
   }
-  if (rec.target < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(config, ": the recorded run did not fail in a step; nothing to replay"));
-  }
-  return rec;
+  return j;
 }
 
-// The recorded failing step replayed on a fresh engine under `config`.
-absl::StatusOr<replay::ReplayReport> ReplayUnder(const Recording& rec, const std::string& config, int threads) {
-  CR_ASSIGN_OR_RETURN(auto engine, MakeEngine(rec.checkpoint, config, threads));
-  return replay::ReplayStep(*engine, rec.log, rec.target);
-}
-
-// First bad kernel of `test` against `reference` (bisect/kernel_table.h);
-// a kernel whose check fired before any earlier divergence is the first bad
-// one itself.
-nlohmann::json FirstBad(const replay::ReplayReport& reference, const replay::ReplayReport& test) {
-  const auto f = bisect::FirstBadKernel(Rows(reference.kernels), Rows(test.kernels));
-  for (size_t i = 0; i < test.kernels.size(); ++i) {
-    if (!test.kernels[i].failed) continue;
+// First bad kernel of replay `test` against replay `reference`
+// (bisect/kernel_table.h); a kernel whose check fired before any earlier
+// divergence is the first bad one itself.
+absl::StatusOr<nlohmann::json> FirstBad(const nlohmann::json& reference, const nlohmann::json& test) {
+  CR_ASSIGN_OR_RETURN(std::vector<bisect::KernelRow> ref_rows, bisect::KernelRowsFromJson(reference["kernels"]));
+  CR_ASSIGN_OR_RETURN(std::vector<bisect::KernelRow> test_rows, bisect::KernelRowsFromJson(test["kernels"]));
+  const auto f = bisect::FirstBadKernel(ref_rows, test_rows);
+  const nlohmann::json& kernels = test["kernels"];
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (!kernels[i].value("failed", false)) continue;
     if (f && f->index < i) break;
-    nlohmann::json j = {{"reason", "check_failed"}, {"index", i}, {"kernel", test.kernels[i].label},
-                        {"layer", test.kernels[i].layer}};
-    if (test.fault) j["check"] = test.fault->check;
+    nlohmann::json j = {{"reason", "check_failed"}, {"index", i}, {"kernel", kernels[i]["name"]},
+                        {"layer", kernels[i]["layer"]}};
+    if (test.contains("fault")) j["check"] = test["fault"]["signature"]["check"];
     return j;
   }
   return f ? bisect::KernelFindingToJson(*f) : nlohmann::json();
@@ -163,7 +123,7 @@ nlohmann::json FirstBad(const replay::ReplayReport& reference, const replay::Rep
 
 struct Bisection {
   bisect::BisectReport report;
-  nlohmann::json json;
+  nlohmann::json json;  // ReportJson, after WriteReports
   std::string html_path;
 };
 
@@ -171,6 +131,8 @@ absl::StatusOr<Bisection> Bisect(const std::string& self, const std::string& mod
                                  const std::string& bad, const std::string& workdir, const std::string& html_path) {
   CR_ASSIGN_OR_RETURN(Config good_config, ReadConfigFile(good));
   CR_ASSIGN_OR_RETURN(Config bad_config, ReadConfigFile(bad));
+  std::error_code ignored;
+  std::filesystem::remove_all(workdir, ignored);  // a rerun starts a fresh search
   std::filesystem::create_directories(workdir);
   bisect::CommandTrialOptions co;
   co.command = {self, "run", model, "--config", "{config}", "--prompt", kPrompt, "--max-new-tokens",
@@ -191,13 +153,18 @@ absl::StatusOr<Bisection> Bisect(const std::string& self, const std::string& mod
   Bisection b;
   b.report = bisect::RunBisect(scheduler, bo, &progress);
   b.report.jobs = scheduler.parallelism();
-  b.json = bisect::ReportJson(b.report);
-  std::ofstream(workdir + "/report.json") << b.json.dump(2) << "\n";
-  std::ofstream html(html_path, std::ios::binary);
-  html << bisect::ReportHtml(b.report);
-  if (!html) return absl::InternalError(absl::StrCat("cannot write the HTML report ", html_path));
   b.html_path = html_path;
   return b;
+}
+
+// Writes report.json into the bisection's work directory and the HTML report.
+absl::Status WriteReports(Bisection& b, const std::string& workdir) {
+  b.json = bisect::ReportJson(b.report);
+  std::ofstream(workdir + "/report.json") << b.json.dump(2) << "\n";
+  std::ofstream html(b.html_path, std::ios::binary);
+  html << bisect::ReportHtml(b.report);
+  if (!html) return absl::InternalError(absl::StrCat("cannot write the HTML report ", b.html_path));
+  return absl::OkStatus();
 }
 
 std::string HtmlEscape(const std::string& s) {
@@ -260,11 +227,8 @@ int RunDemo(int argc, char** argv) {
   std::string out_dir = "crashreplay-demo";
   std::string configs = std::string(CRASHREPLAY_SOURCE_DIR) + "/configs/demo";
   bool json = false;
-  int threads = 1;
   app.add_option("--out", out_dir, "output directory (model, bisection work dirs, reports)");
   app.add_option("--configs", configs, "directory holding launch1_oom.toml, launch2_assert.toml, conservative.toml");
-  app.add_option("--threads", threads, "CPU threads of the in-process replay (never changes results)")
-      ->check(CLI::Range(1, 256));
   app.add_flag("--json", json, "print the findings as JSON instead of the story");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
@@ -292,13 +256,14 @@ int RunDemo(int argc, char** argv) {
   say("   (GLM-4.5 layout: NVFP4 ModelOpt weights, 3 layers, 16 routed experts + 1 shared, top-4 of 4 groups)");
 
   // 2-3. The two launches of the failing session.
-  auto l1 = RunLaunch(self, model, launch1);
+  auto l1 = RunLaunch(self, model, launch1, out_dir + "/launch1");
   if (!l1.ok()) return ReportError(l1.status());
-  auto l2 = RunLaunch(self, model, launch2);
+  auto l2 = RunLaunch(self, model, launch2, out_dir + "/launch2");
   if (!l2.ok()) return ReportError(l2.status());
   auto describe_launch = [&](const char* title, const Launch& l) {
     const auto& p = l.result["plan"];
-    say(absl::StrCat("== ", title, ": crashreplay run ", model, " --config ", l.config_path));
+    say(absl::StrCat("== ", title, ": crashreplay run ", model, " --config ", l.config_path, " --record ",
+                     l.capture));
     say(absl::StrCat("   plan: capacity ", p.value("capacity", uint64_t{0}), " B, static ",
                      p.value("static_budget", uint64_t{0}), " B (weights ", p.value("weights", uint64_t{0}),
                      " B, KV ", p.value("pool_pages", int64_t{0}), " pages), dynamic ",
@@ -319,29 +284,37 @@ int RunDemo(int argc, char** argv) {
   describe_launch("2. launch 1", *l1);
   describe_launch("3. launch 2", *l2);
 
-  // 4. Replay of launch 2's failing step.
-  auto recording = Record(model, launch2, threads);
-  if (!recording.ok()) return ReportError(recording.status());
-  auto replayed = ReplayUnder(*recording, launch2, threads);
+  // 4. Replay of launch 2's failing step from its capture.
+  const std::string trace = out_dir + "/replay_trace.json";
+  auto replayed = Replay(self, l2->capture, "", trace);
   if (!replayed.ok()) return ReportError(replayed.status());
-  auto reference = ReplayUnder(*recording, conservative, threads);
+  auto reference = Replay(self, l2->capture, conservative, "");
   if (!reference.ok()) return ReportError(reference.status());
-  const replay::ReplayReport& fr = *replayed;
-  say(absl::StrCat("== 4. replay of launch 2's step ", fr.step, " (", recording->log.size(),
-                   " steps recorded), kernel by kernel on CPU: ", fr.outcome));
-  say(absl::StrCat("   ", fr.kernels.size(), " kernels ran; last: ",
-                   fr.kernels.empty() ? std::string("none") : fr.kernels.back().label));
-  if (fr.fault) {
-    say(absl::StrCat("   check fired: kernel ", fr.fault->kernel, " layer ", fr.fault->layer, " check ",
-                     fr.fault->check, " index ", fr.fault->index, " value ", fr.fault->value));
+  const nlohmann::json& fr = *replayed;
+  const nlohmann::json& fr_kernels = fr["kernels"];
+  say(absl::StrCat("== 4. crashreplay replay ", l2->capture, " (step ", fr["step"].get<int64_t>(),
+                   ", kernel by kernel on CPU): ", fr["outcome"].get<std::string>(), "; weights ",
+                   fr.value("weights", std::string("?"))));
+  say(absl::StrCat("   ", fr.value("detail", std::string())));
+  say(absl::StrCat("   ", fr_kernels.size(), " kernels ran; last: ",
+                   fr_kernels.empty() ? std::string("none") : fr_kernels.back()["name"].get<std::string>()));
+  if (fr.contains("fault")) {
+    const auto& f = fr["fault"];
+    say(absl::StrCat("   check fired: kernel ", f["signature"].value("kernel", std::string()), " layer ",
+                     f.value("layer", -1), " check ", f["signature"].value("check", std::string()), " index ", f.value("index", int64_t{0}), " value ",
+                     f.value("value", 0.0), " (matches the recorded failure: ",
+                     fr.value("matches_recorded_failure", false) ? "yes" : "no", ")"));
   }
-  say(absl::StrCat("   first non-finite kernel: ", fr.first_nonfinite.empty() ? "none" : fr.first_nonfinite));
-  const nlohmann::json replay_bad = FirstBad(*reference, fr);
-  say(absl::StrCat("   against conservative.toml on the same recorded inputs: first bad kernel ",
-                   replay_bad.is_null() ? std::string("none") : replay_bad["kernel"].get<std::string>(),
-                   replay_bad.is_null() ? std::string() : absl::StrCat(" (", replay_bad["reason"].get<std::string>(), ")")));
-  std::ofstream(out_dir + "/replay_trace.json") << replay::ChromeTrace(fr.kernels, fr.step).dump() << "\n";
-  say("   Chrome trace: " + out_dir + "/replay_trace.json");
+  const std::string nonfinite = fr.value("first_nonfinite_kernel", std::string());
+  say(absl::StrCat("   first non-finite kernel: ", nonfinite.empty() ? "none" : nonfinite));
+  auto replay_bad = FirstBad(*reference, fr);
+  if (!replay_bad.ok()) return ReportError(replay_bad.status());
+  say(absl::StrCat("   same step under conservative.toml: ", reference->value("outcome", std::string()),
+                   "; first bad kernel against it: ",
+                   replay_bad->is_null() ? std::string("none")
+                                         : absl::StrCat((*replay_bad)["kernel"].get<std::string>(), " (",
+                                                        (*replay_bad)["reason"].get<std::string>(), ")")));
+  say("   Chrome trace: " + trace);
 
   // 5. Bisection of each failure against the conservative configuration.
   struct Case {
@@ -353,16 +326,42 @@ int RunDemo(int argc, char** argv) {
   nlohmann::json findings = nlohmann::json::array();
   std::vector<bisect::FailureSignature> targets;
   for (const Case& c : cases) {
-    auto b = Bisect(self, model, conservative, *c.bad, out_dir + "/bisect-" + c.name,
-                    out_dir + "/bisect-" + c.name + ".html");
+    const std::string workdir = out_dir + "/bisect-" + c.name;
+    auto b = Bisect(self, model, conservative, *c.bad, workdir, out_dir + "/bisect-" + c.name + ".html");
     if (!b.ok()) return ReportError(b.status());
+    if (b->report.status != bisect::BisectStatus::kCulpritFound) {
+      (void)WriteReports(*b, workdir);
+      return ReportError(absl::InternalError(absl::StrCat("bisect ", *c.bad, ": ", b->report.message)));
+    }
+    // First bad kernel. A failure inside a recorded step: the step replayed
+    // under the bisection's culprit configuration (good + culprit) against the
+    // good one, as `bisect CAPTURE` compares kernel tables; these tables also
+    // feed the report's kernel chart. A failure before any step (the planner)
+    // has no kernel table: it names what refused.
+    nlohmann::json first_bad;
+    const nlohmann::json& launch_fault = c.launch->result["fault"];
+    if (launch_fault.value("step", int64_t{-1}) >= 0) {
+      auto culprit_replay = Replay(self, c.launch->capture, b->report.culprit_config_path, "");
+      if (!culprit_replay.ok()) return ReportError(culprit_replay.status());
+      auto good_replay = Replay(self, c.launch->capture, conservative, "");
+      if (!good_replay.ok()) return ReportError(good_replay.status());
+      auto fb = FirstBad(*good_replay, *culprit_replay);
+      if (!fb.ok()) return ReportError(fb.status());
+      first_bad = *fb;
+      first_bad["source"] = "replay of the recorded step: culprit.toml vs conservative.toml";
+      auto ref_rows = bisect::KernelRowsFromJson((*good_replay)["kernels"]);
+      auto test_rows = bisect::KernelRowsFromJson((*culprit_replay)["kernels"]);
+      if (ref_rows.ok() && test_rows.ok()) {
+        b->report.reference_kernels = *ref_rows;
+        b->report.culprit_kernels = *test_rows;
+        b->report.first_bad_kernel = bisect::FirstBadKernel(*ref_rows, *test_rows, b->report.tolerance);
+      }
+    }
+    if (absl::Status s = WriteReports(*b, workdir); !s.ok()) return ReportError(s);
     const nlohmann::json& j = b->json;
     say(absl::StrCat("== 5. bisect ", std::filesystem::path(conservative).filename().string(), " -> ",
                      std::filesystem::path(*c.bad).filename().string(), ": ", j["status"].get<std::string>(), ", ",
                      j["trials"].get<int>(), " trials"));
-    if (b->report.status != bisect::BisectStatus::kCulpritFound) {
-      return ReportError(absl::InternalError(absl::StrCat("bisect ", *c.bad, ": ", b->report.message)));
-    }
     nlohmann::json finding;
     finding["launch"] = std::filesystem::path(*c.bad).filename().string();
     finding["signature"] = {{"class", std::string(bisect::FailureClassName(b->report.target_signature.failure_class))},
@@ -374,21 +373,8 @@ int RunDemo(int argc, char** argv) {
     finding["trials"] = j["trials"];
     finding["reproduce"] = j["reproduce"];
     finding["report"] = b->html_path;
-    // First bad kernel. A step fault: the recorded failing step replayed
-    // under the bisection's culprit configuration (good + culprit) against
-    // the good one, as `bisect CAPTURE` compares kernel tables. A failure
-    // before any step (the planner) has no kernel table: it names the
-    // component that refused.
-    const bool step_fault = recording->log[recording->target].fault->Signature() ==
-                            c.launch->result["fault"]["signature"]["class"].get<std::string>() + "/" +
-                                c.launch->result["fault"]["signature"]["stage"].get<std::string>() + "/" +
-                                c.launch->result["fault"]["signature"]["kernel"].get<std::string>() + "/" +
-                                c.launch->result["fault"]["signature"]["check"].get<std::string>();
-    if (step_fault) {
-      auto culprit_replay = ReplayUnder(*recording, b->report.culprit_config_path, threads);
-      if (!culprit_replay.ok()) return ReportError(culprit_replay.status());
-      finding["first_bad_kernel"] = FirstBad(*reference, *culprit_replay);
-      finding["first_bad_kernel"]["source"] = "recorded step replayed under culprit.toml vs conservative.toml";
+    if (!first_bad.is_null()) {
+      finding["first_bad_kernel"] = first_bad;
     } else if (!j["first_bad_kernel"].is_null()) {
       finding["first_bad_kernel"] = j["first_bad_kernel"];
       finding["first_bad_kernel"]["source"] = "bisection kernel tables";
@@ -410,22 +396,30 @@ int RunDemo(int argc, char** argv) {
   const bool distinct = !bisect::SameBug(targets[0], targets[1]);
   const std::string summary_path = out_dir + "/report.html";
   std::ofstream(summary_path, std::ios::binary) << SummaryHtml(findings);
+  auto short_sig = [](const nlohmann::json& s) {
+    return absl::StrCat(s["class"].get<std::string>(), "/", s["stage"].get<std::string>(), "/",
+                        s["kernel"].get<std::string>(), "/", s["check"].get<std::string>());
+  };
   say(absl::StrCat("== ", distinct ? "two different bugs" : "ONE bug (same signature)", ": ",
-                   bisect::DescribeSignature(targets[0]), " | ", bisect::DescribeSignature(targets[1])));
+                   short_sig(findings[0]["signature"]), " and ", short_sig(findings[1]["signature"])));
   say("   summary report: " + summary_path);
 
   if (json) {
     nlohmann::json out;
     out["model"] = model;
     out["launches"] = {{"launch1", {{"config", l1->config_path}, {"exit_code", l1->exit_code},
+                                     {"capture", l1->capture},
                                      {"signature", l1->result.value("signature", nlohmann::json())}}},
                        {"launch2", {{"config", l2->config_path}, {"exit_code", l2->exit_code},
+                                     {"capture", l2->capture},
                                      {"signature", l2->result.value("signature", nlohmann::json())},
                                      {"steps", l2->result["steps"]}}}};
-    out["replay"] = fr.ToJson();
+    out["replay"] = fr;
     out["replay"].erase("kernels");
-    out["replay"]["kernels_run"] = fr.kernels.size();
-    out["replay"]["first_bad_kernel"] = replay_bad;
+    out["replay"]["capture"] = l2->capture;
+    out["replay"]["kernels_run"] = fr_kernels.size();
+    out["replay"]["trace"] = trace;
+    out["replay"]["first_bad_kernel_vs_conservative"] = *replay_bad;
     out["findings"] = findings;
     out["distinct_bugs"] = distinct;
     out["report"] = summary_path;

@@ -1,28 +1,11 @@
 #include "run_trial.h"
 
-#include <algorithm>
-#include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "crashreplay/bisect/process.h"
 
 namespace crashreplay::tools {
-
-bisect::KernelRow KernelRowFromRunRecord(const nlohmann::json& record) {
-  bisect::KernelRow row;
-  row.name = record.value("kernel", record.value("name", std::string()));
-  row.layer = record.value("layer", -1);
-  row.nan_count = record.value("nan", int64_t{0});
-  row.inf_count = record.value("inf", int64_t{0});
-  row.digest = record.value("digest", std::string());
-  // min/max are over finite values; a NaN/Inf shows in the counts instead.
-  const auto finite_or_zero = [&](const char* key) {
-    const auto it = record.find(key);
-    return it != record.end() && it->is_number() ? std::fabs(it->get<double>()) : 0.0;
-  };
-  row.max_abs = std::max(finite_or_zero("min"), finite_or_zero("max"));
-  return row;
-}
 
 std::string RunJsonToSignatureFile(const std::string& run_stdout) {
   const nlohmann::json run = nlohmann::json::parse(run_stdout, nullptr, /*allow_exceptions=*/false);
@@ -33,16 +16,13 @@ std::string RunJsonToSignatureFile(const std::string& run_stdout) {
     // The engine calls a failed kernel check "assert"; on a GPU it is a
     // device-side assert, which is the bisector's class name.
     if (sig.value("class", std::string()) == "assert") sig["class"] = "device_assert";
-    if (run.contains("fault") && run["fault"].contains("step")) sig["step"] = run["fault"]["step"];
+    if (run.contains("fault") && run["fault"].value("step", int64_t{-1}) >= 0) sig["step"] = run["fault"]["step"];
     if (run.contains("fault") && run["fault"].contains("message")) sig["detail"] = run["fault"]["message"];
     out["signature"] = sig;
   } else {
     out["signature"] = {{"class", "none"}};
   }
-  out["kernels"] = nlohmann::json::array();
-  if (run.contains("kernels") && run["kernels"].is_array()) {
-    for (const auto& k : run["kernels"]) out["kernels"].push_back(bisect::KernelRowToJson(KernelRowFromRunRecord(k)));
-  }
+  if (run.contains("kernels") && run["kernels"].is_array()) out["kernels"] = run["kernels"];
   return out.dump();
 }
 

@@ -6,8 +6,8 @@
 // group) and judged by ClassifyProcess like `git bisect run`. The only thing
 // this adds is the translation of `run --json` (docs/replay.md) into the
 // bisect signature-file contract (docs/bisect.md): the engine's fault class
-// "assert" is the bisector's "device_assert", and its kernel records
-// (label, nan, inf, min, max, digest) become KernelRows.
+// "assert" is the bisector's "device_assert"; the kernel rows are already in
+// the bisector's format and pass through.
 //
 // Thread-safe like CommandTrialRunner: Run only reads the runner's fields.
 #pragma once
@@ -17,10 +17,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "crashreplay/bisect/command_trial.h"
-#include "crashreplay/bisect/kernel_table.h"
 #include "crashreplay/bisect/trial.h"
 
 namespace crashreplay::tools {
@@ -29,9 +26,6 @@ namespace crashreplay::tools {
 // signature file reads it. Non-JSON text gives "" (the trial is then judged
 // by its exit code alone).
 std::string RunJsonToSignatureFile(const std::string& run_stdout);
-
-// One engine kernel record (KernelRecordToJson) as a bisect KernelRow.
-bisect::KernelRow KernelRowFromRunRecord(const nlohmann::json& record);
 
 class RunTrialRunner : public bisect::TrialRunner {
  public:
