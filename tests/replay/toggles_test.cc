@@ -43,7 +43,7 @@ TEST(Toggles, UnknownNameSuggestsNearest) {
 
 TEST(Toggles, TextRoundTripsAndReportsLine) {
   Config c = Config::Defaults();
-  ASSERT_TRUE(c.ApplyText("# demo\n[config]\nscale_format = \"ue8m0\"\npage_size = 64  # flashmla\n"
+  ASSERT_TRUE(c.ApplyText("# demo\nscale_format = \"ue8m0\"\npage_size = 64  # flashmla\n"
                           "mem_fraction_static = 0.95\n",
                           "demo.toml")
                   .ok());

@@ -63,7 +63,7 @@ class Config {
   absl::Status Set(std::string_view name, std::string_view text);
   // "name=value" as given to --set.
   absl::Status ApplySetFlag(std::string_view assignment);
-  // Reads a flat `name = value` file (comments with '#', optional quotes).
+  // Reads a flat TOML file (formats/config_file.h, docs/formats/config.md).
   absl::Status ApplyFile(const std::string& path);
   absl::Status ApplyText(std::string_view text, std::string_view origin);
 
@@ -77,7 +77,7 @@ class Config {
   // and reports. Names of toggles whose value differs from `other`.
   std::vector<std::pair<std::string, std::string>> Items() const;
   std::vector<std::string> DiffNames(const Config& other) const;
-  // Flat TOML text that ApplyText reads back to the same Config.
+  // Canonical flat TOML (FormatConfig) that ApplyText reads back to the same Config.
   std::string ToText() const;
 
   friend bool operator==(const Config&, const Config&) = default;
