@@ -224,7 +224,7 @@ int RunDemo(int argc, char** argv) {
       "configurations (OOM at graph capture, then an assert in decode), replay the failing step kernel by "
       "kernel, and bisect both failures against a conservative configuration.",
       "demo");
-  std::string out_dir = "crashreplay-demo";
+  std::string out_dir = "demo-out";
   std::string configs = std::string(CRASHREPLAY_SOURCE_DIR) + "/configs/demo";
   bool json = false;
   app.add_option("--out", out_dir, "output directory (model, bisection work dirs, reports)");
