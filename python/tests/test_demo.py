@@ -117,3 +117,25 @@ def test_html_reports_are_written_and_self_contained(demo):
     for f in result["findings"]:
         assert pathlib.Path(f["report"]).name in summary  # linked, relative
     assert "<svg" in pages[2].read_text()  # the bisection report's kernel chart
+
+
+def test_culprits_follow_edited_configuration_files(tmp_path):
+    """The failures come from the files, not from the demo: give the
+    conservative configuration 64-token pages and the assert needs two changes
+    together (the paged kernel AND the 16-token pages of launch 2)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for name in ("launch1_oom.toml", "launch2_assert.toml", "conservative.toml"):
+        text = (CONFIGS / name).read_text()
+        if name == "conservative.toml":
+            text = re.sub(r"(?m)^page_size = 16$", "page_size = 64", text)
+        (configs / name).write_text(text)
+    r = subprocess.run([BIN, "demo", "--json", "--out", str(tmp_path / "out"), "--configs", str(configs)],
+                       capture_output=True, text=True, check=False, timeout=600)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    launch2 = load("launch2_assert.toml")
+    f = finding(result, "decode")
+    assert f["culprit"] == {"attention_backend": launch2["attention_backend"], "page_size": launch2["page_size"]}
+    assert f["first_bad_kernel"]["kernel"] == "L0.attention"
+    assert finding(result, "graph_capture")["culprit"] == diff(load("conservative.toml"), load("launch1_oom.toml"))
