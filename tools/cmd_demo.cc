@@ -243,6 +243,11 @@ int RunDemo(int argc, char** argv) {
   FILE* story = json ? stderr : stdout;  // with --json the story goes to stderr
   auto say = [&](const std::string& line) { std::fprintf(story, "%s\n", line.c_str()); };
 
+  // The three files first, so a typo fails before any work.
+  for (const std::string* path : {&launch1, &launch2, &conservative}) {
+    if (auto c = ReadConfigFile(*path); !c.ok()) return ReportError(c.status());
+  }
+
   // 1. The checkpoint.
   auto made = Exec({self, "make-model", model, "--arch", "deepseek_v3", "--quant", "nvfp4", "--layers", "3",
                     "--heads", "8", "--kv-heads", "2", "--intermediate", "128", "--moe-intermediate", "128",
