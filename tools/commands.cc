@@ -7,7 +7,7 @@ namespace crashreplay::tools {
 
 namespace {
 constexpr Command kCommands[] = {
-    {"version", "print the version", RunVersion},
+    {"demo", "record, replay and bisect the demo crash end to end", RunDemo},
     {"toggles", "print the configuration toggle table", RunToggles},
     {"make-model", "write a small random HF checkpoint", RunMakeModel},
     {"run", "run the built-in engine on a checkpoint", RunRun},
@@ -17,8 +17,8 @@ constexpr Command kCommands[] = {
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
+    {"version", "print the version", RunVersion},
     {"devices", "list the compiled backends and CUDA devices; --device checks one can run", RunDevices},
-    // (capture, replay and bisect commands are added here as they land)
 };
 }  // namespace
 

@@ -14,5 +14,6 @@ int RunVerify(int argc, char** argv);
 int RunHash(int argc, char** argv);
 int RunBisectCommand(int argc, char** argv);
 int RunDevices(int argc, char** argv);
+int RunDemo(int argc, char** argv);
 
 }  // namespace crashreplay::tools

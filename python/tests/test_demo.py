@@ -1,0 +1,141 @@
+"""`crashreplay demo --json`: the end-to-end story's conclusions.
+
+The expectations are derived from the demo's configuration files
+(configs/demo/*.toml) and the mechanism behind each failure:
+
+* launch1_oom.toml differs from conservative.toml in mem_fraction_static and
+  cuda_graph_max_bs. The memory planner's graph-capture check fails only when
+  the static fraction leaves too little dynamic memory AND the graphs up to
+  the larger batch need more than that: each change alone fits (the file's
+  comment gives the arithmetic), so the culprit is exactly both changes.
+* launch2_assert.toml differs in more toggles, but only attention_backend =
+  paged64 carries a precondition the cache breaks (page_size == 64; both files
+  use 16-token pages), and it only runs in decode (prefill uses the reference
+  kernel). The culprit is exactly {attention_backend: paged64}; the memory
+  changes at 0.88 fit and the fused GEMM has no check that fires.
+"""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import tomllib
+
+import pytest
+
+BIN = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs" / "demo"
+
+
+def load(name):
+    with open(CONFIGS / name, "rb") as f:
+        return tomllib.load(f)
+
+
+def diff(good, bad):
+    return {k: v for k, v in bad.items() if good.get(k) != v}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    r = subprocess.run([BIN, "demo", "--json", "--out", str(out), "--configs", str(CONFIGS)],
+                       capture_output=True, text=True, check=False, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), out, r.stderr
+
+
+def finding(result, stage):
+    found = [f for f in result["findings"] if f["signature"]["stage"] == stage]
+    assert len(found) == 1, result["findings"]
+    return found[0]
+
+
+def test_the_oom_is_found_at_graph_capture_with_both_memory_changes_as_culprit(demo):
+    result, _, _ = demo
+    good, bad = load("conservative.toml"), load("launch1_oom.toml")
+    expected = diff(good, bad)
+    assert set(expected) == {"mem_fraction_static", "cuda_graph_max_bs"}  # what the files say
+    f = finding(result, "graph_capture")
+    assert f["signature"] == {"class": "oom", "stage": "graph_capture", "kernel": "memory_planner",
+                              "check": "graph_memory_fits"}
+    assert f["culprit"] == expected
+    assert f["culprit_minimal"] is True
+    assert f["first_bad_kernel"]["kernel"] == "memory_planner"
+    assert result["launches"]["launch1"]["exit_code"] == 1
+
+
+def test_the_assert_is_found_in_decode_with_the_paged_kernel_as_culprit(demo):
+    result, _, _ = demo
+    good, bad = load("conservative.toml"), load("launch2_assert.toml")
+    changes = diff(good, bad)
+    assert good["page_size"] != 64 and bad["page_size"] != 64  # the precondition is broken in both
+    assert "attention_backend" in changes and len(changes) > 1  # the bisector has something to isolate
+    f = finding(result, "decode")
+    assert f["signature"] == {"class": "device_assert", "stage": "decode", "kernel": "attention",
+                              "check": "page_size_is_64"}
+    assert f["culprit"] == {"attention_backend": changes["attention_backend"]}
+    # The failing step ran the attention kernel of layer 0 and stopped there.
+    assert f["first_bad_kernel"]["kernel"] == "L0.attention"
+    steps = result["launches"]["launch2"]["steps"]
+    assert [s["mode"] for s in steps] == ["prefill", "decode"]
+
+
+def test_the_two_failures_are_different_bugs(demo):
+    result, _, _ = demo
+    assert result["distinct_bugs"] is True
+    assert len(result["findings"]) == 2
+
+
+def test_replay_of_the_failing_step_reproduces_the_assert_kernel_by_kernel(demo):
+    result, _, _ = demo
+    rep = result["replay"]
+    # `replay` reports a check that fires as "failed", and says it is the recorded one.
+    assert rep["outcome"] == "failed" and rep["matches_recorded_failure"] is True
+    assert rep["weights"] == "verified"
+    assert rep["fault"]["signature"]["kernel"] == "attention" and rep["fault"]["layer"] == 0
+    assert rep["fault"]["signature"]["check"] == "page_size_is_64" and rep["fault"]["index"] == 16
+    assert rep["kernels_run"] > 1
+    assert rep["first_bad_kernel_vs_conservative"]["kernel"] == "L0.attention"
+    trace = json.loads(pathlib.Path(rep["trace"]).read_text())
+    assert trace["traceEvents"][-1]["name"] == "L0.attention"
+
+
+def test_html_reports_are_written_and_self_contained(demo):
+    result, out, _ = demo
+    pages = [pathlib.Path(result["report"])] + [pathlib.Path(f["report"]) for f in result["findings"]]
+    for page in pages:
+        assert page.is_file() and page.parent == out
+        html = page.read_text()
+        assert "<html" in html.lower()
+        # An SVG namespace name is an identifier, never fetched; any other URL would be.
+        assert not re.search(r"https?://", re.sub(r"""xmlns(:\w+)?=(["'])[^"']*\2""", "", html)), page
+        assert not re.search(r"<script[^>]*\bsrc\s*=", html, re.I), page
+        assert not re.search(r"<link[^>]*\bhref\s*=", html, re.I), page
+    summary = pages[0].read_text()
+    for f in result["findings"]:
+        assert pathlib.Path(f["report"]).name in summary  # linked, relative
+    assert "<svg" in pages[2].read_text()  # the bisection report's kernel chart
+
+
+def test_culprits_follow_edited_configuration_files(tmp_path):
+    """The failures come from the files, not from the demo: give the
+    conservative configuration 64-token pages and the assert needs two changes
+    together (the paged kernel AND the 16-token pages of launch 2)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for name in ("launch1_oom.toml", "launch2_assert.toml", "conservative.toml"):
+        text = (CONFIGS / name).read_text()
+        if name == "conservative.toml":
+            text = re.sub(r"(?m)^page_size = 16$", "page_size = 64", text)
+        (configs / name).write_text(text)
+    r = subprocess.run([BIN, "demo", "--json", "--out", str(tmp_path / "out"), "--configs", str(configs)],
+                       capture_output=True, text=True, check=False, timeout=600)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    launch2 = load("launch2_assert.toml")
+    f = finding(result, "decode")
+    assert f["culprit"] == {"attention_backend": launch2["attention_backend"], "page_size": launch2["page_size"]}
+    assert f["first_bad_kernel"]["kernel"] == "L0.attention"
+    assert finding(result, "graph_capture")["culprit"] == diff(load("conservative.toml"), load("launch1_oom.toml"))
