@@ -85,7 +85,7 @@ int RunBisectCommand(int argc, char** argv) {
       step_mode = "binary";
   int jobs = 0, repeat = 1;
   double timeout = 0, kill_grace = 2.0;
-  bool json = false, quiet = false;
+  bool json = false, quiet = false, diverged_is_bad = false;
   app.add_option("capture", capture, "capture to replay (built-in trials)");
   app.add_option("--good", good_path, "configuration that works (flat TOML)")->required();
   app.add_option("--bad", bad_path, "configuration that fails (flat TOML)")->required();
@@ -103,6 +103,8 @@ int RunBisectCommand(int argc, char** argv) {
   app.add_option("--step-mode", step_mode, "binary (failures persist) or linear")->check(CLI::IsMember({"binary", "linear"}));
   app.add_option("--report", report_path, "write a self-contained HTML report here");
   app.add_option("--workdir", workdir, "where trial configurations and culprit.toml go (default: a new temp dir)");
+  app.add_flag("--diverged-is-bad", diverged_is_bad,
+               "built-in trials: count a replay whose outputs differ from the recording (no check failed) as a failure");
   app.add_flag("--json", json, "print the report as JSON on stdout");
   app.add_flag("--quiet,-q", quiet, "no progress on stderr");
   if (auto rc = ParseArgs(app, cli_argc, argv)) return *rc;
@@ -190,6 +192,7 @@ int RunBisectCommand(int argc, char** argv) {
     ro.runner = runner_words;
     ro.workdir = workdir;
     ro.limits = limits;
+    ro.diverged_is_bad = diverged_is_bad;
     trial_runner = std::make_unique<bisect::ReplayTrialRunner>(ro);
   }
 

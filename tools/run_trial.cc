@@ -13,9 +13,6 @@ std::string RunJsonToSignatureFile(const std::string& run_stdout) {
   nlohmann::json out = nlohmann::json::object();
   if (run.contains("signature") && run["signature"].is_object()) {
     nlohmann::json sig = run["signature"];
-    // The engine calls a failed kernel check "assert"; on a GPU it is a
-    // device-side assert, which is the bisector's class name.
-    if (sig.value("class", std::string()) == "assert") sig["class"] = "device_assert";
     if (run.contains("fault") && run["fault"].value("step", int64_t{-1}) >= 0) sig["step"] = run["fault"]["step"];
     if (run.contains("fault") && run["fault"].contains("message")) sig["detail"] = run["fault"]["message"];
     out["signature"] = sig;

@@ -4,7 +4,7 @@
 
 namespace crashreplay::bisect {
 
-TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits) {
+TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits, bool diverged_is_bad) {
   if (!p.started || p.cancelled || p.timed_out || !p.exited || (p.exit_code != 0 && p.exit_code != 1 &&
                                                                p.exit_code != 2 && p.exit_code != 3)) {
     return ClassifyProcess(p, limits, std::nullopt);
@@ -43,6 +43,23 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
     r.note = absl::StrCat("replay printed an unknown outcome '", outcome, "'");
     return r;
   }
+  // The first diverging kernel: replay writes `diverged` {step, kernel};
+  // older writers used `divergence` / `first_divergence`.
+  std::string diverged_kernel;
+  for (const char* key : {"diverged", "divergence", "first_divergence"}) {
+    if (auto d = j.find(key); d != j.end() && d->is_object()) {
+      diverged_kernel = d->value("kernel", std::string());
+      if (!step && d->contains("step") && (*d)["step"].is_number_integer()) step = (*d)["step"].get<int64_t>();
+      break;
+    }
+  }
+  if (outcome == "diverged" && !diverged_is_bad) {
+    r.verdict = Verdict::kGood;
+    absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "ran with every check passing; outputs differ from the recording",
+                    diverged_kernel.empty() ? "" : " from kernel ", diverged_kernel,
+                    " (--diverged-is-bad counts that as a failure)");
+    return r;
+  }
   r.verdict = Verdict::kBad;
   r.bad_runs = 1;
   FailureSignature sig;
@@ -52,13 +69,7 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
     if (s.ok()) sig = *s;
     else absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "signature ignored: ", s.status().message());
   } else if (outcome == "diverged") {
-    // The first diverging kernel names the bug when replay gave no signature.
-    for (const char* key : {"divergence", "first_divergence"}) {
-      if (auto d = j.find(key); d != j.end() && d->is_object()) {
-        sig.kernel = d->value("kernel", std::string());
-        if (!step && d->contains("step") && (*d)["step"].is_number_integer()) step = (*d)["step"].get<int64_t>();
-      }
-    }
+    sig.kernel = diverged_kernel;  // names the bug when replay gave no signature
   }
   if (!sig.is_failure()) sig.failure_class = FailureClass::kOther;  // "failed" with class none is still a failure
   if (!sig.step) sig.step = step;
@@ -80,7 +91,7 @@ std::string ReplayTrialRunner::SubjectId() const { return absl::StrCat("capture:
 
 TrialResult ReplayTrialRunner::Run(const TrialRequest& request, const std::atomic<bool>* cancel) {
   LaunchOutput launch = LaunchTrialProcess(request.step ? command_with_step_ : command_, request, cancel);
-  TrialResult r = InterpretReplayOutput(launch.process, options_.limits);
+  TrialResult r = InterpretReplayOutput(launch.process, options_.limits, options_.diverged_is_bad);
   r.config_path = launch.config_path;
   return r;
 }

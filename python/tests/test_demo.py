@@ -139,3 +139,24 @@ def test_culprits_follow_edited_configuration_files(tmp_path):
     assert f["culprit"] == {"attention_backend": launch2["attention_backend"], "page_size": launch2["page_size"]}
     assert f["first_bad_kernel"]["kernel"] == "L0.attention"
     assert finding(result, "graph_capture")["culprit"] == diff(load("conservative.toml"), load("launch1_oom.toml"))
+
+
+def test_bisecting_the_recorded_capture_replays_the_step_and_finds_the_same_culprit(demo):
+    # `crashreplay bisect CAPTURE`: every trial replays launch 2's recorded
+    # decode step under its configuration. The conservative file's GEMM path
+    # changes the digests (the replay is `diverged`, every check passing), which
+    # must count as good; the culprit is the paged kernel, as with `run` trials.
+    _, out, _ = demo
+    (out / "bisect-capture").mkdir(exist_ok=True)
+    r = subprocess.run([BIN, "bisect", str(out / "launch2"), "--good", str(CONFIGS / "conservative.toml"),
+                        "--bad", str(CONFIGS / "launch2_assert.toml"), "--json", "-q",
+                        "--workdir", str(out / "bisect-capture")],
+                       capture_output=True, text=True, check=False, timeout=600)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["culprit"] == {"attention_backend": "paged64"}
+    sig = report["target_signature"]
+    assert (sig["class"], sig["stage"], sig["kernel"], sig["check"]) == \
+        ("device_assert", "decode", "attention", "page_size_is_64")
+    assert report["first_bad_kernel"]["kernel"] == "L0.attention"
+    assert "replay" in report["reproduce"]

@@ -55,7 +55,7 @@ def test_high_memory_fraction_is_an_oom_at_graph_capture(glm):
 def test_paged_decode_kernel_fails_in_decode_after_prefill(glm):
     rc, out = run_json(glm, *deployment(glm, 0.88), "attention_backend=paged64", "page_size=16")
     assert rc == 1
-    assert out["signature"] == {"class": "assert", "stage": "decode", "kernel": "attention",
+    assert out["signature"] == {"class": "device_assert", "stage": "decode", "kernel": "attention",
                                 "check": "page_size_is_64"}
     assert [s["mode"] for s in out["steps"]] == ["prefill", "decode"]
     assert out["fault"]["layer"] == 0 and out["fault"]["index"] == 16

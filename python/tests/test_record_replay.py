@@ -56,7 +56,7 @@ def test_recorded_failure_fires_again(failing_capture, tmp_path):
     rc, out = replay_json(cap, "--trace", trace)
     assert rc == 1
     assert out["outcome"] == "failed" and out["step"] == 1
-    assert out["signature"] == {"class": "assert", "stage": "decode", "kernel": "attention", "check": "page_size_is_64"}
+    assert out["signature"] == {"class": "device_assert", "stage": "decode", "kernel": "attention", "check": "page_size_is_64"}
     assert out["matches_recorded_failure"]
     assert out["kernels"][-1]["name"] == "L0.attention"
     assert len(json.loads(trace.read_text())["traceEvents"]) == len(out["kernels"])

@@ -4,9 +4,23 @@
 
 namespace crashreplay::replay {
 
+namespace {
+
+// The engine's fault classes in the signature vocabulary every JSON consumer
+// reads (bisect's FailureClass names, docs/bisect.md): a failed kernel check
+// is what a GPU reports as a device-side assert.
+std::string SignatureClassName(const std::string& klass) {
+  if (klass == "assert") return "device_assert";
+  if (klass == "nonfinite") return "non_finite";
+  if (klass == "oom") return "oom";
+  return "other";
+}
+
+}  // namespace
+
 nlohmann::json Fault::ToJson() const {
   nlohmann::json j;
-  j["signature"] = {{"class", klass}, {"stage", stage}, {"kernel", kernel}, {"check", check}};
+  j["signature"] = {{"class", SignatureClassName(klass)}, {"stage", stage}, {"kernel", kernel}, {"check", check}};
   j["layer"] = layer;
   j["step"] = step;
   j["rank"] = rank;

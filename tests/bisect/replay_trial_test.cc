@@ -47,9 +47,18 @@ TEST(ReplayOutput, FailedCarriesReplaysSignatureAndStep) {
   EXPECT_EQ(r.signature.step, 17);
 }
 
-TEST(ReplayOutput, DivergedIsAnOutputMismatchAtTheFirstDivergingKernel) {
+TEST(ReplayOutput, DivergedIsGoodByDefaultBecauseOtherConfigurationsChangeTheArithmetic) {
   TrialResult r = InterpretReplayOutput(
-      Exited(1, R"({"outcome":"diverged","step":5,"divergence":{"kernel":"flash_decode","layer":2}})"), {});
+      Exited(1, R"({"outcome":"diverged","step":1,"diverged":{"step":1,"kernel":"L0.attention"}})"), {});
+  EXPECT_EQ(r.verdict, Verdict::kGood);
+  EXPECT_FALSE(r.signature.is_failure());
+  EXPECT_NE(r.note.find("L0.attention"), std::string::npos) << r.note;
+}
+
+TEST(ReplayOutput, DivergedIsAnOutputMismatchAtTheFirstDivergingKernelWhenAskedFor) {
+  TrialResult r = InterpretReplayOutput(
+      Exited(1, R"({"outcome":"diverged","step":5,"diverged":{"kernel":"flash_decode","layer":2}})"), {},
+      /*diverged_is_bad=*/true);
   EXPECT_EQ(r.verdict, Verdict::kBad);
   EXPECT_EQ(r.signature.failure_class, FailureClass::kOutputMismatch);
   EXPECT_EQ(r.signature.kernel, "flash_decode");

@@ -5,9 +5,16 @@
 // with `outcome` (reproduced | diverged | failed), `step`, `kernels` (rows,
 // kernel_table.h) and, when failed, `signature` {class, stage, kernel,
 // check}; exit 0 reproduced, 1 failed or diverged, 2 usage, 3 data error.
-// reproduced -> good; failed -> bad with replay's signature; diverged -> bad,
-// class output_mismatch at the first diverging kernel; usage and data errors
-// abort the search (the configuration or capture is wrong, not the code).
+// reproduced -> good; failed -> bad with replay's signature; usage and data
+// errors abort the search (the configuration or capture is wrong, not the
+// code). diverged (the step ran with every check passing, but its outputs
+// differ from the recording) is judged by `diverged_is_bad`: by default it is
+// good, because a bisection varies the configuration and any toggle that
+// changes the arithmetic (GEMM path, scale format, reduction order) makes the
+// digests differ from those the recorded configuration produced; the note
+// names the first diverging kernel. With diverged_is_bad (hunting a numeric
+// divergence rather than a crash) it is bad, class output_mismatch at that
+// kernel.
 // Deaths by signal, timeouts and OOM kills classify as for any command.
 //
 // Thread-safe like CommandTrialRunner.
@@ -21,7 +28,8 @@
 namespace crashreplay::bisect {
 
 // Judges a finished `replay --json` process.
-TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits);
+TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits,
+                                  bool diverged_is_bad = false);
 
 struct ReplayTrialOptions {
   std::string crashreplay_binary;    // path of the crashreplay executable
@@ -29,6 +37,7 @@ struct ReplayTrialOptions {
   std::vector<std::string> runner;   // prefix words
   std::string workdir;
   TrialLimits limits;
+  bool diverged_is_bad = false;      // see InterpretReplayOutput
 };
 
 class ReplayTrialRunner : public TrialRunner {

@@ -6,7 +6,9 @@
 //         output as a failure), "error" (anything else).
 // stage   "load", "graph_capture", "prefill" or "decode".
 // The signature is (class, stage, kernel, check); layer, step, rank, index and
-// value locate one occurrence. Value type, thread-compatible.
+// value locate one occurrence. ToJson writes the class in the signature
+// vocabulary of docs/bisect.md: assert -> device_assert, nonfinite ->
+// non_finite, oom -> oom, error -> other. Value type, thread-compatible.
 #pragma once
 
 #include <cstdint>
