@@ -57,8 +57,8 @@ SessionManifest SampleManifest(uint32_t rank) {
   SessionManifest m;
   m.session_id = "sample-session-0001";
   m.engine = "crashreplay-sample";
-  m.engine_version = "0.1.0";
-  m.recorder_version = "0.1.0";
+  m.engine_version = CRASHREPLAY_VERSION;
+  m.recorder_version = CRASHREPLAY_VERSION;
   m.created_unix_nanos = 1767225600000000000;  // fixed: the sample is deterministic
   m.hostname = "sample-host";
   m.pid = 1000 + rank;

@@ -9,7 +9,7 @@ namespace crashreplay::tools {
 int RunVersion(int argc, char** argv) {
   CLI::App app("Print the crashreplay version.", "version");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
-  std::printf("crashreplay 0.1.0\n");
+  std::printf("crashreplay %s\n", CRASHREPLAY_VERSION);
   return kExitOk;
 }
 

@@ -48,7 +48,7 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   if (name == "--version") {
-    std::printf("crashreplay 0.1.0\n");
+    std::printf("crashreplay %s\n", CRASHREPLAY_VERSION);
     return kExitOk;
   }
   for (const Command& c : Commands()) {

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
                                                                         const Config& config, const Model& model) {
   SessionManifest m;
   m.engine = "crashreplay";
-  m.engine_version = "0.1.0";
+  m.engine_version = CRASHREPLAY_VERSION;
   m.session_id = Cat("crashreplay-", ::getpid());
   std::error_code ec;
   const std::string abs_dir = std::filesystem::absolute(checkpoint_dir, ec).string();
