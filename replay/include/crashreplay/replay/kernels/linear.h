@@ -77,18 +77,88 @@ CR_HD float LaneSum8(const float* l) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-CR_HD float DotDequant(const QWeight& w, const float* x, int64_t r) {
+// Storage decoders with the format fixed at compile time, so the dot-product
+// loops below carry no per-element switch and the compiler can vectorize them.
+template <WFormat F>
+CR_HD float RawAtF(const void* data, int64_t i) {
+  if constexpr (F == WFormat::kF32) {
+    return static_cast<const float*>(data)[i];
+  } else if constexpr (F == WFormat::kBF16) {
+    return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+  } else if constexpr (F == WFormat::kF16) {
+    return Fp16ToFloat(static_cast<const uint16_t*>(data)[i]);
+  } else if constexpr (F == WFormat::kE4m3) {
+    return E4m3ToFloat(static_cast<const uint8_t*>(data)[i]);
+  } else {
+    return E2m1ToFloat(GetNibble(static_cast<const uint8_t*>(data), static_cast<uint64_t>(i)));
+  }
+}
+
+// sum over c in [c0, c1) of W[r, c] * s * x[c] into 8 lanes (lane = c % 8, each
+// lane in increasing c), where W[r, c] * s is rounded to bf16 when kRound (the
+// dequantize-then-matmul path) and s is not applied at all when !kScale. The
+// middle loop handles whole groups of 8 columns; per lane the order of the
+// additions is exactly the element-by-element order.
+template <WFormat F, bool kScale, bool kRound>
+CR_HD void DotLanes(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1, float s, float* lane) {
+  const int64_t base = r * w.cols;
+  auto term = [&](int64_t c) {
+    float v = RawAtF<F>(w.data, base + c);
+    if constexpr (kScale) v = v * s;
+    if constexpr (kRound) v = Bf16ToFloat(FloatToBf16(v));
+    return v;
+  };
+  int64_t c = c0;
+  for (; c < c1 && (c & 7) != 0; ++c) lane[c & 7] = MulAdd(lane[c & 7], term(c), x[c]);
+  for (; c + 8 <= c1; c += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] = MulAdd(lane[j], term(c + j), x[c + j]);
+  }
+  for (; c < c1; ++c) lane[c & 7] = MulAdd(lane[c & 7], term(c), x[c]);
+}
+
+template <WFormat F>
+CR_HD float DotDequantF(const QWeight& w, const float* x, int64_t r) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t c = 0; c < w.cols; ++c) lane[c & 7] = MulAdd(lane[c & 7], DequantAt(w, r, c), x[c]);
+  if (w.scale_format == SFormat::kNone) {
+    DotLanes<F, false, false>(w, x, r, 0, w.cols, 1.0f, lane);
+  } else {
+    // The scale is constant over a block's columns: decode it once per block.
+    for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
+      const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
+      DotLanes<F, true, true>(w, x, r, c0, c1, ScaleAt(w, r, c0), lane);
+    }
+  }
   return LaneSum8(lane);
 }
 
 // Raw-value dot product over columns [c0, c1).
-CR_HD float DotRaw(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1) {
+template <WFormat F>
+CR_HD float DotRawF(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t c = c0; c < c1; ++c) lane[c & 7] = MulAdd(lane[c & 7], RawAt(w, r, c), x[c]);
+  DotLanes<F, false, false>(w, x, r, c0, c1, 1.0f, lane);
   return LaneSum8(lane);
 }
+
+// `fn<F>(args...)` for the weight's storage format.
+#define CR_DISPATCH_WFORMAT(w, fn, ...)                                   \
+  switch ((w).format) {                                                   \
+    case WFormat::kF32: return fn<WFormat::kF32>(__VA_ARGS__);           \
+    case WFormat::kBF16: return fn<WFormat::kBF16>(__VA_ARGS__);         \
+    case WFormat::kF16: return fn<WFormat::kF16>(__VA_ARGS__);           \
+    case WFormat::kE4m3: return fn<WFormat::kE4m3>(__VA_ARGS__);         \
+    case WFormat::kE2m1: return fn<WFormat::kE2m1>(__VA_ARGS__);         \
+  }                                                                       \
+  return 0.0f
+
+CR_HD float DotDequant(const QWeight& w, const float* x, int64_t r) {
+  CR_DISPATCH_WFORMAT(w, DotDequantF, w, x, r);
+}
+
+CR_HD float DotRaw(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1) {
+  CR_DISPATCH_WFORMAT(w, DotRawF, w, x, r, c0, c1);
+}
+
+#undef CR_DISPATCH_WFORMAT
 
 CR_HD float DotFused(const QWeight& w, const float* x, int64_t r) {
   if (w.scale_format == SFormat::kNone) return DotRaw(w, x, r, 0, w.cols);
