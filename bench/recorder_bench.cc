@@ -18,18 +18,23 @@
 //    The writer's sustained rate (back-to-back run, until Flush) is printed
 //    beside memcpy and the `zstd -1` CLI on the same step-log bytes.
 // 2. Snapshots of 1, 16 and 256 MiB of bf16-like data: SubmitSnapshot()
-//    per call (min and p50 over reps) beside memcpy of the same bytes into a
-//    reused pre-faulted buffer and into a fresh one (page faults included),
+//    per call (min and p50 over reps) beside memcpy of the same bytes under
+//    the same conditions (interleaved: a reused buffer that another thread
+//    reads after each copy, as the encoder reads the ring, then the same
+//    wait), into a reused buffer in this core's cache (best case), and into
+//    a fresh mapping (page faults included),
 //    and the encoder thread's throughput (XXH3-128 + byte-plane shuffle +
 //    zstd -1) beside in-process ZSTD_compress level 1 and the `zstd -1` CLI
 //    (process start and file read included) on the same bytes.
 // The machine's load average is printed first: on a shared machine the
 // figures move with it. Figures only; nothing here is asserted.
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +45,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "crashreplay/capture/recorder.h"
@@ -395,8 +401,13 @@ double Median(std::vector<double> v) {
 void Snapshot(size_t mib, int reps) {
   const size_t bytes = mib << 20;
   const std::vector<std::byte> data = Bf16Like(bytes);
-  // memcpy into a reused, pre-faulted buffer; and into a fresh one each time.
-  std::vector<double> warm, fresh;
+  // The references: memcpy into a reused buffer already in this core's
+  // cache (the best case); into a fresh mapping each time (page faults
+  // included); and, interleaved with the SubmitSnapshot calls below, into a
+  // reused buffer under the ring's own conditions: another thread reads it
+  // after the copy (as the encoder reads the ring), then the calling thread
+  // waits as long as the encoder took.
+  std::vector<double> warm, fresh, same;
   {
     std::vector<std::byte> dst(bytes);
     std::memcpy(dst.data(), data.data(), bytes);
@@ -406,13 +417,27 @@ void Snapshot(size_t mib, int reps) {
       warm.push_back(Ns(a, Clock::now()));
     }
     for (int i = 0; i < reps; ++i) {
-      std::unique_ptr<std::byte[]> buf(new std::byte[bytes]);
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) std::exit(2);
       const auto a = Clock::now();
-      std::memcpy(buf.get(), data.data(), bytes);
+      std::memcpy(p, data.data(), bytes);
       fresh.push_back(Ns(a, Clock::now()));
-      if (buf[bytes - 1] != data[bytes - 1]) std::exit(2);
+      ::munmap(p, bytes);
     }
   }
+  std::vector<std::byte> ref(bytes);
+  std::memcpy(ref.data(), data.data(), bytes);
+  std::atomic<int> go{0};
+  std::atomic<uint64_t> sum{0};
+  std::thread reader([&] {  // reads `ref` after each reference copy
+    for (int i = 0; i < reps; ++i) {
+      while (go.load() != 1) usleep(20);
+      uint64_t x = 0;
+      for (size_t k = 0; k < bytes; k += 64) x += static_cast<uint8_t>(ref[k]);
+      sum += x;
+      go.store(0);
+    }
+  });
   const std::string dir = TempDir();
   std::unique_ptr<capture::Recorder> rec = Begin(dir, bytes + (1 << 20));
   const int64_t shape[] = {static_cast<int64_t>(bytes / 2)};
@@ -429,9 +454,17 @@ void Snapshot(size_t mib, int reps) {
     faults += MinorFaults() - f0;
     submit.push_back(Ns(a, b));
     while (rec->stats().snapshots_encoded == before) usleep(100);
-    encode_ns += Ns(b, Clock::now());
+    const double took = Ns(b, Clock::now());
+    encode_ns += took;
     if (i == 0) ratio = static_cast<double>(bytes) / std::max<uint64_t>(1, rec->stats().ring_encoded_bytes);
+    const auto c = Clock::now();
+    std::memcpy(ref.data(), data.data(), bytes);
+    same.push_back(Ns(c, Clock::now()));
+    go.store(1);
+    const auto wait_until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(took));
+    while (go.load() != 0 || Clock::now() < wait_until) usleep(100);
   }
+  reader.join();
   const uint64_t dropped = rec->stats().snapshots_dropped;
   Check(rec->Close());
   std::filesystem::remove_all(dir);
@@ -446,10 +479,13 @@ void Snapshot(size_t mib, int reps) {
   std::filesystem::remove(path);
   auto min_us = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()) / 1e3; };
   std::printf("  %4zu MiB (%d reps, load %s)\n", mib, reps, LoadAverage().c_str());
-  std::printf("    SubmitSnapshot min %9.1f p50 %9.1f us (%.1f faults/call, %llu dropped) | memcpy into reused buffer min "
-              "%9.1f p50 %9.1f us, into fresh buffer p50 %9.1f us\n",
+  std::printf("    SubmitSnapshot     min %9.1f  p50 %9.1f us  (%.1f faults/call; %llu older snapshots evicted by the "
+              "ring's budget)\n",
               min_us(submit), Median(submit) / 1e3, static_cast<double>(faults) / reps,
-              static_cast<unsigned long long>(dropped), min_us(warm), Median(warm) / 1e3, Median(fresh) / 1e3);
+              static_cast<unsigned long long>(dropped));
+  std::printf("    memcpy, same conditions min %9.1f  p50 %9.1f us | reused hot buffer min %9.1f  p50 %9.1f us | "
+              "fresh mapping p50 %9.1f us\n",
+              min_us(same), Median(same) / 1e3, min_us(warm), Median(warm) / 1e3, Median(fresh) / 1e3);
   std::printf("    encoder %5.0f MB/s (hash + shuffle + zstd -1, ratio %.2f) | zstd -1 in process %5.0f MB/s (ratio %.2f), "
               "zstd -1 CLI %5.0f MB/s\n",
               static_cast<double>(bytes) * reps / encode_ns * 1e3, ratio, static_cast<double>(bytes) / z_s / 1e6,
