@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "stream_copy.h"
 
 namespace crashreplay::capture::internal {
 namespace {
@@ -143,11 +144,11 @@ std::byte* StepQueue::Allocate(size_t bytes, Entry* e) {
   const uint64_t t = tail_.load(std::memory_order_acquire);
   uint64_t size = arena_size_.load(std::memory_order_relaxed);
   e->mark = write_pos_;
-  if (t == h && arena_ != nullptr) {
-    // Empty: the writer reads nothing until the next head store, so the
-    // arena may be rewound (and, for an oversized record, replaced; a new
-    // mapping that fails leaves the old one and the record spills).
-    if (bytes > size) {
+  if (arena_ != nullptr) {
+    if (t == h && bytes > size) {
+      // Empty, so the writer reads nothing until the next head store: an
+      // oversized record may replace the arena (a new mapping that fails
+      // leaves the old one, and the record spills).
       const uint64_t grown = RoundUp(std::max<uint64_t>(size * 2, bytes * 2), 4096);
       if (std::byte* bigger = NewArena(grown); bigger != nullptr) {
         ::munmap(arena_, size);
@@ -155,16 +156,12 @@ std::byte* StepQueue::Allocate(size_t bytes, Entry* e) {
         size = grown;
         arena_size_.store(size, std::memory_order_relaxed);
         write_pos_ = 0;
+        e->mark = 0;
       }
     }
-    if (bytes <= size) {
-      write_pos_ = RoundUp(write_pos_, size);
-      e->mark = write_pos_;
-      write_pos_ += bytes;
-      return arena_;
-    }
-  } else if (arena_ != nullptr) {
-    const uint64_t live_from = entries_[t % entries_.size()].mark;
+    // Nothing queued: the whole arena is free. The position is not rewound
+    // to the start (see docs/capture.md, "The step queue").
+    const uint64_t live_from = t == h ? write_pos_ : entries_[t % entries_.size()].mark;
     const uint64_t at = write_pos_ % size;
     const uint64_t skip = at + bytes > size ? size - at : 0;
     if (write_pos_ + skip + bytes - live_from <= size) {
@@ -207,12 +204,15 @@ void StepQueue::Push(const StepView& v, int64_t timestamp_nanos) {
   for (int f = 0; f < kFields; ++f) hd.len[f] = fields[f].size();
   std::memcpy(rec, &hd, sizeof hd);
 
+  // The bulk (integer lists, sampling) with streaming stores: the writer
+  // reads the record on another core, and writing lines that core (or
+  // nobody, lately) holds needs no read-for-ownership that way.
   std::byte* p = rec + l.ints;
   for (int f = 0; f < kFields; ++f) {
-    if (!fields[f].empty()) std::memcpy(p, fields[f].data(), fields[f].size_bytes());
+    if (!fields[f].empty()) StreamCopy(p, fields[f].data(), fields[f].size_bytes());
     p += fields[f].size_bytes();
   }
-  if (!v.sampling.empty()) std::memcpy(rec + l.sampling, v.sampling.data(), v.sampling.size_bytes());
+  if (!v.sampling.empty()) StreamCopy(rec + l.sampling, v.sampling.data(), v.sampling.size_bytes());
 
   char* dchars = reinterpret_cast<char*>(rec + l.digest_chars);
   uint32_t dend = 0;
@@ -233,6 +233,7 @@ void StepQueue::Push(const StepView& v, int64_t timestamp_nanos) {
     end += static_cast<uint32_t>(id.size());
     ends[i] = end;
   }
+  StreamFence();  // the streamed bytes are visible before the head publishes them
   head_.store(h + 1, std::memory_order_release);
 }
 

@@ -4,17 +4,18 @@
 //
 // Each accepted step is packed flat into one contiguous record: a header,
 // the integer lists, the sampling parameters, the digests, the request-id
-// end offsets and the id/digest characters, copied with memcpy straight
-// from the caller's spans (no std::vector resize, so nothing is zero-filled
-// first; no allocation in the steady state). Records live in one arena
-// allocated and pre-faulted when the recorder begins. When the writer has
-// caught up (the queue is empty) the next record goes back to the start of
-// the arena, so a writer that keeps up keeps the serving thread writing
-// into the same few, cache-warm kilobytes step after step. Under a backlog
-// records follow each other round the arena; one that finds no room gets a
-// buffer of its own (a "spilled" step: an allocation on the serving thread,
-// never a wait and never a lost step). A record larger than the whole arena
-// grows the arena, which happens only while the queue is empty.
+// end offsets and the id/digest characters, copied straight from the
+// caller's spans (no std::vector resize, so nothing is zero-filled first;
+// no allocation in the steady state); the bulk goes with streaming stores
+// (stream_copy.h). Records live in one arena allocated and pre-faulted when
+// the recorder begins, one after the other round it (a record never wraps;
+// one that would cross the end starts at the beginning). The position is
+// not rewound to the start when the queue empties: rewriting the lines the
+// writer has just read measured slower and far less steady (docs/capture.md,
+// "The step queue"). A record that finds no room gets a buffer of its own
+// (a "spilled" step: an allocation on the serving thread, never a wait and
+// never a lost step). A record larger than the whole arena grows the arena,
+// which happens only while the queue is empty.
 //
 // The queue holds at most `slots` steps (head - tail <= slots); Full() tells
 // the producer to wait (the recorder's policy: a bounded wait, then

@@ -1,5 +1,5 @@
 // The step queue driven directly: every field round-trips, a reused record
-// is overwritten exactly, the arena rewinds, wraps, spills and grows as
+// is overwritten exactly, records wrap round the arena, spill and grow it as
 // documented, and a producer and a consumer thread agree on every step.
 #include <gtest/gtest.h>
 
@@ -182,11 +182,11 @@ TEST(StepQueue, FullAtSlotsUntilTheWriterReleases) {
   EXPECT_FALSE(q.Full());
 }
 
-TEST(StepQueue, EmptyQueueRewindsSoRecordsNeverSpill) {
+TEST(StepQueue, RecordsThatFitTheArenaNeverSpillWhenTheWriterKeepsUp) {
   const FullStep s(5, 64, 60);  // ~45 KiB per record
   const size_t bytes = StepQueue::PackedBytes(s.view());
   StepQueue q(4, 64 << 10);
-  ASSERT_GT(bytes * 2, q.arena_bytes());  // two would not fit side by side
+  ASSERT_GT(bytes * 2, q.arena_bytes());  // two would not fit side by side: every record starts a new lap
   StepRecord r;
   for (uint64_t i = 0; i < 50; ++i) {
     q.Push(s.view(), 1);
