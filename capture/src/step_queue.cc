@@ -160,7 +160,9 @@ std::byte* StepQueue::Allocate(size_t bytes, Entry* e) {
       }
     }
     // Nothing queued: the whole arena is free. The position is not rewound
-    // to the start (see docs/capture.md, "The step queue").
+    // to the start (see docs/capture.md, "The step queue"), but a record
+    // that does not fit before the end starts the next lap at no cost.
+    if (t == h && write_pos_ % size + bytes > size) write_pos_ = RoundUp(write_pos_, size);
     const uint64_t live_from = t == h ? write_pos_ : entries_[t % entries_.size()].mark;
     const uint64_t at = write_pos_ % size;
     const uint64_t skip = at + bytes > size ? size - at : 0;

@@ -197,6 +197,28 @@ TEST(StepQueue, RecordsThatFitTheArenaNeverSpillWhenTheWriterKeepsUp) {
   EXPECT_EQ(r.page_table, s.expected(0).page_table);
 }
 
+TEST(StepQueue, AnEmptyQueueHasTheWholeArenaWhereverThePositionIs) {
+  const FullStep small(1, 4, 0), big(2, 64, 60);  // ~0.6 KiB and ~39 KiB of a 64 KiB arena
+  StepQueue q(4, 64 << 10);
+  const size_t s_bytes = StepQueue::PackedBytes(small.view()), b_bytes = StepQueue::PackedBytes(big.view());
+  // Enough small steps that the big one no longer fits before the end, but
+  // fewer bytes of them than the big one: a new lap is needed, and the
+  // space skipped must not count as taken when nothing is queued.
+  const size_t n = (q.arena_bytes() - b_bytes) / s_bytes + 1;
+  ASSERT_LT(n * s_bytes, b_bytes);
+  StepRecord r;
+  for (uint64_t seq = 0; seq <= n; ++seq) {
+    const FullStep& s = seq < n ? small : big;
+    q.Push(s.view(), 5);
+    q.Unpack(seq, 0, &r);
+    StepRecord want = s.expected(0);
+    want.timestamp_nanos = 5;
+    EXPECT_EQ(r, want) << "seq " << seq;
+    q.Release(seq);
+  }
+  EXPECT_EQ(q.spilled(), 0u);
+}
+
 TEST(StepQueue, RecordsWrapRoundTheArenaAndSpillWhenItIsFull) {
   const FullStep s(7, 20, 8);
   const size_t bytes = StepQueue::PackedBytes(s.view());
