@@ -1,20 +1,40 @@
 // recorder_bench: the recorder's cost on the serving thread and its
-// background throughput, next to the reference tools.
+// background throughput, next to the reference a plain copy would cost.
 //
-//   recorder_bench [--steps N] [--quick]
+//   recorder_bench [--runs R] [--steps N] [--quick] [--no-snapshots] [--no-steps]
 //
-// 1. Step log of a 256-request decode batch: RecordStep() per-call time on
-//    the calling thread (mean, p50, p99) and the writer thread's sustained
-//    rate (steps/s, MB/s of file), with and without page-table rows.
+// 1. Step log of a 256-request decode batch (with and without page-table
+//    rows). RecordStep() on the calling thread, R runs of N steps each after
+//    a warm-up of 512 steps, under three pacings between steps:
+//      busy   500 us of work that reads and writes a 4 MiB working set (a
+//             serving thread is busy between steps: scheduling, launching
+//             kernels; this also evicts the step's data from L1/L2);
+//      sleep  usleep(500) (the core may run something else meanwhile);
+//      none   back to back (the writer is then the bound: back-pressure).
+//    Each RecordStep figure is printed beside the reference: a plain memcpy
+//    of the same spans into one flat, pre-faulted buffer under the same
+//    pacing (the least any copy of the step can cost). Per run: min, p50,
+//    p99 per call and minor page faults per step on the calling thread.
+//    The writer's sustained rate (back-to-back run, until Flush) is printed
+//    beside memcpy and the `zstd -1` CLI on the same step-log bytes.
 // 2. Snapshots of 1, 16 and 256 MiB of bf16-like data: SubmitSnapshot()
-//    per-call time next to a plain memcpy of the same bytes, and the encoder
-//    thread's throughput (hash + shuffle + zstd -1) next to the `zstd -1`
-//    CLI on the same bytes (process start included; it is noise at these
-//    sizes).
-// Figures only; nothing here is asserted.
+//    per call (min and p50 over reps) beside memcpy of the same bytes under
+//    the same conditions (interleaved: a reused buffer that another thread
+//    reads after each copy, as the encoder reads the ring, then the same
+//    wait), into a reused buffer in this core's cache (best case), and into
+//    a fresh mapping (page faults included),
+//    and the encoder thread's throughput (XXH3-128 + byte-plane shuffle +
+//    zstd -1) beside in-process ZSTD_compress level 1 and the `zstd -1` CLI
+//    (process start and file read included) on the same bytes.
+// The machine's load average is printed first: on a shared machine the
+// figures move with it. Figures only; nothing here is asserted.
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,12 +42,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "crashreplay/capture/recorder.h"
-#include "step_slot.h"  // capture/src: the copy RecordStep makes, measured alone
+#include "step_queue.h"  // capture/src: the copy RecordStep makes, measured alone
 
 namespace {
 
@@ -35,6 +57,19 @@ using namespace crashreplay;
 using Clock = std::chrono::steady_clock;
 
 double Ns(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::nano>(b - a).count(); }
+
+long MinorFaults() {
+  struct rusage r;
+  getrusage(RUSAGE_THREAD, &r);
+  return r.ru_minflt;
+}
+
+std::string LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
 
 struct Batch {
   std::vector<std::string> id_storage;
@@ -83,7 +118,102 @@ struct Batch {
     v.output_token_ids = outputs;
     return v;
   }
+  // The bytes a step holds: the integer lists, sampling, request-id chars.
+  size_t RawBytes() const {
+    size_t n = (tokens.size() + positions.size() + seq_lens.size() + pool.size() + out_loc.size() + outputs.size() +
+                offsets.size() + slots.size()) * sizeof(int64_t) + sampling.size() * sizeof(SamplingParams);
+    for (std::string_view id : ids) n += id.size();
+    return n;
+  }
 };
+
+// The reference: a plain memcpy of the view's spans into one flat buffer.
+class FlatCopy {
+ public:
+  explicit FlatCopy(size_t bytes) : buf_(bytes + 4096, 1) {}
+  void Copy(const capture::StepView& v) {
+    char* d = buf_.data();
+    const std::span<const int64_t> fields[] = {v.token_ids,          v.positions,        v.seq_lens,
+                                               v.extend_lens,        v.req_pool_indices, v.page_table_offsets,
+                                               v.page_table_slots,   v.out_cache_loc,    v.output_token_ids};
+    for (const auto& f : fields) {
+      std::memcpy(d, f.data(), f.size_bytes());
+      d += f.size_bytes();
+    }
+    std::memcpy(d, v.sampling.data(), v.sampling.size_bytes());
+    d += v.sampling.size_bytes();
+    for (std::string_view id : v.request_ids) {
+      std::memcpy(d, id.data(), id.size());
+      d += id.size();
+    }
+    sink_ += static_cast<unsigned char>(d[-1]);
+  }
+  unsigned sink() const { return sink_; }
+
+ private:
+  std::vector<char> buf_;
+  unsigned sink_ = 0;
+};
+
+enum class Pace { kBusy, kSleep, kNone };
+const char* PaceName(Pace p) { return p == Pace::kBusy ? "busy" : p == Pace::kSleep ? "sleep" : "none"; }
+
+constexpr int kPaceUs = 500;
+
+// Between steps: see the header comment.
+class Pacer {
+ public:
+  Pacer() : ws_(4 << 20, 1) {}
+  void Wait(Pace p) {
+    if (p == Pace::kNone) return;
+    if (p == Pace::kSleep) {
+      usleep(kPaceUs);
+      return;
+    }
+    const auto end = Clock::now() + std::chrono::microseconds(kPaceUs);
+    while (Clock::now() < end) {
+      for (int k = 0; k < 512; ++k) {
+        ws_[at_] = static_cast<unsigned char>(ws_[at_] + 1);
+        acc_ += ws_[at_];
+        at_ = (at_ + 64) % ws_.size();
+      }
+    }
+  }
+  unsigned sink() const { return acc_; }
+
+ private:
+  std::vector<unsigned char> ws_;
+  size_t at_ = 0;
+  unsigned acc_ = 0;
+};
+
+struct Dist {
+  double min = 0, p50 = 0, p99 = 0;
+  double faults = 0;  // per step
+};
+
+Dist Summarize(std::vector<double> t, long faults) {
+  std::sort(t.begin(), t.end());
+  return Dist{t[0] / 1e3, t[t.size() / 2] / 1e3, t[t.size() * 99 / 100] / 1e3,
+              static_cast<double>(faults) / static_cast<double>(t.size())};
+}
+
+// min over runs of min, median over runs of p50 and of p99.
+Dist Across(std::vector<Dist> runs) {
+  Dist d;
+  auto med = [&](auto get) {
+    std::vector<double> v;
+    for (const Dist& r : runs) v.push_back(get(r));
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  d.min = 1e30;
+  for (const Dist& r : runs) d.min = std::min(d.min, r.min);
+  d.p50 = med([](const Dist& r) { return r.p50; });
+  d.p99 = med([](const Dist& r) { return r.p99; });
+  d.faults = med([](const Dist& r) { return r.faults; });
+  return d;
+}
 
 SessionManifest Manifest() {
   SessionManifest m;
@@ -96,62 +226,157 @@ std::string TempDir() {
   return ::mkdtemp(t.data());
 }
 
-// Steps are paced (one every `pace_us`, faster than any real decode loop)
-// so that the figure is the calling thread's own cost, not back-pressure
-// from a writer a whole queue behind.
-void StepLog(const char* label, size_t slots_per_row, int steps, int pace_us) {
-  const std::string dir = TempDir();
+std::unique_ptr<capture::Recorder> Begin(const std::string& dir, uint64_t ring_bytes) {
   capture::RecorderOptions o;
   o.session_dir = dir;
-  o.snapshot_ring_bytes = 1 << 20;
+  o.snapshot_ring_bytes = ring_bytes;
   o.install_signal_handlers = false;
-  o.step_queue_slots = 4096;
   auto rec = capture::Recorder::Begin(Manifest(), o);
   if (!rec.ok()) {
     std::fprintf(stderr, "%s\n", rec.status().ToString().c_str());
     std::exit(1);
   }
-  Batch b(256, slots_per_row);
-  std::vector<double> t(static_cast<size_t>(steps));
-  const auto start = Clock::now();
-  for (int i = 0; i < steps; ++i) {
-    const capture::StepView v = b.View(static_cast<uint64_t>(i));
-    const auto a = Clock::now();
-    absl::Status s = (*rec)->RecordStep(v);
-    t[i] = Ns(a, Clock::now());
-    if (pace_us > 0) usleep(static_cast<useconds_t>(pace_us));  // frees the core for the writer
-    if (!s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      std::exit(1);
-    }
-  }
-  (void)(*rec)->Flush();
-  const double total_s = Ns(start, Clock::now()) * 1e-9;
-  const uint64_t bytes = (*rec)->stats().file_bytes;
-  (void)(*rec)->Close();
-  std::sort(t.begin(), t.end());
-  double sum = 0;
-  for (double x : t) sum += x;
-  std::printf("%-34s RecordStep min %6.2f us  p50 %7.2f us  mean %7.2f us  p99 %7.2f us | writer %8.0f steps/s %7.1f MB/s (%.0f B/step)\n",
-              label, t[0] / 1e3, t[t.size() / 2] / 1e3, sum / steps / 1e3, t[t.size() * 99 / 100] / 1e3, steps / total_s,
-              bytes / total_s / 1e6, static_cast<double>(bytes) / steps);
-  std::filesystem::remove_all(dir);
+  return *std::move(rec);
 }
 
-// The copy RecordStep makes into a queue slot, alone: no queue, no threads
-// competing for the cores (a lower bound on this machine).
-void SlotCopyAlone() {
-  Batch b(256, 0);
-  std::vector<capture::internal::StepSlot> slots(256);
-  const capture::StepView v = b.View(1);
-  for (int i = 0; i < 1000; ++i) (void)slots[i % 256].Pack(v, 1);
-  double best = 1e30;
-  for (int rep = 0; rep < 20; ++rep) {
-    const auto a = Clock::now();
-    for (int i = 0; i < 1000; ++i) (void)slots[i % 256].Pack(v, 1);
-    best = std::min(best, Ns(a, Clock::now()) / 1000);
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    std::exit(1);
   }
-  std::printf("%-34s %.2f us per step (best of 20 x 1000, rotating 256 slots)\n", "slot copy alone (no threads)", best / 1e3);
+}
+
+struct RunResult {
+  Dist dist;
+  double seconds = 0;      // first call to Flush done
+  uint64_t file_bytes = 0;
+  uint64_t spilled = 0;
+  uint64_t written = 0;    // steps the writer wrote in `seconds`
+  std::string path;        // kept when asked (for the zstd comparison)
+};
+
+// One run of `steps` RecordStep calls (after a warm-up) under `pace`;
+// `memcpy_only` measures the FlatCopy reference instead.
+RunResult StepRun(const Batch& b, int steps, Pace pace, bool memcpy_only, Pacer& pacer, FlatCopy& flat,
+                  const std::string& keep_file = "") {
+  const std::string dir = TempDir();
+  std::unique_ptr<capture::Recorder> rec = Begin(dir, 1 << 20);
+  constexpr int kWarmup = 512;
+  for (int i = 0; i < kWarmup; ++i) {
+    const capture::StepView v = b.View(static_cast<uint64_t>(i));
+    if (memcpy_only) flat.Copy(v);
+    else Check(rec->RecordStep(v));
+    pacer.Wait(pace);
+  }
+  std::vector<double> t(static_cast<size_t>(steps));
+  const uint64_t written0 = rec->stats().steps_written;
+  const long f0 = MinorFaults();
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    const capture::StepView v = b.View(static_cast<uint64_t>(kWarmup + i));
+    const auto a = Clock::now();
+    if (memcpy_only) flat.Copy(v);
+    else Check(rec->RecordStep(v));
+    t[static_cast<size_t>(i)] = Ns(a, Clock::now());
+    pacer.Wait(pace);
+  }
+  const long faults = MinorFaults() - f0;
+  Check(rec->Flush());
+  RunResult r;
+  r.seconds = Ns(start, Clock::now()) * 1e-9;
+  r.written = rec->stats().steps_written - written0;
+  r.spilled = rec->stats().steps_spilled;
+  const uint64_t before = rec->stats().file_bytes;
+  Check(rec->Close());
+  r.file_bytes = before;
+  r.dist = Summarize(std::move(t), faults);
+  if (!keep_file.empty()) std::filesystem::copy_file(rec->path(), keep_file, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+void PrintDist(const char* what, const Dist& d) {
+  std::printf("    %-11s min %6.2f  p50 %6.2f  p99 %7.2f us  faults/step %.2f\n", what, d.min, d.p50, d.p99, d.faults);
+}
+
+// zstd -1 CLI on a file: MB/s of input, process start included.
+double ZstdCliMBs(const std::string& path, size_t bytes) {
+  const auto a = Clock::now();
+  const int rc = std::system(("zstd -1 -q -c '" + path + "' > /dev/null").c_str());
+  const double s = Ns(a, Clock::now()) * 1e-9;
+  return rc == 0 ? static_cast<double>(bytes) / s / 1e6 : 0.0;
+}
+
+double MemcpyMBs(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, Ns(t, Clock::now()));
+  }
+  return static_cast<double>(bytes) / best * 1e3;
+}
+
+void StepLog(const char* label, size_t slots_per_row, int runs, int steps, const std::vector<Pace>& paces) {
+  Batch b(256, slots_per_row);
+  Pacer pacer;
+  FlatCopy flat(b.RawBytes());
+  std::printf("\n%s: %zu bytes of spans per step, %d runs x %d steps (load %s)\n", label, b.RawBytes(), runs, steps,
+              LoadAverage().c_str());
+  // The copy RecordStep makes, alone: no threads, no pacing (tight loop).
+  {
+    capture::internal::StepQueue q(256, 8 << 20);
+    const capture::StepView v = b.View(1);
+    double best_push = 1e30, best_flat = 1e30;
+    for (int rep = 0; rep < 20; ++rep) {
+      auto a = Clock::now();
+      for (int i = 0; i < 200; ++i) {
+        q.Push(v, 1);
+        q.Release(q.head() - 1);  // empty again: the next push rewinds
+      }
+      best_push = std::min(best_push, Ns(a, Clock::now()) / 200);
+      a = Clock::now();
+      for (int i = 0; i < 200; ++i) flat.Copy(v);
+      best_flat = std::min(best_flat, Ns(a, Clock::now()) / 200);
+    }
+    std::printf("  tight loop, no threads:  queue push %.2f us   memcpy of the spans %.2f us (best of 20 x 200)\n",
+                best_push / 1e3, best_flat / 1e3);
+  }
+  for (Pace pace : paces) {
+    std::vector<Dist> rec_runs, ref_runs;
+    for (int r = 0; r < runs; ++r) {
+      rec_runs.push_back(StepRun(b, steps, pace, false, pacer, flat).dist);
+      ref_runs.push_back(StepRun(b, steps, pace, true, pacer, flat).dist);
+    }
+    std::printf("  pace %-5s (load %s)\n", PaceName(pace), LoadAverage().c_str());
+    for (int r = 0; r < runs; ++r) {
+      std::printf("    run %d: RecordStep p50 %6.2f p99 %7.2f | memcpy p50 %6.2f p99 %7.2f us\n", r,
+                  rec_runs[r].p50, rec_runs[r].p99, ref_runs[r].p50, ref_runs[r].p99);
+    }
+    PrintDist("RecordStep", Across(rec_runs));
+    PrintDist("memcpy", Across(ref_runs));
+  }
+  // Writer throughput: back to back, until everything is written.
+  const std::string kept = (std::filesystem::temp_directory_path() / "recbench-steplog.crcap").string();
+  std::vector<double> rates;
+  RunResult last;
+  for (int r = 0; r < runs; ++r) {
+    last = StepRun(b, steps, Pace::kNone, false, pacer, flat, r == 0 ? kept : "");
+    rates.push_back(static_cast<double>(last.written) / last.seconds);
+  }
+  std::sort(rates.begin(), rates.end());
+  const double per_step = static_cast<double>(last.file_bytes) / (steps + 512);
+  const double mbs = rates[rates.size() / 2] * per_step / 1e6;
+  const size_t file_bytes = std::filesystem::file_size(kept);
+  std::printf("  writer, back to back: %.0f steps/s (median of %d; min %.0f max %.0f) = %.1f MB/s of file (%.0f B/step, "
+              "%llu spilled)\n",
+              rates[rates.size() / 2], runs, rates.front(), rates.back(), mbs, per_step,
+              static_cast<unsigned long long>(last.spilled));
+  std::printf("    beside: memcpy %.0f MB/s, zstd -1 CLI %.0f MB/s on the same step-log file (%zu bytes)\n",
+              MemcpyMBs(file_bytes), ZstdCliMBs(kept, file_bytes), file_bytes);
+  std::filesystem::remove(kept);
+  if (flat.sink() == 1 && pacer.sink() == 1) std::printf(" ");
 }
 
 std::vector<std::byte> Bf16Like(size_t bytes) {
@@ -168,70 +393,136 @@ std::vector<std::byte> Bf16Like(size_t bytes) {
   return out;
 }
 
-double ZstdCliMBs(const std::vector<std::byte>& data) {
-  const std::string path = (std::filesystem::temp_directory_path() / "recbench-zstd.bin").string();
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), data.size());
-  const auto a = Clock::now();
-  const int rc = std::system(("zstd -1 -q -c " + path + " > /dev/null").c_str());
-  const double s = Ns(a, Clock::now()) * 1e-9;
-  std::filesystem::remove(path);
-  return rc == 0 ? data.size() / s / 1e6 : 0.0;
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 void Snapshot(size_t mib, int reps) {
   const size_t bytes = mib << 20;
   const std::vector<std::byte> data = Bf16Like(bytes);
-  std::vector<std::byte> dst(bytes);
-  std::memcpy(dst.data(), data.data(), bytes);  // warm the destination
-  double memcpy_ns = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = Clock::now();
+  // The references: memcpy into a reused buffer already in this core's
+  // cache (the best case); into a fresh mapping each time (page faults
+  // included); and, interleaved with the SubmitSnapshot calls below, into a
+  // reused buffer under the ring's own conditions: another thread reads it
+  // after the copy (as the encoder reads the ring), then the calling thread
+  // waits as long as the encoder took.
+  std::vector<double> warm, fresh, same;
+  {
+    std::vector<std::byte> dst(bytes);
     std::memcpy(dst.data(), data.data(), bytes);
-    memcpy_ns = std::min(memcpy_ns, Ns(a, Clock::now()));
+    for (int i = 0; i < reps; ++i) {
+      const auto a = Clock::now();
+      std::memcpy(dst.data(), data.data(), bytes);
+      warm.push_back(Ns(a, Clock::now()));
+    }
+    for (int i = 0; i < reps; ++i) {
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) std::exit(2);
+      const auto a = Clock::now();
+      std::memcpy(p, data.data(), bytes);
+      fresh.push_back(Ns(a, Clock::now()));
+      ::munmap(p, bytes);
+    }
   }
+  std::vector<std::byte> ref(bytes);
+  std::memcpy(ref.data(), data.data(), bytes);
+  std::atomic<int> go{0};
+  std::atomic<uint64_t> sum{0};
+  std::thread reader([&] {  // reads `ref` after each reference copy
+    for (int i = 0; i < reps; ++i) {
+      while (go.load() != 1) usleep(20);
+      uint64_t x = 0;
+      for (size_t k = 0; k < bytes; k += 64) x += static_cast<uint8_t>(ref[k]);
+      sum += x;
+      go.store(0);
+    }
+  });
   const std::string dir = TempDir();
-  capture::RecorderOptions o;
-  o.session_dir = dir;
-  o.snapshot_ring_bytes = bytes + (1 << 20);
-  o.install_signal_handlers = false;
-  auto rec = capture::Recorder::Begin(Manifest(), o);
-  if (!rec.ok()) std::exit(1);
+  std::unique_ptr<capture::Recorder> rec = Begin(dir, bytes + (1 << 20));
   const int64_t shape[] = {static_cast<int64_t>(bytes / 2)};
   const capture::TensorView view{"hidden_states", DType::kBF16, shape, data.data(), bytes};
-  double submit_ns = 1e30, encode_ns = 0, ratio = 0;
+  std::vector<double> submit;
+  double encode_ns = 0, ratio = 0;
+  long faults = 0;
   for (int i = 0; i < reps; ++i) {
-    const uint64_t before = (*rec)->stats().snapshots_encoded;
+    const uint64_t before = rec->stats().snapshots_encoded;
+    const long f0 = MinorFaults();
     const auto a = Clock::now();
-    (void)(*rec)->SubmitSnapshot(static_cast<uint64_t>(i), {&view, 1});
+    Check(rec->SubmitSnapshot(static_cast<uint64_t>(i), {&view, 1}));
     const auto b = Clock::now();
-    submit_ns = std::min(submit_ns, Ns(a, b));
-    while ((*rec)->stats().snapshots_encoded == before) usleep(100);
-    encode_ns += Ns(b, Clock::now());
-    if (i == 0) ratio = static_cast<double>(bytes) / std::max<uint64_t>(1, (*rec)->stats().ring_encoded_bytes);
+    faults += MinorFaults() - f0;
+    submit.push_back(Ns(a, b));
+    while (rec->stats().snapshots_encoded == before) usleep(100);
+    const double took = Ns(b, Clock::now());
+    encode_ns += took;
+    if (i == 0) ratio = static_cast<double>(bytes) / std::max<uint64_t>(1, rec->stats().ring_encoded_bytes);
+    const auto c = Clock::now();
+    std::memcpy(ref.data(), data.data(), bytes);
+    same.push_back(Ns(c, Clock::now()));
+    go.store(1);
+    const auto wait_until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(took));
+    while (go.load() != 0 || Clock::now() < wait_until) usleep(100);
   }
-  (void)(*rec)->Close();
+  reader.join();
+  const uint64_t dropped = rec->stats().snapshots_dropped;
+  Check(rec->Close());
   std::filesystem::remove_all(dir);
-  std::printf("snapshot %4zu MiB  SubmitSnapshot %9.1f us  memcpy %9.1f us | encoder %7.0f MB/s (ratio %.2f)  zstd -1 CLI %7.0f MB/s\n",
-              mib, submit_ns / 1e3, memcpy_ns / 1e3, bytes * reps / encode_ns * 1e3, ratio, ZstdCliMBs(data));
+  // zstd -1: in process (no hash, no shuffle) and the CLI.
+  std::vector<char> out(ZSTD_compressBound(bytes));
+  const auto z = Clock::now();
+  const size_t zn = ZSTD_compress(out.data(), out.size(), data.data(), bytes, 1);
+  const double z_s = Ns(z, Clock::now()) * 1e-9;
+  const std::string path = (std::filesystem::temp_directory_path() / "recbench-zstd.bin").string();
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(bytes));
+  const double cli = ZstdCliMBs(path, bytes);
+  std::filesystem::remove(path);
+  auto min_us = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()) / 1e3; };
+  std::printf("  %4zu MiB (%d reps, load %s)\n", mib, reps, LoadAverage().c_str());
+  std::printf("    SubmitSnapshot     min %9.1f  p50 %9.1f us  (%.1f faults/call; %llu older snapshots evicted by the "
+              "ring's budget)\n",
+              min_us(submit), Median(submit) / 1e3, static_cast<double>(faults) / reps,
+              static_cast<unsigned long long>(dropped));
+  std::printf("    memcpy, same conditions min %9.1f  p50 %9.1f us | reused hot buffer min %9.1f  p50 %9.1f us | "
+              "fresh mapping p50 %9.1f us\n",
+              min_us(same), Median(same) / 1e3, min_us(warm), Median(warm) / 1e3, Median(fresh) / 1e3);
+  std::printf("    encoder %5.0f MB/s (hash + shuffle + zstd -1, ratio %.2f) | zstd -1 in process %5.0f MB/s (ratio %.2f), "
+              "zstd -1 CLI %5.0f MB/s\n",
+              static_cast<double>(bytes) * reps / encode_ns * 1e3, ratio, static_cast<double>(bytes) / z_s / 1e6,
+              ZSTD_isError(zn) ? 0.0 : static_cast<double>(bytes) / static_cast<double>(zn), cli);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 4000;
-  bool quick = false;
+  int runs = 5, steps = 4000;
+  bool quick = false, snapshots = true, step_log = true;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::atoi(argv[++i]);
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(100, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--no-snapshots") == 0) snapshots = false;
+    else if (std::strcmp(argv[i], "--no-steps") == 0) step_log = false;
+    else {
+      std::fprintf(stderr, "recorder_bench: unknown argument '%s'\n", argv[i]);
+      return 2;
+    }
   }
-  std::printf("recorder_bench: decode batch of 256 requests; figures are the calling thread unless marked\n");
-  std::printf("(steps paced one per 500 us; writer figures: the whole run incl. pacing, and a burst below)\n");
-  SlotCopyAlone();
-  StepLog("step log (no page-table rows)", 0, steps, 500);
-  StepLog("step log + 256 rows x 64 slots", 64, steps, 500);
-  StepLog("burst, unpaced (writer bound)", 0, steps, 0);
-  Snapshot(1, quick ? 3 : 10);
-  Snapshot(16, quick ? 2 : 5);
-  Snapshot(256, quick ? 1 : 2);
+  if (quick) {
+    runs = std::min(runs, 3);
+    steps = std::min(steps, 2000);
+  }
+  std::printf("recorder_bench: %ld cores online, load average %s; times are the calling thread unless marked\n",
+              sysconf(_SC_NPROCESSORS_ONLN), LoadAverage().c_str());
+  if (step_log) {
+    StepLog("step log, decode batch of 256 requests", 0, runs, steps, {Pace::kBusy, Pace::kSleep, Pace::kNone});
+    StepLog("step log + page-table rows (256 x 64 slots)", 64, runs, steps, {Pace::kBusy, Pace::kNone});
+  }
+  if (snapshots) {
+    std::printf("\nsnapshots of bf16-like data\n");
+    Snapshot(1, quick ? 5 : 20);
+    Snapshot(16, quick ? 3 : 8);
+    Snapshot(256, quick ? 2 : 3);
+  }
   return 0;
 }

@@ -64,7 +64,7 @@ std::string SessionRankPath(const std::string& session_dir, uint32_t rank) {
 Recorder::Impl::Impl(const SessionManifest& manifest, const RecorderOptions& options, std::string path,
                      std::unique_ptr<CaptureWriter> writer)
     : options_(options), path_(std::move(path)), rank_(manifest.parallel.rank), writer_(std::move(writer)),
-      slots_(std::max<uint32_t>(options.step_queue_slots, 2)),
+      queue_(options.step_queue_slots, options.step_queue_bytes),
       ring_(options.snapshot_ring_bytes, options.max_snapshots, manifest.parallel.rank, options.blob),
       integrity_(options.weight_chunk_bytes, options.weight_check_bytes_per_step, options.weight_check_budget) {}
 
@@ -76,6 +76,10 @@ Recorder::Impl::~Impl() {
 }
 
 absl::Status Recorder::Impl::Start() {
+  if (!queue_.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("capture ", path_, ": cannot map the step queue's arena of ",
+                                                     options_.step_queue_bytes, " bytes"));
+  }
   EncodeSignalFrames(std::nullopt, ForwardMode::kUnknown);
   writer_thread_ = std::thread([this] { WriterLoop(); });
   encoder_thread_ = std::thread([this] { EncoderLoop(); });
@@ -101,26 +105,25 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
     return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; step ", step.step, " not recorded"));
   }
   if (failed_.load(std::memory_order_relaxed)) return error();
+  CR_RETURN_IF_ERROR(internal::StepQueue::Validate(step));
   std::lock_guard<std::mutex> lock(producer_mu_);
-  const uint64_t h = head_.load(std::memory_order_relaxed);
-  if (h - tail_.load(std::memory_order_acquire) >= slots_.size()) {
+  if (queue_.Full()) {
     // The writer is a whole queue behind (the disk cannot keep up): wait a
     // bounded time rather than lose a step of the log.
     const double deadline = MonotonicSeconds() + options_.step_queue_wait_s;
-    while (h - tail_.load(std::memory_order_acquire) >= slots_.size()) {
+    while (queue_.Full()) {
       if (MonotonicSeconds() > deadline) {
         return absl::ResourceExhaustedError(absl::StrFormat(
             "capture %s: the writer is %d steps behind; step %d not recorded (raise step_queue_slots or check the "
             "disk)",
-            path_, slots_.size(), step.step));
+            path_, queue_.slots(), step.step));
       }
       SleepMicros(50);
     }
   }
-  CR_RETURN_IF_ERROR(slots_[h % slots_.size()].Pack(step, step.timestamp_nanos != 0 ? step.timestamp_nanos : RealtimeNanos()));
   last_accepted_step_.store(step.step, std::memory_order_relaxed);
   last_accepted_mode_.store(step.mode, std::memory_order_relaxed);
-  head_.store(h + 1, std::memory_order_release);
+  queue_.Push(step, step.timestamp_nanos != 0 ? step.timestamp_nanos : RealtimeNanos());
   // No wake-up call: a futex wake is a system call of several microseconds
   // on the serving thread. The writer polls (IdleWait) instead.
   return absl::OkStatus();
@@ -148,20 +151,20 @@ absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights
 
 void Recorder::Impl::WriterLoop() {
   writer_tid_.store(CurrentTid());
-  uint64_t t = tail_.load(std::memory_order_relaxed);
+  uint64_t t = queue_.tail();
   int idle = 0;
-  StepRecord record;
+  StepRecord record;  // reused: its vectors keep their capacity
   for (;;) {
     const int ev = writer_events_.load(std::memory_order_acquire);
-    const uint64_t h = head_.load(std::memory_order_acquire);
+    const uint64_t h = queue_.head();
     while (t < h) {
-      slots_[t % slots_.size()].Unpack(rank_, &record);
+      queue_.Unpack(t, rank_, &record);
       ProcessStep(record);
+      queue_.Release(t);
       ++t;
-      tail_.store(t, std::memory_order_release);
     }
-    if (stop_.load(std::memory_order_acquire) && t == head_.load(std::memory_order_acquire)) break;
-    if (t == head_.load(std::memory_order_acquire)) IdleWait(writer_events_, ev, &idle);
+    if (stop_.load(std::memory_order_acquire) && t == queue_.head()) break;
+    if (t == queue_.head()) IdleWait(writer_events_, ev, &idle);
     else idle = 0;
   }
 }
@@ -249,10 +252,10 @@ void Recorder::Impl::EncoderLoop() {
 absl::Status Recorder::Impl::WaitWritten(uint64_t target, double timeout_s) {
   if (CurrentTid() == writer_tid_.load()) return absl::OkStatus();
   const double deadline = MonotonicSeconds() + timeout_s;
-  while (tail_.load(std::memory_order_acquire) < target) {
+  while (queue_.tail() < target) {
     if (MonotonicSeconds() > deadline) {
       return absl::DeadlineExceededError(absl::StrFormat("capture %s: the writer did not write %d queued steps in %gs",
-                                                         path_, target - tail_.load(), timeout_s));
+                                                         path_, target - queue_.tail(), timeout_s));
     }
     SleepMicros(100);
   }
@@ -276,13 +279,13 @@ absl::Status Recorder::Impl::WaitEncoded(double timeout_s) {
 
 absl::Status Recorder::Impl::Flush() {
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
-  return WaitWritten(head_.load(std::memory_order_acquire), 30.0);
+  return WaitWritten(queue_.head(), 30.0);
 }
 
 absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
   // The failure path may take time: drain the log, finish encoding the ring.
-  absl::Status status = WaitWritten(head_.load(std::memory_order_acquire), 30.0);
+  absl::Status status = WaitWritten(queue_.head(), 30.0);
   absl::Status encoded = WaitEncoded(30.0);
   if (status.ok()) status = encoded;
   absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
@@ -310,7 +313,7 @@ void Recorder::Impl::OnTerminate(const std::string& exception_type, const std::s
   f.reason = what;
   // The last step the recorder accepted is the one that was running or
   // had just run when the exception escaped.
-  const bool any = head_.load() > 0;
+  const bool any = queue_.head() > 0;
   f.stage = any ? ForwardModeName(last_accepted_mode_.load()) : "startup";
   if (any) f.step = last_accepted_step_.load();
   f.failure_class = FailureClass::kException;
@@ -334,8 +337,8 @@ void Recorder::Impl::OnFatalSignal(int sig) noexcept {
   // not encoded; encoding them here would allocate). Not when the writer is
   // the thread that crashed.
   if (self != writer_tid_.load()) {
-    const uint64_t accepted = head_.load(std::memory_order_acquire);
-    while (tail_.load(std::memory_order_acquire) < accepted && MonotonicSeconds() < deadline) SleepMicros(500);
+    const uint64_t accepted = queue_.head();
+    while (queue_.tail() < accepted && MonotonicSeconds() < deadline) SleepMicros(500);
   }
   if (self != encoder_tid_.load()) {
     while (ring_.staged_bytes() > 0 && MonotonicSeconds() < deadline) SleepMicros(500);
@@ -387,8 +390,9 @@ absl::Status Recorder::Impl::Close() {
 
 RecorderStats Recorder::Impl::stats() const {
   RecorderStats s;
-  s.steps_accepted = head_.load();
-  s.steps_written = tail_.load();
+  s.steps_accepted = queue_.head();
+  s.steps_written = queue_.tail();
+  s.steps_spilled = queue_.spilled();
   s.snapshots_accepted = ring_.accepted();
   s.snapshots_encoded = ring_.encoded();
   s.snapshots_dropped = ring_.dropped();

@@ -17,7 +17,7 @@
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_writer.h"
 #include "snapshot_ring.h"
-#include "step_slot.h"
+#include "step_queue.h"
 #include "weight_integrity.h"
 
 namespace crashreplay::capture {
@@ -65,11 +65,11 @@ class Recorder::Impl final : public internal::CrashTarget {
   const uint32_t rank_;
   std::unique_ptr<CaptureWriter> writer_;
 
-  // Step queue: slots_[seq % size], head_ = accepted, tail_ = written.
-  std::vector<internal::StepSlot> slots_;
+  // Step queue: head = accepted, tail = written. producer_mu_ orders
+  // concurrent RecordStep callers (uncontended in an engine: one scheduler
+  // thread per rank).
   std::mutex producer_mu_;
-  std::atomic<uint64_t> head_{0};
-  std::atomic<uint64_t> tail_{0};
+  internal::StepQueue queue_;
   std::atomic<int> writer_events_{0};
   std::atomic<int> encoder_events_{0};
   std::atomic<bool> stop_{false};

@@ -5,8 +5,28 @@
 
 #include "absl/strings/str_cat.h"
 #include "crashreplay/formats/hash.h"
+#include "stream_copy.h"
 
 namespace crashreplay::capture::internal {
+namespace {
+
+// The staging copy. The arena region a snapshot lands in was last read by
+// the encoder thread on another core (or not touched for a long time), so
+// an ordinary memcpy first pulls every destination line back (a
+// read-for-ownership per 64 bytes); streaming stores do not
+// (bench/recorder_bench: 16 MiB in 1.2-1.3 ms against 1.8-2.0 ms for memcpy
+// under the same conditions). Below 256 KiB the ordinary copy is as fast.
+void StageCopy(std::byte* dst, const void* src, size_t n) {
+  constexpr size_t kStreamFrom = 256 << 10;
+  if (n >= kStreamFrom) {
+    StreamCopy(dst, src, n);
+    StreamFence();  // visible before the entry is marked staged
+    return;
+  }
+  std::memcpy(dst, src, n);
+}
+
+}  // namespace
 
 SnapshotRing::SnapshotRing(uint64_t budget_bytes, uint32_t max_entries, uint32_t rank, const BlobEncodeOptions& blob)
     : budget_(budget_bytes), rank_(rank), blob_(blob), staged_(std::max<uint32_t>(max_entries, 1)),
@@ -115,7 +135,7 @@ absl::Status SnapshotRing::Submit(uint64_t step, std::span<const TensorView> ten
     st.shape.assign(t.shape.begin(), t.shape.end());
     st.offset = at;
     st.size = t.byte_size;
-    if (t.byte_size > 0) std::memcpy(arena_.get() + at, t.data, t.byte_size);
+    if (t.byte_size > 0) StageCopy(arena_.get() + at, t.data, t.byte_size);
     at += t.byte_size;
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -104,6 +104,37 @@ TEST(SnapshotRing, EncodedStoreKeepsTheMostRecentWithinTheBudgetAndWritesThemRea
   EXPECT_TRUE(r->Verify().status.ok()) << r->Verify().status;
 }
 
+// Large tensors are staged with streaming stores (from 256 KiB): a tensor at
+// an arena offset and a source address that are not 64-byte aligned, of a
+// size that is not a multiple of 64, comes back byte for byte.
+TEST(SnapshotRing, LargeUnalignedTensorsAreStagedByteExact) {
+  RecorderTempDir dir;
+  const std::string path = dir.path() + "/rank-00000.crcap";
+  SnapshotRing ring(kBudget, 4, 0, {});
+  const Snap small = MakeSnap(1001, 21);                 // puts the next tensor at arena offset 1001
+  const std::vector<std::byte> backing = RandomBytes((300 << 10) + 16, 22);
+  const std::span<const std::byte> large(backing.data() + 3, (300 << 10) + 13);  // source misaligned
+  const int64_t large_shape[] = {static_cast<int64_t>(large.size())};
+  const TensorView views[] = {small.view("small"), TensorView{"large", DType::kU8, large_shape, large.data(), large.size()}};
+  ASSERT_TRUE(ring.Submit(5, views).ok());
+  ASSERT_TRUE(ring.EncodeNext());
+  auto writer = CaptureWriter::Create(path, TestManifest());
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE(ring.WriteAll(writer->get()).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto r = ReadCapture(path);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->snapshots().size(), 1u);
+  const auto& tensors = r->snapshots()[0].tensors;
+  ASSERT_EQ(tensors.size(), 2u);
+  auto blob = r->ReadBlob(tensors[0].content_hash);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, small.bytes);
+  blob = r->ReadBlob(tensors[1].content_hash);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, std::vector<std::byte>(large.begin(), large.end()));
+}
+
 TEST(SnapshotRing, CompressibleSnapshotsAreKeptCompressed) {
   SnapshotRing ring(kBudget, 16, 0, {});
   std::vector<std::byte> zeros(512 << 10);

@@ -82,6 +82,11 @@ struct RecorderOptions {
   // (only when the writer is that far behind), then fails ResourceExhausted.
   uint32_t step_queue_slots = 256;
   double step_queue_wait_s = 1.0;
+  // The queue's records live in an arena of this many bytes, mapped and
+  // pre-faulted at Begin (docs/capture.md, "The step queue"). A step that
+  // finds no room while the writer is behind gets a buffer of its own
+  // (stats().steps_spilled); one larger than the arena grows it.
+  uint64_t step_queue_bytes = 8ull << 20;
 
   // Fatal-signal handlers (process-wide, chained to the previous ones).
   bool install_signal_handlers = true;
@@ -153,6 +158,7 @@ struct FailureInfo {
 struct RecorderStats {
   uint64_t steps_accepted = 0;
   uint64_t steps_written = 0;
+  uint64_t steps_spilled = 0;  // queued outside the arena (see step_queue_bytes)
   uint64_t snapshots_accepted = 0;
   uint64_t snapshots_encoded = 0;
   uint64_t snapshots_dropped = 0;
