@@ -1,8 +1,17 @@
 // `crashreplay replay CAPTURE [--step N] [--config FILE] [--set k=v]...
-// [--json] [--trace OUT.json]`: re-executes a recorded step kernel by kernel
-// and says whether it reproduced, diverged or failed (docs/replay.md).
+// [--json] [--trace OUT.json] [--dump DIR [--dump-kernels PATTERNS]]`:
+// re-executes a recorded step kernel by kernel and says whether it
+// reproduced, diverged or failed (docs/replay.md).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,13 +22,39 @@
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/replay/replay_session.h"
+#include "crashreplay/replay/step_dump.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {
+namespace {
+
+// An output that cannot be written is a data error (exit 3, docs/cli.md),
+// never exit 1, which bisection would read as "the replay failed".
+int OutputError(const std::string& message) {
+  std::fprintf(stderr, "crashreplay: %s\n", message.c_str());
+  return kExitDataError;
+}
+
+// Creates DIR and checks that a file can be created in it, before the replay
+// runs, so an unwritable --dump fails fast and names the path.
+std::optional<std::string> PrepareDumpDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return "--dump " + dir + ": cannot create the directory: " + ec.message();
+  if (!std::filesystem::is_directory(dir, ec)) return "--dump " + dir + ": not a directory";
+  const std::string probe = dir + "/.crashreplay-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return "--dump " + dir + ": cannot create files in the directory: " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return std::nullopt;
+}
+
+}  // namespace
 
 int RunReplay(int argc, char** argv) {
   CLI::App app("Replay one recorded step kernel by kernel under a configuration.", "replay");
-  std::string capture_path, config_file, trace, model_dir, stop_after;
+  std::string capture_path, config_file, trace, model_dir, stop_after, dump_dir, dump_kernels;
   std::vector<std::string> sets;
   int64_t step = -1;
   int threads = 0;
@@ -32,8 +67,18 @@ int RunReplay(int argc, char** argv) {
   app.add_option("--stop-after", stop_after, "stop after this kernel label, e.g. L0.attention");
   app.add_option("--threads", threads, "CPU threads (never changes results)");
   app.add_option("--trace", trace, "write a Chrome/Perfetto trace of the step's kernels");
+  app.add_option("--dump", dump_dir,
+                 "write the step's kernel outputs (logits included) to DIR/step<N>.rank<R>.safetensors");
+  app.add_option("--dump-kernels", dump_kernels,
+                 "kernels to dump: comma-separated globs over labels (L<layer>.<kernel>, or <kernel> outside "
+                 "layers), e.g. 'L*.attention,logits_*'; default every kernel");
   app.add_flag("--json", json, "print the report as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  if (!dump_kernels.empty() && dump_dir.empty()) {
+    return ReportError(absl::InvalidArgumentError("--dump-kernels needs --dump DIR"));
+  }
+  auto patterns = replay::KernelPatterns::Parse(dump_kernels);
+  if (!patterns.ok()) return ReportError(patterns.status());
 
   auto cap = replay::LoadCapture(capture_path);
   if (!cap.ok()) return ReportError(cap.status());
@@ -63,6 +108,27 @@ int RunReplay(int argc, char** argv) {
       for (int32_t p : r.page_table) max_page = std::max<int64_t>(max_page, p + 1);
   replay::Engine engine(std::move(*model), ec, threads, max_page);
 
+  const bool step_in_range = step < static_cast<int64_t>(cap->steps.size());
+  if (!engine.plan().fault && !(cap->steps.empty() && cap->failure) && !step_in_range) {
+    return ReportError(absl::InvalidArgumentError("--step " + std::to_string(step) + ": the capture has " +
+                                                  std::to_string(cap->steps.size()) + " steps"));
+  }
+  std::unique_ptr<replay::StepDump> dump;
+  std::string dump_path;
+  if (!dump_dir.empty()) {
+    if (step_in_range) {
+      // The kernel list depends on the model and the batch, not on data:
+      // list it without running anything to check the patterns.
+      std::vector<std::string> labels;
+      const std::unique_ptr<replay::StepProgram> program = engine.Prepare(cap->steps[step].input);
+      for (const replay::KernelCall& k : program->kernels()) labels.push_back(k.Label());
+      if (absl::Status s = patterns->CheckAgainst(labels); !s.ok()) return ReportError(s);
+    }
+    if (auto err = PrepareDumpDir(dump_dir)) return OutputError(*err);
+    dump_path = dump_dir + "/" + replay::DumpFileName(step, static_cast<int>(cap->manifest.parallel.rank));
+    dump = std::make_unique<replay::StepDump>(std::move(*patterns));
+  }
+
   replay::ReplayReport rep;
   if (engine.plan().fault || cap->steps.empty() || step >= static_cast<int64_t>(cap->steps.size())) {
     rep.step = step;
@@ -79,7 +145,20 @@ int RunReplay(int argc, char** argv) {
                                                     std::to_string(cap->steps.size()) + " steps"));
     }
   } else {
-    rep = replay::ReplayStep(engine, cap->steps, step, stop_after);
+    replay::ReplayOptions options;
+    options.stop_after = stop_after;
+    options.observer = dump.get();
+    rep = replay::ReplayStep(engine, cap->steps, step, options);
+  }
+  if (dump) {
+    replay::DumpContext ctx;
+    std::error_code fs_ec;
+    ctx.capture = std::filesystem::absolute(capture_path, fs_ec).lexically_normal().string();
+    ctx.step = step;
+    ctx.rank = static_cast<int>(cap->manifest.parallel.rank);
+    ctx.config = config.Items();
+    ctx.start = "re-executed";
+    if (absl::Status s = dump->Write(dump_path, ctx, rep); !s.ok()) return OutputError(std::string(s.message()));
   }
   if (!trace.empty()) {
     std::ofstream out(trace);
@@ -91,6 +170,7 @@ int RunReplay(int argc, char** argv) {
     j["config"] = nlohmann::json::object();
     for (const auto& [k, v] : config.Items()) j["config"][k] = v;
     if (cap->failure) j["recorded_signature"] = cap->failure->Signature();
+    if (dump) j["dump"] = {{"path", dump_path}, {"tensors", dump->num_tensors()}, {"kernels", dump->dumped_kernels()}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("step %lld: %s (%s)\nweights: %s\n", static_cast<long long>(rep.step), rep.outcome.c_str(),
@@ -102,6 +182,10 @@ int RunReplay(int argc, char** argv) {
     }
     if (rep.fault) std::printf("fault: %s\n  %s\n", rep.fault->Signature().c_str(), rep.fault->message.c_str());
     if (!rep.first_nonfinite.empty()) std::printf("first non-finite output: %s\n", rep.first_nonfinite.c_str());
+    if (dump) {
+      std::printf("dump: %s (%zu tensors from %zu kernels)\n", dump_path.c_str(), dump->num_tensors(),
+                  dump->dumped_kernels().size());
+    }
   }
   return rep.outcome == "reproduced" ? kExitOk : kExitFailed;
 }

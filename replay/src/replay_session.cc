@@ -46,7 +46,8 @@ nlohmann::json ReplayReport::ToJson() const {
 }
 
 ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
-                        const std::string& stop_after) {
+                        const ReplayOptions& options) {
+  const std::string& stop_after = options.stop_after;
   ReplayReport rep;
   rep.step = target;
   if (engine.plan().fault) {
@@ -76,6 +77,7 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   size_t next_digest = 0;
   while (!prog->done()) {
     prog->RunNext();
+    if (options.observer != nullptr) options.observer->AfterKernel(*prog, prog->records().size() - 1);
     const KernelRecord& k = prog->records().back();
     // Kernel digests are compared in order; the first mismatch names where
     // the step went another way.

@@ -72,11 +72,33 @@ struct ReplayReport {
   nlohmann::json ToJson() const;
 };
 
+// Sees the target step's kernels as they run (StepDump, step_dump.h).
+// AfterKernel is called right after kernel `index` of `program` ran (its
+// record is records()[index], failed or not), before the next kernel can
+// overwrite the buffers it wrote: the step reuses one buffer per role
+// ("q", "hidden") across layers, so an observer that keeps outputs must
+// copy them here.
+class KernelObserver {
+ public:
+  virtual ~KernelObserver() = default;
+  virtual void AfterKernel(const StepProgram& program, size_t index) = 0;
+};
+
+struct ReplayOptions {
+  std::string stop_after;              // a kernel label ("L3.attention") or "" (run the whole step)
+  KernelObserver* observer = nullptr;  // the target step's kernels
+};
+
 // Replays `log` up to `target` (an index into the log) on `engine`, whose KV
-// cache must be fresh. `stop_after`: a kernel label ("L3.attention") or ""
-// (run the whole step).
+// cache must be fresh.
 ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
-                        const std::string& stop_after = "");
+                        const ReplayOptions& options);
+inline ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
+                               const std::string& stop_after = "") {
+  ReplayOptions o;
+  o.stop_after = stop_after;
+  return ReplayStep(engine, log, target, o);
+}
 
 // Chrome/Perfetto trace ("traceEvents", complete events) of a step's kernels.
 nlohmann::json ChromeTrace(const std::vector<KernelRecord>& kernels, int64_t step);
