@@ -50,6 +50,44 @@ std::optional<std::string> PrepareDumpDir(const std::string& dir) {
   return std::nullopt;
 }
 
+// Decides how the state of `step` is rebuilt: from the capture's snapshot of
+// that step when there is one, the configuration is the recorded one (the
+// snapshot holds the state the recorded configuration produced; under
+// another, re-execution is what computes the state that configuration
+// would have reached) and the snapshot reads back and fits the engine; else
+// by re-execution. Restores the state into `engine` and sets
+// options->state_restored when the snapshot is used; returns the reason it
+// is not ("" when used). An unusable snapshot (corrupt blob, wrong shape) is
+// a warning on stderr naming it, then re-execution: the step log alone
+// rebuilds the same state.
+std::string ChooseStart(const replay::LoadedCapture& cap, const replay::Config& config, int64_t step, bool from_start,
+                        replay::Engine* engine, replay::ReplayOptions* options) {
+  if (from_start) return "--from-start";
+  const int64_t recorded = cap.steps[step].input.step;
+  auto it = cap.snapshots.find(recorded);
+  if (it == cap.snapshots.end()) {
+    if (cap.snapshots.empty()) return "the capture holds no snapshot";
+    return "no snapshot of step " + std::to_string(recorded) + " (the capture holds steps " +
+           std::to_string(cap.snapshots.begin()->first) + ".." + std::to_string(cap.snapshots.rbegin()->first) + ")";
+  }
+  std::string differs;
+  for (const std::string& name : config.DiffNames(cap.config)) {
+    if (name != "device") differs += (differs.empty() ? "" : ", ") + name;  // the backend does not change the bits
+  }
+  if (!differs.empty()) {
+    return "the configuration differs from the recording (" + differs + "); the snapshot holds the recorded state";
+  }
+  absl::StatusOr<replay::StepState> state = replay::LoadStepState(cap, recorded);
+  absl::Status s = state.ok() ? engine->RestoreState(*state, cap.steps[step].input) : state.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "crashreplay: warning: %s; re-executing steps 0..%lld instead\n",
+                 std::string(s.message()).c_str(), static_cast<long long>(step - 1));
+    return "snapshot unusable: " + std::string(s.message());
+  }
+  options->state_restored = true;
+  return "";
+}
+
 }  // namespace
 
 int RunReplay(int argc, char** argv) {
@@ -58,7 +96,7 @@ int RunReplay(int argc, char** argv) {
   std::vector<std::string> sets;
   int64_t step = -1;
   int threads = 0;
-  bool json = false;
+  bool json = false, from_start = false;
   app.add_option("CAPTURE", capture_path, "capture file or session directory")->required();
   app.add_option("--step", step, "step to replay (default: the failing step, else the last)");
   app.add_option("--config", config_file, "flat TOML configuration applied over the recorded one");
@@ -72,6 +110,8 @@ int RunReplay(int argc, char** argv) {
   app.add_option("--dump-kernels", dump_kernels,
                  "kernels to dump: comma-separated globs over labels (L<layer>.<kernel>, or <kernel> outside "
                  "layers), e.g. 'L*.attention,logits_*'; default every kernel");
+  app.add_flag("--from-start", from_start,
+               "rebuild the state by re-executing steps 0..N-1 even when a snapshot of step N is in the capture");
   app.add_flag("--json", json, "print the report as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
   if (!dump_kernels.empty() && dump_dir.empty()) {
@@ -148,7 +188,9 @@ int RunReplay(int argc, char** argv) {
     replay::ReplayOptions options;
     options.stop_after = stop_after;
     options.observer = dump.get();
+    const std::string start_note = ChooseStart(*cap, config, step, from_start, &engine, &options);
     rep = replay::ReplayStep(engine, cap->steps, step, options);
+    rep.start_note = start_note;
   }
   if (dump) {
     replay::DumpContext ctx;
@@ -157,7 +199,7 @@ int RunReplay(int argc, char** argv) {
     ctx.step = step;
     ctx.rank = static_cast<int>(cap->manifest.parallel.rank);
     ctx.config = config.Items();
-    ctx.start = "re-executed";
+    ctx.start = rep.start;
     if (absl::Status s = dump->Write(dump_path, ctx, rep); !s.ok()) return OutputError(std::string(s.message()));
   }
   if (!trace.empty()) {
@@ -175,6 +217,12 @@ int RunReplay(int argc, char** argv) {
   } else {
     std::printf("step %lld: %s (%s)\nweights: %s\n", static_cast<long long>(rep.step), rep.outcome.c_str(),
                 rep.detail.c_str(), weights_note.c_str());
+    if (rep.start == "snapshot") {
+      std::printf("start: snapshot of step %lld\n", static_cast<long long>(rep.snapshot_step));
+    } else {
+      std::printf("start: re-executed steps 0..%lld%s%s%s\n", static_cast<long long>(rep.step - 1),
+                  rep.start_note.empty() ? "" : " (", rep.start_note.c_str(), rep.start_note.empty() ? "" : ")");
+    }
     std::printf("%-28s %10s %6s %6s %12s  %s\n", "kernel", "micros", "nan", "inf", "max|x|", "digest");
     for (const auto& k : rep.kernels) {
       std::printf("%-28s %10.1f %6lld %6lld %12.5g  %s%s\n", k.label.c_str(), k.micros, static_cast<long long>(k.nan),

@@ -42,6 +42,9 @@ nlohmann::json ReplayReport::ToJson() const {
   if (diverged_step >= 0) j["diverged"] = {{"step", diverged_step}, {"kernel", diverged_kernel}};
   if (fault) j["matches_recorded_failure"] = matches_recorded_failure;
   j["detail"] = detail;
+  j["start"] = start;
+  if (snapshot_step >= 0) j["snapshot_step"] = snapshot_step;
+  if (!start_note.empty()) j["start_note"] = start_note;
   return j;
 }
 
@@ -56,8 +59,12 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
     rep.detail = rep.fault->message;
     return rep;
   }
+  if (options.state_restored) {
+    rep.start = "snapshot";
+    rep.snapshot_step = target;
+  }
   // Rebuild the KV cache: re-execute every earlier step as recorded.
-  for (int64_t i = 0; i < target; ++i) {
+  for (int64_t i = 0; i < target && !options.state_restored; ++i) {
     auto prog = engine.Prepare(log[i].input);
     prog->RunAll();
     if (prog->fault()) {

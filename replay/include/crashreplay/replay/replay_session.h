@@ -1,6 +1,6 @@
 // Replay of recorded steps: rebuild the engine state by re-executing the step
-// log, then run the target step kernel by kernel and compare it with what was
-// recorded.
+// log (or restore it from a snapshot, step_state.h), then run the target step
+// kernel by kernel and compare it with what was recorded.
 //
 // A RecordedStep is what the step log holds for one scheduler step: its exact
 // inputs (batch rows, tokens, positions, page-table rows, sampling parameters
@@ -68,6 +68,9 @@ struct ReplayReport {
   std::string diverged_kernel;        // label, when a kernel digest differs
   bool matches_recorded_failure = false;
   std::string detail;                 // one line for people
+  std::string start = "re-executed";  // re-executed | snapshot
+  int64_t snapshot_step = -1;         // the snapshot's step, when start is "snapshot"
+  std::string start_note;             // why a snapshot was not used, when one might have been
 
   nlohmann::json ToJson() const;
 };
@@ -87,10 +90,16 @@ class KernelObserver {
 struct ReplayOptions {
   std::string stop_after;              // a kernel label ("L3.attention") or "" (run the whole step)
   KernelObserver* observer = nullptr;  // the target step's kernels
+  // The engine's KV cache already holds the target step's state, restored
+  // from a snapshot (Engine::RestoreState): run the target step only.
+  bool state_restored = false;
 };
 
 // Replays `log` up to `target` (an index into the log) on `engine`, whose KV
-// cache must be fresh.
+// cache must be fresh (or hold the target's state: state_restored). The
+// report's `start` says which: "re-executed" (steps 0..target-1 ran again,
+// their digests compared) or "snapshot" (only the target step ran; earlier
+// steps are not compared).
 ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
                         const ReplayOptions& options);
 inline ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
