@@ -34,25 +34,6 @@ void OnSigint(int) {
   ::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
-absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
-  std::string digits = text;
-  uint64_t mult = 1;
-  if (!digits.empty()) {
-    switch (digits.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      case 'T': case 't': mult = 1ull << 40; break;
-      default: break;
-    }
-    if (mult != 1) digits.pop_back();
-  }
-  uint64_t v = 0;
-  if (!absl::SimpleAtoi(digits, &v) || v == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--memory-limit '", text, "': expected bytes, e.g. 8G or 8589934592"));
-  }
-  return v * mult;
-}
 
 std::string SelfPath(const char* argv0) {
   char buf[4096];
@@ -130,7 +111,7 @@ int RunBisectCommand(int argc, char** argv) {
   if (timeout > 0) limits.timeout_s = timeout;
   limits.kill_grace_s = kill_grace;
   if (!memory_limit.empty()) {
-    auto bytes = ParseBytes(memory_limit);
+    auto bytes = ParseBytes("--memory-limit", memory_limit);
     if (!bytes.ok()) return ReportError(bytes.status());
     limits.memory_limit_bytes = *bytes;
   }

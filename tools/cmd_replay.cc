@@ -1,8 +1,17 @@
 // `crashreplay replay CAPTURE [--step N] [--config FILE] [--set k=v]...
-// [--json] [--trace OUT.json]`: re-executes a recorded step kernel by kernel
-// and says whether it reproduced, diverged or failed (docs/replay.md).
+// [--json] [--trace OUT.json] [--dump DIR [--dump-kernels PATTERNS]]`:
+// re-executes a recorded step kernel by kernel and says whether it
+// reproduced, diverged or failed (docs/replay.md).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,17 +22,81 @@
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/replay/replay_session.h"
+#include "crashreplay/replay/step_dump.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {
+namespace {
+
+// An output that cannot be written is a data error (exit 3, docs/cli.md),
+// never exit 1, which bisection would read as "the replay failed".
+int OutputError(const std::string& message) {
+  std::fprintf(stderr, "crashreplay: %s\n", message.c_str());
+  return kExitDataError;
+}
+
+// Creates DIR and checks that a file can be created in it, before the replay
+// runs, so an unwritable --dump fails fast and names the path.
+std::optional<std::string> PrepareDumpDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return "--dump " + dir + ": cannot create the directory: " + ec.message();
+  if (!std::filesystem::is_directory(dir, ec)) return "--dump " + dir + ": not a directory";
+  const std::string probe = dir + "/.crashreplay-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return "--dump " + dir + ": cannot create files in the directory: " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return std::nullopt;
+}
+
+// Decides how the state of `step` is rebuilt: from the capture's snapshot of
+// that step when there is one, the configuration is the recorded one (the
+// snapshot holds the state the recorded configuration produced; under
+// another, re-execution is what computes the state that configuration
+// would have reached) and the snapshot reads back and fits the engine; else
+// by re-execution. Restores the state into `engine` and sets
+// options->state_restored when the snapshot is used; returns the reason it
+// is not ("" when used). An unusable snapshot (corrupt blob, wrong shape) is
+// a warning on stderr naming it, then re-execution: the step log alone
+// rebuilds the same state.
+std::string ChooseStart(const replay::LoadedCapture& cap, const replay::Config& config, int64_t step, bool from_start,
+                        replay::Engine* engine, replay::ReplayOptions* options) {
+  if (from_start) return "--from-start";
+  const int64_t recorded = cap.steps[step].input.step;
+  auto it = cap.snapshots.find(recorded);
+  if (it == cap.snapshots.end()) {
+    if (cap.snapshots.empty()) return "the capture holds no snapshot";
+    return "no snapshot of step " + std::to_string(recorded) + " (the capture holds steps " +
+           std::to_string(cap.snapshots.begin()->first) + ".." + std::to_string(cap.snapshots.rbegin()->first) + ")";
+  }
+  std::string differs;
+  for (const std::string& name : config.DiffNames(cap.config)) {
+    if (name != "device") differs += (differs.empty() ? "" : ", ") + name;  // the backend does not change the bits
+  }
+  if (!differs.empty()) {
+    return "the configuration differs from the recording (" + differs + "); the snapshot holds the recorded state";
+  }
+  absl::StatusOr<replay::StepState> state = replay::LoadStepState(cap, recorded);
+  absl::Status s = state.ok() ? engine->RestoreState(*state, cap.steps[step].input) : state.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "crashreplay: warning: %s; re-executing steps 0..%lld instead\n",
+                 std::string(s.message()).c_str(), static_cast<long long>(step - 1));
+    return "snapshot unusable: " + std::string(s.message());
+  }
+  options->state_restored = true;
+  return "";
+}
+
+}  // namespace
 
 int RunReplay(int argc, char** argv) {
   CLI::App app("Replay one recorded step kernel by kernel under a configuration.", "replay");
-  std::string capture_path, config_file, trace, model_dir, stop_after;
+  std::string capture_path, config_file, trace, model_dir, stop_after, dump_dir, dump_kernels;
   std::vector<std::string> sets;
   int64_t step = -1;
   int threads = 0;
-  bool json = false;
+  bool json = false, from_start = false;
   app.add_option("CAPTURE", capture_path, "capture file or session directory")->required();
   app.add_option("--step", step, "step to replay (default: the failing step, else the last)");
   app.add_option("--config", config_file, "flat TOML configuration applied over the recorded one");
@@ -32,8 +105,20 @@ int RunReplay(int argc, char** argv) {
   app.add_option("--stop-after", stop_after, "stop after this kernel label, e.g. L0.attention");
   app.add_option("--threads", threads, "CPU threads (never changes results)");
   app.add_option("--trace", trace, "write a Chrome/Perfetto trace of the step's kernels");
+  app.add_option("--dump", dump_dir,
+                 "write the step's kernel outputs (logits included) to DIR/step<N>.rank<R>.safetensors");
+  app.add_option("--dump-kernels", dump_kernels,
+                 "kernels to dump: comma-separated globs over labels (L<layer>.<kernel>, or <kernel> outside "
+                 "layers), e.g. 'L*.attention,logits_*'; default every kernel");
+  app.add_flag("--from-start", from_start,
+               "rebuild the state by re-executing steps 0..N-1 even when a snapshot of step N is in the capture");
   app.add_flag("--json", json, "print the report as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  if (!dump_kernels.empty() && dump_dir.empty()) {
+    return ReportError(absl::InvalidArgumentError("--dump-kernels needs --dump DIR"));
+  }
+  auto patterns = replay::KernelPatterns::Parse(dump_kernels);
+  if (!patterns.ok()) return ReportError(patterns.status());
 
   auto cap = replay::LoadCapture(capture_path);
   if (!cap.ok()) return ReportError(cap.status());
@@ -63,6 +148,27 @@ int RunReplay(int argc, char** argv) {
       for (int32_t p : r.page_table) max_page = std::max<int64_t>(max_page, p + 1);
   replay::Engine engine(std::move(*model), ec, threads, max_page);
 
+  const bool step_in_range = step < static_cast<int64_t>(cap->steps.size());
+  if (!engine.plan().fault && !(cap->steps.empty() && cap->failure) && !step_in_range) {
+    return ReportError(absl::InvalidArgumentError("--step " + std::to_string(step) + ": the capture has " +
+                                                  std::to_string(cap->steps.size()) + " steps"));
+  }
+  std::unique_ptr<replay::StepDump> dump;
+  std::string dump_path;
+  if (!dump_dir.empty()) {
+    if (step_in_range) {
+      // The kernel list depends on the model and the batch, not on data:
+      // list it without running anything to check the patterns.
+      std::vector<std::string> labels;
+      const std::unique_ptr<replay::StepProgram> program = engine.Prepare(cap->steps[step].input);
+      for (const replay::KernelCall& k : program->kernels()) labels.push_back(k.Label());
+      if (absl::Status s = patterns->CheckAgainst(labels); !s.ok()) return ReportError(s);
+    }
+    if (auto err = PrepareDumpDir(dump_dir)) return OutputError(*err);
+    dump_path = dump_dir + "/" + replay::DumpFileName(step, static_cast<int>(cap->manifest.parallel.rank));
+    dump = std::make_unique<replay::StepDump>(std::move(*patterns));
+  }
+
   replay::ReplayReport rep;
   if (engine.plan().fault || cap->steps.empty() || step >= static_cast<int64_t>(cap->steps.size())) {
     rep.step = step;
@@ -79,7 +185,22 @@ int RunReplay(int argc, char** argv) {
                                                     std::to_string(cap->steps.size()) + " steps"));
     }
   } else {
-    rep = replay::ReplayStep(engine, cap->steps, step, stop_after);
+    replay::ReplayOptions options;
+    options.stop_after = stop_after;
+    options.observer = dump.get();
+    const std::string start_note = ChooseStart(*cap, config, step, from_start, &engine, &options);
+    rep = replay::ReplayStep(engine, cap->steps, step, options);
+    rep.start_note = start_note;
+  }
+  if (dump) {
+    replay::DumpContext ctx;
+    std::error_code fs_ec;
+    ctx.capture = std::filesystem::absolute(capture_path, fs_ec).lexically_normal().string();
+    ctx.step = step;
+    ctx.rank = static_cast<int>(cap->manifest.parallel.rank);
+    ctx.config = config.Items();
+    ctx.start = rep.start;
+    if (absl::Status s = dump->Write(dump_path, ctx, rep); !s.ok()) return OutputError(std::string(s.message()));
   }
   if (!trace.empty()) {
     std::ofstream out(trace);
@@ -91,10 +212,17 @@ int RunReplay(int argc, char** argv) {
     j["config"] = nlohmann::json::object();
     for (const auto& [k, v] : config.Items()) j["config"][k] = v;
     if (cap->failure) j["recorded_signature"] = cap->failure->Signature();
+    if (dump) j["dump"] = {{"path", dump_path}, {"tensors", dump->num_tensors()}, {"kernels", dump->dumped_kernels()}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("step %lld: %s (%s)\nweights: %s\n", static_cast<long long>(rep.step), rep.outcome.c_str(),
                 rep.detail.c_str(), weights_note.c_str());
+    if (rep.start == "snapshot") {
+      std::printf("start: snapshot of step %lld\n", static_cast<long long>(rep.snapshot_step));
+    } else {
+      std::printf("start: re-executed steps 0..%lld%s%s%s\n", static_cast<long long>(rep.step - 1),
+                  rep.start_note.empty() ? "" : " (", rep.start_note.c_str(), rep.start_note.empty() ? "" : ")");
+    }
     std::printf("%-28s %10s %6s %6s %12s  %s\n", "kernel", "micros", "nan", "inf", "max|x|", "digest");
     for (const auto& k : rep.kernels) {
       std::printf("%-28s %10.1f %6lld %6lld %12.5g  %s%s\n", k.label.c_str(), k.micros, static_cast<long long>(k.nan),
@@ -102,6 +230,10 @@ int RunReplay(int argc, char** argv) {
     }
     if (rep.fault) std::printf("fault: %s\n  %s\n", rep.fault->Signature().c_str(), rep.fault->message.c_str());
     if (!rep.first_nonfinite.empty()) std::printf("first non-finite output: %s\n", rep.first_nonfinite.c_str());
+    if (dump) {
+      std::printf("dump: %s (%zu tensors from %zu kernels)\n", dump_path.c_str(), dump->num_tensors(),
+                  dump->dumped_kernels().size());
+    }
   }
   return rep.outcome == "reproduced" ? kExitOk : kExitFailed;
 }

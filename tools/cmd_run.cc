@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "command.h"
 #include "crashreplay/replay/executor.h"
 #include "commands_decl.h"
@@ -82,7 +83,7 @@ class DumpObserver : public replay::StepObserver {
 
 int RunRun(int argc, char** argv) {
   CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
-  std::string model_dir, config_file, record, dump_dir;
+  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "16M";
   std::vector<std::string> prompts, prompt_ids, sets;
   int64_t max_new = 16;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -102,9 +103,25 @@ int RunRun(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--threads", threads, "CPU threads (default CRASHREPLAY_THREADS or 1); never changes results");
   app.add_option("--record", record, "write a capture session of the run to this directory");
+  app.add_option("--snapshots", snapshots,
+                 "with --record: keep state snapshots of the last N steps (written on failure and at the end), "
+                 "or 'off'")->default_str("4");
+  app.add_option("--snapshot-budget", snapshot_budget,
+                 "with --record: host memory for the snapshot ring (bytes, or with K/M/G)")->default_str("16M");
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_flag("--json", json, "print the result as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+
+  replay::SnapshotOptions snapshot_options;
+  if (snapshots == "off") {
+    snapshot_options.steps = 0;
+  } else if (!absl::SimpleAtoi(snapshots, &snapshot_options.steps) || snapshot_options.steps == 0 ||
+             snapshot_options.steps > 4096) {
+    return ReportError(absl::InvalidArgumentError("--snapshots '" + snapshots + "': expected 1..4096 or 'off'"));
+  }
+  auto budget = ParseBytes("--snapshot-budget", snapshot_budget);
+  if (!budget.ok()) return ReportError(budget.status());
+  snapshot_options.budget_bytes = *budget;
 
   replay::Config config = replay::Config::Defaults();
   if (!config_file.empty()) {
@@ -150,7 +167,7 @@ int RunRun(int argc, char** argv) {
   replay::Engine engine(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
   std::unique_ptr<replay::CaptureRecorder> recorder;
   if (!record.empty()) {
-    auto rec = replay::CaptureRecorder::Begin(record, model_dir, config, engine.model());
+    auto rec = replay::CaptureRecorder::Begin(record, model_dir, config, engine.model(), snapshot_options);
     if (!rec.ok()) return ReportError(rec.status());
     recorder = std::move(*rec);
   }
@@ -163,6 +180,9 @@ int RunRun(int argc, char** argv) {
   // Both observers see every step.
   struct Tee : replay::StepObserver {
     std::vector<replay::StepObserver*> to;
+    void StateBeforeStep(const replay::StepInput& in, const replay::KvCache& kv) override {
+      for (auto* o : to) o->StateBeforeStep(in, kv);
+    }
     void BeforeStep(const replay::StepInput& in) override {
       for (auto* o : to) o->BeforeStep(in);
     }
@@ -176,7 +196,12 @@ int RunRun(int argc, char** argv) {
   if (dump && !dump->status().ok()) return ReportError(dump->status());
   if (recorder) {
     if (absl::Status s = recorder->Finish(r.fault); !s.ok()) return ReportError(s);
-    if (!json) std::printf("recorded %s\n", recorder->path().c_str());
+    if (!json) {
+      const capture::RecorderStats st = recorder->stats();
+      std::printf("recorded %s (%llu state snapshots taken, %llu dropped)\n", recorder->path().c_str(),
+                  static_cast<unsigned long long>(st.snapshots_accepted),
+                  static_cast<unsigned long long>(st.snapshots_dropped));
+    }
   }
 
   if (json) {

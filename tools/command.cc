@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
+
 #include "exit_codes.h"
 
 namespace crashreplay::tools {
@@ -37,6 +39,26 @@ int ReportError(const absl::Status& status) {
     default:
       return kExitFailed;
   }
+}
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& text) {
+  std::string digits = text;
+  uint64_t mult = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K': case 'k': mult = 1ull << 10; break;
+      case 'M': case 'm': mult = 1ull << 20; break;
+      case 'G': case 'g': mult = 1ull << 30; break;
+      case 'T': case 't': mult = 1ull << 40; break;
+      default: break;
+    }
+    if (mult != 1) digits.pop_back();
+  }
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(digits, &v) || v == 0) {
+    return absl::InvalidArgumentError(flag + " '" + text + "': expected bytes, e.g. 8G or 8589934592");
+  }
+  return v * mult;
 }
 
 }  // namespace crashreplay::tools

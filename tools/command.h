@@ -7,13 +7,16 @@
 // CLI11 through ParseArgs, so `--help` goes to stdout and misuse to stderr.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 
 #include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace crashreplay::tools {
 
@@ -35,5 +38,9 @@ std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv);
 // fits the status (kExitDataError for corruption/not-found/unsupported data,
 // kExitUsage for invalid arguments, kExitFailed otherwise).
 int ReportError(const absl::Status& status);
+
+// A byte count given to `flag`: digits, optionally followed by K, M, G or T
+// (powers of 1024). InvalidArgument naming the flag for anything else or 0.
+absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& text);
 
 }  // namespace crashreplay::tools

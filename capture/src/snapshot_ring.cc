@@ -242,20 +242,32 @@ absl::StatusOr<uint64_t> SnapshotRing::WriteAll(CaptureWriter* writer) {
     if (s.state.compare_exchange_strong(expected, kWriting)) order.push_back(&s);
   }
   std::sort(order.begin(), order.end(), [](const EncodedSlot* a, const EncodedSlot* b) { return a->seq < b->seq; });
+  // Snapshots an earlier WriteAll put in the file (OnFailure, then Close
+  // with write_snapshots_on_close) are not written twice.
+  const uint64_t written_before = written_seq_.load(std::memory_order_acquire);
   absl::Status status;
+  uint64_t written = 0, last = written_before;
   for (EncodedSlot* s : order) {
-    for (const EncodedFrame& f : s->frames) {
-      if (status.ok()) status = writer->Append(f);
+    if (s->seq > written_before) {
+      for (const EncodedFrame& f : s->frames) {
+        if (status.ok()) status = writer->Append(f);
+      }
+      if (status.ok()) {
+        written += 1;
+        last = std::max(last, s->seq);
+      }
     }
     s->state.store(kReady, std::memory_order_release);
   }
+  written_seq_.store(last, std::memory_order_release);
   if (!status.ok()) return status;
-  return order.size();
+  return written;
 }
 
 void SnapshotRing::WriteForSignal(CaptureWriter* writer) noexcept {
-  // Oldest first, without allocating: repeated minimum search (<= 64 slots).
-  uint64_t last_seq = 0;
+  // Oldest first, without allocating: repeated minimum search (<= 64 slots);
+  // what WriteAll already wrote is skipped.
+  uint64_t last_seq = written_seq_.load(std::memory_order_acquire);
   for (;;) {
     EncodedSlot* next = nullptr;
     for (EncodedSlot& s : slots_) {

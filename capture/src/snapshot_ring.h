@@ -46,9 +46,9 @@ class SnapshotRing {
   // Whether a staged snapshot waits for EncodeNext.
   bool HasStaged();
 
-  // Failure path (ordinary context): appends every encoded snapshot, oldest
-  // first, through writer->Append (indexed, blob-deduplicated). Returns the
-  // number of snapshots written.
+  // Failure path (ordinary context): appends every encoded snapshot not
+  // written by an earlier call, oldest first, through writer->Append
+  // (indexed, blob-deduplicated). Returns the number of snapshots written.
   absl::StatusOr<uint64_t> WriteAll(CaptureWriter* writer);
 
   // Signal handler: appends every encoded snapshot with write(2) only.
@@ -104,6 +104,7 @@ class SnapshotRing {
 
   std::atomic<uint64_t> accepted_{0}, encoded_count_{0}, dropped_{0}, bytes_dropped_{0};
   std::atomic<uint64_t> staged_bytes_{0}, encoded_bytes_{0};
+  std::atomic<uint64_t> written_seq_{0};  // highest seq WriteAll put in the file
 };
 
 }  // namespace crashreplay::capture::internal

@@ -1,5 +1,7 @@
 #include "crashreplay/replay/capture_io.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -33,7 +35,8 @@ std::string ToText(const crashreplay::ToggleValue& v) {
 
 absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const std::string& session_dir,
                                                                         const std::string& checkpoint_dir,
-                                                                        const Config& config, const Model& model) {
+                                                                        const Config& config, const Model& model,
+                                                                        const SnapshotOptions& snapshots) {
   SessionManifest m;
   m.engine = "crashreplay";
   m.engine_version = CRASHREPLAY_VERSION;
@@ -73,9 +76,31 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
   o.session_dir = session_dir;
   o.overwrite = true;
   o.install_signal_handlers = false;
+  // The ring holds the last `steps` snapshots within the budget; it is
+  // written on failure (OnFailure) and, for the built-in engine, on a clean
+  // close too, so that any capture can start a replay from a snapshot.
+  o.max_snapshots = std::max<uint32_t>(snapshots.steps, 1);
+  o.snapshot_ring_bytes = snapshots.steps == 0 ? 0 : snapshots.budget_bytes;
+  o.write_snapshots_on_close = snapshots.steps > 0;
   auto rec = std::unique_ptr<CaptureRecorder>(new CaptureRecorder());
+  rec->snapshots_ = snapshots;
   CR_ASSIGN_OR_RETURN(rec->recorder_, capture::Recorder::Begin(m, o));
   return rec;
+}
+
+void CaptureRecorder::StateBeforeStep(const StepInput& in, const KvCache& kv) {
+  if (!status_.ok() || snapshots_.steps == 0) return;
+  const StepState s = CaptureState(in, kv);
+  const std::vector<int64_t> rows_shape = {static_cast<int64_t>(in.rows.size()), 2};
+  const std::vector<int64_t> pages_shape = {static_cast<int64_t>(s.pages.size())};
+  std::vector<capture::TensorView> views;
+  views.push_back(capture::TensorView{"state.rows", DType::kI64, rows_shape, s.rows.data(), s.rows.size() * 8});
+  if (!s.pages.empty()) {
+    views.push_back(capture::TensorView{"kv.pages", DType::kI32, pages_shape, s.pages.data(), s.pages.size() * 4});
+    views.push_back(capture::TensorView{"kv.k", s.kv_dtype, s.kv_shape, s.k.data(), s.k.size()});
+    views.push_back(capture::TensorView{"kv.v", s.kv_dtype, s.kv_shape, s.v.data(), s.v.size()});
+  }
+  status_ = recorder_->SubmitSnapshot(static_cast<uint64_t>(in.step), views);
 }
 
 void CaptureRecorder::BeforeStep(const StepInput&) {}
@@ -207,6 +232,9 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
     for (int64_t t : s.output_token_ids) rs.sampled.push_back(static_cast<int32_t>(t));
     out.steps.push_back(std::move(rs));
   }
+  for (const SnapshotRecord& sr : reader->snapshots()) {
+    if (sr.rank == out.manifest.parallel.rank) out.snapshots[static_cast<int64_t>(sr.step)] = sr;
+  }
   if (!reader->failures().empty()) {
     const FailureRecord& f = reader->failures().front();
     Fault fault;
@@ -229,7 +257,97 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
     }
     out.failure = fault;
   }
+  out.reader = std::move(reader);
   return out;
+}
+
+namespace {
+
+// One snapshot tensor, read back and checked against its descriptor.
+struct SnapshotTensor {
+  bool present = false;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+
+absl::StatusOr<SnapshotTensor> ReadSnapshotTensor(const CaptureReader& reader, const SnapshotRecord& rec,
+                                                  const std::string& where, const std::string& name, bool required) {
+  SnapshotTensor out;
+  const TensorDescriptor* d = nullptr;
+  for (const TensorDescriptor& t : rec.tensors) {
+    if (t.name == name) d = &t;
+  }
+  if (d == nullptr) {
+    if (!required) return out;
+    return absl::DataLossError(Cat(where, ": tensor '", name, "' is missing"));
+  }
+  const std::optional<DType> dt = ParseDType(d->dtype);
+  if (!dt) return absl::DataLossError(Cat(where, ": tensor '", name, "' has unknown dtype '", d->dtype, "'"));
+  uint64_t n = 1;
+  for (int64_t x : d->shape) {
+    if (x < 0 || x > (int64_t{1} << 40)) return absl::DataLossError(Cat(where, ": tensor '", name, "' has a bad shape"));
+    n *= static_cast<uint64_t>(x);
+  }
+  if (!d->stored || DTypeBytes(*dt, n) != d->byte_size) {
+    return absl::DataLossError(Cat(where, ": tensor '", name, "' is ", d->stored ? "inconsistent" : "not stored", " (",
+                                   d->byte_size, " bytes for ", d->dtype, " of ", n, " elements)"));
+  }
+  absl::StatusOr<std::vector<std::byte>> bytes = reader.ReadBlob(d->content_hash);
+  if (!bytes.ok()) {
+    const absl::StatusCode code = bytes.status().code() == absl::StatusCode::kResourceExhausted
+                                      ? absl::StatusCode::kResourceExhausted
+                                      : absl::StatusCode::kDataLoss;
+    return absl::Status(code, Cat(where, ": tensor '", name, "': ", bytes.status().message()));
+  }
+  if (bytes->size() != d->byte_size) {
+    return absl::DataLossError(
+        Cat(where, ": tensor '", name, "' decodes to ", bytes->size(), " bytes, not ", d->byte_size));
+  }
+  out.present = true;
+  out.dtype = *dt;
+  out.shape = d->shape;
+  out.bytes = std::move(*bytes);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StepState> LoadStepState(const LoadedCapture& cap, int64_t step) {
+  auto it = cap.snapshots.find(step);
+  if (it == cap.snapshots.end() || cap.reader == nullptr) {
+    return absl::NotFoundError(Cat("no snapshot of step ", step, " in the capture"));
+  }
+  const std::string where = Cat(cap.reader->path(), ": snapshot of step ", step);
+  const SnapshotRecord& rec = it->second;
+  StepState s;
+  s.step = step;
+  CR_ASSIGN_OR_RETURN(SnapshotTensor rows, ReadSnapshotTensor(*cap.reader, rec, where, "state.rows", true));
+  if (rows.dtype != DType::kI64 || rows.shape.size() != 2 || rows.shape[1] != 2) {
+    return absl::DataLossError(Cat(where, ": tensor 'state.rows' is not I64 [rows, 2]"));
+  }
+  s.rows.resize(rows.bytes.size() / 8);
+  std::memcpy(s.rows.data(), rows.bytes.data(), rows.bytes.size());
+  CR_ASSIGN_OR_RETURN(SnapshotTensor pages, ReadSnapshotTensor(*cap.reader, rec, where, "kv.pages", false));
+  if (!pages.present) return s;
+  if (pages.dtype != DType::kI32 || pages.shape.size() != 1) {
+    return absl::DataLossError(Cat(where, ": tensor 'kv.pages' is not I32 [pages]"));
+  }
+  s.pages.resize(pages.bytes.size() / 4);
+  std::memcpy(s.pages.data(), pages.bytes.data(), pages.bytes.size());
+  CR_ASSIGN_OR_RETURN(SnapshotTensor k, ReadSnapshotTensor(*cap.reader, rec, where, "kv.k", true));
+  CR_ASSIGN_OR_RETURN(SnapshotTensor v, ReadSnapshotTensor(*cap.reader, rec, where, "kv.v", true));
+  if (k.dtype != v.dtype || k.shape != v.shape || k.shape.size() != 5 ||
+      k.shape[1] != static_cast<int64_t>(s.pages.size())) {
+    return absl::DataLossError(Cat(where, ": tensors 'kv.k' and 'kv.v' do not agree with each other and 'kv.pages'"));
+  }
+  s.kv_dtype = k.dtype;
+  s.kv_shape = k.shape;
+  s.k.resize(k.bytes.size());
+  std::memcpy(s.k.data(), k.bytes.data(), k.bytes.size());
+  s.v.resize(v.bytes.size());
+  std::memcpy(s.v.data(), v.bytes.data(), v.bytes.size());
+  return s;
 }
 
 }  // namespace crashreplay::replay

@@ -30,6 +30,11 @@ std::unique_ptr<StepProgram> Engine::Prepare(const StepInput& input) {
   return std::make_unique<StepProgram>(*model_, config_, kv_.get(), &pool_, input);
 }
 
+absl::Status Engine::RestoreState(const StepState& state, const StepInput& input) {
+  if (!kv_) return absl::FailedPreconditionError("the memory plan failed: there is no KV cache to restore into");
+  return replay::RestoreState(state, input, kv_.get());
+}
+
 namespace {
 
 struct Running {
@@ -135,7 +140,10 @@ RunResult Engine::Run(const std::vector<Request>& requests, StepObserver* observ
         row_running.push_back(i);
       }
     }
-    if (observer) observer->BeforeStep(in);
+    if (observer) {
+      observer->StateBeforeStep(in, *kv_);
+      observer->BeforeStep(in);
+    }
     std::unique_ptr<StepProgram> prog = Prepare(in);
     prog->RunAll();
     if (observer) observer->AfterStep(*prog);

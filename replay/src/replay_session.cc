@@ -42,11 +42,15 @@ nlohmann::json ReplayReport::ToJson() const {
   if (diverged_step >= 0) j["diverged"] = {{"step", diverged_step}, {"kernel", diverged_kernel}};
   if (fault) j["matches_recorded_failure"] = matches_recorded_failure;
   j["detail"] = detail;
+  j["start"] = start;
+  if (snapshot_step >= 0) j["snapshot_step"] = snapshot_step;
+  if (!start_note.empty()) j["start_note"] = start_note;
   return j;
 }
 
 ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
-                        const std::string& stop_after) {
+                        const ReplayOptions& options) {
+  const std::string& stop_after = options.stop_after;
   ReplayReport rep;
   rep.step = target;
   if (engine.plan().fault) {
@@ -55,8 +59,12 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
     rep.detail = rep.fault->message;
     return rep;
   }
+  if (options.state_restored) {
+    rep.start = "snapshot";
+    rep.snapshot_step = target;
+  }
   // Rebuild the KV cache: re-execute every earlier step as recorded.
-  for (int64_t i = 0; i < target; ++i) {
+  for (int64_t i = 0; i < target && !options.state_restored; ++i) {
     auto prog = engine.Prepare(log[i].input);
     prog->RunAll();
     if (prog->fault()) {
@@ -76,6 +84,7 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   size_t next_digest = 0;
   while (!prog->done()) {
     prog->RunNext();
+    if (options.observer != nullptr) options.observer->AfterKernel(*prog, prog->records().size() - 1);
     const KernelRecord& k = prog->records().back();
     // Kernel digests are compared in order; the first mismatch names where
     // the step went another way.

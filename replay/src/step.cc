@@ -32,6 +32,35 @@ KvPoolView KvCache::View(int64_t layer, int rank) {
                     static_cast<int32_t>(head_dim_)};
 }
 
+size_t KvCache::page_bytes() const {
+  return static_cast<size_t>(page_size_) * kv_heads_ * head_dim_ * (fp8_ ? 1 : 2);
+}
+
+void KvCache::CopyPages(const std::vector<int32_t>& pages, std::vector<uint8_t>* k, std::vector<uint8_t>* v) const {
+  const size_t pb = page_bytes();
+  k->resize(k_.size() * pages.size() * pb);
+  v->resize(v_.size() * pages.size() * pb);
+  for (size_t plane = 0; plane < k_.size(); ++plane) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const size_t dst = (plane * pages.size() + i) * pb, src = static_cast<size_t>(pages[i]) * pb;
+      std::memcpy(k->data() + dst, k_[plane].data() + src, pb);
+      std::memcpy(v->data() + dst, v_[plane].data() + src, pb);
+    }
+  }
+}
+
+void KvCache::WritePages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& k,
+                         const std::vector<uint8_t>& v) {
+  const size_t pb = page_bytes();
+  for (size_t plane = 0; plane < k_.size(); ++plane) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const size_t src = (plane * pages.size() + i) * pb, dst = static_cast<size_t>(pages[i]) * pb;
+      std::memcpy(k_[plane].data() + dst, k.data() + src, pb);
+      std::memcpy(v_[plane].data() + dst, v.data() + src, pb);
+    }
+  }
+}
+
 namespace {
 constexpr int64_t kRowChunk = 32;
 

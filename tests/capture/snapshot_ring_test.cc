@@ -135,6 +135,34 @@ TEST(SnapshotRing, LargeUnalignedTensorsAreStagedByteExact) {
   EXPECT_EQ(*blob, std::vector<std::byte>(large.begin(), large.end()));
 }
 
+// OnFailure then Close (with write_snapshots_on_close) both write the ring:
+// what the first wrote is not written again, later snapshots are.
+TEST(SnapshotRing, ASecondWriteAllWritesOnlyWhatIsNew) {
+  RecorderTempDir dir;
+  const std::string path = dir.path() + "/rank-00000.crcap";
+  SnapshotRing ring(kBudget, 16, 0, {});
+  std::vector<Snap> snaps;
+  for (uint32_t i = 0; i < 3; ++i) snaps.push_back(MakeSnap(64 << 10, 30 + i));
+  auto writer = CaptureWriter::Create(path, TestManifest());
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (uint32_t i = 0; i < 2; ++i) {
+    const TensorView v = snaps[i].view();
+    ASSERT_TRUE(ring.Submit(i, {&v, 1}).ok());
+    ASSERT_TRUE(ring.EncodeNext());
+  }
+  EXPECT_EQ(*ring.WriteAll(writer->get()), 2u);
+  EXPECT_EQ(*ring.WriteAll(writer->get()), 0u);
+  const TensorView v = snaps[2].view();
+  ASSERT_TRUE(ring.Submit(2, {&v, 1}).ok());
+  ASSERT_TRUE(ring.EncodeNext());
+  EXPECT_EQ(*ring.WriteAll(writer->get()), 1u);
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto r = ReadCapture(path);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->snapshots().size(), 3u);
+  for (uint64_t k = 0; k < 3; ++k) EXPECT_EQ(r->snapshots()[k].step, k);
+}
+
 TEST(SnapshotRing, CompressibleSnapshotsAreKeptCompressed) {
   SnapshotRing ring(kBudget, 16, 0, {});
   std::vector<std::byte> zeros(512 << 10);

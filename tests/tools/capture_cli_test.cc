@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../replay/snapshot_test_util.h"
 #include "crashreplay/formats/capture_reader.h"
 
 namespace crashreplay {
@@ -194,5 +195,34 @@ TEST_F(CaptureCli, NewerMajorVersionExitsThreeSayingSo) {
   }
 }
 
+// A snapshot whose blob is damaged (the frame checksum still holds, so only
+// decoding finds it) is not used: replay warns naming the snapshot, its step
+// and the tensor, re-executes from step 0 and still reproduces the step.
+TEST_F(CaptureCli, ACorruptSnapshotFallsBackToReExecutionWithAWarning) {
+  ASSERT_EQ(Run("make-model " + dir_ + "/m --arch llama --quant bf16").exit_code, 0);
+  ASSERT_EQ(Run("run " + dir_ + "/m --prompt 'Say hello' --max-new-tokens 4 --record " + dir_ + "/cap").exit_code, 0);
+  Result good = Run("replay " + dir_ + "/cap --step 3 --json");
+  ASSERT_EQ(good.exit_code, 0) << good.err;
+  const nlohmann::json g = nlohmann::json::parse(good.out);
+  EXPECT_EQ(g["start"], "snapshot");
+
+  const std::string file = dir_ + "/cap/rank-00000.crcap";
+  ASSERT_TRUE(testing::CorruptSnapshotBlob(file, 3, "kv.v"));
+  Result r = Run("replay " + dir_ + "/cap --step 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["outcome"], "reproduced");
+  EXPECT_EQ(j["start"], "re-executed");
+  EXPECT_EQ(j["digest"], g["digest"]);
+  const std::string note = j["start_note"];
+  EXPECT_NE(note.find("snapshot of step 3"), std::string::npos) << note;
+  EXPECT_NE(note.find("'kv.v'"), std::string::npos) << note;
+  EXPECT_NE(r.err.find("warning"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+  // Other steps' snapshots are intact.
+  EXPECT_EQ(nlohmann::json::parse(Run("replay " + dir_ + "/cap --step 2 --json").out)["start"], "snapshot");
+}
+
 }  // namespace
 }  // namespace crashreplay
+

@@ -14,13 +14,19 @@
 //             kernel; the per-request RNG counter is implied (the number of
 //             earlier steps of that request);
 //   failure   the fault's message, stage and class, and its signature
-//             class/stage/kernel/check in exception_type.
+//             class/stage/kernel/check in exception_type;
+//   snapshots before every step, the state that step reads (step_state.h:
+//             the KV pages of its batch) goes to the recorder's bounded
+//             ring (the last SnapshotOptions::steps steps within
+//             budget_bytes); the ring is written on failure and on a clean
+//             close, so a capture holds the snapshots of its last steps.
 // One file per session (rank 0's), because one process emulates every rank.
 //
 // Errors: the recorder's and reader's statuses; InvalidArgument for a
 // capture whose steps the engine cannot rebuild (naming the step).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,20 +40,29 @@
 
 namespace crashreplay::replay {
 
+struct SnapshotOptions {
+  uint32_t steps = 4;                   // snapshots kept (the last steps); 0: none
+  uint64_t budget_bytes = 16ull << 20;  // the ring's byte budget (recorder.h)
+};
+
 class CaptureRecorder : public StepObserver {
  public:
   // Opens SESSION_DIR/rank-00000.crcap and writes the manifest.
   static absl::StatusOr<std::unique_ptr<CaptureRecorder>> Begin(const std::string& session_dir,
                                                                 const std::string& checkpoint_dir,
-                                                                const Config& config, const Model& model);
+                                                                const Config& config, const Model& model,
+                                                                const SnapshotOptions& snapshots = {});
+  void StateBeforeStep(const StepInput& input, const KvCache& kv) override;
   void BeforeStep(const StepInput& input) override;
   void AfterStep(const StepProgram& program) override;
   // Records the run's failure (if any) and closes the file.
   absl::Status Finish(const std::optional<Fault>& fault);
   const std::string& path() const { return recorder_->path(); }
+  capture::RecorderStats stats() const { return recorder_->stats(); }
 
  private:
   std::unique_ptr<capture::Recorder> recorder_;
+  SnapshotOptions snapshots_;
   absl::Status status_;
 };
 
@@ -58,9 +73,18 @@ struct LoadedCapture {
   int64_t failure_step = -1;        // its step, -1 when none or before the first step
   Config config = Config::Defaults();  // the recorded toggles
   std::vector<std::map<std::string, Hash128>> weights;  // per rank
+  std::map<int64_t, SnapshotRecord> snapshots;  // by step (the last record of a step wins)
+  std::shared_ptr<const CaptureReader> reader;  // for the snapshots' blobs
 };
 
 // `path`: a capture file or a session directory (its rank-00000.crcap).
 absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path);
+
+// The state snapshot of `step`, read and checked: NotFound when no snapshot
+// covers the step; DataLoss naming the file, the step and the tensor when a
+// tensor is missing, not stored, inconsistent (dtype, shape, byte size) or
+// its blob is corrupt (hash mismatch, undecodable). Whether the state fits
+// the engine is Engine::RestoreState's check.
+absl::StatusOr<StepState> LoadStepState(const LoadedCapture& capture, int64_t step);
 
 }  // namespace crashreplay::replay

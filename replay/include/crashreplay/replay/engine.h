@@ -8,9 +8,10 @@
 // failure (a planner OOM, a KV pool exhausted, a kernel check) stops the run
 // and is returned with its step's kernel records.
 //
-// Steps are also the unit of replay: RunStep executes a given StepInput (as
+// Steps are also the unit of replay: Prepare builds a given StepInput (as
 // recorded) against the engine's KV cache, so replaying step N is re-running
-// the recorded inputs of steps 0..N-1 and then step N kernel by kernel.
+// the recorded inputs of steps 0..N-1, or restoring step N's state snapshot
+// (RestoreState, step_state.h), and then step N kernel by kernel.
 // Thread safety: one thread drives an Engine.
 #pragma once
 
@@ -21,11 +22,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "crashreplay/replay/cpu_pool.h"
 #include "crashreplay/replay/fault.h"
 #include "crashreplay/replay/model.h"
 #include "crashreplay/replay/planner.h"
 #include "crashreplay/replay/step.h"
+#include "crashreplay/replay/step_state.h"
 #include "crashreplay/replay/toggles.h"
 
 namespace crashreplay::replay {
@@ -47,9 +50,12 @@ struct StepSummary {
 };
 
 // Hooks for a recorder: called around every step with the exact inputs.
+// StateBeforeStep comes first and sees the KV cache as the step will read it
+// (CaptureRecorder snapshots it: step_state.h).
 class StepObserver {
  public:
   virtual ~StepObserver() = default;
+  virtual void StateBeforeStep(const StepInput& /*input*/, const KvCache& /*kv*/) {}
   virtual void BeforeStep(const StepInput& input) = 0;
   virtual void AfterStep(const StepProgram& program) = 0;
 };
@@ -80,6 +86,13 @@ class Engine {
   // Builds the program of one recorded step against this engine's KV cache;
   // the caller runs it (whole, or kernel by kernel).
   std::unique_ptr<StepProgram> Prepare(const StepInput& input);
+
+  // Writes a recorded step's state (step_state.h) into the KV cache, so that
+  // Prepare(input) runs that step without re-executing its history. The
+  // cache must be fresh. InvalidArgument when the state does not fit `input`
+  // or this engine (naming the step); FailedPrecondition when the memory plan
+  // failed (there is no cache).
+  absl::Status RestoreState(const StepState& state, const StepInput& input);
 
  private:
   std::unique_ptr<Model> model_;

@@ -1,6 +1,6 @@
 // Replay of recorded steps: rebuild the engine state by re-executing the step
-// log, then run the target step kernel by kernel and compare it with what was
-// recorded.
+// log (or restore it from a snapshot, step_state.h), then run the target step
+// kernel by kernel and compare it with what was recorded.
 //
 // A RecordedStep is what the step log holds for one scheduler step: its exact
 // inputs (batch rows, tokens, positions, page-table rows, sampling parameters
@@ -68,15 +68,46 @@ struct ReplayReport {
   std::string diverged_kernel;        // label, when a kernel digest differs
   bool matches_recorded_failure = false;
   std::string detail;                 // one line for people
+  std::string start = "re-executed";  // re-executed | snapshot
+  int64_t snapshot_step = -1;         // the snapshot's step, when start is "snapshot"
+  std::string start_note;             // why a snapshot was not used, when one might have been
 
   nlohmann::json ToJson() const;
 };
 
+// Sees the target step's kernels as they run (StepDump, step_dump.h).
+// AfterKernel is called right after kernel `index` of `program` ran (its
+// record is records()[index], failed or not), before the next kernel can
+// overwrite the buffers it wrote: the step reuses one buffer per role
+// ("q", "hidden") across layers, so an observer that keeps outputs must
+// copy them here.
+class KernelObserver {
+ public:
+  virtual ~KernelObserver() = default;
+  virtual void AfterKernel(const StepProgram& program, size_t index) = 0;
+};
+
+struct ReplayOptions {
+  std::string stop_after;              // a kernel label ("L3.attention") or "" (run the whole step)
+  KernelObserver* observer = nullptr;  // the target step's kernels
+  // The engine's KV cache already holds the target step's state, restored
+  // from a snapshot (Engine::RestoreState): run the target step only.
+  bool state_restored = false;
+};
+
 // Replays `log` up to `target` (an index into the log) on `engine`, whose KV
-// cache must be fresh. `stop_after`: a kernel label ("L3.attention") or ""
-// (run the whole step).
+// cache must be fresh (or hold the target's state: state_restored). The
+// report's `start` says which: "re-executed" (steps 0..target-1 ran again,
+// their digests compared) or "snapshot" (only the target step ran; earlier
+// steps are not compared).
 ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
-                        const std::string& stop_after = "");
+                        const ReplayOptions& options);
+inline ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
+                               const std::string& stop_after = "") {
+  ReplayOptions o;
+  o.stop_after = stop_after;
+  return ReplayStep(engine, log, target, o);
+}
 
 // Chrome/Perfetto trace ("traceEvents", complete events) of a step's kernels.
 nlohmann::json ChromeTrace(const std::vector<KernelRecord>& kernels, int64_t step);

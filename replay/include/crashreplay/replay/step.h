@@ -59,6 +59,16 @@ class KvCache {
   KvPoolView View(int64_t layer, int rank);
   int64_t pages() const { return pages_; }
   int page_size() const { return page_size_; }
+  bool fp8() const { return fp8_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t planes() const { return static_cast<int64_t>(k_.size()); }  // layers * tp; plane layer * tp + rank
+  size_t page_bytes() const;  // one page of one plane
+  // K and V of `pages` in every plane, plane-major then page order
+  // (step_state.h's layout). Page ids must be < pages().
+  void CopyPages(const std::vector<int32_t>& pages, std::vector<uint8_t>* k, std::vector<uint8_t>* v) const;
+  // The inverse of CopyPages; the caller checked ids and sizes.
+  void WritePages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v);
 
  private:
   int64_t pages_;

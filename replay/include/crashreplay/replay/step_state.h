@@ -1,0 +1,57 @@
+// The state one step needs to run without its history: what the built-in
+// engine snapshots before every step (`run --record --snapshots N`) and what
+// replay restores to run step N alone (docs/replay.md "Starting from a
+// snapshot").
+//
+// Besides its own inputs, which are in the step log (tokens, positions,
+// page-table rows, sampling parameters; the RNG draw depends only on the
+// request's seed, id and token count), a step reads only the paged KV cache:
+// for each row, the K and V of positions [0, start_pos) of every layer and
+// rank, held in pool pages page_table[0 .. ceil(start_pos / page_size)).
+// The K/V of the step's own tokens are written by kv_write before attention
+// reads them, and nothing else carries over from one step to the next, so
+// those pages' bytes are the whole state. A prefill (start_pos 0 for every
+// row) needs none.
+//
+// As snapshot tensors (the names and layout are the format):
+//   "state.rows"  I64 [rows, 2]: request id and start_pos of each row, to
+//                 check that a snapshot belongs to the step's batch;
+//   "kv.pages"    I32 [n]: the pool pages, ascending;
+//   "kv.k", "kv.v"  BF16 or F8_E4M3 (the kv_cache_dtype)
+//                 [layers * tp, n, page_size, kv_heads_per_rank, head_dim],
+//                 plane l * tp + r is layer l of rank r;
+// the kv.* tensors are left out when n == 0.
+//
+// Thread-compatible value types and pure functions over a KvCache.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "crashreplay/formats/dtype.h"
+#include "crashreplay/replay/step.h"
+
+namespace crashreplay::replay {
+
+struct StepState {
+  int64_t step = -1;
+  std::vector<int64_t> rows;  // request id, start_pos; per row
+  std::vector<int32_t> pages;
+  DType kv_dtype = DType::kBF16;
+  std::vector<int64_t> kv_shape;  // empty when pages is
+  std::vector<uint8_t> k, v;
+};
+
+// The pages whose contents `in` reads and does not write, ascending.
+std::vector<int32_t> StatePages(const StepInput& in, int page_size);
+
+// The state of `in` as `kv` holds it now (before the step runs).
+StepState CaptureState(const StepInput& in, const KvCache& kv);
+
+// Checks that `state` is the state of `in` for a cache shaped like `kv`
+// (rows, pages, dtype, shape, byte sizes; InvalidArgument naming the step and
+// what differs), then writes its pages into `kv`.
+absl::Status RestoreState(const StepState& state, const StepInput& in, KvCache* kv);
+
+}  // namespace crashreplay::replay
