@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
+#include "crashreplay/capture/recorder.h"
+#include "crashreplay/replay/capture_io.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {
@@ -328,6 +331,44 @@ TEST(Nvfp4Activation, CalibratedAmaxMapsToTheTopOfTheE4m3Range) {
   const Buffer* s = p->buffer("x_fp4_scale");
   ASSERT_TRUE(s);
   EXPECT_EQ(*std::max_element(s->u8.begin(), s->u8.end()), 0x7e);
+}
+
+}  // namespace
+}  // namespace crashreplay::replay
+
+namespace crashreplay::replay {
+namespace {
+
+// A capture whose manifest carries `toggles` only.
+std::string WriteManifestOnly(const std::string& name, const std::string& engine,
+                              const std::vector<crashreplay::Toggle>& toggles) {
+  SessionManifest m;
+  m.engine = engine;
+  m.toggles = toggles;
+  capture::RecorderOptions o;
+  o.path = (std::filesystem::temp_directory_path() / (name + ".crcap")).string();
+  o.overwrite = true;
+  o.install_signal_handlers = false;
+  auto rec = capture::Recorder::Begin(m, o);
+  EXPECT_TRUE(rec.ok()) << rec.status();
+  if (rec.ok()) {
+    EXPECT_TRUE((*rec)->Close().ok());
+  }
+  return o.path;
+}
+
+TEST(Nvfp4ActivationCaptures, OldBuiltInEngineCapturesReplayWeightOnly) {
+  const std::vector<crashreplay::Toggle> old = {{"page_size", int64_t{16}}};
+  auto a = LoadCapture(WriteManifestOnly("nvfp4_act_old", "crashreplay", old));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->config.Enum("nvfp4_activation"), "w4a16") << "recorded before the toggle: ran weight-only";
+  auto b = LoadCapture(WriteManifestOnly("nvfp4_act_sglang", "sglang", old));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->config.Enum("nvfp4_activation"), "w4a4") << "a serving engine's capture takes the default";
+  auto c = LoadCapture(WriteManifestOnly("nvfp4_act_new", "crashreplay",
+                                         {{"page_size", int64_t{16}}, {"nvfp4_activation", std::string("w4a4")}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->config.Enum("nvfp4_activation"), "w4a4");
 }
 
 }  // namespace
