@@ -189,9 +189,16 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
   if (!reader->manifest()) return absl::DataLossError(Cat(file, ": no session manifest"));
   LoadedCapture out;
   out.manifest = *reader->manifest();
+  bool has_nvfp4_activation = false;
   for (const Toggle& t : out.manifest.toggles) {
     if (FindToggle(t.name) == nullptr) continue;  // another engine's setting
     CR_RETURN_IF_ERROR(out.config.Set(t.name, ToText(t.value)));
+    has_nvfp4_activation |= t.name == "nvfp4_activation";
+  }
+  // Quirk: the built-in engine recorded before nvfp4_activation existed ran
+  // NVFP4 layers weight-only; such a capture replays as it ran.
+  if (out.manifest.engine == "crashreplay" && !has_nvfp4_activation) {
+    CR_RETURN_IF_ERROR(out.config.Set("nvfp4_activation", "w4a16"));
   }
   out.weights.resize(out.manifest.weights.size());
   for (const WeightShardHashes& w : out.manifest.weights) {

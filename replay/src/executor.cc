@@ -29,6 +29,7 @@ const char* OpKindName(OpKind k) {
     case OpKind::kGatherLogits: return "gather_logits";
     case OpKind::kProcessLogits: return "logits_processor";
     case OpKind::kSample: return "sampler";
+    case OpKind::kActQuant: return "nvfp4_act_quant";
     case OpKind::kCount: break;
   }
   return "unknown";

@@ -132,6 +132,7 @@ class Builder {
         scale_name = base + ".weight_scale";
         CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
         if (scale->dtype == DType::kF8E4M3) {  // NVFP4 (ModelOpt)
+          out.nvfp4 = true;
           q.scale_format = SFormat::kE4m3;
           q.block_cols = 16;
           CR_ASSIGN_OR_RETURN(const HostTensor* g, Get(t_, base + ".weight_scale_2"));
@@ -223,6 +224,29 @@ class Builder {
     return v;
   }
 
+  // The input_scale that the NVFP4 layers `bases` quantize their (shared)
+  // input with under w4a4: the max over them, NaN-propagating, as engines
+  // take it for fused q/k/v and gate/up and for an MoE layer's experts.
+  absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) {
+    float m = 0.0f;
+    for (size_t i = 0; i < bases.size(); ++i) {
+      const std::string name = bases[i] + ".input_scale";
+      if (t_.find(name) == t_.end()) {
+        return absl::NotFoundError(Cat("checkpoint has no tensor '", name, "', so NVFP4 layer '", bases[i],
+                                       "' cannot quantize its input (nvfp4_activation=w4a4); a weight-only "
+                                       "checkpoint runs with --set nvfp4_activation=w4a16"));
+      }
+      CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
+      if (t->dtype != DType::kF32 || t->bytes.size() != 4) {
+        return absl::InvalidArgumentError(Cat("tensor '", name, "' should hold one fp32 value; it has dtype ",
+                                              DTypeName(t->dtype), " and ", t->bytes.size(), " bytes"));
+      }
+      const float v = ScalarF32(*t);
+      if (i == 0 || (m == m && (v != v || v > m))) m = v;
+    }
+    return m;
+  }
+
   std::vector<std::map<std::string, ShardHash>>* hashes_ = nullptr;
   std::vector<uint64_t>* bytes_ = nullptr;
 
@@ -233,6 +257,71 @@ class Builder {
   int tp_ = 1;
   ShardingModel sharding_;
 };
+
+// w4a4: marks every NVFP4 linear of the layer as taking a quantized input and
+// gives it the input_scale of its group (the layers that read the same
+// activation: q/k/v, gate/up, an MoE layer's gate/up of every expert, its
+// down of every expert, a shared expert's gate/up; o and dense down alone).
+// Every rank gets the same scale, as every rank of a real deployment loads it.
+absl::Status SetActivationScales(Builder& b, const ModelSpec& spec, const LayerNames& n, Layer* layer) {
+  auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
+  auto group = [&](std::vector<LinearShard*> shards, const std::vector<std::string>& bases) -> absl::Status {
+    std::vector<std::string> quantized;
+    for (size_t i = 0; i < bases.size(); ++i) {
+      if (shards[i]->nvfp4) quantized.push_back(bases[i]);
+    }
+    if (quantized.empty()) return absl::OkStatus();
+    CR_ASSIGN_OR_RETURN(const float scale, b.GroupInputScale(quantized));
+    for (LinearShard* s : shards) {
+      if (!s->nvfp4) continue;
+      s->w.act_fp4 = true;
+      s->w.act_scale = scale;
+    }
+    return absl::OkStatus();
+  };
+  const std::string a = n.prefix + "self_attn.";
+  for (RankLayer& rl : layer->ranks) {
+    CR_RETURN_IF_ERROR(group({&rl.q, &rl.k, &rl.v}, {a + "q_proj", a + "k_proj", a + "v_proj"}));
+    CR_RETURN_IF_ERROR(group({&rl.o}, {a + "o_proj"}));
+    if (!layer->moe) {
+      CR_RETURN_IF_ERROR(group({&rl.gate, &rl.up}, {n.prefix + "mlp.gate_proj", n.prefix + "mlp.up_proj"}));
+      CR_RETURN_IF_ERROR(group({&rl.down}, {n.prefix + "mlp.down_proj"}));
+      continue;
+    }
+    // One scale per MoE layer and GEMM over all experts (not only this
+    // rank's), as FlashInfer's and CUTLASS's fused MoE take the max, so the
+    // input is quantized once before dispatch.
+    std::vector<std::string> up_bases, down_bases;
+    for (int64_t j = 0; j < spec.num_experts; ++j) {
+      up_bases.push_back(strip(n.expert(j, "gate")));
+      up_bases.push_back(strip(n.expert(j, "up")));
+      down_bases.push_back(strip(n.expert(j, "down")));
+    }
+    std::vector<LinearShard*> ups, downs;
+    for (ExpertShard& e : rl.experts) {
+      ups.push_back(&e.gate);
+      ups.push_back(&e.up);
+      downs.push_back(&e.down);
+    }
+    if (!ups.empty() && ups[0]->nvfp4) {
+      CR_ASSIGN_OR_RETURN(const float s13, b.GroupInputScale(up_bases));
+      CR_ASSIGN_OR_RETURN(const float s2, b.GroupInputScale(down_bases));
+      for (LinearShard* s : ups) {
+        s->w.act_fp4 = s->nvfp4;
+        s->w.act_scale = s13;
+      }
+      for (LinearShard* s : downs) {
+        s->w.act_fp4 = s->nvfp4;
+        s->w.act_scale = s2;
+      }
+    }
+    if (rl.has_shared) {
+      CR_RETURN_IF_ERROR(group({&rl.shared.gate, &rl.shared.up}, {strip(n.shared("gate")), strip(n.shared("up"))}));
+      CR_RETURN_IF_ERROR(group({&rl.shared.down}, {strip(n.shared("down"))}));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Divides(int64_t n, int tp, const char* what) {
   if (n % tp != 0) {
@@ -341,6 +430,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
       }
       layer.ranks.push_back(std::move(rl));
     }
+    if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4) CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));
     m->layers.push_back(std::move(layer));
   }
 

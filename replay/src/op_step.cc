@@ -174,12 +174,13 @@ absl::StatusOr<std::unique_ptr<DeviceKv>> DeviceKv::Create(const Model& m, const
 
 // ---- OpStep --------------------------------------------------------------------
 
-absl::StatusOr<OpStep::Buf*> OpStep::Alloc(const std::string& name, int64_t count, bool is_int) {
+absl::StatusOr<OpStep::Buf*> OpStep::Alloc(const std::string& name, int64_t count, bool is_int, bool is_bytes) {
   Buf& b = bufs_[name];
   b.count = count;
   b.is_int = is_int;
-  CR_ASSIGN_OR_RETURN(b.p, mem_.Alloc(static_cast<size_t>(count) * 4));
-  CR_RETURN_IF_ERROR(exec_->Fill(b.p, 0, static_cast<size_t>(count) * 4));
+  b.is_bytes = is_bytes;
+  CR_ASSIGN_OR_RETURN(b.p, mem_.Alloc(b.size()));
+  CR_RETURN_IF_ERROR(exec_->Fill(b.p, 0, b.size()));
   return &b;
 }
 
@@ -254,11 +255,15 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
     kernels_.push_back(OpKernel{std::move(name), layer, std::move(outs), std::move(ops)});
   };
   auto linear = [&](const LinearShardView* shards, DotKind dot, const std::string& x, bool per_rank,
-                    const std::string& y, int64_t tokens, int64_t rows, int64_t cols) {
+                    const std::string& y, int64_t tokens, int64_t rows, int64_t cols, const std::string& fp4 = "") {
     LinearOp op;
     op.shards = shards;
     op.dot = dot;
     op.x = F(x);
+    if (!fp4.empty()) {
+      op.xq = U8(fp4);
+      op.xq_scales = U8(fp4 + "_scale");
+    }
     op.x_per_rank = per_rank;
     op.y = F(y);
     op.ranks = N;
@@ -276,6 +281,27 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
     op.n = n;
     op.eps = eps;
     return op;
+  };
+  // w4a4: a kernel quantizing `x` ([rows, cols]) into `out` and `out`_scale
+  // with the input_scale of `first`'s group, as StepProgram::AddActQuant;
+  // "" when the group's input is not quantized.
+  auto act_quant = [&](const std::string& name, int layer, const LinearShard* first, const std::string& x,
+                       int64_t rows, int64_t cols, const std::string& out) -> absl::StatusOr<std::string> {
+    if (first == nullptr || !first->w.act_fp4) return std::string();
+    const std::string scales = out + "_scale";
+    if (bufs_.find(out) == bufs_.end()) {
+      CR_RETURN_IF_ERROR(Alloc(out, rows * Nvfp4ActValueBytes(cols), false, true).status());
+      CR_RETURN_IF_ERROR(Alloc(scales, rows * Nvfp4ActScaleBytes(cols), false, true).status());
+    }
+    ActQuantOp op;
+    op.x = F(x);
+    op.values = U8(out);
+    op.scales = U8(scales);
+    op.rows = rows;
+    op.cols = cols;
+    op.input_scale = first->w.act_scale;
+    add(name, layer, {out, scales}, {op});
+    return out;
   };
   auto reduce = [&] {
     ReduceOp op;
@@ -295,11 +321,13 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
   const bool decode = in.mode == ForwardMode::kDecode;
   for (int64_t l = 0; l < s.layers; ++l) {
     const DeviceModel::LayerViews& L = dm.layers()[l];
+    const RankLayer& host = m.layers[l].ranks[0];
     const int li = static_cast<int>(l);
     add("input_norm", li, {"x"}, {norm("hidden", L.input_norm, "x", T, H)});
-    add("q_proj", li, {"q"}, {linear(L.q, m.dense_dot, "x", false, "q", T, qd, H)});
-    add("k_proj", li, {"k"}, {linear(L.k, m.dense_dot, "x", false, "k", T, kvd, H)});
-    add("v_proj", li, {"v"}, {linear(L.v, m.dense_dot, "x", false, "v", T, kvd, H)});
+    CR_ASSIGN_OR_RETURN(const std::string qkv_fp4, act_quant("qkv_act_quant", li, &host.q, "x", T, H, "x_fp4"));
+    add("q_proj", li, {"q"}, {linear(L.q, m.dense_dot, "x", false, "q", T, qd, H, qkv_fp4)});
+    add("k_proj", li, {"k"}, {linear(L.k, m.dense_dot, "x", false, "k", T, kvd, H, qkv_fp4)});
+    add("v_proj", li, {"v"}, {linear(L.v, m.dense_dot, "x", false, "v", T, kvd, H, qkv_fp4)});
     if (s.qk_norm) {
       add("qk_norm", li, {"q", "k"},
           {norm("q", L.q_norm, "q", N * T * m.heads_local, hd), norm("k", L.k_norm, "k", N * T * m.kv_heads_local, hd)});
@@ -339,13 +367,16 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
     at.max_len = max_len;
     at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     add("attention", li, {"attn"}, {at});
-    add("o_proj", li, {"partial"}, {linear(L.o, m.dense_dot, "attn", true, "partial", T, H, qd)});
+    CR_ASSIGN_OR_RETURN(const std::string o_fp4, act_quant("o_act_quant", li, &host.o, "attn", N * T, qd, "attn_fp4"));
+    add("o_proj", li, {"partial"}, {linear(L.o, m.dense_dot, "attn", true, "partial", T, H, qd, o_fp4)});
     add("attn_all_reduce", li, {"hidden"}, {reduce()});
     add("post_attention_norm", li, {"x"}, {norm("hidden", L.post_norm, "x", T, H)});
     if (!L.moe) {
       const int64_t inter = m.intermediate_local;
-      add("gate_proj", li, {"gate"}, {linear(L.gate, m.dense_dot, "x", false, "gate", T, inter, H)});
-      add("up_proj", li, {"up"}, {linear(L.up, m.dense_dot, "x", false, "up", T, inter, H)});
+      CR_ASSIGN_OR_RETURN(const std::string gu_fp4,
+                          act_quant("gate_up_act_quant", li, &host.gate, "x", T, H, "x_fp4"));
+      add("gate_proj", li, {"gate"}, {linear(L.gate, m.dense_dot, "x", false, "gate", T, inter, H, gu_fp4)});
+      add("up_proj", li, {"up"}, {linear(L.up, m.dense_dot, "x", false, "up", T, inter, H, gu_fp4)});
       SiluMulOp sm;
       sm.gate = F("gate");
       sm.up = F("up");
@@ -353,7 +384,9 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
       sm.rows = N * T;
       sm.n = inter;
       add("silu_mul", li, {"act"}, {sm});
-      add("down_proj", li, {"partial"}, {linear(L.down, m.dense_dot, "act", true, "partial", T, H, inter)});
+      CR_ASSIGN_OR_RETURN(const std::string d_fp4,
+                          act_quant("down_act_quant", li, &host.down, "act", N * T, inter, "act_fp4"));
+      add("down_proj", li, {"partial"}, {linear(L.down, m.dense_dot, "act", true, "partial", T, H, inter, d_fp4)});
       add("mlp_all_reduce", li, {"hidden"}, {reduce()});
       continue;
     }
@@ -377,7 +410,14 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
     tk.renormalize = s.norm_topk_prob;
     tk.scaling = static_cast<float>(s.routed_scaling_factor);
     add("topk", li, {"topk_ids", "topk_weights"}, {tk});
+    CR_ASSIGN_OR_RETURN(const std::string ex_fp4,
+                        act_quant("experts_act_quant", li, host.experts.empty() ? nullptr : &host.experts[0].gate,
+                                  "x", T, H, "x_fp4"));
     ExpertsOp ex;
+    if (!ex_fp4.empty()) {
+      ex.xq = U8(ex_fp4);
+      ex.xq_scales = U8(ex_fp4 + "_scale");
+    }
     ex.experts = L.experts;
     ex.local_count = L.local_count;
     ex.expert_begin = L.expert_begin;
@@ -394,7 +434,13 @@ absl::Status OpStep::Lower(const DeviceModel& dm, const EngineConfig& cfg, Devic
     ex.dot = m.moe_dot;
     add("experts", li, {"partial"}, {ex});
     if (s.n_shared_experts > 0 && L.has_shared) {
+      CR_ASSIGN_OR_RETURN(const std::string sh_fp4,
+                          act_quant("shared_expert_act_quant", li, &host.shared.gate, "x", T, H, "x_fp4"));
       SharedExpertOp se;
+      if (!sh_fp4.empty()) {
+        se.xq = U8(sh_fp4);
+        se.xq_scales = U8(sh_fp4 + "_scale");
+      }
       se.shared = L.shared;
       se.x = F("x");
       se.partial = F("partial");
@@ -449,7 +495,7 @@ absl::Status OpStep::RunNext() {
     Hasher128 h;
     for (const std::string& name : k.outputs) {
       const Buf& b = bufs_.at(name);
-      std::vector<uint8_t> host(static_cast<size_t>(b.count) * 4);
+      std::vector<uint8_t> host(b.size());
       CR_RETURN_IF_ERROR(exec_->CopyToHost(host.data(), b.p, host.size()));
       h.Update(host.data(), host.size());
     }
@@ -465,7 +511,9 @@ absl::Status OpStep::RunAll() {
 
 absl::StatusOr<std::vector<float>> OpStep::ReadFloats(const std::string& name) const {
   auto it = bufs_.find(name);
-  if (it == bufs_.end() || it->second.is_int) return absl::NotFoundError(Cat("no float buffer '", name, "'"));
+  if (it == bufs_.end() || it->second.is_int || it->second.is_bytes) {
+    return absl::NotFoundError(Cat("no float buffer '", name, "'"));
+  }
   std::vector<float> v(static_cast<size_t>(it->second.count));
   CR_RETURN_IF_ERROR(exec_->CopyToHost(v.data(), it->second.p, v.size() * 4));
   return v;
@@ -484,9 +532,30 @@ bool OpStep::IsIntBuffer(const std::string& name) const {
   return it != bufs_.end() && it->second.is_int;
 }
 
+bool OpStep::IsBytesBuffer(const std::string& name) const {
+  auto it = bufs_.find(name);
+  return it != bufs_.end() && it->second.is_bytes;
+}
+
+absl::StatusOr<std::vector<uint8_t>> OpStep::ReadBytes(const std::string& name) const {
+  auto it = bufs_.find(name);
+  if (it == bufs_.end() || !it->second.is_bytes) return absl::NotFoundError(Cat("no byte buffer '", name, "'"));
+  std::vector<uint8_t> v(it->second.size());
+  CR_RETURN_IF_ERROR(exec_->CopyToHost(v.data(), it->second.p, v.size()));
+  return v;
+}
+
+absl::Status OpStep::WriteBytes(const std::string& name, const std::vector<uint8_t>& v) {
+  auto it = bufs_.find(name);
+  if (it == bufs_.end() || !it->second.is_bytes || it->second.size() != v.size()) {
+    return absl::InvalidArgumentError(Cat("no byte buffer '", name, "' of ", v.size(), " bytes"));
+  }
+  return exec_->CopyToDevice(it->second.p, v.data(), v.size());
+}
+
 absl::Status OpStep::WriteFloats(const std::string& name, const std::vector<float>& v) {
   auto it = bufs_.find(name);
-  if (it == bufs_.end() || it->second.is_int || it->second.count != static_cast<int64_t>(v.size())) {
+  if (it == bufs_.end() || it->second.is_int || it->second.is_bytes || it->second.count != static_cast<int64_t>(v.size())) {
     return absl::InvalidArgumentError(Cat("no float buffer '", name, "' of ", v.size(), " elements"));
   }
   return exec_->CopyToDevice(it->second.p, v.data(), v.size() * 4);
@@ -503,7 +572,7 @@ absl::Status OpStep::WriteInts(const std::string& name, const std::vector<int32_
 absl::StatusOr<Hash128> OpStep::BufferDigest(const std::string& name) const {
   auto it = bufs_.find(name);
   if (it == bufs_.end()) return absl::NotFoundError(Cat("no buffer '", name, "'"));
-  std::vector<uint8_t> host(static_cast<size_t>(it->second.count) * 4);
+  std::vector<uint8_t> host(it->second.size());
   CR_RETURN_IF_ERROR(exec_->CopyToHost(host.data(), it->second.p, host.size()));
   Hasher128 h;
   h.Update(host.data(), host.size());

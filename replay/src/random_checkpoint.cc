@@ -6,8 +6,11 @@
 #include "crashreplay/base/status.h"
 #include "crashreplay/formats/block_quant.h"
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
+#include "crashreplay/replay/model.h"
+#include "crashreplay/replay/step.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -100,6 +103,7 @@ class Generator {
         t_[name] = Make(DType::kU8, {out, in / 2}, packed);
         t_[base + ".weight_scale"] = Make(DType::kF8E4M3, {out, in / 16}, scales);
         t_[base + ".weight_scale_2"] = Make(DType::kF32, {}, std::vector<float>{global});
+        // Placeholder until CalibrateInputScales measures the input's amax.
         t_[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{1.0f});
         return;
       }
@@ -184,7 +188,111 @@ class Generator {
   TensorSet t_;
 };
 
+float BufferAmax(const Buffer* b) {
+  float m = 0.0f;
+  for (float v : b->f) m = AbsMaxAccumulate(m, v);
+  return m;
+}
+
+// amax of silu(gate x) * up x over every token of `x` ([tokens, hidden]), the
+// input of the expert's down projection, computed with the engine's kernel
+// bodies on the w4a16 path.
+float ExpertIntermediateAmax(const ExpertShard& e, const float* x, int64_t tokens, int64_t hidden) {
+  const int64_t mi = e.gate.w.rows;
+  std::vector<float> g(mi), u(mi), a(mi);
+  KernelStatus st;
+  float m = 0.0f;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < mi; ++i) {
+      g[i] = LinearElement(DotKind::kDequant, e.gate.w, x + t * hidden, i, t, &st);
+      u[i] = LinearElement(DotKind::kDequant, e.up.w, x + t * hidden, i, t, &st);
+    }
+    SiluMulRow(g.data(), u.data(), mi, a.data());
+    for (float v : a) m = AbsMaxAccumulate(m, v);
+  }
+  return m;
+}
+
+// ModelOpt-style calibration of an NVFP4 checkpoint's activation scales: runs
+// a calibration prompt through the model (fp4 weights, bf16 activations: the
+// w4a16 path), takes the amax of every linear layer's input and writes
+// input_scale = amax / (6 * 448), so that under w4a4 the calibrated amax maps
+// to the largest e2m1 value times the largest e4m3 block scale. Layers that
+// read the same activation (q/k/v, gate/up) get the same amax. Every expert
+// is calibrated on every token (not only the ones routed to it), so no
+// expert is left without a scale.
+absl::Status CalibrateInputScales(const ModelSpec& spec, uint64_t seed, TensorSet* tensors) {
+  EngineConfig cfg;
+  cfg.nvfp4_activation = Nvfp4Activation::kW4a16;
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec, *tensors, cfg));
+  StepInput in;
+  in.rows.resize(1);
+  StepRow& row = in.rows[0];
+  row.tokens = CalibrationTokens(spec, seed);
+  const int64_t n = static_cast<int64_t>(row.tokens.size());
+  const int64_t pages = (n + cfg.page_size - 1) / cfg.page_size;
+  for (int64_t p = 0; p < pages; ++p) row.page_table.push_back(static_cast<int32_t>(p));
+  KvCache kv(*model, cfg, pages);
+  CpuPool pool(1);
+  StepProgram prog(*model, cfg, &kv, &pool, in);
+  const int64_t L = spec.layers, H = spec.hidden;
+  std::vector<float> qkv(L, 0.0f), o(L, 0.0f), mlp_in(L, 0.0f), down(L, 0.0f), shared_down(L, 0.0f);
+  std::vector<std::vector<float>> expert_down(L);
+  for (const KernelCall& k : prog.kernels()) {
+    if (prog.RunNext()) return absl::InternalError(Cat("make-model calibration failed in ", k.Label()));
+    if (k.layer < 0) continue;
+    const int64_t l = k.layer;
+    if (k.name == "input_norm") qkv[l] = BufferAmax(prog.buffer("x"));
+    if (k.name == "attention") o[l] = BufferAmax(prog.buffer("attn"));
+    if (k.name == "silu_mul") down[l] = BufferAmax(prog.buffer("act"));
+    if (k.name != "post_attention_norm") continue;
+    const Buffer* x = prog.buffer("x");
+    mlp_in[l] = BufferAmax(x);
+    const RankLayer& rl = model->layers[l].ranks[0];
+    for (const ExpertShard& e : rl.experts) expert_down[l].push_back(ExpertIntermediateAmax(e, x->f.data(), n, H));
+    if (rl.has_shared) shared_down[l] = ExpertIntermediateAmax(rl.shared, x->f.data(), n, H);
+  }
+  auto set = [&](const std::string& base, float amax) {
+    const float scale = std::max(amax, 1e-6f) / (kE2m1Max * kE4m3Max);
+    (*tensors)[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
+  };
+  auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerNames nm = NamesFor(spec, l);
+    const std::string a = nm.prefix + "self_attn.";
+    for (const char* p : {"q_proj", "k_proj", "v_proj"}) set(a + p, qkv[l]);
+    set(a + "o_proj", o[l]);
+    if (!spec.layer_is_moe(l)) {
+      set(nm.prefix + "mlp.gate_proj", mlp_in[l]);
+      set(nm.prefix + "mlp.up_proj", mlp_in[l]);
+      set(nm.prefix + "mlp.down_proj", down[l]);
+      continue;
+    }
+    for (int64_t j = 0; j < spec.num_experts; ++j) {
+      set(strip(nm.expert(j, "gate")), mlp_in[l]);
+      set(strip(nm.expert(j, "up")), mlp_in[l]);
+      set(strip(nm.expert(j, "down")), expert_down[l][j]);
+    }
+    if (spec.n_shared_experts > 0) {
+      set(strip(nm.shared("gate")), mlp_in[l]);
+      set(strip(nm.shared("up")), mlp_in[l]);
+      set(strip(nm.shared("down")), shared_down[l]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::vector<int32_t> CalibrationTokens(const ModelSpec& spec, uint64_t seed) {
+  std::vector<int32_t> t;
+  const int64_t n = std::min<int64_t>(64, spec.max_position);
+  for (int64_t i = 0; i < n; ++i) {
+    t.push_back(static_cast<int32_t>(SplitMix64(seed ^ SplitMix64(0xca11b0a7ULL + static_cast<uint64_t>(i))) %
+                                     static_cast<uint64_t>(spec.vocab)));
+  }
+  return t;
+}
 
 absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& o) {
   ModelSpec s;
@@ -267,7 +375,9 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
     }
   }
   Generator g(o, s);
-  return g.Build();
+  RandomCheckpoint ck = g.Build();
+  if (s.quant == QuantKind::kNvfp4) CR_RETURN_IF_ERROR(CalibrateInputScales(ck.spec, o.seed, &ck.tensors));
+  return ck;
 }
 
 }  // namespace crashreplay::replay

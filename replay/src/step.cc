@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "crashreplay/replay/kernels/act_quant.h"
 #include "crashreplay/replay/kernels/elementwise.h"
+#include "crashreplay/replay/kernels/expert.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "text_util.h"
 
@@ -64,6 +66,12 @@ void KvCache::WritePages(const std::vector<int32_t>& pages, const std::vector<ui
 namespace {
 constexpr int64_t kRowChunk = 32;
 
+// A linear's input buffers: the float activation, or its NVFP4 values and scales.
+std::vector<std::string> Fp4Inputs(const std::string& plain, const std::string& fp4) {
+  if (fp4.empty()) return {plain};
+  return {fp4, fp4 + "_scale"};
+}
+
 // Scratch for one work item of a host launch (thread-local, reused).
 float* Scratch(size_t n) {
   thread_local std::vector<float> s;
@@ -107,6 +115,16 @@ void StepProgram::Add(std::string name, int layer, std::vector<std::string> in, 
                                 std::move(launch)});
 }
 
+Buffer& StepProgram::AllocBytes(const std::string& name, std::vector<int64_t> shape) {
+  Buffer& b = buffers_[name];
+  b.is_bytes = true;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  b.shape = std::move(shape);
+  b.u8.assign(n, 0);
+  return b;
+}
+
 const Buffer* StepProgram::buffer(const std::string& name) const {
   auto it = buffers_.find(name);
   return it == buffers_.end() ? nullptr : &it->second;
@@ -114,25 +132,58 @@ const Buffer* StepProgram::buffer(const std::string& name) const {
 
 KernelStatus StepProgram::LaunchLinear(const std::vector<const LinearShard*>& shards, DotKind dot,
                                        const std::string& in, bool in_per_rank, const std::string& out,
-                                       int64_t tokens) {
+                                       int64_t tokens, const std::string& in_fp4) {
   const int64_t rows = shards[0]->w.rows, cols = shards[0]->w.cols;
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
   const float* x = F(in);
   float* y = F(out);
+  const uint8_t* qv = in_fp4.empty() ? nullptr : U8(in_fp4);
+  const uint8_t* qs = in_fp4.empty() ? nullptr : U8(in_fp4 + "_scale");
+  const int64_t vb = Nvfp4ActValueBytes(cols), sb = Nvfp4ActScaleBytes(cols);
   const int64_t ranks = static_cast<int64_t>(shards.size());
   return pool_->Launch(ranks * tokens * chunks, [=](int64_t item, KernelStatus* st) {
     const int64_t rt = item / chunks, chunk = item % chunks;
     const int64_t r = rt / tokens, t = rt % tokens;
     const LinearShard& s = *shards[r];
-    const float* xi = x + (in_per_rank ? rt : t) * cols;
+    const int64_t xr = in_per_rank ? rt : t;
+    const float* xi = x + xr * cols;
+    const bool quantized = qv != nullptr && s.w.act_fp4;
+    const QWeight xq = quantized ? Nvfp4ActRow(qv + xr * vb, qs + xr * sb, cols, s.w.act_scale) : QWeight{};
     float* yo = y + rt * rows;
     const int64_t r1 = std::min(rows, (chunk + 1) * kRowChunk);
     for (int64_t row = chunk * kRowChunk; row < r1; ++row) {
-      float v = LinearElement(dot, s.w, xi, row, rt, st);
+      float v = quantized ? LinearElementQ(dot, s.w, xq, row, rt, st) : LinearElement(dot, s.w, xi, row, rt, st);
       if (!s.bias.empty()) v += s.bias[row];
       yo[row] = v;
     }
   });
+}
+
+std::string StepProgram::AddActQuant(const std::string& name, int layer, const std::vector<const LinearShard*>& shards,
+                                     const std::string& in, int64_t rows, int64_t cols, int64_t tokens_per_rank,
+                                     const std::string& out) {
+  if (shards.empty() || !shards[0]->w.act_fp4) return "";
+  const std::string scales = out + "_scale";
+  if (buffers_.find(out) == buffers_.end()) {
+    std::vector<int64_t> lead{rows};
+    if (tokens_per_rank > 0) lead = {rows / tokens_per_rank, tokens_per_rank};
+    std::vector<int64_t> vshape = lead, sshape = lead;
+    vshape.push_back(Nvfp4ActValueBytes(cols));
+    sshape.push_back(Nvfp4ActScaleBytes(cols));
+    AllocBytes(out, vshape);
+    AllocBytes(scales, sshape);
+  }
+  const float scale = shards[0]->w.act_scale;
+  Add(name, layer, {in}, {out, scales}, tokens_per_rank, [this, in, out, scales, rows, cols, scale] {
+    const float* x = F(in);
+    uint8_t* v = U8(out);
+    uint8_t* sc = U8(scales);
+    const int64_t vb = Nvfp4ActValueBytes(cols), sb = Nvfp4ActScaleBytes(cols);
+    return pool_->Launch(rows, [=](int64_t r, KernelStatus* st) {
+      QuantizeNvfp4ActRow(x + r * cols, cols, scale, v + r * vb, sc + r * sb, r, st);
+    });
+  });
+  return out;
 }
 
 void StepProgram::Build() {
@@ -197,12 +248,13 @@ void StepProgram::Build() {
       float* x = F("x");
       return pool_->Launch(T, [=, &L](int64_t t, KernelStatus*) { RmsNormRow(h + t * H, L.input_norm.data(), H, eps, x + t * H); });
     });
+    const std::string qkv_fp4 = AddActQuant("qkv_act_quant", l, rank_shards(&RankLayer::q, l), "x", T, H, 0, "x_fp4");
     for (const char* p : {"q", "k", "v"}) {
       auto member = p[0] == 'q' ? &RankLayer::q : p[0] == 'k' ? &RankLayer::k : &RankLayer::v;
       auto shards = rank_shards(member, l);
       const std::string out = p;
-      Add(Cat(p, "_proj"), l, {"x"}, {out}, T, [this, shards, out, T] {
-        return LaunchLinear(shards, m_.dense_dot, "x", false, out, T);
+      Add(Cat(p, "_proj"), l, Fp4Inputs("x", qkv_fp4), {out}, T, [this, shards, out, T, qkv_fp4] {
+        return LaunchLinear(shards, m_.dense_dot, "x", false, out, T, qkv_fp4);
       });
     }
     if (s.qk_norm) {
@@ -269,8 +321,9 @@ void StepProgram::Build() {
     });
     {
       auto shards = rank_shards(&RankLayer::o, l);
-      Add("o_proj", l, {"attn"}, {"partial"}, T, [this, shards, T] {
-        return LaunchLinear(shards, m_.dense_dot, "attn", true, "partial", T);
+      const std::string o_fp4 = AddActQuant("o_act_quant", l, shards, "attn", N * T, qd, T, "attn_fp4");
+      Add("o_proj", l, Fp4Inputs("attn", o_fp4), {"partial"}, T, [this, shards, T, o_fp4] {
+        return LaunchLinear(shards, m_.dense_dot, "attn", true, "partial", T, o_fp4);
       });
     }
     Add("attn_all_reduce", l, {"partial", "hidden"}, {"hidden"}, 0, reduce);
@@ -281,8 +334,14 @@ void StepProgram::Build() {
     });
     if (!L.moe) {
       auto g = rank_shards(&RankLayer::gate, l), u = rank_shards(&RankLayer::up, l), d = rank_shards(&RankLayer::down, l);
-      Add("gate_proj", l, {"x"}, {"gate"}, T, [this, g, T] { return LaunchLinear(g, m_.dense_dot, "x", false, "gate", T); });
-      Add("up_proj", l, {"x"}, {"up"}, T, [this, u, T] { return LaunchLinear(u, m_.dense_dot, "x", false, "up", T); });
+      const std::string gu_fp4 = AddActQuant("gate_up_act_quant", l, g, "x", T, H, 0, "x_fp4");
+      const std::vector<std::string> gu_in = Fp4Inputs("x", gu_fp4);
+      Add("gate_proj", l, gu_in, {"gate"}, T, [this, g, T, gu_fp4] {
+        return LaunchLinear(g, m_.dense_dot, "x", false, "gate", T, gu_fp4);
+      });
+      Add("up_proj", l, gu_in, {"up"}, T, [this, u, T, gu_fp4] {
+        return LaunchLinear(u, m_.dense_dot, "x", false, "up", T, gu_fp4);
+      });
       Add("silu_mul", l, {"gate", "up"}, {"act"}, T, [this, N, T] {
         const float* g = F("gate");
         const float* u = F("up");
@@ -290,7 +349,10 @@ void StepProgram::Build() {
         const int64_t il = m_.intermediate_local;
         return pool_->Launch(N * T, [=](int64_t rt, KernelStatus*) { SiluMulRow(g + rt * il, u + rt * il, il, a + rt * il); });
       });
-      Add("down_proj", l, {"act"}, {"partial"}, T, [this, d, T] { return LaunchLinear(d, m_.dense_dot, "act", true, "partial", T); });
+      const std::string d_fp4 = AddActQuant("down_act_quant", l, d, "act", N * T, m_.intermediate_local, T, "act_fp4");
+      Add("down_proj", l, Fp4Inputs("act", d_fp4), {"partial"}, T, [this, d, T, d_fp4] {
+        return LaunchLinear(d, m_.dense_dot, "act", true, "partial", T, d_fp4);
+      });
       Add("mlp_all_reduce", l, {"partial", "hidden"}, {"hidden"}, 0, reduce);
       continue;
     }
@@ -323,8 +385,17 @@ void StepProgram::Build() {
     });
     // The routed experts of every token on every rank: gate/up GEMVs, SiLU*up,
     // down GEMV, weighted by the router in top-k order into the rank's partial.
-    Add("experts", l, {"x", "topk_ids", "topk_weights"}, {"partial"}, T, [this, &L, N, T, H, K] {
+    // Under w4a4 the layer's input is quantized once, with the max input_scale
+    // of every expert's gate/up, before the routed experts read it.
+    std::vector<const LinearShard*> first_gate;
+    if (!L.ranks[0].experts.empty()) first_gate.push_back(&L.ranks[0].experts[0].gate);
+    const std::string ex_fp4 = AddActQuant("experts_act_quant", l, first_gate, "x", T, H, 0, "x_fp4");
+    std::vector<std::string> ex_in{"x", "topk_ids", "topk_weights"};
+    if (!ex_fp4.empty()) ex_in = {"x", ex_fp4, ex_fp4 + "_scale", "topk_ids", "topk_weights"};
+    Add("experts", l, ex_in, {"partial"}, T, [this, &L, N, T, H, K, ex_fp4] {
       const float* x = F("x");
+      const uint8_t* qv = ex_fp4.empty() ? nullptr : U8(ex_fp4);
+      const uint8_t* qs = ex_fp4.empty() ? nullptr : U8(ex_fp4 + "_scale");
       const int32_t* ids = I("topk_ids");
       const float* w = F("topk_weights");
       float* part = F("partial");
@@ -333,42 +404,41 @@ void StepProgram::Build() {
       return pool_->Launch(N * T, [=, &L](int64_t rt, KernelStatus* st) {
         const int64_t r = rt / T, t = rt % T;
         const RankLayer& rl = L.ranks[r];
-        float* g = Scratch(3 * mi);
-        float* u = g + mi;
-        float* a = u + mi;
+        float* scratch = Scratch(ExpertScratchFloats(mi));
         float* out = part + rt * H;
         for (int64_t i = 0; i < H; ++i) out[i] = 0.0f;
         for (int64_t k = 0; k < K; ++k) {
           const int64_t j = ids[t * K + k] - rl.expert_begin;
           if (j < 0 || j >= static_cast<int64_t>(rl.experts.size())) continue;  // another rank's expert
           const ExpertShard& e = rl.experts[j];
-          for (int64_t i = 0; i < mi; ++i) {
-            g[i] = LinearElement(dot, e.gate.w, x + t * H, i, rt, st);
-            u[i] = LinearElement(dot, e.up.w, x + t * H, i, rt, st);
-          }
-          SiluMulRow(g, u, mi, a);
-          for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], w[t * K + k], LinearElement(dot, e.down.w, a, i, rt, st));
+          const QWeight xq = qv != nullptr ? Nvfp4ActRow(qv + t * Nvfp4ActValueBytes(H), qs + t * Nvfp4ActScaleBytes(H), H,
+                                                         e.gate.w.act_scale)
+                                           : QWeight{};
+          ExpertMlp(dot, e.gate.w, e.up.w, e.down.w, x + t * H, qv != nullptr ? &xq : nullptr, w[t * K + k], H, scratch,
+                    out, rt, st);
         }
       });
     });
     if (s.n_shared_experts > 0) {
-      Add("shared_expert", l, {"x", "partial"}, {"partial"}, T, [this, &L, N, T, H] {
+      const std::string sh_fp4 =
+          AddActQuant("shared_expert_act_quant", l, {&L.ranks[0].shared.gate}, "x", T, H, 0, "x_fp4");
+      std::vector<std::string> sh_in{"x", "partial"};
+      if (!sh_fp4.empty()) sh_in = {"x", sh_fp4, sh_fp4 + "_scale", "partial"};
+      Add("shared_expert", l, sh_in, {"partial"}, T, [this, &L, N, T, H, sh_fp4] {
         const float* x = F("x");
+        const uint8_t* qv = sh_fp4.empty() ? nullptr : U8(sh_fp4);
+        const uint8_t* qs = sh_fp4.empty() ? nullptr : U8(sh_fp4 + "_scale");
         float* part = F("partial");
         const DotKind dot = m_.moe_dot;
         return pool_->Launch(N * T, [=, &L](int64_t rt, KernelStatus* st) {
           const int64_t r = rt / T, t = rt % T;
           const ExpertShard& e = L.ranks[r].shared;
-          const int64_t si = e.gate.w.rows;
-          float* g = Scratch(3 * si);
-          float* u = g + si;
-          float* a = u + si;
-          for (int64_t i = 0; i < si; ++i) {
-            g[i] = LinearElement(dot, e.gate.w, x + t * H, i, rt, st);
-            u[i] = LinearElement(dot, e.up.w, x + t * H, i, rt, st);
-          }
-          SiluMulRow(g, u, si, a);
-          for (int64_t i = 0; i < H; ++i) part[rt * H + i] += LinearElement(dot, e.down.w, a, i, rt, st);
+          float* scratch = Scratch(ExpertScratchFloats(e.gate.w.rows));
+          const QWeight xq = qv != nullptr ? Nvfp4ActRow(qv + t * Nvfp4ActValueBytes(H), qs + t * Nvfp4ActScaleBytes(H), H,
+                                                         e.gate.w.act_scale)
+                                           : QWeight{};
+          ExpertMlp(dot, e.gate.w, e.up.w, e.down.w, x + t * H, qv != nullptr ? &xq : nullptr, 1.0f, H, scratch,
+                    part + rt * H, rt, st);
         });
       });
     }
@@ -445,6 +515,10 @@ std::optional<Fault> StepProgram::RunNext() {
     const Buffer* b = buffer(name);
     if (b == nullptr) continue;  // the KV cache is not an activation buffer
     hasher.Update(b->data(), b->bytes());
+    if (b->is_bytes) {  // quantized activations: hashed and counted, no value statistics
+      rec.numel += static_cast<int64_t>(b->u8.size());
+      continue;
+    }
     const size_t n = b->is_int ? b->i.size() : b->f.size();
     rec.numel += static_cast<int64_t>(n);
     for (size_t i = 0; i < n; ++i) {

@@ -33,6 +33,11 @@ const std::vector<ToggleSpec>& Table() {
        "kernel); fp32 (expanded to fp32 at load); ue8m0_requant (rounded up to powers of two at "
        "load, as DeepGEMM's requantization does); ue8m0 (passed to a kernel that reads only the "
        "exponent and checks (bits & 0x807fffff) == 0 first, as DeepGEMM's UE8M0 path)"},
+      {"nvfp4_activation", ToggleType::kEnum, {"w4a4", "w4a16"}, 0, 0, "w4a4",
+       "activations of NVFP4 linear layers: w4a4 (quantized on the fly to NVFP4 with the checkpoint's "
+       "input_scale, e2m1 values and e4m3 scales per 16, then an fp4 x fp4 GEMM: what serving engines run "
+       "a ModelOpt NVFP4 checkpoint with on Blackwell) or w4a16 (bf16 activations against dequantized "
+       "fp4 weights, as a weight-only kernel such as vLLM's Marlin fallback on older GPUs)"},
       {"kv_cache_dtype", ToggleType::kEnum, {"bf16", "fp8_e4m3"}, 0, 0, "bf16",
        "element type of the paged KV cache (fp8_e4m3 with scale 1)"},
       {"page_size", ToggleType::kInt, {}, 1, 1024, "16", "tokens per KV-cache page"},
@@ -295,6 +300,7 @@ EngineConfig ResolveConfig(const Config& c) {
                    : sf == "ue8m0_requant" ? ScaleFormat::kUe8m0Requant
                    : sf == "ue8m0"         ? ScaleFormat::kUe8m0
                                            : ScaleFormat::kCheckpoint;
+  e.nvfp4_activation = c.Enum("nvfp4_activation") == "w4a16" ? Nvfp4Activation::kW4a16 : Nvfp4Activation::kW4a4;
   e.kv_cache_dtype = c.Enum("kv_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
   e.page_size = static_cast<int>(c.Int("page_size"));
   e.mem_fraction_static = c.Float("mem_fraction_static");

@@ -10,6 +10,7 @@
 // amplified by the sums that follow in the same kernel:
 //   per kernel, inputs fed from the CPU:  fp32 activations  atol 1e-6, eps 1e-5
 //                                         int32 outputs     exact
+//                                         NVFP4 activations (bytes) exact
 //   a whole step, nothing fed back: the difference may pass through one
 //   rounding to the KV-cache / weight storage dtype per layer, so eps is that
 //   dtype's unit roundoff: bf16 2^-8, fp8 e4m3 2^-4, e2m1 2^-2 (atol 1e-5).
@@ -53,7 +54,9 @@ inline Tolerance ToleranceFor(DType storage) {
 inline bool ExactKernel(const std::string& name) {
   for (const char* k : {"embedding", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                         "attn_all_reduce", "mlp_all_reduce", "moe_all_reduce", "router", "lm_head",
-                        "logits_all_gather", "kv_write", "input_norm", "post_attention_norm", "final_norm"}) {
+                        "logits_all_gather", "kv_write", "input_norm", "post_attention_norm", "final_norm",
+                        "qkv_act_quant", "o_act_quant", "gate_up_act_quant", "down_act_quant",
+                        "experts_act_quant", "shared_expert_act_quant"}) {
     if (name == k) return true;
   }
   return false;

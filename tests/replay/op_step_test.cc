@@ -59,7 +59,12 @@ INSTANTIATE_TEST_SUITE_P(
                            {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}, 0.8f},
                       Case{"deepseek_nvfp4_tp2_expert_parallel", "deepseek_v3", "nvfp4",
                            {"tp_size=2", "moe_parallel=expert"}, 0.8f},
-                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f}),
+                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
+                      Case{"llama_nvfp4_w4a4_fused_tp2", "llama", "nvfp4",
+                           {"gemm_backend=fused_blockscaled", "tp_size=2"}, 0.0f},
+                      Case{"deepseek_nvfp4_w4a4_requant_fused_moe", "deepseek_v3", "nvfp4",
+                           {"scale_format=ue8m0_requant", "moe_backend=fused_blockscaled"}, 0.8f},
+                      Case{"qwen3_moe_nvfp4_w4a16", "qwen3_moe", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f}),
     [](const auto& info) { return info.param.name; });
 
 TEST(OpStepFaults, Paged64OnSmallPagesFailsInTheSameKernelAsStepProgram) {

@@ -63,7 +63,7 @@ cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
-  if (rt > 0x7fffffff || shared > static_cast<size_t>(optin)) return EnqueueItems(op, a, stream);
+  if (op.xq != nullptr || rt > 0x7fffffff || shared > static_cast<size_t>(optin)) return EnqueueItems(op, a, stream);
   if (shared > 48 * 1024) {
     e = cudaFuncSetAttribute(LinearTiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (e != cudaSuccess) return e;
@@ -90,6 +90,7 @@ CR_DEFINE_ENQUEUE(SharedExpertOp)
 CR_DEFINE_ENQUEUE(GatherLogitsOp)
 CR_DEFINE_ENQUEUE(ProcessLogitsOp)
 CR_DEFINE_ENQUEUE(SampleOp)
+CR_DEFINE_ENQUEUE(ActQuantOp)
 #undef CR_DEFINE_ENQUEUE
 
 }  // namespace crashreplay::replay::cuda

@@ -7,7 +7,8 @@
 // ScratchFloats) stays bounded. LinearOp uses a tiled kernel: one block row
 // per (rank, token), the input row staged in shared memory, threads over
 // output rows; it falls back to ItemKernel when the row exceeds the shared
-// memory the device allows.
+// memory the device allows, and under w4a4 (xq set: the operand is the
+// quantized row, read from global memory by the same LinearRow body).
 // A failed check writes the fault record and executes a device assert.
 // Returns the launch's cudaError_t (configuration errors only; execution
 // errors surface at a later synchronizing call).
@@ -53,6 +54,7 @@ CR_DECLARE_ENQUEUE(SharedExpertOp)
 CR_DECLARE_ENQUEUE(GatherLogitsOp)
 CR_DECLARE_ENQUEUE(ProcessLogitsOp)
 CR_DECLARE_ENQUEUE(SampleOp)
+CR_DECLARE_ENQUEUE(ActQuantOp)
 #undef CR_DECLARE_ENQUEUE
 
 }  // namespace crashreplay::replay::cuda

@@ -36,7 +36,8 @@
 namespace crashreplay::replay {
 
 using Op = std::variant<EmbeddingOp, RmsNormOp, LinearOp, RopeOp, KvWriteOp, AttentionOp, SiluMulOp, ReduceOp,
-                        RouterOp, TopKOp, ExpertsOp, SharedExpertOp, GatherLogitsOp, ProcessLogitsOp, SampleOp>;
+                        RouterOp, TopKOp, ExpertsOp, SharedExpertOp, GatherLogitsOp, ProcessLogitsOp, SampleOp,
+                        ActQuantOp>;
 
 OpKind KindOf(const Op& op);
 

@@ -42,6 +42,7 @@ struct LinearShard {
   std::vector<uint8_t> data;
   std::vector<uint8_t> scales;
   std::vector<float> bias;      // empty: no bias
+  bool nvfp4 = false;           // e2m1 weight with e4m3 block scales in the checkpoint
   size_t bytes() const { return data.size() + scales.size() + bias.size() * 4; }
 };
 

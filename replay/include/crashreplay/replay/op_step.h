@@ -146,21 +146,28 @@ class OpStep {
   // inputs this way); the size must match.
   absl::Status WriteFloats(const std::string& name, const std::vector<float>& v);
   absl::Status WriteInts(const std::string& name, const std::vector<int32_t>& v);
+  // Byte buffers: NVFP4-quantized activations (values, scales).
+  absl::StatusOr<std::vector<uint8_t>> ReadBytes(const std::string& name) const;
+  absl::Status WriteBytes(const std::string& name, const std::vector<uint8_t>& v);
   bool IsIntBuffer(const std::string& name) const;
+  bool IsBytesBuffer(const std::string& name) const;
   // XXH3-128 of the logits then the sampled tokens, as StepProgram::Digest.
   absl::StatusOr<Hash128> Digest() const;
 
  private:
   struct Buf {
     void* p = nullptr;
-    int64_t count = 0;
+    int64_t count = 0;      // elements: 4-byte words, or bytes when is_bytes
     bool is_int = false;
+    bool is_bytes = false;
+    size_t size() const { return static_cast<size_t>(count) * (is_bytes ? 1 : 4); }
   };
   explicit OpStep(Executor* exec) : exec_(exec), mem_(exec) {}
   absl::Status Lower(const DeviceModel& dm, const EngineConfig& cfg, DeviceKv* kv, const StepInput& in);
-  absl::StatusOr<Buf*> Alloc(const std::string& name, int64_t count, bool is_int = false);
+  absl::StatusOr<Buf*> Alloc(const std::string& name, int64_t count, bool is_int = false, bool is_bytes = false);
   float* F(const std::string& name) { return static_cast<float*>(bufs_[name].p); }
   int32_t* I(const std::string& name) { return static_cast<int32_t*>(bufs_[name].p); }
+  uint8_t* U8(const std::string& name) { return static_cast<uint8_t*>(bufs_[name].p); }
 
   Executor* exec_;
   ExecMemory mem_;

@@ -19,9 +19,11 @@
 #include <cstdint>
 
 #include "crashreplay/base/hd.h"
+#include "crashreplay/replay/kernels/act_quant.h"
 #include "crashreplay/replay/kernels/attention.h"
 #include "crashreplay/replay/kernels/check.h"
 #include "crashreplay/replay/kernels/elementwise.h"
+#include "crashreplay/replay/kernels/expert.h"
 #include "crashreplay/replay/kernels/linear.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
@@ -31,7 +33,7 @@ namespace crashreplay::replay {
 // Stable ids, recorded by the CUDA fault buffer.
 enum class OpKind : uint32_t {
   kEmbedding, kRmsNorm, kLinear, kRope, kKvWrite, kAttention, kSiluMul, kReduce,
-  kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kCount,
+  kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kActQuant, kCount,
 };
 const char* OpKindName(OpKind k);
 
@@ -77,13 +79,28 @@ struct RmsNormOp {
   float eps = 1e-6f;
 };
 
+// NVFP4 activation quantization (kernels/act_quant.h) of `rows` rows of
+// `cols`: values [rows, cols/2] packed e2m1, scales [rows, ceil(cols/16)] e4m3.
+struct ActQuantOp {
+  static constexpr OpKind kKind = OpKind::kActQuant;
+  const float* x = nullptr;
+  uint8_t* values = nullptr;
+  uint8_t* scales = nullptr;
+  int64_t rows = 0, cols = 0;
+  float input_scale = 0.0f;
+};
+
 // y[rank, token, row] for every rank's shard; x is [tokens, cols] shared by
-// the ranks, or [ranks, tokens, cols] when x_per_rank.
+// the ranks, or [ranks, tokens, cols] when x_per_rank. Under w4a4 (xq set)
+// shards whose act_fp4 is set read the same rows quantized (ActQuantOp's
+// layout) instead of x.
 struct LinearOp {
   static constexpr OpKind kKind = OpKind::kLinear;
   const LinearShardView* shards = nullptr;  // [ranks], all of the same shape
   DotKind dot = DotKind::kDequant;
   const float* x = nullptr;
+  const uint8_t* xq = nullptr;
+  const uint8_t* xq_scales = nullptr;
   bool x_per_rank = false;
   float* y = nullptr;
   int64_t ranks = 0, tokens = 0, rows = 0, cols = 0;
@@ -163,6 +180,8 @@ struct ExpertsOp {
   const int32_t* local_count = nullptr; // [ranks]
   const int64_t* expert_begin = nullptr;// [ranks]
   const float* x = nullptr;             // [tokens, hidden]
+  const uint8_t* xq = nullptr;          // w4a4: x quantized (ActQuantOp layout), else null
+  const uint8_t* xq_scales = nullptr;
   const int32_t* ids = nullptr;
   const float* weights = nullptr;
   float* partial = nullptr;             // [ranks, tokens, hidden]
@@ -174,6 +193,8 @@ struct SharedExpertOp {
   static constexpr OpKind kKind = OpKind::kSharedExpert;
   const ExpertView* shared = nullptr;  // [ranks]
   const float* x = nullptr;
+  const uint8_t* xq = nullptr;         // w4a4: x quantized, else null
+  const uint8_t* xq_scales = nullptr;
   float* partial = nullptr;
   int64_t ranks = 0, tokens = 0, hidden = 0, inter = 0;
   DotKind dot = DotKind::kDequant;
@@ -226,12 +247,30 @@ CR_HD void RunItem(const RmsNormOp& o, int64_t r, float*, KernelStatus*) {
   RmsNormRow(o.x + src * o.n, o.w, o.n, o.eps, o.out + r * o.n);
 }
 
+CR_HD int64_t Items(const ActQuantOp& o) { return o.rows; }
+CR_HD int64_t ScratchFloats(const ActQuantOp&) { return 0; }
+CR_HD void RunItem(const ActQuantOp& o, int64_t r, float*, KernelStatus* st) {
+  QuantizeNvfp4ActRow(o.x + r * o.cols, o.cols, o.input_scale, o.values + r * Nvfp4ActValueBytes(o.cols),
+                      o.scales + r * Nvfp4ActScaleBytes(o.cols), r, st);
+}
+
+// Row `r` of a quantized activation buffer as the linear kernels read it.
+CR_HD QWeight Fp4Row(const uint8_t* values, const uint8_t* scales, int64_t r, int64_t cols, float input_scale) {
+  return Nvfp4ActRow(values + r * Nvfp4ActValueBytes(cols), scales + r * Nvfp4ActScaleBytes(cols), cols, input_scale);
+}
+
 // One output element; the body is told the (rank, token) item as step.cc does.
 CR_HD int64_t Items(const LinearOp& o) { return o.ranks * o.tokens * o.rows; }
 CR_HD int64_t ScratchFloats(const LinearOp&) { return 0; }
 CR_HD void LinearRow(const LinearOp& o, int64_t rt, int64_t row, const float* xi, KernelStatus* st) {
   const LinearShardView& s = o.shards[rt / o.tokens];
-  float v = LinearElement(o.dot, s.w, xi, row, rt, st);
+  float v;
+  if (o.xq != nullptr && s.w.act_fp4) {
+    const QWeight xq = Fp4Row(o.xq, o.xq_scales, o.x_per_rank ? rt : rt % o.tokens, o.cols, s.w.act_scale);
+    v = LinearElementQ(o.dot, s.w, xq, row, rt, st);
+  } else {
+    v = LinearElement(o.dot, s.w, xi, row, rt, st);
+  }
   if (s.bias != nullptr) v += s.bias[row];
   o.y[rt * o.rows + row] = v;
 }
@@ -309,45 +348,29 @@ CR_HD void RunItem(const TopKOp& o, int64_t t, float* scratch, KernelStatus* st)
 }
 
 CR_HD int64_t Items(const ExpertsOp& o) { return o.ranks * o.tokens; }
-CR_HD int64_t ScratchFloats(const ExpertsOp& o) { return 3 * o.inter; }
+CR_HD int64_t ScratchFloats(const ExpertsOp& o) { return ExpertScratchFloats(o.inter); }
 CR_HD void RunItem(const ExpertsOp& o, int64_t rt, float* scratch, KernelStatus* st) {
-  const int64_t r = rt / o.tokens, t = rt % o.tokens, H = o.hidden, mi = o.inter;
-  float* g = scratch;
-  float* u = g + mi;
-  float* a = u + mi;
+  const int64_t r = rt / o.tokens, t = rt % o.tokens, H = o.hidden;
   float* out = o.partial + rt * H;
-  const float* x = o.x + t * H;
   for (int64_t i = 0; i < H; ++i) out[i] = 0.0f;
   for (int64_t k = 0; k < o.k; ++k) {
     const int64_t j = o.ids[t * o.k + k] - o.expert_begin[r];
     if (j < 0 || j >= o.local_count[r]) continue;  // another rank's expert
     const ExpertView& e = o.experts[r * o.stride + j];
-    for (int64_t i = 0; i < mi; ++i) {
-      g[i] = LinearElement(o.dot, e.gate, x, i, rt, st);
-      u[i] = LinearElement(o.dot, e.up, x, i, rt, st);
-    }
-    SiluMulRow(g, u, mi, a);
-    const float w = o.weights[t * o.k + k];
-    for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], w, LinearElement(o.dot, e.down, a, i, rt, st));
+    const QWeight xq = o.xq != nullptr ? Fp4Row(o.xq, o.xq_scales, t, H, e.gate.act_scale) : QWeight{};
+    ExpertMlp(o.dot, e.gate, e.up, e.down, o.x + t * H, o.xq != nullptr ? &xq : nullptr, o.weights[t * o.k + k], H,
+              scratch, out, rt, st);
   }
 }
 
 CR_HD int64_t Items(const SharedExpertOp& o) { return o.ranks * o.tokens; }
-CR_HD int64_t ScratchFloats(const SharedExpertOp& o) { return 3 * o.inter; }
+CR_HD int64_t ScratchFloats(const SharedExpertOp& o) { return ExpertScratchFloats(o.inter); }
 CR_HD void RunItem(const SharedExpertOp& o, int64_t rt, float* scratch, KernelStatus* st) {
   const int64_t r = rt / o.tokens, t = rt % o.tokens, H = o.hidden;
   const ExpertView& e = o.shared[r];
-  const int64_t si = e.gate.rows;
-  float* g = scratch;
-  float* u = g + si;
-  float* a = u + si;
-  const float* x = o.x + t * H;
-  for (int64_t i = 0; i < si; ++i) {
-    g[i] = LinearElement(o.dot, e.gate, x, i, rt, st);
-    u[i] = LinearElement(o.dot, e.up, x, i, rt, st);
-  }
-  SiluMulRow(g, u, si, a);
-  for (int64_t i = 0; i < H; ++i) o.partial[rt * H + i] += LinearElement(o.dot, e.down, a, i, rt, st);
+  const QWeight xq = o.xq != nullptr ? Fp4Row(o.xq, o.xq_scales, t, H, e.gate.act_scale) : QWeight{};
+  ExpertMlp(o.dot, e.gate, e.up, e.down, o.x + t * H, o.xq != nullptr ? &xq : nullptr, 1.0f, H, scratch,
+            o.partial + rt * H, rt, st);
 }
 
 CR_HD int64_t Items(const GatherLogitsOp& o) { return o.rows * o.ranks; }

@@ -6,11 +6,15 @@
 // checkpoints are produced the way the real quantizers do it, so their scales
 // have the real properties: FP8 block scales are amax/448 per 128x128 block;
 // NVFP4 block scales are e4m3 values of amax/6/weight_scale_2 (not powers of
-// two), MXFP4 scales are e8m0 powers of two.
+// two), MXFP4 scales are e8m0 powers of two. NVFP4 checkpoints also carry a
+// calibrated `input_scale` per linear layer: the amax of the layer's input
+// over a calibration prompt (CalibrationTokens) run through the model with
+// bf16 activations, divided by 6 * 448, as ModelOpt calibrates them.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "crashreplay/replay/model_spec.h"
@@ -42,5 +46,9 @@ struct RandomCheckpoint {
 };
 
 absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& options);
+
+// The calibration prompt of an NVFP4 checkpoint: min(64, max_position) token
+// ids drawn from `seed` (the make-model seed), one request, prefilled once.
+std::vector<int32_t> CalibrationTokens(const ModelSpec& spec, uint64_t seed);
 
 }  // namespace crashreplay::replay

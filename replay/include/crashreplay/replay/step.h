@@ -81,11 +81,17 @@ class KvCache {
 
 struct Buffer {
   bool is_int = false;
+  // Raw bytes: NVFP4-quantized activations (packed e2m1 values, e4m3 block
+  // scales; kernels/act_quant.h). Hashed like the others; no value statistics.
+  bool is_bytes = false;
   std::vector<int64_t> shape;
   std::vector<float> f;
   std::vector<int32_t> i;
-  const void* data() const { return is_int ? static_cast<const void*>(i.data()) : f.data(); }
-  size_t bytes() const { return is_int ? i.size() * 4 : f.size() * 4; }
+  std::vector<uint8_t> u8;
+  const void* data() const {
+    return is_bytes ? static_cast<const void*>(u8.data()) : is_int ? static_cast<const void*>(i.data()) : f.data();
+  }
+  size_t bytes() const { return is_bytes ? u8.size() : is_int ? i.size() * 4 : f.size() * 4; }
 };
 
 struct KernelCall {
@@ -144,10 +150,18 @@ class StepProgram {
   Buffer& Alloc(const std::string& name, std::vector<int64_t> shape, bool is_int = false);
   float* F(const std::string& name) { return buffers_[name].f.data(); }
   int32_t* I(const std::string& name) { return buffers_[name].i.data(); }
+  uint8_t* U8(const std::string& name) { return buffers_[name].u8.data(); }
+  Buffer& AllocBytes(const std::string& name, std::vector<int64_t> shape);
   void Add(std::string name, int layer, std::vector<std::string> in, std::vector<std::string> out,
            int64_t tokens_per_rank, std::function<KernelStatus()> launch);
   KernelStatus LaunchLinear(const std::vector<const LinearShard*>& shards, DotKind dot, const std::string& in,
-                            bool in_per_rank, const std::string& out, int64_t tokens);
+                            bool in_per_rank, const std::string& out, int64_t tokens, const std::string& in_fp4 = "");
+  // w4a4: a kernel `name` that quantizes `in` ([rows, cols]) into `out` and
+  // `out`_scale with the group's input_scale, when `shards` take a quantized
+  // input; returns the name of the quantized buffer ("" when they do not).
+  std::string AddActQuant(const std::string& name, int layer, const std::vector<const LinearShard*>& shards,
+                          const std::string& in, int64_t rows, int64_t cols, int64_t tokens_per_rank,
+                          const std::string& out);
 
   const Model& m_;
   EngineConfig cfg_;

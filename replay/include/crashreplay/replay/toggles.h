@@ -89,6 +89,7 @@ class Config {
 enum class AttentionBackend { kReference, kFlashDecode, kPaged64 };
 enum class GemmBackend { kDequantMatmul, kFusedBlockScaled };
 enum class ScaleFormat { kCheckpoint, kFp32, kUe8m0Requant, kUe8m0 };
+enum class Nvfp4Activation { kW4a4, kW4a16 };
 enum class KvCacheDType { kBf16, kFp8E4m3 };
 enum class SamplingBackend { kSorted, kThreshold };
 enum class RopeConfig { kLegacy, kRopeParameters };
@@ -99,6 +100,7 @@ struct EngineConfig {
   GemmBackend gemm_backend = GemmBackend::kDequantMatmul;
   GemmBackend moe_backend = GemmBackend::kDequantMatmul;
   ScaleFormat scale_format = ScaleFormat::kCheckpoint;
+  Nvfp4Activation nvfp4_activation = Nvfp4Activation::kW4a4;
   KvCacheDType kv_cache_dtype = KvCacheDType::kBf16;
   int page_size = 16;
   double mem_fraction_static = 0.88;

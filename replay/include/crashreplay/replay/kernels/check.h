@@ -27,6 +27,7 @@ enum class Check : uint32_t {
   kProbFinite,          // sampling: probabilities finite
   kProbNonNegative,     // sampling: probabilities >= 0
   kProbSumPositive,     // sampling: probabilities sum to > 0
+  kNvfp4InputScale,     // NVFP4 activation quantization: input_scale finite and > 0
   kNumChecks,
 };
 
@@ -44,6 +45,7 @@ CR_HD const char* CheckName(Check c) {
     case Check::kProbFinite: return "probs_finite";
     case Check::kProbNonNegative: return "probs_non_negative";
     case Check::kProbSumPositive: return "probs_sum_positive";
+    case Check::kNvfp4InputScale: return "nvfp4_input_scale_valid";
     default: return "unknown";
   }
 }

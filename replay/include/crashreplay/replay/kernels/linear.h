@@ -10,6 +10,13 @@
 //   DotUe8m0    as DotFused, but reads each fp32 scale as a power of two
 //               (only its exponent), after checking the UE8M0 layout, as
 //               DeepGEMM's UE8M0 path does.
+// Under nvfp4_activation=w4a4 an NVFP4 layer's input arrives quantized
+// (kernels/act_quant.h) and the same three variants take it as a second
+// QWeight of one row (LinearElementQ): DotDequantQ dequantizes both operands
+// to bf16, DotFusedQ multiplies raw e2m1 values per 16-column block, scales
+// the exact block sum by weight scale x activation scale and applies
+// alpha = weight_scale_2 * input_scale once at the end, as the CUTLASS/
+// FlashInfer fp4 GEMMs do.
 // Every dot product sums in 8 interleaved lanes (lane = c % 8) combined in a
 // fixed tree, so the result is the same on any thread count and device.
 #pragma once
@@ -37,6 +44,11 @@ struct QWeight {
   int32_t block_cols = 1;
   int64_t scale_cols = 0;
   float global_scale = 1.0f;     // NVFP4 weight_scale_2; 1 otherwise
+  // w4a4: this layer's input is quantized to NVFP4 with `act_scale` (the
+  // checkpoint's input_scale; the max over layers that share the input, as
+  // engines fuse q/k/v and gate/up). False: the input stays fp32/bf16.
+  bool act_fp4 = false;
+  float act_scale = 0.0f;
 };
 
 CR_HD float RawAt(const QWeight& w, int64_t r, int64_t c) {
@@ -190,6 +202,59 @@ CR_HD float DotUe8m0(const QWeight& w, const float* x, int64_t r, int64_t item, 
   return acc;
 }
 
+// ---- w4a4: weight row against a quantized activation row ------------------
+// `xq` is one row [1, cols] of e2m1 values with e4m3 scales per 16 columns and
+// global_scale = input_scale (Nvfp4ActRow in act_quant.h).
+
+// The stored scale of the block holding (r, c), decoded, without the global
+// scale (which the w4a4 kernels apply once, in alpha).
+CR_HD float StoredScaleAt(const QWeight& w, int64_t r, int64_t c) {
+  const int64_t s = ScaleIndex(w, r, c);
+  switch (w.scale_format) {
+    case SFormat::kNone: return 1.0f;
+    case SFormat::kF32: return static_cast<const float*>(w.scales)[s];
+    case SFormat::kE4m3: return E4m3ToFloat(static_cast<const uint8_t*>(w.scales)[s]);
+    case SFormat::kE8m0: return E8m0ToFloat(static_cast<const uint8_t*>(w.scales)[s]);
+  }
+  return 1.0f;
+}
+
+// Dequantize-then-matmul: both operands dequantized to bf16 (value * scale *
+// global, one rounding each), then the 8-lane fp32 dot.
+CR_HD float DotDequantQ(const QWeight& w, const QWeight& xq, int64_t r) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t c = 0; c < w.cols; ++c) lane[c & 7] = MulAdd(lane[c & 7], DequantAt(w, r, c), DequantAt(xq, 0, c));
+  return LaneSum8(lane);
+}
+
+// The block-scaled fp4 GEMM: per activation block (16 columns) the dot of raw
+// e2m1 values, which is exact in fp32 (products are multiples of 1/4 up to
+// 36), times weight block scale * activation block scale (exact for two e4m3
+// scales), accumulated over blocks in column order; then alpha = weight
+// global scale * activation global scale, rounded once, as engines
+// precompute it. ue8m0: the weight scales are fp32 powers of two read by
+// exponent, after the layout check (DotUe8m0's contract).
+CR_HD float DotFusedQ(const QWeight& w, const QWeight& xq, int64_t r, bool ue8m0, int64_t item, KernelStatus* st) {
+  float acc = 0.0f;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += xq.block_cols) {
+    const int64_t c1 = c0 + xq.block_cols < w.cols ? c0 + xq.block_cols : w.cols;
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t c = c0; c < c1; ++c) lane[c & 7] = MulAdd(lane[c & 7], RawAt(w, r, c), RawAt(xq, 0, c));
+    float sw = StoredScaleAt(w, r, c0);
+    if (ue8m0) {
+      const uint32_t bits = FloatBits(sw * w.global_scale);
+      if (!IsUe8m0Layout(bits)) {
+        Fail(st, Check::kUe8m0ScaleLayout, item, ScaleIndex(w, r, c0), static_cast<double>(sw * w.global_scale));
+        return 0.0f;
+      }
+      sw = BitsToFloat(bits & 0x7f800000u);
+    }
+    acc = MulAdd(acc, LaneSum8(lane), sw * StoredScaleAt(xq, 0, c0));
+  }
+  const float alpha = (ue8m0 ? 1.0f : w.global_scale) * xq.global_scale;
+  return acc * alpha;
+}
+
 enum class DotKind : uint8_t { kDequant, kFused, kUe8m0 };
 
 CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_t r, int64_t item,
@@ -198,6 +263,18 @@ CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_
     case DotKind::kDequant: return DotDequant(w, x, r);
     case DotKind::kFused: return DotFused(w, x, r);
     case DotKind::kUe8m0: return DotUe8m0(w, x, r, item, st);
+  }
+  return 0.0f;
+}
+
+// One output element of a w4a4 layer: weight row r against the quantized
+// activation row xq, in the variant `kind` selects.
+CR_HD float LinearElementQ(DotKind kind, const QWeight& w, const QWeight& xq, int64_t r, int64_t item,
+                           KernelStatus* st) {
+  switch (kind) {
+    case DotKind::kDequant: return DotDequantQ(w, xq, r);
+    case DotKind::kFused: return DotFusedQ(w, xq, r, false, item, st);
+    case DotKind::kUe8m0: return DotFusedQ(w, xq, r, true, item, st);
   }
   return 0.0f;
 }
