@@ -122,6 +122,7 @@ int RunReplay(int argc, char** argv) {
 
   auto cap = replay::LoadCapture(capture_path);
   if (!cap.ok()) return ReportError(cap.status());
+  for (const std::string& n : cap->notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   replay::Config config = cap->config;
   if (!config_file.empty()) {
     if (absl::Status s = config.ApplyFile(config_file); !s.ok()) return ReportError(s);
@@ -130,6 +131,10 @@ int RunReplay(int argc, char** argv) {
     if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);
   }
   if (model_dir.empty()) model_dir = cap->manifest.model.checkpoint_path;
+  if (model_dir.empty()) {
+    return ReportError(absl::InvalidArgumentError(
+        "the capture records no checkpoint path (engine " + cap->manifest.engine + "); give the checkpoint with --model DIR"));
+  }
   auto ckpt = replay::LoadCheckpointDir(model_dir);
   if (!ckpt.ok()) return ReportError(ckpt.status());
   const replay::EngineConfig ec = replay::ResolveConfig(config);
@@ -212,6 +217,7 @@ int RunReplay(int argc, char** argv) {
     j["config"] = nlohmann::json::object();
     for (const auto& [k, v] : config.Items()) j["config"][k] = v;
     if (cap->failure) j["recorded_signature"] = cap->failure->Signature();
+    if (!cap->notes.empty()) j["notes"] = cap->notes;
     if (dump) j["dump"] = {{"path", dump_path}, {"tensors", dump->num_tensors()}, {"kernels", dump->dumped_kernels()}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {

@@ -192,7 +192,15 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
   bool has_nvfp4_activation = false;
   for (const Toggle& t : out.manifest.toggles) {
     if (FindToggle(t.name) == nullptr) continue;  // another engine's setting
-    CR_RETURN_IF_ERROR(out.config.Set(t.name, ToText(t.value)));
+    if (absl::Status s = out.config.Set(t.name, ToText(t.value)); !s.ok()) {
+      // Our own engine wrote only values of the table: anything else is a
+      // damaged manifest. Another engine's value (sglang's flashinfer) has
+      // no counterpart here; the default stands and the user is told.
+      if (out.manifest.engine == "crashreplay") return absl::DataLossError(Cat(file, ": recorded ", s.message()));
+      out.notes.push_back(Cat(out.manifest.engine, " recorded ", t.name, " = ", ToText(t.value),
+                              ", which the replay engine does not have (", s.message(), "); replaying with ",
+                              t.name, " = ", ToggleValueText(out.config.Get(t.name)), "; choose with --set ", t.name, "=..."));
+    }
     has_nvfp4_activation |= t.name == "nvfp4_activation";
   }
   // Quirk: the built-in engine recorded before nvfp4_activation existed ran

@@ -371,5 +371,23 @@ TEST(Nvfp4ActivationCaptures, OldBuiltInEngineCapturesReplayWeightOnly) {
   EXPECT_EQ(c->config.Enum("nvfp4_activation"), "w4a4");
 }
 
+// Not about NVFP4, but about how a manifest's toggles become the replay's
+// config: another engine's values outside our domain are notes, our own
+// engine's are a damaged manifest.
+TEST(ForeignToggles, AnotherEnginesUnknownValueIsANoteOursIsDataLoss) {
+  const std::vector<crashreplay::Toggle> t = {{"attention_backend", std::string("flashinfer")},
+                                              {"page_size", int64_t{64}}};
+  auto a = LoadCapture(WriteManifestOnly("foreign_toggles_sglang", "sglang", t));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->config.Enum("attention_backend"), "reference");
+  EXPECT_EQ(a->config.Int("page_size"), 64) << "values our table has are taken";
+  ASSERT_EQ(a->notes.size(), 1u);
+  EXPECT_NE(a->notes[0].find("sglang recorded attention_backend = flashinfer"), std::string::npos) << a->notes[0];
+  auto b = LoadCapture(WriteManifestOnly("foreign_toggles_ours", "crashreplay", t));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(b.status().message().find("'flashinfer' is not one of"), std::string::npos) << b.status();
+}
+
 }  // namespace
 }  // namespace crashreplay::replay

@@ -109,6 +109,25 @@ TEST_F(CaptureCli, SampleCaptureIsDeterministic) {
   EXPECT_EQ(Run("sample-capture " + a).exit_code, 2);  // refuses to overwrite without --force
 }
 
+TEST_F(CaptureCli, ReplayOfAnotherEnginesCaptureNamesSettingsItCannotTakeAndAsksForTheModel) {
+  // sample-capture's manifest is sglang-like: attention_backend=flashinfer,
+  // kv_cache_dtype=auto, no checkpoint path.
+  const std::string session = Sample();
+  const Result r = Run("replay " + session);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("note: crashreplay-sample recorded attention_backend = flashinfer"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("replaying with attention_backend = reference; choose with --set attention_backend="),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("kv_cache_dtype = auto"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("records no checkpoint path (engine crashreplay-sample); give the checkpoint with --model"),
+            std::string::npos)
+      << r.err;
+  // Recorded values our table has are taken without a note.
+  EXPECT_EQ(r.err.find("mem_fraction_static"), std::string::npos) << r.err;
+}
+
 TEST_F(CaptureCli, TruncatedCapturesNeverCrashAndGetTheRightExitCodes) {
   const std::string file = Sample() + "/rank-00000.crcap";
   const std::vector<char> bytes = ReadBytes(file);

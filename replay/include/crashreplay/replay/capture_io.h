@@ -75,6 +75,11 @@ struct LoadedCapture {
   std::vector<std::map<std::string, Hash128>> weights;  // per rank
   std::map<int64_t, SnapshotRecord> snapshots;  // by step (the last record of a step wins)
   std::shared_ptr<const CaptureReader> reader;  // for the snapshots' blobs
+  // One line per recorded toggle of another engine (sglang, vLLM) that
+  // shares a name with one of ours but whose value is outside our domain
+  // (sglang's attention_backend=flashinfer): the replay keeps our default
+  // for it, and says so.
+  std::vector<std::string> notes;
 };
 
 // `path`: a capture file or a session directory (its rank-00000.crcap).
