@@ -15,7 +15,7 @@ apt_packages=(
   libopenblas-dev
   clang libclang-rt-14-dev
 )
-py_packages=(numpy ml_dtypes safetensors nanobind pytest)
+py_packages=(numpy ml_dtypes safetensors nanobind pytest msgspec)
 
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -57,6 +57,11 @@ def _as_mapping(config: Any) -> Dict[str, Any]:
         return config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    # msgspec.Struct (sglang's ServerArgs since 0.5.2x): fields live in slots,
+    # vars() is empty.
+    struct_fields = getattr(type(config), "__struct_fields__", None)
+    if isinstance(struct_fields, tuple):
+        return {k: getattr(config, k) for k in struct_fields if not k.startswith("_")}
     if hasattr(config, "__dict__"):
         return {k: v for k, v in vars(config).items() if not k.startswith("_")}
     raise TypeError(f"config must be a dict, a dataclass or an object with attributes, not {type(config).__name__}")

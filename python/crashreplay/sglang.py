@@ -24,7 +24,8 @@ KV pages the rows select (token_to_kv_pool k_buffer/v_buffer/kv_buffer per
 layer, gathered at those slots). Manifest toggles: every ServerArgs field
 under its own name (attention_backend, prefill/decode_attention_backend,
 quantization, moe_runner_backend, kv_cache_dtype, mem_fraction_static,
-disable_cuda_graph, cuda_graph_max_bs, cuda_graph_bs, tp_size, ...; secrets
+disable_cuda_graph, cuda_graph_max_bs (or, since 0.5.2x, cuda_graph_max_bs_decode,
+also recorded as cuda_graph_max_bs), cuda_graph_bs, tp_size, ...; secrets
 dropped), plus kernel-relevant environment switches as env.NAME
 (SGLANG_ENABLE_JIT_DEEPGEMM, SGL_ENABLE_JIT_DEEPGEMM, *UE8M0*, ...) and,
 when importable, sglang's resolved DeepGEMM flags
@@ -52,8 +53,9 @@ SamplingBatchInfo, ServerArgs, plugins) and its main branch as of late 2026;
 SUPPORTED below. Older versions are refused with a message; newer ones run
 the structural check (require_fields) first.
 
-This module cannot be exercised here: sglang needs a GPU. Its extraction
-functions are tested with small stand-ins shaped like ForwardBatch.
+sglang needs a GPU to serve; this module is tested against sglang's own
+classes on the CPU where sglang imports (test_adapters_sglang_real.py) and
+with stand-ins elsewhere (test_adapters.py).
 """
 from __future__ import annotations
 
@@ -149,6 +151,11 @@ def snapshot_tensors(fields: Dict[str, Any], kv_pool: Any = None) -> Dict[str, A
 def server_args_toggles(server_args: Any, environ: Optional[Dict[str, str]] = None) -> List[Tuple[str, Any]]:
     """Every ServerArgs field as a toggle, plus kernel-relevant env switches."""
     toggles = drop_secrets(config_to_toggles(server_args)) + env_toggles(environ)
+    # sglang 0.5.2x split cuda_graph_max_bs into _decode/_prefill; the
+    # replay's cuda_graph_max_bs is the decode one (graphs are for decode).
+    names = dict(toggles)
+    if "cuda_graph_max_bs" not in names and names.get("cuda_graph_max_bs_decode") is not None:
+        toggles.append(("cuda_graph_max_bs", names["cuda_graph_max_bs_decode"]))
     try:  # sglang's resolved DeepGEMM switches, when this version has the module
         from sglang.srt.layers.deep_gemm_wrapper import configurer  # type: ignore
 

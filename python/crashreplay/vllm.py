@@ -25,6 +25,25 @@ after GPUModelRunner.load_model.
   out_cache_loc       block_tables[0].slot_mapping[:total tokens] (token slots)
   sampling            requests[req_id].sampling_params: temperature, top_p,
                       top_k, min_p, seed
+vLLM's second-generation runner (vllm/v1/worker/gpu/model_runner.py, the
+only one in 0.2x-0.34; gpu_model_runner.py is gone) builds a step in two
+calls; the hooks are GPUModelRunner.prepare_inputs (it returns an
+InputBatch) and prepare_attn (it returns (block_tables, slot_mappings)), and
+the step is recorded when prepare_attn returns:
+
+  request_ids         input_batch.req_ids[:num_reqs]
+  token_ids           input_batch.input_ids[:num_tokens] (padding cut)
+  positions           input_batch.positions[:num_tokens]
+  seq_lens            num_computed_tokens_np + num_scheduled_tokens
+  extend_lens         num_scheduled_tokens
+  req_pool_indices    idx_mapping_np (each request's request-state slot)
+  page_table          block_tables[0] rows cut to ceil(seq_len / block_size),
+                      block_size = runner.block_tables.block_sizes[0]
+  out_cache_loc       slot_mappings[0][:num_tokens]
+  sampling            runner.sampler.sampling_states at idx_mapping
+                      (temperature, top_p, top_k (vocab size -> -1), min_p,
+                      seed when seeds_set)
+
 Manifest toggles: vllm_config's model/cache/parallel/scheduler/compilation
 configs flattened ("cache_config.cache_dtype", ...), plus env.NAME switches.
 
@@ -32,8 +51,9 @@ Enabling: crashreplay registers `crashreplay` in the "vllm.general_plugins"
 entry-point group, which vLLM loads in every process it starts; set
 CRASHREPLAY_DIR=/path/to/session. Versions: SUPPORTED below, checked against
 vLLM's v1 gpu_model_runner source (0.10-era layout and main as of late
-2026). This module cannot be exercised here (vLLM needs a GPU); its
-extraction is tested with stand-ins shaped like GPUModelRunner.
+2026). vLLM needs a GPU to serve; this module is tested against vLLM's own
+classes on the CPU where vLLM imports (test_adapters_vllm_real.py) and with
+stand-ins elsewhere (test_adapters.py).
 """
 from __future__ import annotations
 
@@ -124,6 +144,48 @@ def extract_step(runner: Any, scheduler_output: Any) -> Dict[str, Any]:
     return fields
 
 
+def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None) -> Dict[str, Any]:
+    """record_step keyword arguments for vLLM's second-generation model runner
+    (vllm/v1/worker/gpu/model_runner.py, the only one since 0.2x): the
+    InputBatch prepare_inputs returned and, when prepare_attn ran, its
+    (block_tables, slot_mappings)."""
+    ib = input_batch
+    require_fields(ib, ("req_ids", "num_reqs", "num_scheduled_tokens", "num_computed_tokens_np", "num_tokens",
+                        "input_ids", "positions", "idx_mapping_np"), "InputBatch", "vllm")
+    num_reqs = int(ib.num_reqs)
+    n_tok = int(ib.num_tokens)
+    req_ids = [str(r) for r in list(ib.req_ids)[:num_reqs]]
+    scheduled = np.asarray(ib.num_scheduled_tokens[:num_reqs], dtype=np.int64)
+    computed = np.asarray(ib.num_computed_tokens_np[:num_reqs], dtype=np.int64)
+    seq_lens = computed + scheduled
+    idx = np.asarray(ib.idx_mapping_np[:num_reqs], dtype=np.int64)  # request-state slots
+    fields: Dict[str, Any] = dict(
+        mode=step_mode(scheduled, computed), request_ids=req_ids, token_ids=ib.input_ids[:n_tok],
+        positions=ib.positions[:n_tok], seq_lens=seq_lens, extend_lens=scheduled, req_pool_indices=idx)
+    if attn is not None:
+        block_tables, slot_mappings = attn
+        sizes = getattr(getattr(runner, "block_tables", None), "block_sizes", None)
+        if block_tables and sizes:
+            blocks = (seq_lens + int(sizes[0]) - 1) // int(sizes[0])
+            fields["page_table"] = {"rows": block_tables[0][:num_reqs, :int(blocks.max()) if num_reqs else 0],
+                                    "lengths": blocks}
+        if slot_mappings is not None and len(slot_mappings) > 0:
+            fields["out_cache_loc"] = slot_mappings[0][:n_tok]
+    states = getattr(getattr(runner, "sampler", None), "sampling_states", None)
+    if states is not None and num_reqs:
+        vocab = int(getattr(states, "vocab_size", 0) or 0)
+        seeds_set = getattr(states, "seeds_set", None)
+        sampling = []
+        for i in idx:
+            top_k = int(states.top_k.np[i])
+            seeded = seeds_set is None or bool(seeds_set[i])
+            sampling.append(dict(temperature=float(states.temperature.np[i]), top_p=float(states.top_p.np[i]),
+                                 top_k=-1 if vocab and top_k >= vocab else top_k, min_p=float(states.min_p.np[i]),
+                                 seed=int(states.seeds.np[i]) if seeded else None))
+        fields["sampling"] = sampling
+    return fields
+
+
 def config_toggles(vllm_config: Any, environ: Optional[Dict[str, str]] = None) -> List[Tuple[str, Any]]:
     toggles: List[Tuple[str, Any]] = [("vllm.page_table_unit", "block")]
     for part in ("model_config", "cache_config", "parallel_config", "scheduler_config",
@@ -144,11 +206,32 @@ class VLLMAdapter:
         self.snapshot = snapshot
         self.step = 0
         self.mode = ""
+        self._pending: Any = None  # v2: an InputBatch whose prepare_attn has not returned yet
 
     def after_prepare(self, runner: Any, scheduler_output: Any) -> None:
+        self._record(extract_step(runner, scheduler_output))
+
+    # The v2 runner builds a step in two calls, prepare_inputs then
+    # prepare_attn; the step is recorded when the second returns (or, should
+    # it not run, before the next step or a failure).
+    def after_prepare_v2(self, runner: Any, input_batch: Any) -> None:
+        self.flush_pending(runner)
+        self._pending = input_batch
+
+    def after_attn_v2(self, runner: Any, input_batch: Any, attn: Any) -> None:
+        if self._pending is input_batch:
+            self._pending = None
+            self._record(extract_step_v2(runner, input_batch, attn))
+
+    def flush_pending(self, runner: Any) -> None:
+        ib = self._pending
+        if ib is not None:
+            self._pending = None
+            self._record(extract_step_v2(runner, ib))
+
+    def _record(self, fields: Dict[str, Any]) -> None:
         step = self.step
         self.step += 1
-        fields = extract_step(runner, scheduler_output)
         self.mode = fields["mode"]
         if self.snapshot:
             self.recorder.snapshot(step, {k: fields[k] for k in ("token_ids", "positions", "out_cache_loc")
@@ -199,7 +282,7 @@ def install() -> bool:
     if not session_dir:
         return False
     check_vllm_version(_vllm_version())
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # type: ignore
+    GPUModelRunner, v2 = _runner_class()
 
     if getattr(GPUModelRunner, "_crashreplay_installed", False):
         return True
@@ -216,14 +299,44 @@ def install() -> bool:
         so = kwargs.get("scheduler_output", args[0] if args else None)
         adapter_of(runner).after_prepare(runner, so)
 
+    def after_prepare_v2(runner, result, args, kwargs):
+        adapter_of(runner).after_prepare_v2(runner, result)
+
+    def after_attn_v2(runner, result, args, kwargs):
+        ib = kwargs.get("input_batch", args[0] if args else None)
+        adapter_of(runner).after_attn_v2(runner, ib, result)
+
     wrap_method(GPUModelRunner, "load_model", after=guarded(after_load, "hashing vLLM weights"))
-    if not wrap_method(GPUModelRunner, "_prepare_inputs", after=guarded(after_prepare, "recording a vLLM step")):
+    if v2:
+        for name, hook in (("prepare_inputs", after_prepare_v2), ("prepare_attn", after_attn_v2)):
+            if not wrap_method(GPUModelRunner, name, after=guarded(hook, "recording a vLLM step")):
+                raise UnsupportedVersion(f"crashreplay.vllm: vllm.v1.worker.gpu.model_runner.GPUModelRunner has no {name}")
+    elif not wrap_method(GPUModelRunner, "_prepare_inputs", after=guarded(after_prepare, "recording a vLLM step")):
         raise UnsupportedVersion("crashreplay.vllm: GPUModelRunner has no _prepare_inputs")
     for name in ("execute_model", "sample_tokens"):
         _hook_failure(GPUModelRunner, name)
     GPUModelRunner._crashreplay_installed = True
     logger.info("crashreplay: recording vLLM model runners into %s", session_dir)
     return True
+
+
+def _runner_class() -> Tuple[Any, bool]:
+    """vLLM's GPUModelRunner and whether it is the second-generation one
+    (vllm/v1/worker/gpu/model_runner.py) rather than gpu_model_runner.py."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # type: ignore
+
+        return GPUModelRunner, False
+    except ModuleNotFoundError:
+        pass
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner  # type: ignore
+
+        return GPUModelRunner, True
+    except ModuleNotFoundError as e:
+        raise UnsupportedVersion(
+            f"crashreplay.vllm: this vLLM ({_vllm_version()}) has neither vllm.v1.worker.gpu_model_runner nor "
+            f"vllm.v1.worker.gpu.model_runner ({e})") from e
 
 
 def _hook_failure(cls: Any, name: str) -> None:
@@ -237,6 +350,7 @@ def _hook_failure(cls: Any, name: str) -> None:
         except Exception as exc:
             adapter = getattr(self, "_crashreplay_adapter", None)
             if adapter is not None:
+                guarded(adapter.flush_pending, "recording a vLLM step")(self)
                 adapter.recorder.failure_hook(step=adapter.step - 1 if adapter.step else None,
                                               stage=adapter.mode or name).record(exc, exc.__traceback__)
             raise

@@ -234,3 +234,21 @@ def test_sglang_launcher_requires_a_session_directory():
     r = subprocess.run([sys.executable, "-m", "crashreplay.sglang", "--model-path", "x"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "set CRASHREPLAY_DIR" in r.stderr
+
+
+def test_sglang_server_args_as_a_msgspec_struct():
+    # sglang 0.5.2x declares ServerArgs as a msgspec.Struct: slots, no
+    # __dict__ entries, not a dataclass; cuda_graph_max_bs is split in two.
+    msgspec = pytest.importorskip("msgspec")
+
+    class StructServerArgs(msgspec.Struct):
+        attention_backend: str = "trtllm_mla"
+        mem_fraction_static: float = 0.95
+        cuda_graph_max_bs_decode: int = 160
+        cuda_graph_max_bs_prefill: int = 8
+        api_key: str = "hunter2"
+
+    t = dict(cr_sglang.server_args_toggles(StructServerArgs(), environ={}))
+    assert t["attention_backend"] == "trtllm_mla" and t["mem_fraction_static"] == 0.95
+    assert t["cuda_graph_max_bs_decode"] == 160 and t["cuda_graph_max_bs"] == 160
+    assert "api_key" not in t

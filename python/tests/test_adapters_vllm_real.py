@@ -1,0 +1,144 @@
+"""crashreplay.vllm against vLLM's own classes, on the CPU.
+
+Runs where vLLM (and torch) import; CI has neither, so there it is skipped
+and test_adapters.py's stand-ins cover the extraction. vLLM's GPU-only
+pieces (BlockTables and SamplingStates allocate through the CUDA driver) are
+replaced by objects holding the same arrays, written by vLLM's own
+SamplingStates.add_request. Last run: vLLM 0.34.0 (pip install --no-deps
+plus the pure-Python imports it needs; no vllm._C), torch 2.15.0 CPU.
+"""
+import dataclasses
+import inspect
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+try:
+    from crashreplay import vllm as cr_vllm
+
+    GPUModelRunner, V2 = cr_vllm._runner_class()
+    from vllm.sampling_params import SamplingParams
+except Exception as e:  # noqa: BLE001
+    pytest.skip(f"vLLM is installed but its model runner does not import here: {e!r}", allow_module_level=True)
+
+import crashreplay
+
+if V2:
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+    from vllm.v1.worker.gpu.sample.states import SamplingStates
+
+
+def test_this_vllm_is_a_supported_version():
+    cr_vllm.check_vllm_version(cr_vllm._vllm_version())
+
+
+def test_the_runner_has_the_methods_the_hooks_wrap():
+    names = ["load_model", "execute_model", "sample_tokens"]
+    names += ["prepare_inputs", "prepare_attn"] if V2 else ["_prepare_inputs"]
+    assert all(hasattr(GPUModelRunner, n) for n in names), [n for n in names if not hasattr(GPUModelRunner, n)]
+    if V2:
+        assert list(inspect.signature(GPUModelRunner.prepare_attn).parameters)[:2] == ["self", "input_batch"]
+        assert list(inspect.signature(GPUModelRunner.execute_model).parameters)[:2] == ["self", "scheduler_output"]
+
+
+needs_v2 = pytest.mark.skipif(not V2, reason="this vLLM has the first-generation gpu_model_runner")
+
+
+def sampling_states(max_reqs=4, vocab=256):
+    """The arrays of vLLM's SamplingStates (whose constructor needs CUDA),
+    written by vLLM's own add_request."""
+    def buf(dtype):
+        return SimpleNamespace(np=np.zeros(max_reqs, dtype))
+
+    s = SimpleNamespace(max_num_reqs=max_reqs, vocab_size=vocab, temperature=buf(np.float32),
+                        top_k=buf(np.int32), top_p=buf(np.float32), min_p=buf(np.float32), seeds=buf(np.int64),
+                        seeds_set=np.zeros(max_reqs, bool), num_logprobs=np.full(max_reqs, -1, np.int32))
+    s.top_k.np.fill(vocab)
+    s.top_p.np.fill(1.0)
+    return s
+
+
+def real_input_batch(num_computed):
+    """vLLM's InputBatch for two requests in request-state slots 2 and 0."""
+    scheduled = np.array([1, 1] if num_computed[0] else [3, 2], np.int32)
+    n = int(scheduled.sum())
+    fields = {f.name for f in dataclasses.fields(InputBatch)}
+    values = dict(
+        req_ids=["req-a", "req-b"], num_reqs=2, num_reqs_after_padding=2,
+        idx_mapping=torch.tensor([2, 0]), idx_mapping_np=np.array([2, 0]), expanded_idx_mapping=torch.tensor([2, 0]),
+        expanded_local_pos=torch.zeros(2, dtype=torch.int32), num_scheduled_tokens=scheduled, num_tokens=n,
+        num_tokens_after_padding=n + 2, num_draft_tokens=0, num_draft_tokens_per_req=None,
+        query_start_loc=torch.tensor([0, scheduled[0], n]), query_start_loc_np=np.array([0, scheduled[0], n]),
+        seq_lens=torch.tensor(np.array(num_computed) + scheduled), seq_lens_cpu_upper_bound=None,
+        dcp_local_seq_lens=None, num_computed_tokens_np=np.array(num_computed, np.int32),
+        prefill_len_np=np.array([3, 2]), num_computed_prefill_tokens_np=np.array([0, 0]),
+        is_prefilling_np=np.array([not num_computed[0]] * 2), has_prefill=not num_computed[0],
+        decode_graph_eligible=bool(num_computed[0]),
+        input_ids=torch.arange(100, 100 + n + 2), positions=torch.arange(n + 2), is_padding=torch.zeros(n + 2, dtype=bool),
+        logits_indices=torch.tensor([scheduled[0] - 1, n - 1]), cu_num_logits=torch.tensor([0, 1, 2]),
+        cu_num_logits_np=np.array([0, 1, 2]), has_structured_output_reqs=False, prompt_lens=np.array([3, 2]))
+    return InputBatch(**{k: v for k, v in values.items() if k in fields})
+
+
+@needs_v2
+def test_a_v2_decode_step_is_recorded_with_block_rows_slots_and_sampling(tmp_path):
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.block_tables = SimpleNamespace(block_sizes=[2])
+    states = sampling_states()
+    SamplingStates.add_request(states, 2, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=7))
+    SamplingStates.add_request(states, 0, SamplingParams(temperature=1.0, min_p=0.05))
+    runner.sampler = SimpleNamespace(sampling_states=states)
+    rec = crashreplay.Recorder(str(tmp_path / "c.crcap"), engine="vllm", install_signal_handlers=False)
+    adapter = cr_vllm.VLLMAdapter(rec)
+    ib = real_input_batch([3, 2])  # decode: seq lens 4 and 3
+    block_tables = (torch.tensor([[5, 6, 0, 0], [9, 8, 0, 0], [0, 0, 0, 0]], dtype=torch.int32),)
+    slot_mappings = torch.tensor([[11, 16, -1, -1]])
+    adapter.after_prepare_v2(runner, ib)
+    adapter.after_attn_v2(runner, ib, (block_tables, slot_mappings))
+    rec.close()
+    cap = crashreplay.read_capture(rec.path)
+    (s,) = cap["step_records"]
+    assert s["mode"] == "decode" and s["token_ids"] == [100, 101] and s["positions"] == [0, 1]
+    assert s["seq_lens"] == [4, 3] and s["extend_lens"] == [1, 1]
+    # ceil(seq_len / block_size) block ids per row
+    assert [r["token_slots"] for r in s["page_table"]] == [[5, 6], [9, 8]]
+    assert [r["req_pool_index"] for r in s["page_table"]] == [2, 0]
+    assert s["out_cache_loc"] == [11, 16]
+    a, b = s["sampling"]
+    assert (a["seed"], a["top_k"], b["top_k"]) == (7, 20, -1)  # vocab-sized top_k: no top-k
+    assert abs(a["temperature"] - 0.7) < 1e-6 and abs(b["min_p"] - 0.05) < 1e-6
+    assert "seed" not in b or b["seed"] is None
+
+
+@needs_v2
+def test_a_failing_execute_model_records_the_pending_step_then_the_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRASHREPLAY_DIR", str(tmp_path / "session"))
+    saved = {n: GPUModelRunner.__dict__[n] for n in ("load_model", "execute_model", "sample_tokens",
+                                                       "prepare_inputs", "prepare_attn") if n in GPUModelRunner.__dict__}
+    try:
+        assert cr_vllm.install() is True
+        assert all(getattr(GPUModelRunner, n) is not v for n, v in saved.items())
+        runner = GPUModelRunner.__new__(GPUModelRunner)
+        runner.block_tables = SimpleNamespace(block_sizes=[2])
+        rec = crashreplay.Recorder(str(tmp_path / "c.crcap"), engine="vllm", install_signal_handlers=False)
+        adapter = cr_vllm.VLLMAdapter(rec)
+        runner._crashreplay_adapter = adapter
+        adapter.after_prepare_v2(runner, real_input_batch([0, 0]))  # a prefill whose prepare_attn never returned
+        # vLLM's real execute_model on a runner that never initialised fails
+        # on the missing state; the hook records and re-raises.
+        with pytest.raises(Exception) as raised:
+            runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=5))
+        rec.close()
+        cap = crashreplay.read_capture(rec.path)
+        assert [(s["step"], s["mode"]) for s in cap["step_records"]] == [(0, "prefill")]
+        (f,) = cap["failure_records"]
+        assert f["step"] == 0 and f["stage"] == "prefill"
+        assert f["exception_type"] == type(raised.value).__name__ and "model_runner.py" in f["backtrace"]
+    finally:
+        for n, v in saved.items():
+            setattr(GPUModelRunner, n, v)
+        if "_crashreplay_installed" in GPUModelRunner.__dict__:
+            delattr(GPUModelRunner, "_crashreplay_installed")
