@@ -12,6 +12,8 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 if(NOT CRASHREPLAY_FORMATS_ONLY AND NOT CRASHREPLAY_PYTHON_ONLY)
   find_package(CLI11 REQUIRED)
   find_package(BLAS REQUIRED)
+  # Oniguruma: the regex engine HF `tokenizers` uses, for tokenizer.json splits.
+  pkg_check_modules(ONIG REQUIRED IMPORTED_TARGET oniguruma)
 endif()
 
 set(CRASHREPLAY_HAVE_CUDA OFF)

@@ -12,10 +12,10 @@ apt_packages=(
   libabsl-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
-  libopenblas-dev
+  libopenblas-dev libonig-dev
   clang libclang-rt-14-dev
 )
-py_packages=(numpy ml_dtypes safetensors nanobind pytest msgspec)
+py_packages=(numpy ml_dtypes safetensors nanobind pytest msgspec tokenizers)
 
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -17,6 +17,7 @@
 #include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/engine.h"
+#include "crashreplay/replay/tokenizer.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {
@@ -84,6 +85,7 @@ class DumpObserver : public replay::StepObserver {
 int RunRun(int argc, char** argv) {
   CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
   std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "16M";
+  std::string tokenizer_choice = "auto";
   std::vector<std::string> prompts, prompt_ids, sets;
   int64_t max_new = 16;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -91,7 +93,7 @@ int RunRun(int argc, char** argv) {
   uint64_t seed = 0;
   bool json = false;
   app.add_option("MODEL_DIR", model_dir, "checkpoint directory (config.json + safetensors)")->required();
-  app.add_option("--prompt", prompts, "a prompt (byte-level tokens); repeat for more requests");
+  app.add_option("--prompt", prompts, "a prompt (tokenized by --tokenizer); repeat for more requests");
   app.add_option("--prompt-ids", prompt_ids, "a prompt as token ids, e.g. 1,2,3; repeatable");
   app.add_option("--max-new-tokens", max_new, "tokens to generate per request")->check(CLI::Range(1, 1 << 20));
   app.add_option("--config", config_file, "flat TOML configuration file (see 'crashreplay toggles')");
@@ -109,6 +111,9 @@ int RunRun(int argc, char** argv) {
   app.add_option("--snapshot-budget", snapshot_budget,
                  "with --record: host memory for the snapshot ring (bytes, or with K/M/G)")->default_str("16M");
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
+  app.add_option("--tokenizer", tokenizer_choice,
+                 "auto: MODEL_DIR/tokenizer.json when present (byte-level BPE), else bytes; 'bytes'; or a "
+                 "tokenizer.json path")->default_str("auto");
   app.add_flag("--json", json, "print the result as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
@@ -138,11 +143,17 @@ int RunRun(int argc, char** argv) {
         "--set device=cuda: `run` drives the CPU engine; steps run on the GPU through OpStep "
         "(replay/op_step.h), which is not wired into `run` yet"));
   }
+  std::string tokenizer_note;
+  auto tokenizer = replay::TokenizerForCheckpoint(model_dir, tokenizer_choice, &tokenizer_note);
+  if (!tokenizer.ok()) return ReportError(tokenizer.status());
+  if (!tokenizer_note.empty()) std::fprintf(stderr, "crashreplay: note: %s\n", tokenizer_note.c_str());
   std::vector<replay::Request> requests;
   for (const std::string& p : prompts) {
     replay::Request r;
-    r.prompt.assign(p.begin(), p.end());
-    for (auto& t : r.prompt) t &= 0xff;
+    auto ids = (*tokenizer)->Encode(p, /*add_special_tokens=*/true);
+    if (!ids.ok()) return ReportError(absl::InvalidArgumentError("--prompt: " + std::string(ids.status().message())));
+    r.prompt = std::move(*ids);
+    if (r.prompt.empty()) return ReportError(absl::InvalidArgumentError("--prompt '" + p + "' has no tokens"));
     requests.push_back(std::move(r));
   }
   for (const std::string& p : prompt_ids) {
@@ -193,6 +204,31 @@ int RunRun(int argc, char** argv) {
   if (recorder) tee.to.push_back(recorder.get());
   if (dump) tee.to.push_back(dump.get());
   const replay::RunResult r = engine.Run(requests, &tee);
+  // Generated text: bytes print as before (non-printables as <id>); a
+  // tokenizer.json decodes (invalid UTF-8 as U+FFFD).
+  const bool byte_tokens = (*tokenizer)->Describe() == "bytes";
+  auto text_of = [&](const std::vector<int32_t>& toks) {
+    if (byte_tokens) return Printable(toks);
+    // Ids the tokenizer has no token for (a model vocab larger than the
+    // tokenizer's) print as <id> between the decoded runs.
+    std::string text;
+    std::vector<int32_t> run;
+    auto flush = [&] {
+      if (!run.empty()) text += *(*tokenizer)->Decode(run);
+      run.clear();
+    };
+    for (int32_t t : toks) {
+      const int32_t one[] = {t};
+      if ((*tokenizer)->Decode(one).ok()) {
+        run.push_back(t);
+      } else {
+        flush();
+        text += Printable({t});
+      }
+    }
+    flush();
+    return text;
+  };
   if (dump && !dump->status().ok()) return ReportError(dump->status());
   if (recorder) {
     if (absl::Status s = recorder->Finish(r.fault); !s.ok()) return ReportError(s);
@@ -215,8 +251,9 @@ int RunRun(int argc, char** argv) {
       out["steps"].push_back({{"step", s.step}, {"mode", replay::ForwardModeName(s.mode)}, {"rows", s.rows},
                               {"tokens", s.tokens}, {"digest", s.digest.Hex()}, {"sampled", s.sampled}});
     }
+    out["tokenizer"] = (*tokenizer)->Describe();
     out["outputs"] = nlohmann::json::array();
-    for (const auto& [id, toks] : r.outputs) out["outputs"].push_back({{"request", id}, {"tokens", toks}, {"text", Printable(toks)}});
+    for (const auto& [id, toks] : r.outputs) out["outputs"].push_back({{"request", id}, {"tokens", toks}, {"text", text_of(toks)}});
     if (r.fault) {
       out["fault"] = r.fault->ToJson();
       out["signature"] = out["fault"]["signature"];
@@ -237,7 +274,7 @@ int RunRun(int argc, char** argv) {
                   replay::ForwardModeName(s.mode), static_cast<long long>(s.rows), static_cast<long long>(s.tokens),
                   s.digest.Hex().c_str());
     }
-    for (const auto& [id, toks] : r.outputs) std::printf("request %lld: %s\n", static_cast<long long>(id), Printable(toks).c_str());
+    for (const auto& [id, toks] : r.outputs) std::printf("request %lld: %s\n", static_cast<long long>(id), text_of(toks).c_str());
     if (r.fault) {
       std::printf("FAILED %s\n  %s\n", r.fault->Signature().c_str(), r.fault->message.c_str());
       if (!r.first_nonfinite.empty()) std::printf("  first non-finite output: %s\n", r.first_nonfinite.c_str());

@@ -12,6 +12,7 @@ constexpr Command kCommands[] = {
     {"make-model", "write a small random HF checkpoint", RunMakeModel},
     {"run", "run the built-in engine on a checkpoint", RunRun},
     {"replay", "replay a recorded step kernel by kernel", RunReplay},
+    {"tokenize", "text to token ids and back with a checkpoint's tokenizer", RunTokenize},
     {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
     {"info", "summarise a capture file or session directory", RunInfo},
     {"verify", "check every checksum and blob hash of a capture", RunVerify},

@@ -8,6 +8,7 @@ int RunToggles(int argc, char** argv);
 int RunMakeModel(int argc, char** argv);
 int RunRun(int argc, char** argv);
 int RunReplay(int argc, char** argv);
+int RunTokenize(int argc, char** argv);
 int RunSampleCapture(int argc, char** argv);
 int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);
