@@ -26,9 +26,10 @@ pinned buffers to the recorder (the one memcpy into its ring) or, for step
 records, calls record_step. Items whose fence never arrives are dropped and
 counted (`dropped`).
 
-This module needs torch with CUDA; it imports torch lazily. It cannot be
-exercised on a machine without a GPU (the project's CI has none): the
-tests cover its host-side queueing with a CPU stand-in only where noted.
+This module needs torch with CUDA; it imports torch lazily. CI has no GPU:
+python/tests/test_cuda_staging.py (staging order, a real device-side assert
+in a child process) runs only on a GPU machine, from tests/gpu/run_all.sh,
+and has not run yet.
 """
 from __future__ import annotations
 

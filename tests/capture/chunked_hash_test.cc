@@ -45,7 +45,7 @@ TEST(ChunkedHash, CombinesPerChunkXxh3OfFixedChunks) {
 }
 
 TEST(ChunkedHash, DeviceHashNeedsCudaHere) {
-  if (DeviceHashAvailable()) GTEST_SKIP() << "a GPU is present; the device path is exercised elsewhere";
+  if (DeviceHashAvailable()) GTEST_SKIP() << "a GPU is present; the device path is tests/gpu/device_hash_test.cc";
   const std::vector<std::byte> data = RandomBytes(1000, 5);
   auto h = ChunkedHashDevice(data.data(), data.size());
   EXPECT_FALSE(h.ok());
