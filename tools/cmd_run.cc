@@ -37,24 +37,6 @@ std::string Printable(const std::vector<int32_t>& tokens) {
   return s;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    const std::string piece = text.substr(start, comma - start);
-    char* end = nullptr;
-    const long v = std::strtol(piece.c_str(), &end, 10);
-    if (piece.empty() || *end != '\0') {
-      return absl::InvalidArgumentError("--prompt-ids expects comma-separated integers, got '" + text + "'");
-    }
-    ids.push_back(static_cast<int32_t>(v));
-    start = comma + 1;
-  }
-  return ids;
-}
-
 // Writes every step's logits and sampled tokens as DIR/step_NNNNN.safetensors.
 class DumpObserver : public replay::StepObserver {
  public:
@@ -157,7 +139,7 @@ int RunRun(int argc, char** argv) {
     requests.push_back(std::move(r));
   }
   for (const std::string& p : prompt_ids) {
-    auto ids = ParseIds(p);
+    auto ids = ParseIds("--prompt-ids", p);
     if (!ids.ok()) return ReportError(ids.status());
     replay::Request r;
     r.prompt = *ids;

@@ -37,23 +37,11 @@ int RunTokenize(int argc, char** argv) {
     out["encoded"].push_back({{"text", t}, {"ids", *ids}});
   }
   for (const std::string& list : id_lists) {
-    std::vector<int32_t> ids;
-    size_t start = 0;
-    while (start <= list.size()) {
-      size_t comma = list.find(',', start);
-      if (comma == std::string::npos) comma = list.size();
-      const std::string piece = list.substr(start, comma - start);
-      char* end = nullptr;
-      const long v = std::strtol(piece.c_str(), &end, 10);
-      if (piece.empty() || *end != '\0' || v < 0 || v > INT32_MAX) {
-        return ReportError(absl::InvalidArgumentError("--ids expects comma-separated token ids, got '" + list + "'"));
-      }
-      ids.push_back(static_cast<int32_t>(v));
-      start = comma + 1;
-    }
-    auto text = (*tok)->Decode(ids);
+    auto ids = ParseIds("--ids", list);
+    if (!ids.ok()) return ReportError(ids.status());
+    auto text = (*tok)->Decode(*ids);
     if (!text.ok()) return ReportError(absl::InvalidArgumentError("--ids: " + std::string(text.status().message())));
-    out["decoded"].push_back({{"ids", ids}, {"text", *text}});
+    out["decoded"].push_back({{"ids", *ids}, {"text", *text}});
   }
   if (json) {
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

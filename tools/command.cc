@@ -1,6 +1,9 @@
 #include "command.h"
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/numbers.h"
 
@@ -59,6 +62,25 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& 
     return absl::InvalidArgumentError(flag + " '" + text + "': expected bytes, e.g. 8G or 8589934592");
   }
   return v * mult;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string piece = text.substr(start, comma - start);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(piece.c_str(), &end, 10);
+    if (piece.empty() || *end != '\0' || errno == ERANGE || v < INT32_MIN || v > INT32_MAX) {
+      return absl::InvalidArgumentError(flag + " expects comma-separated 32-bit integers, got '" + text + "'");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    start = comma + 1;
+  }
+  return ids;
 }
 
 }  // namespace crashreplay::tools

@@ -12,6 +12,7 @@
 #include <string>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -42,5 +43,9 @@ int ReportError(const absl::Status& status);
 // A byte count given to `flag`: digits, optionally followed by K, M, G or T
 // (powers of 1024). InvalidArgument naming the flag for anything else or 0.
 absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& text);
+
+// "1,2,3" -> ids; each an int32 (sign allowed: a negative id is data for the
+// kernels' checks, not a usage error). InvalidArgument naming `flag`.
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std::string& text);
 
 }  // namespace crashreplay::tools
