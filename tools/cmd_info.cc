@@ -146,7 +146,8 @@ void PrintText(const CaptureReader& r) {
     }
   }
   if (s.snapshots_dropped > 0) {
-    std::printf("  dropped snapshots: %llu (%s) — the ring was full\n",
+    std::printf("  snapshots evicted from the ring, not in the file: %llu (%s); the ring keeps only the newest steps "
+                "(its step count and byte budget), so this is expected on a long run\n",
                 static_cast<unsigned long long>(s.snapshots_dropped), HumanBytes(s.bytes_dropped).c_str());
   }
   for (const FailureRecord& f : r.failures()) {
