@@ -200,8 +200,7 @@ int RunRun(int argc, char** argv) {
       run.clear();
     };
     for (int32_t t : toks) {
-      const int32_t one[] = {t};
-      if ((*tokenizer)->Decode(one).ok()) {
+      if ((*tokenizer)->HasToken(t)) {
         run.push_back(t);
       } else {
         flush();

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "crashreplay/base/status.h"
+#include "crashreplay/base/utf8.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -73,24 +74,6 @@ size_t FirstInvalidUtf8(std::string_view s) {
     i += n;
   }
   return std::string_view::npos;
-}
-
-void AppendUtf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
 }
 
 // Invalid sequences become U+FFFD, as a lossy UTF-8 decode does.
@@ -341,7 +324,7 @@ class BpeTokenizer final : public Tokenizer {
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
     std::string bytes;
     for (int32_t id : ids) {
-      if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || !has_token_[static_cast<size_t>(id)]) {
+      if (!HasToken(id)) {
         return absl::InvalidArgumentError(StrCat("token id ", id, " is not in the tokenizer's vocabulary"));
       }
       const std::string& tok = id_to_token_[static_cast<size_t>(id)];
@@ -361,6 +344,10 @@ class BpeTokenizer final : public Tokenizer {
       }
     }
     return ReplaceInvalidUtf8(bytes);
+  }
+
+  bool HasToken(int32_t id) const override {
+    return id >= 0 && static_cast<size_t>(id) < id_to_token_.size() && has_token_[static_cast<size_t>(id)];
   }
 
   std::string Describe() const override {
@@ -453,11 +440,12 @@ class ByteTokenizer final : public Tokenizer {
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
     std::string s;
     for (int32_t id : ids) {
-      if (id < 0 || id > 255) return absl::InvalidArgumentError(StrCat("token id ", id, " is not a byte"));
+      if (!HasToken(id)) return absl::InvalidArgumentError(StrCat("token id ", id, " is not a byte"));
       s += static_cast<char>(id);
     }
     return s;
   }
+  bool HasToken(int32_t id) const override { return id >= 0 && id <= 255; }
   std::string Describe() const override { return "bytes"; }
   int64_t VocabSize() const override { return 256; }
 };
@@ -471,7 +459,7 @@ absl::Status Unsupported(const std::string& origin, const std::string& field, co
       StrCat(origin, ": ", field, " ", what, " is not supported (byte-level BPE tokenizers only: docs/replay.md)"));
 }
 
-absl::Status ParsePreTokenizer(const Json& p, const std::string& origin, const std::string& field, BpeTokenizer* t,
+absl::Status ParsePreTokenizer(const Json& p, const std::string& origin, const std::string& field,
                                std::vector<SplitStep>* splits, bool* byte_level, bool* add_prefix_space) {
   const std::string type = TypeOf(p);
   if (type == "Sequence") {
@@ -479,7 +467,7 @@ absl::Status ParsePreTokenizer(const Json& p, const std::string& origin, const s
       return absl::InvalidArgumentError(StrCat(origin, ": ", field, ".pretokenizers: expected an array"));
     }
     for (size_t i = 0; i < p["pretokenizers"].size(); ++i) {
-      CR_RETURN_IF_ERROR(ParsePreTokenizer(p["pretokenizers"][i], origin, StrCat(field, ".pretokenizers[", i, "]"), t,
+      CR_RETURN_IF_ERROR(ParsePreTokenizer(p["pretokenizers"][i], origin, StrCat(field, ".pretokenizers[", i, "]"),
                                            splits, byte_level, add_prefix_space));
     }
     return absl::OkStatus();
@@ -671,7 +659,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseTokenizerJson(std::string_view t
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) {
     return Unsupported(origin, "pre_tokenizer", "null");
   }
-  CR_RETURN_IF_ERROR(ParsePreTokenizer(j["pre_tokenizer"], origin, "pre_tokenizer", t.get(), &t->splits_, &byte_level,
+  CR_RETURN_IF_ERROR(ParsePreTokenizer(j["pre_tokenizer"], origin, "pre_tokenizer", &t->splits_, &byte_level,
                                        &t->add_prefix_space_));
   if (!byte_level) return Unsupported(origin, "pre_tokenizer", "without ByteLevel");
   if (j.contains("post_processor") && !j["post_processor"].is_null()) {

@@ -39,6 +39,8 @@ class Tokenizer {
   virtual absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const = 0;
   // Text of `ids`; an id without a token is InvalidArgument naming it.
   virtual absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const = 0;
+  // Whether Decode knows `id`.
+  virtual bool HasToken(int32_t id) const = 0;
   // One line: "bytes" or "tokenizer.json: BPE, N tokens, M merges".
   virtual std::string Describe() const = 0;
   // One past the largest id it can produce.
