@@ -67,8 +67,13 @@ class Recorder::Impl final : public internal::CrashTarget {
 
   // Step queue: head = accepted, tail = written. producer_mu_ orders
   // concurrent RecordStep callers (uncontended in an engine: one scheduler
-  // thread per rank).
-  std::mutex producer_mu_;
+  // thread per rank). What RecordStep writes sits on cache lines of its own
+  // (the queue is aligned likewise): a line the writer thread also stores
+  // to would cost the serving thread a transfer from the other core on
+  // every step.
+  alignas(64) std::mutex producer_mu_;
+  std::atomic<uint64_t> last_accepted_step_{0};
+  std::atomic<ForwardMode> last_accepted_mode_{ForwardMode::kUnknown};
   internal::StepQueue queue_;
   std::atomic<int> writer_events_{0};
   std::atomic<int> encoder_events_{0};
@@ -85,8 +90,6 @@ class Recorder::Impl final : public internal::CrashTarget {
   std::atomic<uint64_t> weight_checks_{0}, corrupt_slices_{0};
   std::atomic<uint64_t> last_step_{0};
   std::atomic<bool> any_step_{false};
-  std::atomic<uint64_t> last_accepted_step_{0};
-  std::atomic<ForwardMode> last_accepted_mode_{ForwardMode::kUnknown};
 
   // Failure frames encoded in advance for the signal handler (double buffer).
   SignalFrames signal_frames_[2];

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -138,44 +139,66 @@ size_t StepQueue::PackedBytes(const StepView& v) { return LayoutOf(v).total; }
 
 // Producer. Arena positions are virtual (monotonic); a record never wraps:
 // one that would cross the end starts at the next lap. The live part of the
-// arena is [mark of the oldest queued entry, write_pos_).
+// arena is [mark of the oldest queued entry, write_pos_). Place() judges
+// that from tail_seen_, which may lag the writer (a smaller live part is
+// never mistaken for a larger one); only when it finds no room is the
+// writer's tail read again.
 std::byte* StepQueue::Allocate(size_t bytes, Entry* e) {
-  const uint64_t h = head_.load(std::memory_order_relaxed);
-  const uint64_t t = tail_.load(std::memory_order_acquire);
-  uint64_t size = arena_size_.load(std::memory_order_relaxed);
-  e->mark = write_pos_;
-  if (arena_ != nullptr) {
-    if (t == h && bytes > size) {
-      // Empty, so the writer reads nothing until the next head store: an
-      // oversized record may replace the arena (a new mapping that fails
-      // leaves the old one, and the record spills).
-      const uint64_t grown = RoundUp(std::max<uint64_t>(size * 2, bytes * 2), 4096);
-      if (std::byte* bigger = NewArena(grown); bigger != nullptr) {
-        ::munmap(arena_, size);
-        arena_ = bigger;
-        size = grown;
-        arena_size_.store(size, std::memory_order_relaxed);
-        write_pos_ = 0;
-        e->mark = 0;
-      }
-    }
-    // Nothing queued: the whole arena is free. The position is not rewound
-    // to the start (see docs/capture.md, "The step queue"), but a record
-    // that does not fit before the end starts the next lap at no cost.
-    if (t == h && write_pos_ % size + bytes > size) write_pos_ = RoundUp(write_pos_, size);
-    const uint64_t live_from = t == h ? write_pos_ : entries_[t % entries_.size()].mark;
-    const uint64_t at = write_pos_ % size;
-    const uint64_t skip = at + bytes > size ? size - at : 0;
-    if (write_pos_ + skip + bytes - live_from <= size) {
-      write_pos_ += skip;
-      std::byte* p = arena_ + write_pos_ % size;
-      write_pos_ += bytes;
-      return p;
-    }
+  // Place() reads the entry at tail_seen_, which must not have been reused
+  // yet (Full() keeps head - tail_seen_ below the slots; this covers a
+  // caller that did not ask).
+  if (head_.load(std::memory_order_relaxed) - tail_seen_ >= entries_.size()) {
+    tail_seen_ = tail_.load(std::memory_order_acquire);
   }
+  if (arena_ != nullptr) {
+    if (std::byte* p = Place(bytes, e); p != nullptr) return p;
+    tail_seen_ = tail_.load(std::memory_order_acquire);
+    if (std::byte* p = Place(bytes, e); p != nullptr) return p;
+  }
+  e->mark = write_pos_;
   spilled_.fetch_add(1, std::memory_order_relaxed);
   e->spill.reset(new std::byte[bytes]);  // not zero-filled
   return e->spill.get();
+}
+
+std::byte* StepQueue::Place(size_t bytes, Entry* e) {
+  const uint64_t h = head_.load(std::memory_order_relaxed);
+  const uint64_t t = tail_seen_;
+  uint64_t size = arena_size_.load(std::memory_order_relaxed);
+  if (t == h && bytes > size) {
+    // Empty, so the writer reads nothing until the next head store: an
+    // oversized record may replace the arena (a new mapping that fails
+    // leaves the old one, and the record spills).
+    const uint64_t grown = RoundUp(std::max<uint64_t>(size * 2, bytes * 2), 4096);
+    if (std::byte* bigger = NewArena(grown); bigger != nullptr) {
+      ::munmap(arena_, size);
+      arena_ = bigger;
+      size = grown;
+      arena_size_.store(size, std::memory_order_relaxed);
+      write_pos_ = 0;
+    }
+  }
+  // Nothing queued: the whole arena is free. The position is not rewound
+  // to the start (see docs/capture.md, "The step queue"), but a record that
+  // does not fit before the end starts the next lap at no cost.
+  if (t == h && write_pos_ % size + bytes > size) write_pos_ = RoundUp(write_pos_, size);
+  const uint64_t live_from = t == h ? write_pos_ : entries_[t % entries_.size()].mark;
+  const uint64_t at = write_pos_ % size;
+  const uint64_t skip = at + bytes > size ? size - at : 0;
+  if (write_pos_ + skip + bytes - live_from > size) return nullptr;
+  e->mark = write_pos_;
+  write_pos_ += skip;
+  std::byte* p = arena_ + write_pos_ % size;
+  write_pos_ += bytes;
+  return p;
+}
+
+void StepQueue::GrowIdChars(size_t need, size_t keep) {
+  const size_t capacity = std::max(need, 2 * id_chars_capacity_);
+  std::unique_ptr<char[]> bigger(new char[capacity]);
+  if (keep > 0) std::memcpy(bigger.get(), id_chars_.get(), keep);
+  id_chars_ = std::move(bigger);
+  id_chars_capacity_ = capacity;
 }
 
 void StepQueue::Push(const StepView& v, int64_t timestamp_nanos) {
@@ -187,7 +210,20 @@ void StepQueue::Push(const StepView& v, int64_t timestamp_nanos) {
     fields[f] = FieldOf(v, f);
     num_ints += fields[f].size();
   }
-  const size_t id_chars = SumIds(v), digest_chars = SumDigestNames(v);
+  const size_t num_ids = v.request_ids.size();
+  if (num_ids > id_ends_capacity_) {
+    id_ends_capacity_ = std::max<size_t>(num_ids, 2 * id_ends_capacity_);
+    id_ends_.reset(new uint32_t[id_ends_capacity_]);
+  }
+  size_t id_chars = 0;
+  for (size_t i = 0; i < num_ids; ++i) {
+    const std::string_view id = v.request_ids[i];
+    if (id_chars + id.size() > id_chars_capacity_) GrowIdChars(id_chars + id.size(), id_chars);
+    CopyShort(id_chars_.get() + id_chars, id.data(), id.size());
+    id_chars += id.size();
+    id_ends_[i] = static_cast<uint32_t>(id_chars);
+  }
+  const size_t digest_chars = SumDigestNames(v);
   const Layout l = LayoutOf(num_ints, v.sampling.size(), v.digests.size(), v.request_ids.size(), id_chars, digest_chars);
   std::byte* const rec = Allocate(l.total, &e);
   e.data = rec;
@@ -204,37 +240,31 @@ void StepQueue::Push(const StepView& v, int64_t timestamp_nanos) {
   hd.id_chars = id_chars;
   hd.digest_chars = digest_chars;
   for (int f = 0; f < kFields; ++f) hd.len[f] = fields[f].size();
-  std::memcpy(rec, &hd, sizeof hd);
 
-  // The bulk (integer lists, sampling) with streaming stores: the writer
-  // reads the record on another core, and writing lines that core (or
-  // nobody, lately) holds needs no read-for-ownership that way.
-  std::byte* p = rec + l.ints;
+  // The record goes out in layout order as whole streamed lines: the writer
+  // reads it on another core, and a line written whole needs no
+  // read-for-ownership (stream_copy.h). Only the padding between the parts
+  // is put explicitly.
+  LineStream out(rec);
+  out.Put(&hd, sizeof hd);
+  out.Zero(l.ints - sizeof hd);
   for (int f = 0; f < kFields; ++f) {
-    if (!fields[f].empty()) StreamCopy(p, fields[f].data(), fields[f].size_bytes());
-    p += fields[f].size_bytes();
+    if (!fields[f].empty()) out.Put(fields[f].data(), fields[f].size_bytes());
   }
-  if (!v.sampling.empty()) StreamCopy(rec + l.sampling, v.sampling.data(), v.sampling.size_bytes());
-
-  char* dchars = reinterpret_cast<char*>(rec + l.digest_chars);
+  if (!v.sampling.empty()) out.Put(v.sampling.data(), v.sampling.size_bytes());
+  out.Zero(l.digests - out.offset());
   uint32_t dend = 0;
-  for (size_t i = 0; i < v.digests.size(); ++i) {
-    const DigestView& d = v.digests[i];
-    if (!d.name.empty()) std::memcpy(dchars + dend, d.name.data(), d.name.size());
+  for (const DigestView& d : v.digests) {
     dend += static_cast<uint32_t>(d.name.size());
     const PackedDigest pd{d.value128, d.value64, d.is_128 ? 1u : 0u, dend};
-    std::memcpy(rec + l.digests + i * sizeof(PackedDigest), &pd, sizeof pd);
+    out.Put(&pd, sizeof pd);
   }
-
-  uint32_t* ends = reinterpret_cast<uint32_t*>(rec + l.id_ends);
-  char* chars = reinterpret_cast<char*>(rec + l.id_chars);
-  uint32_t end = 0;
-  for (size_t i = 0; i < v.request_ids.size(); ++i) {
-    const std::string_view id = v.request_ids[i];
-    std::memcpy(chars + end, id.data(), id.size());
-    end += static_cast<uint32_t>(id.size());
-    ends[i] = end;
-  }
+  out.Zero(l.id_ends - out.offset());
+  if (num_ids > 0) out.Put(id_ends_.get(), num_ids * sizeof(uint32_t));
+  out.Put(id_chars_.get(), id_chars);
+  for (const DigestView& d : v.digests) out.Put(d.name.data(), d.name.size());
+  assert(out.offset() == l.digest_chars + digest_chars);
+  out.Finish();
   StreamFence();  // the streamed bytes are visible before the head publishes them
   head_.store(h + 1, std::memory_order_release);
 }
@@ -306,9 +336,10 @@ void StepQueue::Unpack(uint64_t seq, uint32_t rank, StepRecord* r) const {
 }
 
 void StepQueue::Release(uint64_t seq) {
+  // Only a spilled entry is written here: the entries are the producer's
+  // lines, and a store from this thread would take them away from it.
   Entry& e = entries_[seq % entries_.size()];
-  e.spill.reset();
-  e.data = nullptr;
+  if (e.spill != nullptr) e.spill.reset();
   tail_.store(seq + 1, std::memory_order_release);
 }
 

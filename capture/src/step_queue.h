@@ -6,8 +6,9 @@
 // the integer lists, the sampling parameters, the digests, the request-id
 // end offsets and the id/digest characters, copied straight from the
 // caller's spans (no std::vector resize, so nothing is zero-filled first;
-// no allocation in the steady state); the bulk goes with streaming stores
-// (stream_copy.h). Records live in one arena allocated and pre-faulted when
+// no allocation in the steady state). The request ids are gathered first
+// in buffers of the producer's own; then the record is written in whole
+// cache lines with streaming stores (LineStream, stream_copy.h). Records live in one arena allocated and pre-faulted when
 // the recorder begins, one after the other round it (a record never wraps;
 // one that would cross the end starts at the beginning). The position is
 // not rewound to the start when the queue empties: rewriting the lines the
@@ -40,7 +41,7 @@
 
 namespace crashreplay::capture::internal {
 
-class StepQueue {
+class alignas(64) StepQueue {
  public:
   // `arena_bytes` is rounded up to whole pages (at least 64 KiB).
   StepQueue(uint32_t slots, uint64_t arena_bytes);
@@ -54,8 +55,11 @@ class StepQueue {
   // Producer. Full(): `slots` steps are queued, Push would overwrite one the
   // writer has not released. Push() requires !Full() and a view that
   // passed Validate().
-  bool Full() const {
-    return head_.load(std::memory_order_relaxed) - tail_.load(std::memory_order_acquire) >= entries_.size();
+  bool Full() {
+    const uint64_t h = head_.load(std::memory_order_relaxed);
+    if (h - tail_seen_ < entries_.size()) return false;
+    tail_seen_ = tail_.load(std::memory_order_acquire);
+    return h - tail_seen_ >= entries_.size();
   }
   void Push(const StepView& v, int64_t timestamp_nanos);
 
@@ -82,12 +86,25 @@ class StepQueue {
     std::unique_ptr<std::byte[]> spill;  // set when the record is not in the arena
   };
   std::byte* Allocate(size_t bytes, Entry* e);
+  std::byte* Place(size_t bytes, Entry* e);
+  void GrowIdChars(size_t need, size_t keep);
 
   std::vector<Entry> entries_;
   // Producer side.
   std::byte* arena_ = nullptr;  // mmap'ed, arena_size_ bytes
   std::atomic<uint64_t> arena_size_{0};
   uint64_t write_pos_ = 0;  // virtual: physical = write_pos_ % arena_size_
+  // The tail as the producer last read it (<= tail_): a step reads the
+  // writer's cache line only when this copy says the queue or the arena is
+  // full, not on every push.
+  uint64_t tail_seen_ = 0;
+  // The request ids of the step being pushed, gathered here (end offsets
+  // and characters, in this core's cache) and then streamed out whole;
+  // each grows only with a step larger than any before.
+  std::unique_ptr<uint32_t[]> id_ends_;
+  size_t id_ends_capacity_ = 0;
+  std::unique_ptr<char[]> id_chars_;
+  size_t id_chars_capacity_ = 0;
   std::atomic<uint64_t> spilled_{0};
 
   alignas(64) std::atomic<uint64_t> head_{0};  // steps pushed

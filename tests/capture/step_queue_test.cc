@@ -8,6 +8,7 @@
 
 #include "recorder_test_util.h"
 #include "step_queue.h"
+#include "stream_copy.h"
 
 namespace crashreplay::testing {
 namespace {
@@ -266,6 +267,67 @@ TEST(StepQueue, OversizedRecordGrowsTheArenaWhenEmptyAndSpillsOtherwise) {
   q.Unpack(2, 0, &r);
   want.timestamp_nanos = 3;
   EXPECT_EQ(r, want);
+}
+
+// Request ids and digest names of every length from 0 to past a cache line
+// (each length class of the short copy, and the long path), in records that
+// start at different offsets of the arena.
+TEST(StepQueue, IdsAndNamesOfEveryLengthRoundTrip) {
+  StepQueue q(4, 1 << 20);
+  StepRecord r;
+  for (uint64_t step = 0; step < 3; ++step) {
+    FullStep s(step, 150, step);
+    for (size_t i = 0; i < s.id_storage.size(); ++i) {
+      s.id_storage[i].clear();
+      for (size_t k = 0; k < (i + step) % 150; ++k) s.id_storage[i].push_back(static_cast<char>('a' + (i * 7 + k) % 26));
+      s.ids[i] = s.id_storage[i];
+    }
+    s.digest_names.assign(70, "");
+    s.digests.clear();
+    for (size_t i = 0; i < s.digest_names.size(); ++i) {
+      s.digest_names[i] = std::string(i, static_cast<char>('A' + i % 26));
+      DigestView d;
+      d.name = s.digest_names[i];
+      d.value64 = i;
+      s.digests.push_back(d);
+    }
+    q.Push(s.view(), s.view().timestamp_nanos);
+    q.Unpack(step, 0, &r);
+    EXPECT_EQ(r, s.expected(0)) << "step " << step;
+    q.Release(step);
+  }
+}
+
+// LineStream writes exactly the concatenation of its pieces, in whole lines
+// only: the rest of the last line is zero and nothing past it is touched.
+TEST(LineStream, WritesTheConcatenationInWholeLines) {
+  std::mt19937 rng(7);
+  std::vector<char> src(4096);
+  for (char& c : src) c = static_cast<char>(rng());
+  for (int trial = 0; trial < 200; ++trial) {
+    alignas(64) char dst[8192];
+    std::memset(dst, 0x5a, sizeof dst);
+    std::string want;
+    capture::internal::LineStream out(dst);
+    while (want.size() < 6000) {
+      const size_t n = rng() % 4 == 0 ? rng() % 300 : rng() % 70;
+      const size_t at = rng() % (src.size() - n);
+      if (rng() % 10 == 0) {
+        out.Zero(n);
+        want.append(n, '\0');
+      } else {
+        out.Put(src.data() + at, n);
+        want.append(src.data() + at, n);
+      }
+      ASSERT_EQ(out.offset(), want.size());
+    }
+    out.Finish();
+    capture::internal::StreamFence();
+    const size_t lines = (want.size() + 63) / 64 * 64;
+    ASSERT_EQ(std::string(dst, want.size()), want) << "trial " << trial;
+    EXPECT_EQ(std::string(dst + want.size(), lines - want.size()), std::string(lines - want.size(), '\0'));
+    EXPECT_EQ(std::string(dst + lines, sizeof dst - lines), std::string(sizeof dst - lines, '\x5a'));
+  }
 }
 
 TEST(StepQueue, MalformedPageTablesAreRefusedByName) {
