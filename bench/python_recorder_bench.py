@@ -2,11 +2,24 @@
 
     PYTHONPATH=build/python:python python3 bench/python_recorder_bench.py
 
-Prints, for a decode step of 256 requests: record_step (step log only, with
-page-table rows of 512 slots per request and sampling params) and snapshot()
-of 1, 16 and 256 MiB, each beside np.copyto of the same bytes (the memcpy a
-snapshot must cost at least). Figures are wall-clock medians on this
-machine; this is a benchmark, not a test.
+Prints, for a decode step of 256 requests (256 request ids, token ids,
+positions, seq lens, pool indices, cache locations, outputs and sampling
+parameters):
+  * Recorder.record_step with 0.2 ms of busy work between calls ("busy": a
+    spin over a 4 MiB array, as a scheduler is busy between steps) and with
+    0.5 ms of sleep ("sleep"). Not back to back: at tens of thousands of
+    steps a second the recorder's writer thread is the bound and the figure
+    would be its back-pressure, not the call;
+  * the same step handed straight to the extension (Recorder._impl, arrays
+    already normalised): the part of the cost below the Python layer;
+  * numpy's copy of the same arrays (np.concatenate) as the reference;
+  * record_step with page-table rows of 512 slots per request (1 MiB a step;
+    paced at 2 ms, about what the writer sustains for steps that large);
+  * snapshot() of 1, 16 and 256 MiB beside np.copyto of the same bytes. The
+    encoder is let finish between calls (not timed), so every call is a real
+    copy into the ring; the count of snapshots the ring evicted is printed.
+Figures are wall-clock medians on this machine; this is a benchmark, not a
+test.
 """
 import os
 import statistics
@@ -18,51 +31,99 @@ import numpy as np
 import crashreplay
 
 
-def median_us(fn, reps):
+_WORKING_SET = np.ones(4 << 20, dtype=np.uint8)
+
+
+def busy(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _WORKING_SET[::64] += 1  # touches every line of 4 MiB
+
+
+def median_us(fn, reps, pace_s=0.0, between=None, work=False):
     times = []
     for _ in range(reps):
         t0 = time.perf_counter_ns()
         fn()
         times.append(time.perf_counter_ns() - t0)
+        if between is not None:
+            between()
+        if work:
+            busy(pace_s)
+        elif pace_s:
+            time.sleep(pace_s)
     return statistics.median(times) / 1e3
 
 
 def main():
     bs, slots = 256, 512
     rng = np.random.default_rng(0)
+    rids = [f"chatcmpl-{1000000 + i}" for i in range(bs)]
     ids = rng.integers(0, 32000, bs, dtype=np.int64)
     pos = rng.integers(0, slots, bs, dtype=np.int64)
     seq = np.full(bs, slots, dtype=np.int64)
     rows = np.arange(bs * slots, dtype=np.int64).reshape(bs, slots)
     pool = np.arange(bs, dtype=np.int64)
+    out = rng.integers(0, 32000, bs, dtype=np.int64)
     sampling = {"temperatures": np.full(bs, 0.7, np.float32), "top_ps": np.ones(bs, np.float32),
                 "top_ks": np.full(bs, -1, np.int64), "min_ps": np.zeros(bs, np.float32)}
+    arrays = [ids, pos, seq, pool, pos, out] + list(sampling.values())
     with tempfile.TemporaryDirectory() as d:
         rec = crashreplay.Recorder(os.path.join(d, "b.crcap"), engine="bench", install_signal_handlers=False,
-                                   snapshot_ring_bytes=1 << 30, step_queue_slots=4096)
+                                   snapshot_ring_bytes=1 << 30)
         step = [0]
 
         def log_only():
-            rec.record_step(step[0], mode="decode", token_ids=ids, positions=pos, seq_lens=seq,
-                            req_pool_indices=pool, out_cache_loc=pos, sampling=sampling)
+            rec.record_step(step[0], mode="decode", request_ids=rids, token_ids=ids, positions=pos, seq_lens=seq,
+                            req_pool_indices=pool, out_cache_loc=pos, sampling=sampling, output_token_ids=out)
             step[0] += 1
+
+        t32, p32, k64, m32 = (sampling[k] for k in ("temperatures", "top_ps", "top_ks", "min_ps"))
+
+        def extension_only():
+            rec._impl.record_step(step[0], "decode", rids, ids, pos, seq, None, pool, None, None, pos, t32, p32, k64,
+                                  m32, None, None, 0, 0, out, [], 0)
+            step[0] += 1
+
+        def numpy_copy():
+            np.concatenate(arrays)
 
         def log_with_rows():
-            rec.record_step(step[0], mode="decode", token_ids=ids, positions=pos, seq_lens=seq,
+            rec.record_step(step[0], mode="decode", request_ids=rids, token_ids=ids, positions=pos, seq_lens=seq,
                             req_pool_indices=pool, page_table=(np.arange(0, bs * slots + 1, slots), rows.reshape(-1)),
-                            out_cache_loc=pos, sampling=sampling)
+                            out_cache_loc=pos, sampling=sampling, output_token_ids=out)
             step[0] += 1
 
-        print(f"record_step, decode bs={bs}, no rows:          {median_us(log_only, 2000):8.1f} us/call")
-        print(f"record_step, decode bs={bs}, {slots}-slot rows:   {median_us(log_with_rows, 500):8.1f} us/call")
+        print(f"decode step, {bs} requests (p50 per call, us)    busy 0.2 ms   sleep 0.5 ms")
+        for label, fn in (("Recorder.record_step", log_only), ("extension call only", extension_only),
+                          ("np.concatenate of the arrays", numpy_copy)):
+            median_us(fn, 200, 0.0005)
+            print(f"  {label:32s} {median_us(fn, 2000, 0.0002, work=True):10.1f} {median_us(fn, 2000, 0.0005):12.1f}")
+        median_us(log_with_rows, 20, 0.002)
+        spilled0 = rec.stats()["steps_accepted"]
+        print(f"  record_step + {slots}-slot rows (1 MiB), paced 2 ms: {median_us(log_with_rows, 300, 0.002):8.1f} us"
+              f" ({rec.stats()['steps_accepted'] - spilled0} steps)")
+        rec.flush()
+
+        def encoder_idle():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                s = rec.stats()
+                if s["snapshots_encoded"] + s["snapshots_dropped"] >= s["snapshots_accepted"]:
+                    return
+                time.sleep(0.001)
+
         for mib in (1, 16, 256):
             src = rng.integers(0, 255, mib << 20, dtype=np.uint8)
             dst = np.empty_like(src)
             reps = 50 if mib < 256 else 8
-            snap = median_us(lambda: rec.snapshot(step[0], {"x": src}), reps)
+            before = rec.stats()["snapshots_dropped"]
+            snap = median_us(lambda: rec.snapshot(step[0], {"x": src}), reps, between=encoder_idle)
+            evicted = rec.stats()["snapshots_dropped"] - before
             copy = median_us(lambda: np.copyto(dst, src), reps)
             print(f"snapshot {mib:4d} MiB: {snap:10.1f} us   np.copyto same bytes: {copy:10.1f} us"
-                  f"   ({(mib << 20) / snap / 1e3:6.2f} GB/s vs {(mib << 20) / copy / 1e3:6.2f} GB/s)")
+                  f"   ({(mib << 20) / snap / 1e3:6.2f} GB/s vs {(mib << 20) / copy / 1e3:6.2f} GB/s;"
+                  f" {evicted} older snapshots evicted)")
         rec.close()
 
 

@@ -30,12 +30,17 @@ from crashreplay._tensors import host_view, is_device_tensor, is_torch_tensor
 from crashreplay.failure import FailureHook
 
 _MODES = ("unknown", "prefill", "decode", "extend", "mixed", "idle")
+_I64 = np.dtype(np.int64)
+_F32 = np.dtype(np.float32)
+_SAMPLING_KEYS = frozenset(("temperatures", "top_ps", "top_ks", "min_ps", "seeds"))
 
 
 def _to_numpy(x: Any, dtype) -> Optional[np.ndarray]:
     """A contiguous 1-D numpy array of `dtype` for a host sequence, or None."""
     if x is None:
         return None
+    if type(x) is np.ndarray and x.dtype is dtype and x.ndim == 1 and x.flags.c_contiguous:
+        return x  # the common case, as it comes: nothing to do (dtype: _I64 or _F32)
     if is_torch_tensor(x):
         x = x.detach()
         if x.device.type != "cpu":
@@ -52,11 +57,11 @@ def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndar
     if page_table is None:
         return None, None
     if isinstance(page_table, tuple) and len(page_table) == 2:
-        return _to_numpy(page_table[0], np.int64), _to_numpy(page_table[1], np.int64)
+        return _to_numpy(page_table[0], _I64), _to_numpy(page_table[1], _I64)
     if isinstance(page_table, np.ndarray) and page_table.ndim == 2:
         n, w = page_table.shape
         return np.arange(0, (n + 1) * w, w, dtype=np.int64), np.ascontiguousarray(page_table, dtype=np.int64).reshape(-1)
-    rows = [_to_numpy(r, np.int64) for r in page_table]
+    rows = [_to_numpy(r, _I64) for r in page_table]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     if rows:
         offsets[1:] = np.cumsum([len(r) for r in rows])
@@ -69,7 +74,7 @@ def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndar
 def _trim_rows(rows: Any, lengths: Any) -> Tuple[np.ndarray, np.ndarray]:
     """CSR from a padded 2-D row block and each row's valid length."""
     r = _to_numpy_2d(rows)
-    n = _to_numpy(lengths, np.int64)
+    n = _to_numpy(lengths, _I64)
     if r.shape[0] != n.shape[0]:
         raise ValueError(f"page_table: {r.shape[0]} rows but {n.shape[0]} lengths")
     if n.size and int(n.max()) > r.shape[1]:
@@ -89,39 +94,45 @@ def _to_numpy_2d(x: Any) -> np.ndarray:
     return a
 
 
-def _sampling(sampling: Any) -> Dict[str, Optional[np.ndarray]]:
-    """Per-request sampling arrays from a dict of sequences or a list of dicts."""
-    out: Dict[str, Optional[np.ndarray]] = {k: None for k in ("temperatures", "top_ps", "top_ks", "min_ps", "seeds", "has_seed")}
+def _sampling(sampling: Any) -> Tuple[Optional[np.ndarray], ...]:
+    """(temperatures, top_ps, top_ks, min_ps, seeds, has_seed) arrays, each
+    one entry per request or None, from a dict of sequences or a list of
+    per-request dicts."""
     if sampling is None:
-        return out
+        return None, None, None, None, None, None
     if not isinstance(sampling, Mapping):  # list of per-request dicts
         rows = list(sampling)
-        cols: Dict[str, List[Any]] = {"temperature": [], "top_p": [], "top_k": [], "min_p": [], "seed": []}
-        for r in rows:
-            cols["temperature"].append(r.get("temperature", 1.0))
-            cols["top_p"].append(r.get("top_p", 1.0))
-            cols["top_k"].append(r.get("top_k", -1))
-            cols["min_p"].append(r.get("min_p", 0.0))
-            cols["seed"].append(r.get("seed"))
-        sampling = {"temperatures": cols["temperature"], "top_ps": cols["top_p"], "top_ks": cols["top_k"],
-                    "min_ps": cols["min_p"], "seeds": cols["seed"]}
-    unknown = set(sampling) - {"temperatures", "top_ps", "top_ks", "min_ps", "seeds"}
-    if unknown:
-        raise ValueError(f"sampling: unknown keys {sorted(unknown)}; use temperatures, top_ps, top_ks, min_ps, seeds")
-    out["temperatures"] = _to_numpy(sampling.get("temperatures"), np.float32)
-    out["top_ps"] = _to_numpy(sampling.get("top_ps"), np.float32)
-    out["top_ks"] = _to_numpy(sampling.get("top_ks"), np.int64)
-    out["min_ps"] = _to_numpy(sampling.get("min_ps"), np.float32)
-    seeds = sampling.get("seeds")
+        sampling = {"temperatures": [r.get("temperature", 1.0) for r in rows],
+                    "top_ps": [r.get("top_p", 1.0) for r in rows], "top_ks": [r.get("top_k", -1) for r in rows],
+                    "min_ps": [r.get("min_p", 0.0) for r in rows], "seeds": [r.get("seed") for r in rows]}
+    if not _SAMPLING_KEYS.issuperset(sampling):
+        unknown = sorted(set(sampling) - _SAMPLING_KEYS)
+        raise ValueError(f"sampling: unknown keys {unknown}; use temperatures, top_ps, top_ks, min_ps, seeds")
+    get = sampling.get
+    seeds, has_seed = get("seeds"), None
     if seeds is not None:
         if is_torch_tensor(seeds) or isinstance(seeds, np.ndarray):
-            out["seeds"] = _to_numpy(seeds, np.int64)
-            out["has_seed"] = np.ones(out["seeds"].shape[0], dtype=np.uint8)
+            seeds = _to_numpy(seeds, _I64)
+            has_seed = np.ones(seeds.shape[0], dtype=np.uint8)
         else:
             seeds = list(seeds)
-            out["has_seed"] = np.array([s is not None for s in seeds], dtype=np.uint8)
-            out["seeds"] = np.array([0 if s is None else int(s) for s in seeds], dtype=np.int64)
-    return out
+            has_seed = np.array([s is not None for s in seeds], dtype=np.uint8)
+            seeds = np.array([0 if s is None else int(s) for s in seeds], dtype=np.int64)
+    return (_to_numpy(get("temperatures"), _F32), _to_numpy(get("top_ps"), _F32), _to_numpy(get("top_ks"), _I64),
+            _to_numpy(get("min_ps"), _F32), seeds, has_seed)
+
+
+def _host_only(values: Iterable[Any]) -> bool:
+    """True when no value (nor a dict's value) is a device tensor."""
+    for v in values:
+        if v is None or type(v) is np.ndarray:
+            continue
+        if isinstance(v, Mapping):
+            if not _host_only(v.values()):
+                return False
+        elif is_device_tensor(v):
+            return False
+    return True
 
 
 def _named(tensors: Mapping[str, Any]) -> List[Tuple[str, Any, str]]:
@@ -207,6 +218,18 @@ class Recorder:
             raise ValueError(f"mode '{mode}' is not one of {', '.join(_MODES)}")
         self.current_step = step
         self.current_stage = mode
+        timestamp_nanos = int(timestamp_nanos) or time.time_ns()
+        if (self._stager is None or not self._stager.pending()) and _host_only(
+                (token_ids, positions, seq_lens, extend_lens, req_pool_indices, out_cache_loc, output_token_ids,
+                 page_table if isinstance(page_table, Mapping) else None, sampling)):
+            # Host memory only, nothing staged ahead of it: straight to the
+            # C++ recorder (request ids are read there, str() where needed).
+            self._record_host_step(
+                step, mode=mode, request_ids=request_ids, token_ids=token_ids, positions=positions,
+                seq_lens=seq_lens, extend_lens=extend_lens, req_pool_indices=req_pool_indices, page_table=page_table,
+                out_cache_loc=out_cache_loc, sampling=sampling, rng_seed=int(rng_seed), rng_offset=int(rng_offset),
+                output_token_ids=output_token_ids, digests=digests or {}, timestamp_nanos=timestamp_nanos)
+            return
         fields = dict(token_ids=token_ids, positions=positions, seq_lens=seq_lens, extend_lens=extend_lens,
                       req_pool_indices=req_pool_indices, out_cache_loc=out_cache_loc,
                       output_token_ids=output_token_ids)
@@ -221,33 +244,33 @@ class Recorder:
             for k, v in sampling.items():
                 fields["_s_" + k] = v
             sampling = "fields"
+        # Copied now: the step is recorded later, from the staging thread.
         common = dict(mode=mode, request_ids=[str(r) for r in request_ids], page_table=page_table,
                       sampling=sampling, rng_seed=int(rng_seed), rng_offset=int(rng_offset),
-                      digests=dict(digests or {}), timestamp_nanos=int(timestamp_nanos) or time.time_ns())
-        if any(is_device_tensor(v) for v in fields.values()) or (self._stager is not None and self._stager.pending()):
-            # Keep step order: once anything is staged, later steps queue behind it.
-            self._ensure_stager().stage_step(step, {**fields, **common})
-            return
-        self._record_host_step(step, **fields, **common)
+                      digests=dict(digests or {}), timestamp_nanos=timestamp_nanos)
+        # Keep step order: once anything is staged, later steps queue behind it.
+        self._ensure_stager().stage_step(step, {**fields, **common})
 
     def _record_host_step(self, step: int, *, mode, request_ids, token_ids, positions, seq_lens, extend_lens,
                           req_pool_indices, page_table, out_cache_loc, sampling, rng_seed, rng_offset,
                           output_token_ids, digests, timestamp_nanos, **parts) -> None:
         if isinstance(page_table, str):  # "padded": rows cut to their lengths
             page_table = _trim_rows(parts.pop("_pt_rows"), parts.pop("_pt_lengths"))
+        elif isinstance(page_table, Mapping):
+            page_table = _trim_rows(page_table["rows"], page_table["lengths"])
         if isinstance(sampling, str):  # "fields": the sampling dict, flattened
             sampling = {k[3:]: parts.pop(k) for k in list(parts) if k.startswith("_s_")}
         if parts:
             raise ValueError(f"record_step: unexpected fields {sorted(parts)}")
         offsets, slots = _page_table(page_table)
-        s = _sampling(sampling)
+        temperatures, top_ps, top_ks, min_ps, seeds, has_seed = _sampling(sampling)
         self._impl.record_step(
             step, mode, request_ids,
-            _to_numpy(token_ids, np.int64), _to_numpy(positions, np.int64), _to_numpy(seq_lens, np.int64),
-            _to_numpy(extend_lens, np.int64), _to_numpy(req_pool_indices, np.int64), offsets, slots,
-            _to_numpy(out_cache_loc, np.int64), s["temperatures"], s["top_ps"], s["top_ks"], s["min_ps"],
-            s["seeds"], s["has_seed"], rng_seed, rng_offset, _to_numpy(output_token_ids, np.int64),
-            sorted(digests.items()), timestamp_nanos)
+            _to_numpy(token_ids, _I64), _to_numpy(positions, _I64), _to_numpy(seq_lens, _I64),
+            _to_numpy(extend_lens, _I64), _to_numpy(req_pool_indices, _I64), offsets, slots,
+            _to_numpy(out_cache_loc, _I64), temperatures, top_ps, top_ks, min_ps, seeds, has_seed,
+            rng_seed, rng_offset, _to_numpy(output_token_ids, _I64), sorted(digests.items()) if digests else [],
+            timestamp_nanos)
 
     def snapshot(self, step: int, tensors: Mapping[str, Any]) -> None:
         """Submits the step's input tensors to the snapshot ring.

@@ -46,6 +46,32 @@ std::span<const int64_t> Span(const OptI64& a) {
   return {a->data(), a->shape(0)};
 }
 
+// Request ids as views of each Python string's own UTF-8 (for an ASCII
+// str that is its storage: no copy, no allocation per id). Anything else
+// in the sequence goes through str() first, kept alive in `keep`. The
+// views last as long as `seq`, which the caller holds over the recorder
+// call.
+std::vector<std::string_view> IdViews(nb::handle ids, nb::object* seq, std::vector<nb::object>* keep) {
+  *seq = nb::steal(PySequence_Fast(ids.ptr(), "request_ids must be a sequence of str"));
+  if (!seq->is_valid()) throw nb::python_error();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq->ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq->ptr());
+  std::vector<std::string_view> out;
+  out.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = items[i];
+    if (!PyUnicode_Check(o)) {
+      keep->push_back(nb::str(nb::handle(o)));
+      o = keep->back().ptr();
+    }
+    Py_ssize_t len = 0;
+    const char* chars = PyUnicode_AsUTF8AndSize(o, &len);
+    if (chars == nullptr) throw nb::python_error();
+    out.emplace_back(chars, static_cast<size_t>(len));
+  }
+  return out;
+}
+
 // (name, tensor, dtype_override) triples as the Python layer passes them.
 using NamedTensor = std::tuple<std::string, AnyTensor, std::string>;
 
@@ -129,7 +155,7 @@ class PyRecorder {
     recorder_ = ValueOrThrow(std::move(rec));
   }
 
-  void RecordStep(uint64_t step, const std::string& mode, const std::vector<std::string>& request_ids,
+  void RecordStep(uint64_t step, const std::string& mode, nb::handle request_ids,
                   const OptI64& token_ids, const OptI64& positions, const OptI64& seq_lens,
                   const OptI64& extend_lens, const OptI64& req_pool_indices, const OptI64& page_table_offsets,
                   const OptI64& page_table_slots, const OptI64& out_cache_loc, const OptF32& temperatures,
@@ -142,7 +168,9 @@ class PyRecorder {
     v.step = step;
     v.mode = ValueOrThrow(ParseForwardMode(mode));
     v.timestamp_nanos = timestamp_nanos;
-    std::vector<std::string_view> ids(request_ids.begin(), request_ids.end());
+    nb::object id_seq;
+    std::vector<nb::object> id_strs;
+    const std::vector<std::string_view> ids = IdViews(request_ids, &id_seq, &id_strs);
     v.request_ids = ids;
     v.token_ids = Span(token_ids);
     v.positions = Span(positions);

@@ -57,6 +57,25 @@ def test_step_log_round_trips_every_field(tmp_path):
     assert s["digests"] == {"logits": 123, "hidden": "0123456789abcdef0123456789abcdef"}
 
 
+def test_request_ids_of_any_sequence_are_read_as_text(tmp_path):
+    # Strings are read in place (non-ASCII as UTF-8); other items go through
+    # str(); any iterable is accepted; the arrays as given are not copied.
+    ids = np.arange(3, dtype=np.int64)
+    with make(tmp_path) as rec:
+        rec.record_step(0, mode="decode", request_ids=["chatcmpl-ü", "запрос", "請求-🙂"], token_ids=ids)
+        rec.record_step(1, mode="decode", request_ids=(7, None, b"x"), token_ids=ids)
+        rec.record_step(2, mode="decode", request_ids=(f"g{i}" for i in range(3)), token_ids=ids)
+        rec.record_step(3, mode="decode", request_ids=np.array(["a", "bb", ""]), token_ids=ids)
+        with pytest.raises(TypeError, match="request_ids must be a sequence of str"):
+            rec.record_step(4, mode="decode", request_ids=5, token_ids=ids)
+        with pytest.raises(UnicodeEncodeError):  # a lone surrogate has no UTF-8
+            rec.record_step(4, mode="decode", request_ids=["ok", "\ud800"], token_ids=ids)
+        path = rec.path
+    steps = crashreplay.read_capture(path)["step_records"]
+    assert [s["request_ids"] for s in steps] == [["chatcmpl-ü", "запрос", "請求-🙂"], ["7", "None", "b'x'"],
+                                                 ["g0", "g1", "g2"], ["a", "bb", ""]]
+
+
 def test_bad_mode_and_mismatched_sampling_lengths_are_refused(tmp_path):
     with make(tmp_path) as rec:
         with pytest.raises(ValueError, match="mode 'decoding'"):
