@@ -15,7 +15,8 @@
 //    of the same spans into one flat, pre-faulted buffer under the same
 //    pacing (the least any copy of the step can cost). Per run: min, p50,
 //    p99 per call and minor page faults per step on the calling thread.
-//    The writer's sustained rate (back-to-back run, until Flush) is printed
+//    File bytes per step (step records are zstd-compressed while the writer
+//    keeps up). The writer's sustained rate (back-to-back run, until Flush) is printed
 //    beside memcpy and the `zstd -1` CLI on the same step-log bytes.
 // 2. Snapshots of 1, 16 and 256 MiB of bf16-like data: SubmitSnapshot()
 //    per call (min and p50 over reps) beside memcpy of the same bytes under
@@ -345,14 +346,17 @@ void StepLog(const char* label, size_t slots_per_row, int runs, int steps, const
   }
   for (Pace pace : paces) {
     std::vector<Dist> rec_runs, ref_runs;
+    std::vector<double> file_per_step;
     for (int r = 0; r < runs; ++r) {
-      rec_runs.push_back(StepRun(b, steps, pace, false, pacer, flat).dist);
+      const RunResult rr = StepRun(b, steps, pace, false, pacer, flat);
+      rec_runs.push_back(rr.dist);
+      file_per_step.push_back(static_cast<double>(rr.file_bytes) / (steps + 512));
       ref_runs.push_back(StepRun(b, steps, pace, true, pacer, flat).dist);
     }
     std::printf("  pace %-5s (load %s)\n", PaceName(pace), LoadAverage().c_str());
     for (int r = 0; r < runs; ++r) {
-      std::printf("    run %d: RecordStep p50 %6.2f p99 %7.2f | memcpy p50 %6.2f p99 %7.2f us\n", r,
-                  rec_runs[r].p50, rec_runs[r].p99, ref_runs[r].p50, ref_runs[r].p99);
+      std::printf("    run %d: RecordStep p50 %6.2f p99 %7.2f | memcpy p50 %6.2f p99 %7.2f us | file %6.0f B/step\n", r,
+                  rec_runs[r].p50, rec_runs[r].p99, ref_runs[r].p50, ref_runs[r].p99, file_per_step[r]);
     }
     PrintDist("RecordStep", Across(rec_runs));
     PrintDist("memcpy", Across(ref_runs));

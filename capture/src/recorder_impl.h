@@ -53,7 +53,7 @@ class Recorder::Impl final : public internal::CrashTarget {
 
   void WriterLoop();
   void EncoderLoop();
-  void ProcessStep(StepRecord& record);
+  void ProcessStep(StepRecord& record, uint64_t backlog);  // backlog: steps queued, this one included
   void EncodeSignalFrames(std::optional<uint64_t> step, ForwardMode mode);
   absl::Status WaitWritten(uint64_t target, double timeout_s);
   absl::Status WaitEncoded(double timeout_s);

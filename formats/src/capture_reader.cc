@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -31,6 +32,42 @@ bool AllZero(const unsigned char* p, size_t n) {
 absl::Status At(const absl::Status& s, const RecordInfo& r) {
   return absl::Status(s.code(), absl::StrFormat("record %d (%s) at byte offset %d: %s", r.index,
                                                 RecordTypeName(r.type), r.offset, s.message()));
+}
+
+// A compressed structured payload (frame flag kFrameFlagZstd): one zstd
+// frame that states its decoded size, at most the structured-payload limit,
+// and decodes to exactly that many bytes. Checked before allocating.
+using DCtxPtr = std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)>;
+
+absl::Status Inflate(uint16_t type, std::span<const unsigned char> z, uint64_t limit, DCtxPtr* dctx,
+                     std::vector<unsigned char>* out) {
+  if (type == static_cast<uint16_t>(RecordType::kBlob)) {
+    return absl::DataLossError("a blob frame with the zstd flag (a blob names its codec in its own header)");
+  }
+  const unsigned long long content = ZSTD_getFrameContentSize(z.data(), z.size());
+  if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN) {
+    return absl::DataLossError("compressed payload: the zstd frame header is invalid or does not state its decoded size");
+  }
+  if (content > limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "compressed record payload states %d decoded bytes, over the %d-byte limit for structured records",
+        content, limit));
+  }
+  if (*dctx == nullptr) {
+    dctx->reset(ZSTD_createDCtx());
+    if (*dctx == nullptr) return absl::ResourceExhaustedError("cannot allocate a zstd decompression context");
+    ZSTD_DCtx_setParameter(dctx->get(), ZSTD_d_windowLogMax, 27);
+  }
+  out->resize(static_cast<size_t>(content));
+  const size_t got = ZSTD_decompressDCtx(dctx->get(), out->data(), out->size(), z.data(), z.size());
+  if (ZSTD_isError(got)) {
+    return absl::DataLossError(absl::StrFormat("compressed payload: zstd cannot decode it (%s)", ZSTD_getErrorName(got)));
+  }
+  if (got != content) {
+    return absl::DataLossError(absl::StrFormat("compressed payload: decoded %d bytes, its zstd header states %d", got,
+                                               content));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -98,6 +135,8 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
     scan_stop_offset_ = pos;
     truncated_ = torn;
   };
+  DCtxPtr dctx(nullptr, ZSTD_freeDCtx);
+  std::vector<unsigned char> inflated;  // a compressed record's payload, reused
   while (pos < size_) {
     const uint64_t remaining = size_ - pos;
     const uint64_t index = records_.size();
@@ -146,14 +185,23 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
       return absl::OkStatus();
     }
     const RecordInfo info{index, pos, h.type, h.flags, h.payload_size};
-    if ((h.flags & ~kFrameFlagsKnown) != 0) {
+    if ((h.flags & ~FrameFlagsKnown(major_)) != 0) {
       stop(At(absl::UnimplementedError(absl::StrFormat(
-                  "frame flags 0x%04x set bits this version does not know; use a newer crashreplay", h.flags)),
+                  "frame flags 0x%04x set bits format %d.%d does not define; use a newer crashreplay", h.flags,
+                  major_, minor_)),
               info),
            false);
       return absl::OkStatus();
     }
-    if (absl::Status s = AcceptRecord(info, {payload, static_cast<size_t>(h.payload_size)}); !s.ok()) {
+    std::span<const unsigned char> body(payload, static_cast<size_t>(h.payload_size));
+    if ((h.flags & kFrameFlagZstd) != 0) {
+      if (absl::Status s = Inflate(h.type, body, limits_.max_structured_payload, &dctx, &inflated); !s.ok()) {
+        stop(At(s, info), false);
+        return absl::OkStatus();
+      }
+      body = inflated;
+    }
+    if (absl::Status s = AcceptRecord(info, body); !s.ok()) {
       stop(At(s, info), false);
       return absl::OkStatus();
     }

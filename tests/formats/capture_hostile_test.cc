@@ -32,17 +32,41 @@ using Bytes = std::vector<unsigned char>;
 
 void Put(Bytes& out, const Bytes& more) { out.insert(out.end(), more.begin(), more.end()); }
 
-// File header + manifest + one valid step: the prefix every case keeps.
+Bytes Frame(RecordType type, const Bytes& payload, uint16_t flags = 0) {
+  return FrameEncoder::EncodeRaw(static_cast<uint16_t>(type), flags, payload).bytes;
+}
+
+// A record's Cap'n Proto payload, uncompressed whatever the encoder chose.
+Bytes RawPayload(const EncodedFrame& f) {
+  Bytes payload(f.bytes.begin() + kFrameHeaderSize, f.bytes.end());
+  FrameHeader h;
+  ParseFrameHeader(f.bytes.data(), &h);
+  if ((h.flags & kFrameFlagZstd) == 0) return payload;
+  Bytes raw(ZSTD_getFrameContentSize(payload.data(), payload.size()));
+  ZSTD_decompress(raw.data(), raw.size(), payload.data(), payload.size());
+  return raw;
+}
+
+// File header + manifest + one valid step, uncompressed (so the prefix
+// reads under a 1.x header too): the prefix every case keeps.
 Bytes ValidPrefix() {
   Bytes out(kFileHeaderSize);
   EncodeFileHeader(out.data());
   Put(out, FrameEncoder::Encode(TestManifest(0))->bytes);
-  Put(out, FrameEncoder::Encode(TestStep(0, 0))->bytes);
+  Put(out, Frame(RecordType::kStep, RawPayload(*FrameEncoder::Encode(TestStep(0, 0)))));
   return out;
 }
 
-Bytes Frame(RecordType type, const Bytes& payload) {
-  return FrameEncoder::EncodeRaw(static_cast<uint16_t>(type), 0, payload).bytes;
+// A step of 256 requests: large enough that the encoder compresses it.
+StepRecord BigStep(uint64_t step) {
+  StepRecord s = TestStep(step, 0);
+  s.request_ids.clear();
+  s.token_ids.clear();
+  for (int i = 0; i < 256; ++i) {
+    s.request_ids.push_back("req-" + std::to_string(i));
+    s.token_ids.push_back(i * 7);
+  }
+  return s;
 }
 
 Bytes BlobPayload(const BlobHeader& h, const Bytes& body) {
@@ -155,6 +179,47 @@ Bytes WrongHash() {
   return out;
 }
 
+// The zstd frame flag in a 1.x file, where bit 1 was reserved.
+Bytes ZstdInVersion1() {
+  Bytes out = ValidPrefix();
+  StoreLE16(out.data() + 8, 1);
+  StoreLE64(out.data() + 24, XXH64Of(out.data(), 24));
+  Put(out, FrameEncoder::Encode(BigStep(1))->bytes);
+  return out;
+}
+
+Bytes ZstdRecordNoContentSize() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, Zstd(RawPayload(*FrameEncoder::Encode(BigStep(1))), false), kFrameFlagZstd));
+  return out;
+}
+
+// 65 MiB of zeros in a few KB: over the structured-record limit.
+Bytes ZstdRecordOverLimit() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, Zstd(Bytes(65 << 20, 0), true), kFrameFlagZstd));
+  return out;
+}
+
+Bytes ZstdRecordTruncated() {
+  Bytes z = Zstd(RawPayload(*FrameEncoder::Encode(BigStep(1))), true);
+  z.resize(z.size() - 5);
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, z, kFrameFlagZstd));
+  return out;
+}
+
+Bytes ZstdFlagOnBlob() {
+  const Bytes raw(4096, 7);
+  BlobHeader h;
+  h.codec = BlobCodec::kNone;
+  h.raw_size = raw.size();
+  h.hash = XXH128Of(raw.data(), raw.size());
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, BlobPayload(h, raw), kFrameFlagZstd));
+  return out;
+}
+
 Bytes TooNewVersion() {
   Bytes out = ValidPrefix();
   StoreLE16(out.data() + 8, kCaptureMajorVersion + 1);
@@ -214,6 +279,14 @@ std::vector<HostileCase> Cases() {
       {"unknown_required_record", UnknownRequiredRecord, {}, C::kOk, C::kUnimplemented,
        "record type 4242 is not known"},
       {"dangling_blob_reference", DanglingBlobReference, {}, C::kOk, C::kDataLoss, "is marked stored but blob"},
+      {"zstd_in_version_1", ZstdInVersion1, {}, C::kOk, C::kUnimplemented,
+       "frame flags 0x0002 set bits format 1.0 does not define"},
+      {"zstd_record_no_content_size", ZstdRecordNoContentSize, {}, C::kOk, C::kDataLoss,
+       "does not state its decoded size"},
+      {"zstd_record_over_limit", ZstdRecordOverLimit, {}, C::kOk, C::kResourceExhausted,
+       "states 68157440 decoded bytes, over the 67108864-byte limit"},
+      {"zstd_record_truncated", ZstdRecordTruncated, {}, C::kOk, C::kDataLoss, "zstd cannot decode it"},
+      {"zstd_flag_on_blob", ZstdFlagOnBlob, {}, C::kOk, C::kDataLoss, "a blob frame with the zstd flag"},
   };
 }
 

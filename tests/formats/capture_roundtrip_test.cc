@@ -2,6 +2,7 @@
 // reader returns unchanged; blobs are stored once per content hash; the
 // shuffle is lossless and pays off on bf16; the version rule holds.
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include <set>
 #include <thread>
@@ -245,8 +246,77 @@ TEST(CaptureCompat, NewerMajorVersionIsRefusedNamingBothVersions) {
   auto reader = CaptureReader::Open(path);
   ASSERT_FALSE(reader.ok());
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(reader.status().message().find("version 2.0 is newer"), std::string_view::npos) << reader.status();
+  EXPECT_NE(reader.status().message().find(absl::StrFormat("version %d.0 is newer", kCaptureMajorVersion + 1)), std::string_view::npos) << reader.status();
   EXPECT_NE(reader.status().message().find("use a newer crashreplay"), std::string_view::npos);
+}
+
+// The frame without compression: what a 1.x writer wrote.
+EncodedFrame Uncompressed(const EncodedFrame& f) {
+  FrameHeader h;
+  ParseFrameHeader(f.bytes.data(), &h);
+  std::vector<unsigned char> payload(f.bytes.begin() + kFrameHeaderSize, f.bytes.end());
+  if ((h.flags & kFrameFlagZstd) == 0) return f;
+  std::vector<unsigned char> raw(ZSTD_getFrameContentSize(payload.data(), payload.size()));
+  EXPECT_EQ(ZSTD_decompress(raw.data(), raw.size(), payload.data(), payload.size()), raw.size());
+  return FrameEncoder::EncodeRaw(h.type, 0, raw);
+}
+
+// Format 2.0: a large step record is stored as a zstd frame (flag bit 1)
+// and reads back field for field; a tiny one stays as it is.
+TEST(CaptureCompat, LargeStepRecordsAreCompressedAndReadBackExactly) {
+  StepRecord big = TestStep(1, 0);
+  big.request_ids.clear();
+  big.token_ids.clear();
+  for (int i = 0; i < 256; ++i) {
+    big.request_ids.push_back("chatcmpl-" + std::to_string(1000000 + i));
+    big.token_ids.push_back(i * 13 % 151000);
+  }
+  StepRecord tiny;
+  tiny.step = 7;
+  const EncodedFrame small_frame = *FrameEncoder::Encode(tiny);
+  const EncodedFrame big_frame = *FrameEncoder::Encode(big);
+  FrameHeader h;
+  ASSERT_TRUE(ParseFrameHeader(small_frame.bytes.data(), &h));
+  EXPECT_EQ(h.flags & kFrameFlagZstd, 0);
+  ASSERT_TRUE(ParseFrameHeader(big_frame.bytes.data(), &h));
+  EXPECT_EQ(h.flags & kFrameFlagZstd, kFrameFlagZstd);
+  const size_t raw = ZSTD_getFrameContentSize(big_frame.bytes.data() + kFrameHeaderSize, h.payload_size);
+  EXPECT_LT(h.payload_size * 2, raw) << "a 256-request step should compress well";
+
+  TempDir dir;
+  const std::string path = dir.File("z.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(0));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Append(tiny).ok());
+  ASSERT_TRUE((*writer)->Append(big).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->Verify().status.ok()) << (*reader)->Verify().status;
+  ASSERT_EQ((*reader)->steps().size(), 2u);
+  EXPECT_EQ((*reader)->steps()[0], tiny);
+  EXPECT_EQ((*reader)->steps()[1], big);
+  EXPECT_EQ((*reader)->Summary().format_major, kCaptureMajorVersion);
+}
+
+// Files written before 2.0 (no compressed frames, major 1) are still read.
+TEST(CaptureCompat, Version1FilesAreRead) {
+  TempDir dir;
+  const std::string path = dir.File("v1.crcap");
+  std::vector<unsigned char> bytes(kFileHeaderSize);
+  EncodeFileHeader(bytes.data());
+  StoreLE16(bytes.data() + 8, 1);
+  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  const auto put = [&](const EncodedFrame& f) { bytes.insert(bytes.end(), f.bytes.begin(), f.bytes.end()); };
+  put(*FrameEncoder::Encode(TestManifest(0)));
+  for (uint64_t i = 0; i < 3; ++i) put(Uncompressed(*FrameEncoder::Encode(TestStep(i, 0))));
+  WriteFileBytes(path, bytes);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->scan_status().ok()) << (*reader)->scan_status();
+  EXPECT_EQ((*reader)->Summary().format_major, 1);
+  ASSERT_EQ((*reader)->steps().size(), 3u);
+  EXPECT_EQ((*reader)->steps()[2], TestStep(2, 0));
 }
 
 TEST(CaptureCompat, NewerMinorVersionIsRead) {

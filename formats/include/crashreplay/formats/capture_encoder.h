@@ -35,7 +35,10 @@ class FrameEncoder {
  public:
   static absl::StatusOr<EncodedFrame> Encode(const SessionManifest& manifest);  // sets the format version
   static absl::StatusOr<EncodedFrame> Encode(const WeightHashesRecord& record);
-  static absl::StatusOr<EncodedFrame> Encode(const StepRecord& record);
+  // compress: a step record of 512 bytes or more is stored zstd-compressed
+  // (frame flag kFrameFlagZstd) when that is smaller; false stores it as is
+  // (the recorder's writer does so to catch up when it falls behind).
+  static absl::StatusOr<EncodedFrame> Encode(const StepRecord& record, bool compress = true);
   static absl::StatusOr<EncodedFrame> Encode(const SnapshotRecord& record);
   static absl::StatusOr<EncodedFrame> Encode(const WeightCheckRecord& record);
   static absl::StatusOr<EncodedFrame> Encode(const DroppedSnapshotsRecord& record);

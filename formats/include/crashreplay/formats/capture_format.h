@@ -26,19 +26,29 @@ namespace crashreplay {
 //  24  8  XXH3-64 of bytes 0..23
 inline constexpr char kCaptureMagic[8] = {'\x89', 'C', 'R', 'C', 'A', 'P', '\r', '\n'};
 inline constexpr size_t kFileHeaderSize = 32;
-inline constexpr uint16_t kCaptureMajorVersion = 1;
+// 2.0: frame flag bit 1 (zstd-compressed structured payloads). Readers
+// read 1.x as well; bit 1 is refused in a 1.x file.
+inline constexpr uint16_t kCaptureMajorVersion = 2;
 inline constexpr uint16_t kCaptureMinorVersion = 0;
 
 // ---- frame header (24 bytes) -----------------------------------------------
 //   0  4  frame marker "CRfr"
 //   4  2  record type (RecordType)
-//   6  2  flags: bit 0 = skippable; other bits reserved, must be zero
+//   6  2  flags: bit 0 = skippable; bit 1 = the payload is one zstd frame
+//         (content size stated) holding the record's Cap'n Proto message
+//         (format 2.0 on; structured records only, never a blob); other
+//         bits reserved, must be zero
 //   8  8  payload length in bytes
 //  16  8  XXH3-64 (seed 0) of header bytes 4..15 followed by the payload
 inline constexpr char kFrameMarker[4] = {'C', 'R', 'f', 'r'};
 inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr uint16_t kFrameFlagSkippable = 1u << 0;
-inline constexpr uint16_t kFrameFlagsKnown = kFrameFlagSkippable;
+inline constexpr uint16_t kFrameFlagZstd = 1u << 1;
+inline constexpr uint16_t kFrameFlagsKnown = kFrameFlagSkippable | kFrameFlagZstd;
+// The flags a file of this major version may set.
+inline constexpr uint16_t FrameFlagsKnown(uint16_t major) {
+  return major >= 2 ? kFrameFlagsKnown : kFrameFlagSkippable;
+}
 
 enum class RecordType : uint16_t {
   kManifest = 1,       // SessionManifest, exactly one, the first frame
