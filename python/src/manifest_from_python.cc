@@ -193,6 +193,8 @@ absl::StatusOr<capture::RecorderOptions> OptionsFromPython(const nb::dict& d) {
   r.Custom("max_snapshots", [&](nb::handle x) { return ReadUnsigned(x, &o.max_snapshots, "options.max_snapshots"); });
   r.Custom("step_queue_slots",
            [&](nb::handle x) { return ReadUnsigned(x, &o.step_queue_slots, "options.step_queue_slots"); });
+  r.Custom("step_queue_bytes",
+           [&](nb::handle x) { return ReadUnsigned(x, &o.step_queue_bytes, "options.step_queue_bytes"); });
   r.Custom("weight_check_bytes_per_step", [&](nb::handle x) {
     return ReadUnsigned(x, &o.weight_check_bytes_per_step, "options.weight_check_bytes_per_step");
   });

@@ -111,6 +111,7 @@ nb::dict StatsToPython(const capture::RecorderStats& s) {
   nb::dict d;
   d["steps_accepted"] = s.steps_accepted;
   d["steps_written"] = s.steps_written;
+  d["steps_spilled"] = s.steps_spilled;
   d["snapshots_accepted"] = s.snapshots_accepted;
   d["snapshots_encoded"] = s.snapshots_encoded;
   d["snapshots_dropped"] = s.snapshots_dropped;

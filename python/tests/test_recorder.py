@@ -76,6 +76,22 @@ def test_request_ids_of_any_sequence_are_read_as_text(tmp_path):
                                                  ["g0", "g1", "g2"], ["a", "bb", ""]]
 
 
+def test_a_step_larger_than_the_queue_arena_grows_it_instead_of_spilling(tmp_path):
+    # step_queue_bytes is the minimum (64 KiB): a 256-row page table (128 KiB)
+    # does not fit; with the queue empty the arena grows, so nothing spills,
+    # and stats() says so.
+    rows = np.arange(256 * 64, dtype=np.int64).reshape(256, 64)
+    with make(tmp_path, step_queue_bytes=64 << 10) as rec:
+        rec.record_step(0, mode="decode", token_ids=np.arange(256), page_table=rows)
+        rec.flush()
+        assert rec.stats()["steps_spilled"] == 0
+        path = rec.path
+    s = crashreplay.read_capture(path)["step_records"][0]
+    assert s["page_table"][255]["token_slots"] == list(range(255 * 64, 256 * 64))
+    with pytest.raises(ValueError, match="options.step_queue_bytes"):
+        make(tmp_path, step_queue_bytes=-1)
+
+
 def test_bad_mode_and_mismatched_sampling_lengths_are_refused(tmp_path):
     with make(tmp_path) as rec:
         with pytest.raises(ValueError, match="mode 'decoding'"):
