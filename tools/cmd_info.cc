@@ -48,6 +48,8 @@ nlohmann::json FileJson(const CaptureReader& r) {
       {"truncated", s.truncated},
       {"corrupt", s.corrupt},
       {"steps", s.steps},
+      {"step_stored_bytes", s.step_stored_bytes},
+      {"step_raw_bytes", s.step_raw_bytes},
       {"ranks", s.ranks},
       {"records", s.records},
       {"blobs", s.blobs},
@@ -119,8 +121,11 @@ void PrintText(const CaptureReader& r) {
                 m.toggles.size());
   }
   if (s.steps > 0) {
-    std::printf("  steps %llu..%llu (%llu step records)\n", static_cast<unsigned long long>(s.first_step),
-                static_cast<unsigned long long>(s.last_step), static_cast<unsigned long long>(s.steps));
+    std::printf("  steps %llu..%llu (%llu step records; step log %s, %s a step, %.2fx compressed)\n",
+                static_cast<unsigned long long>(s.first_step), static_cast<unsigned long long>(s.last_step),
+                static_cast<unsigned long long>(s.steps), HumanBytes(s.step_stored_bytes).c_str(),
+                HumanBytes(s.step_stored_bytes / s.steps).c_str(),
+                s.step_stored_bytes > 0 ? static_cast<double>(s.step_raw_bytes) / s.step_stored_bytes : 1.0);
   } else {
     std::printf("  no steps\n");
   }

@@ -206,6 +206,10 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
       return absl::OkStatus();
     }
     records_.push_back(info);
+    if (h.type == static_cast<uint16_t>(RecordType::kStep)) {
+      step_stored_bytes_ += h.payload_size;
+      step_raw_bytes_ += body.size();
+    }
     pos += kFrameHeaderSize + h.payload_size;
   }
   scan_stop_offset_ = pos;
@@ -340,6 +344,8 @@ CaptureSummary CaptureReader::Summary() const {
   s.ok = scan_status_.ok() && end_.has_value() && end_->ok;
   s.records = records_.size();
   s.steps = steps_.size();
+  s.step_stored_bytes = step_stored_bytes_;
+  s.step_raw_bytes = step_raw_bytes_;
   std::set<uint32_t> ranks;
   if (manifest_.has_value()) ranks.insert(manifest_->parallel.rank);
   for (size_t i = 0; i < steps_.size(); ++i) {

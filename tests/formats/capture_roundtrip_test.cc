@@ -296,7 +296,13 @@ TEST(CaptureCompat, LargeStepRecordsAreCompressedAndReadBackExactly) {
   ASSERT_EQ((*reader)->steps().size(), 2u);
   EXPECT_EQ((*reader)->steps()[0], tiny);
   EXPECT_EQ((*reader)->steps()[1], big);
-  EXPECT_EQ((*reader)->Summary().format_major, kCaptureMajorVersion);
+  const CaptureSummary sum = (*reader)->Summary();
+  EXPECT_EQ(sum.format_major, kCaptureMajorVersion);
+  // Stored: the tiny record as it is plus the big one's zstd frame; raw:
+  // both decoded.
+  const uint64_t tiny_bytes = small_frame.bytes.size() - kFrameHeaderSize;
+  EXPECT_EQ(sum.step_stored_bytes, tiny_bytes + h.payload_size);
+  EXPECT_EQ(sum.step_raw_bytes, tiny_bytes + raw);
 }
 
 // Files written before 2.0 (no compressed frames, major 1) are still read.

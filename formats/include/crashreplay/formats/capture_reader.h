@@ -58,6 +58,8 @@ struct CaptureSummary {
   uint64_t problem_offset = 0;
   uint64_t records = 0;       // intact frames
   uint64_t steps = 0;         // step records
+  uint64_t step_stored_bytes = 0;  // their payload bytes in the file
+  uint64_t step_raw_bytes = 0;     // the same, decoded (compressed frames, format 2.0)
   std::vector<uint32_t> ranks;  // distinct ranks in step records and the manifest, sorted
   uint64_t first_step = 0, last_step = 0;
   uint64_t blobs = 0;         // distinct blob hashes
@@ -141,6 +143,7 @@ class CaptureReader {
   std::vector<unsigned char> owned_;
 
   uint16_t major_ = 0, minor_ = 0;
+  uint64_t step_stored_bytes_ = 0, step_raw_bytes_ = 0;
   absl::Status scan_status_;
   uint64_t scan_stop_offset_ = 0;
   bool truncated_ = false;
