@@ -170,7 +170,7 @@ void Recorder::Impl::WriterLoop() {
 }
 
 // A writer this many steps behind stores step records uncompressed until it
-// has caught up: compression (about 35 us for a 256-request decode step)
+// has caught up: compression (35-70 us for a 256-request decode step)
 // must not turn a burst into back-pressure on the serving thread.
 constexpr uint64_t kCompressUnlessBehindBy = 16;
 

@@ -8,9 +8,10 @@
 // caller's spans (no std::vector resize, so nothing is zero-filled first;
 // no allocation in the steady state). The request ids are gathered first
 // in buffers of the producer's own; then the record is written in whole
-// cache lines with streaming stores (LineStream, stream_copy.h). Records live in one arena allocated and pre-faulted when
-// the recorder begins, one after the other round it (a record never wraps;
-// one that would cross the end starts at the beginning). The position is
+// cache lines with streaming stores (LineStream, stream_copy.h). Records
+// live in one arena allocated and pre-faulted when the recorder begins,
+// one after the other round it (a record never wraps; one that would cross
+// the end starts at the beginning). The position is
 // not rewound to the start when the queue empties: rewriting the lines the
 // writer has just read measured slower and far less steady (docs/capture.md,
 // "The step queue"). A record that finds no room gets a buffer of its own

@@ -35,28 +35,25 @@ absl::StatusOr<EncodedFrame> EncodeRecord(RecordType type, const T& record, uint
 // every frame still decodes alone (a crash may cut the file anywhere).
 constexpr size_t kCompressFrom = 512;
 
-absl::StatusOr<EncodedFrame> EncodeCompressed(RecordType type, std::vector<unsigned char> payload, uint64_t step,
-                                               bool compress) {
-  if (compress && payload.size() >= kCompressFrom) {
-    struct Free {
-      void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
-    };
-    thread_local std::unique_ptr<ZSTD_CCtx, Free> cctx(ZSTD_createCCtx());
+EncodedFrame EncodeStep(std::vector<unsigned char> payload, uint64_t step, bool compress) {
+  struct Free {
+    void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+  };
+  thread_local std::unique_ptr<ZSTD_CCtx, Free> cctx(ZSTD_createCCtx());
+  if (compress && payload.size() >= kCompressFrom && cctx != nullptr) {
     EncodedFrame f;
-    f.type = static_cast<uint16_t>(type);
+    f.type = static_cast<uint16_t>(RecordType::kStep);
     f.step = step;
     f.bytes.resize(kFrameHeaderSize + ZSTD_compressBound(payload.size()));
-    const size_t z = cctx == nullptr ? 0
-                                      : ZSTD_compressCCtx(cctx.get(), f.bytes.data() + kFrameHeaderSize,
-                                                          f.bytes.size() - kFrameHeaderSize, payload.data(),
-                                                          payload.size(), 1);
-    if (cctx != nullptr && !ZSTD_isError(z) && z < payload.size()) {
+    const size_t z = ZSTD_compressCCtx(cctx.get(), f.bytes.data() + kFrameHeaderSize, f.bytes.size() - kFrameHeaderSize,
+                                       payload.data(), payload.size(), 1);
+    if (!ZSTD_isError(z) && z < payload.size()) {
       f.bytes.resize(kFrameHeaderSize + z);
       EncodeFrameHeader(f.type, kFrameFlagZstd, f.bytes.data() + kFrameHeaderSize, z, f.bytes.data());
       return f;
     }
   }
-  EncodedFrame f = Frame(type, 0, payload.data(), payload.size());
+  EncodedFrame f = Frame(RecordType::kStep, 0, payload.data(), payload.size());
   f.step = step;
   return f;
 }
@@ -72,7 +69,7 @@ absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const WeightHashesRecord& r) {
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const StepRecord& r, bool compress) {
   absl::StatusOr<std::vector<unsigned char>> payload = internal::ToPayload(r);
   if (!payload.ok()) return payload.status();
-  return EncodeCompressed(RecordType::kStep, *std::move(payload), r.step, compress);
+  return EncodeStep(*std::move(payload), r.step, compress);
 }
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const SnapshotRecord& r) {
   return EncodeRecord(RecordType::kSnapshot, r, r.step);

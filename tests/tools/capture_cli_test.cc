@@ -94,11 +94,18 @@ TEST_F(CaptureCli, SampleSessionSummarisesAsTwoRanksAndVerifies) {
   EXPECT_EQ(j["records"], j["files"][0]["records"].get<int>() + j["files"][1]["records"].get<int>());
   EXPECT_EQ(j["bytes"], std::filesystem::file_size(session + "/rank-00000.crcap") +
                             std::filesystem::file_size(session + "/rank-00001.crcap"));
+  // The step log: its bytes in the file, and decoded (at least as many).
+  const nlohmann::json& f0 = j["files"][0];
+  EXPECT_GT(f0["step_stored_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GE(f0["step_raw_bytes"].get<uint64_t>(), f0["step_stored_bytes"].get<uint64_t>());
+  EXPECT_LT(f0["step_stored_bytes"].get<uint64_t>(), f0["bytes"].get<uint64_t>());
   const Result verify = Run("verify " + session);
   EXPECT_EQ(verify.exit_code, 0) << verify.err;
   const Result text = Run("info " + session + "/rank-00001.crcap");
   EXPECT_EQ(text.exit_code, 0);
   EXPECT_NE(text.out.find("closed cleanly (ok)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("step log "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("x compressed)"), std::string::npos) << text.out;
 }
 
 TEST_F(CaptureCli, SampleCaptureIsDeterministic) {
