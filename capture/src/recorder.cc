@@ -271,7 +271,7 @@ absl::Status Recorder::Impl::WaitWritten(uint64_t target, double timeout_s) {
 absl::Status Recorder::Impl::WaitEncoded(double timeout_s) {
   if (CurrentTid() == encoder_tid_.load()) return absl::OkStatus();
   const double deadline = MonotonicSeconds() + timeout_s;
-  while (ring_.staged_bytes() > 0 || ring_.HasStaged()) {
+  while (ring_.Pending()) {
     if (MonotonicSeconds() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrFormat("capture %s: snapshots still being encoded after %gs", path_, timeout_s));
@@ -347,7 +347,7 @@ void Recorder::Impl::OnFatalSignal(int sig) noexcept {
     while (queue_.tail() < accepted && MonotonicSeconds() < deadline) SleepMicros(500);
   }
   if (self != encoder_tid_.load()) {
-    while (ring_.staged_bytes() > 0 && MonotonicSeconds() < deadline) SleepMicros(500);
+    while (ring_.PendingNoLock() && MonotonicSeconds() < deadline) SleepMicros(500);
   }
   // From here on the writer stops refreshing the failure frames, so the
   // active buffer is stable while we read it.

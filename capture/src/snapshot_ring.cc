@@ -155,7 +155,14 @@ bool SnapshotRing::EncodeNext() {
     if (staged_count_ == 0 || StagedAt(0).state != StageState::kStaged) return false;
     entry = &StagedAt(0);
     entry->state = StageState::kEncoding;
+    // Counted before the entry leaves the staged list below, and until its
+    // frames are in a slot (or dropped), so Pending() never sees a gap.
+    encoding_.fetch_add(1, std::memory_order_relaxed);
   }
+  struct Done {
+    std::atomic<int>& n;
+    ~Done() { n.fetch_sub(1, std::memory_order_release); }
+  } done{encoding_};
   // Encoding reads the arena region, which nobody else touches while the
   // entry is kEncoding (Submit evicts only kStaged entries).
   std::vector<EncodedFrame> frames;

@@ -45,6 +45,14 @@ class SnapshotRing {
   bool EncodeNext();
   // Whether a staged snapshot waits for EncodeNext.
   bool HasStaged();
+  // Whether a snapshot is still on its way into the encoded store: being
+  // copied in, staged, or taken by EncodeNext and not yet in a slot (a
+  // failure path that writes the store must wait for it, or that snapshot
+  // is missed).
+  bool Pending() { return PendingNoLock() || HasStaged(); }
+  // The same without the lock (signal handlers), blind only to a staged
+  // snapshot of zero bytes.
+  bool PendingNoLock() const { return encoding_.load(std::memory_order_acquire) > 0 || staged_bytes() > 0; }
 
   // Failure path (ordinary context): appends every encoded snapshot not
   // written by an earlier call, oldest first, through writer->Append
@@ -104,6 +112,7 @@ class SnapshotRing {
 
   std::atomic<uint64_t> accepted_{0}, encoded_count_{0}, dropped_{0}, bytes_dropped_{0};
   std::atomic<uint64_t> staged_bytes_{0}, encoded_bytes_{0};
+  std::atomic<int> encoding_{0};  // snapshots EncodeNext has taken and not yet stored or dropped
   std::atomic<uint64_t> written_seq_{0};  // highest seq WriteAll put in the file
 };
 
