@@ -181,7 +181,12 @@ int main(int argc, char** argv) {
     return 3;
   }
   ckpt->tensors.clear();
-  replay::Engine engine(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  auto made = replay::Engine::Create(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  if (!made.ok()) {
+    std::fprintf(stderr, "decode_bench: %s\n", std::string(made.status().message()).c_str());
+    return 1;
+  }
+  replay::Engine& engine = **made;
   StepTimer timer;
   const replay::RunResult r = engine.Run(requests, &timer);
   if (r.fault) {

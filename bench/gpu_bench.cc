@@ -16,7 +16,7 @@
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/cuda/cuda_executor.h"
 #include "crashreplay/replay/engine.h"
-#include "crashreplay/replay/op_step.h"
+#include "crashreplay/replay/step.h"
 #include "crashreplay/replay/random_checkpoint.h"
 
 namespace cr = crashreplay::replay;
@@ -195,16 +195,17 @@ int main() {
     auto ex = cr::cuda::CudaExecutor::Create(mode, 0);
     if (!ex.ok()) return 1;
     auto dm = cr::DeviceModel::Upload(**model, ex->get());
-    auto kv = cr::DeviceKv::Create(**model, ec, 32 * 16, ex->get());
+    auto kv = cr::KvCache::Create(**model, ec, 32 * 16, ex->get());
     if (!dm.ok() || !kv.ok()) return 1;
     double best = 1e30;
     size_t kernels = 0;
     for (int i = 0; i < 5; ++i) {
-      auto step = cr::OpStep::Build(**dm, ec, kv->get(), ex->get(), in);
-      if (!step.ok()) return 1;
-      kernels = (*step)->kernels().size();
+      auto step = cr::StepProgram::Lower(**dm, ec, kv->get(), in);
+      if (step->fault()) return 1;
+      step->set_watch(false);
+      kernels = step->kernels().size();
       const auto t0 = std::chrono::steady_clock::now();
-      if (!(*step)->RunAll().ok()) return 1;
+      if (step->RunAll()) return 1;
       const auto t1 = std::chrono::steady_clock::now();
       best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
     }

@@ -151,7 +151,9 @@ int RunReplay(int argc, char** argv) {
   for (const auto& s : cap->steps)
     for (const auto& r : s.input.rows)
       for (int32_t p : r.page_table) max_page = std::max<int64_t>(max_page, p + 1);
-  replay::Engine engine(std::move(*model), ec, threads, max_page);
+  auto made = replay::Engine::Create(std::move(*model), ec, threads, max_page);
+  if (!made.ok()) return ReportDeviceError(made.status());
+  replay::Engine& engine = **made;
 
   const bool step_in_range = step < static_cast<int64_t>(cap->steps.size());
   if (!engine.plan().fault && !(cap->steps.empty() && cap->failure) && !step_in_range) {
@@ -161,7 +163,7 @@ int RunReplay(int argc, char** argv) {
   std::unique_ptr<replay::StepDump> dump;
   std::string dump_path;
   if (!dump_dir.empty()) {
-    if (step_in_range) {
+    if (step_in_range && !engine.plan().fault) {
       // The kernel list depends on the model and the batch, not on data:
       // list it without running anything to check the patterns.
       std::vector<std::string> labels;

@@ -117,14 +117,6 @@ int RunRun(int argc, char** argv) {
   for (const std::string& s : sets) {
     if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);
   }
-  // device=cuda (CUDA backend hook): "no CUDA device" is a usage error here.
-  if (config.Enum("device") != "cpu") {
-    auto exec = replay::MakeExecutor(config.Enum("device"), replay::ExecMode::kKernelByKernel, 1);
-    if (!exec.ok()) return ReportError(exec.status());
-    return ReportError(absl::UnimplementedError(
-        "--set device=cuda: `run` drives the CPU engine; steps run on the GPU through OpStep "
-        "(replay/op_step.h), which is not wired into `run` yet"));
-  }
   std::string tokenizer_note;
   auto tokenizer = replay::TokenizerForCheckpoint(model_dir, tokenizer_choice, &tokenizer_note);
   if (!tokenizer.ok()) return ReportError(tokenizer.status());
@@ -157,7 +149,9 @@ int RunRun(int argc, char** argv) {
   const replay::EngineConfig ec = replay::ResolveConfig(config);
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
-  replay::Engine engine(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  auto made = replay::Engine::Create(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  if (!made.ok()) return ReportDeviceError(made.status());
+  replay::Engine& engine = **made;
   std::unique_ptr<replay::CaptureRecorder> recorder;
   if (!record.empty()) {
     auto rec = replay::CaptureRecorder::Begin(record, model_dir, config, engine.model(), snapshot_options);

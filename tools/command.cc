@@ -44,6 +44,11 @@ int ReportError(const absl::Status& status) {
   }
 }
 
+int ReportDeviceError(const absl::Status& status) {
+  std::fprintf(stderr, "crashreplay: %s\n", std::string(status.message()).c_str());
+  return kExitNoDevice;
+}
+
 absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& text) {
   std::string digits = text;
   uint64_t mult = 1;

@@ -39,6 +39,10 @@ std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv);
 // fits the status (kExitDataError for corruption/not-found/unsupported data,
 // kExitUsage for invalid arguments, kExitFailed otherwise).
 int ReportError(const absl::Status& status);
+// An engine that cannot be set up on the configured device (`device=cuda`
+// on a build or machine without a usable GPU): the message, and exit
+// kExitNoDevice, never a silent fallback to the CPU.
+int ReportDeviceError(const absl::Status& status);
 
 // A byte count given to `flag`: digits, optionally followed by K, M, G or T
 // (powers of 1024). InvalidArgument naming the flag for anything else or 0.

@@ -90,7 +90,9 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
 
 void CaptureRecorder::StateBeforeStep(const StepInput& in, const KvCache& kv) {
   if (!status_.ok() || snapshots_.steps == 0) return;
-  const StepState s = CaptureState(in, kv);
+  absl::StatusOr<StepState> state = CaptureState(in, kv);
+  if (!state.ok()) return;  // the device is gone; the failure record says why
+  const StepState& s = *state;
   const std::vector<int64_t> rows_shape = {static_cast<int64_t>(in.rows.size()), 2};
   const std::vector<int64_t> pages_shape = {static_cast<int64_t>(s.pages.size())};
   std::vector<capture::TensorView> views;

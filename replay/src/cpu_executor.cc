@@ -25,6 +25,7 @@ class CpuExecutor final : public Executor {
 
   std::string_view name() const override { return "cpu"; }
   ExecMode mode() const override { return ExecMode::kKernelByKernel; }
+  bool host_visible() const override { return true; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;

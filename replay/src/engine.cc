@@ -18,16 +18,44 @@ int64_t PagesNeeded(const std::vector<Request>& requests, int page_size) {
   return n;
 }
 
-Engine::Engine(std::unique_ptr<Model> model, const EngineConfig& config, int threads, int64_t max_pool_pages)
-    : model_(std::move(model)), config_(config), pool_(threads) {
-  plan_ = PlanMemory(*model_, config_);
-  if (!plan_.fault) {
-    kv_ = std::make_unique<KvCache>(*model_, config_, std::min(plan_.pool_pages, std::max<int64_t>(max_pool_pages, 1)));
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model, const EngineConfig& config,
+                                                       int threads, int64_t max_pool_pages) {
+  std::unique_ptr<Engine> e(new Engine(std::move(model), config));
+  auto exec = MakeExecutor(config.device, ExecMode::kKernelByKernel, threads);
+  if (!exec.ok()) return exec.status();
+  e->exec_ = std::move(*exec);
+  e->plan_ = PlanMemory(*e->model_, e->config_);
+  if (e->plan_.fault) return e;
+  // The device itself may hold less than the recorded one: a failed upload
+  // or pool allocation is an out-of-memory at load, as on a real server.
+  auto device_oom = [&](const absl::Status& s, const char* what) {
+    Fault f;
+    f.klass = absl::IsResourceExhausted(s) ? "oom" : "error";
+    f.stage = "load";
+    f.kernel = "device_allocator";
+    f.check = what;
+    f.message = Cat("loading on ", e->exec_->name(), ": ", what, ": ", s.message());
+    e->plan_.fault = f;
+  };
+  auto dm = DeviceModel::Upload(*e->model_, e->exec_.get());
+  if (!dm.ok()) {
+    device_oom(dm.status(), "weights_fit_device");
+    return e;
   }
+  e->device_model_ = std::move(*dm);
+  auto kv = KvCache::Create(*e->model_, e->config_, std::min(e->plan_.pool_pages, std::max<int64_t>(max_pool_pages, 1)),
+                            e->exec_.get());
+  if (!kv.ok()) {
+    device_oom(kv.status(), "kv_pool_fits_device");
+    return e;
+  }
+  e->kv_ = std::move(*kv);
+  return e;
 }
 
 std::unique_ptr<StepProgram> Engine::Prepare(const StepInput& input) {
-  return std::make_unique<StepProgram>(*model_, config_, kv_.get(), &pool_, input);
+  if (plan_.fault) return StepProgram::Failed(exec_.get(), input, *plan_.fault);
+  return StepProgram::Lower(*device_model_, config_, kv_.get(), input);
 }
 
 absl::Status Engine::RestoreState(const StepState& state, const StepInput& input) {

@@ -68,8 +68,9 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(std::string_view device, 
 #else
     (void)mode;
     return absl::InvalidArgumentError(
-        "--device cuda: this crashreplay was built without the CUDA backend (configure with "
-        "-DCRASHREPLAY_CUDA=ON where nvcc is installed); use --device cpu");
+        "device cuda: this crashreplay was built without the CUDA backend (configure with "
+        "-DCRASHREPLAY_CUDA=ON where nvcc is installed); use the CPU backend instead (device=cpu, the default: "
+        "`--set device=cpu`, or `devices --device cpu`)");
 #endif
   }
   return absl::InvalidArgumentError(Cat("unknown device '", device, "'; choose cpu or cuda"));

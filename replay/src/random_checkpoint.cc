@@ -232,9 +232,11 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, uint64_t seed, TensorSe
   const int64_t n = static_cast<int64_t>(row.tokens.size());
   const int64_t pages = (n + cfg.page_size - 1) / cfg.page_size;
   for (int64_t p = 0; p < pages; ++p) row.page_table.push_back(static_cast<int32_t>(p));
-  KvCache kv(*model, cfg, pages);
-  CpuPool pool(1);
-  StepProgram prog(*model, cfg, &kv, &pool, in);
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, MakeExecutor("cpu", ExecMode::kKernelByKernel, 1));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceModel> dm, DeviceModel::Upload(*model, exec.get()));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, KvCache::Create(*model, cfg, pages, exec.get()));
+  std::unique_ptr<StepProgram> program = StepProgram::Lower(*dm, cfg, kv.get(), in);
+  StepProgram& prog = *program;
   const int64_t L = spec.layers, H = spec.hidden;
   std::vector<float> qkv(L, 0.0f), o(L, 0.0f), mlp_in(L, 0.0f), down(L, 0.0f), shared_down(L, 0.0f);
   std::vector<std::vector<float>> expert_down(L);

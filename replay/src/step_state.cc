@@ -31,7 +31,7 @@ std::vector<int32_t> StatePages(const StepInput& in, int page_size) {
   return pages;
 }
 
-StepState CaptureState(const StepInput& in, const KvCache& kv) {
+absl::StatusOr<StepState> CaptureState(const StepInput& in, const KvCache& kv) {
   StepState s;
   s.step = in.step;
   for (const StepRow& row : in.rows) {
@@ -42,7 +42,8 @@ StepState CaptureState(const StepInput& in, const KvCache& kv) {
   s.kv_dtype = kv.fp8() ? DType::kF8E4M3 : DType::kBF16;
   if (!s.pages.empty()) {
     s.kv_shape = {kv.planes(), static_cast<int64_t>(s.pages.size()), kv.page_size(), kv.kv_heads(), kv.head_dim()};
-    kv.CopyPages(s.pages, &s.k, &s.v);
+    absl::Status st = kv.CopyPages(s.pages, &s.k, &s.v);
+    if (!st.ok()) return st;
   }
   return s;
 }
@@ -82,8 +83,7 @@ absl::Status RestoreState(const StepState& s, const StepInput& in, KvCache* kv) 
     return absl::InvalidArgumentError(Cat(where, ": KV tensors hold ", s.k.size(), " and ", s.v.size(),
                                           " bytes, the shape needs ", bytes));
   }
-  kv->WritePages(need, s.k, s.v);
-  return absl::OkStatus();
+  return kv->WritePages(need, s.k, s.v);
 }
 
 }  // namespace crashreplay::replay

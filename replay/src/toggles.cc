@@ -314,6 +314,7 @@ EngineConfig ResolveConfig(const Config& c) {
   e.max_total_tokens = static_cast<int>(c.Int("max_total_tokens"));
   e.device_memory_gb = c.Float("device_memory_gb");
   e.device_memory_scale = c.Float("device_memory_scale");
+  e.device = c.Enum("device");
   return e;
 }
 

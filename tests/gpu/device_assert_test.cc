@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "gpu_test_util.h"
-#include "op_step_test_util.h"
+#include "exec_replay_test_util.h"
 
 namespace crashreplay::replay {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "crashreplay/replay/cuda/device_pool.h"
 #include "gpu_test_util.h"
-#include "op_step_test_util.h"
+#include "exec_replay_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -35,7 +35,7 @@ struct GraphSetup {
   std::unique_ptr<CudaExecutor> exec;
   std::unique_ptr<DevicePool> pool;
   std::unique_ptr<DeviceModel> model;
-  std::unique_ptr<DeviceKv> kv;
+  std::unique_ptr<KvCache> kv;
 };
 
 // A recorded 24 GB device (fits any GPU these tests run on); the small model's
@@ -56,10 +56,24 @@ void Make(double fraction, GraphSetup* s) {
   auto dm = DeviceModel::Upload(s->engine->model(), s->exec.get());
   ASSERT_TRUE(dm.ok()) << dm.status();
   s->model = std::move(*dm);
-  auto kv = DeviceKv::Create(s->engine->model(), s->engine->config(), 64, s->exec.get());
+  auto kv = KvCache::Create(s->engine->model(), s->engine->config(), 64, s->exec.get());
   ASSERT_TRUE(kv.ok()) << kv.status();
   s->kv = std::move(*kv);
   s->exec->set_arena(nullptr);
+}
+
+// One decode step per planned graph batch size, captured as sglang does.
+absl::StatusOr<std::unique_ptr<cuda::DecodeGraphs>> CaptureEveryBatchSize(
+    GraphSetup& s, std::map<int, std::unique_ptr<StepProgram>>* steps) {
+  for (int bs : s.engine->plan().graph_batch_sizes) {
+    (*steps)[bs] = StepProgram::Lower(*s.model, s.engine->config(), s.kv.get(), DecodeBatch(bs));
+    if ((*steps)[bs]->fault()) return (*steps)[bs]->status();
+    (*steps)[bs]->set_watch(false);  // nothing may be read back inside a capture
+  }
+  return CaptureDecodeGraphs(*s.exec, *s.pool, s.engine->config(), [&](int bs) {
+    (*steps)[bs]->RunAll();
+    return (*steps)[bs]->status();
+  });
 }
 
 TEST(CudaGraphs, PlannerGraphOomIsARealAllocationFailureDuringCapture) {
@@ -69,13 +83,8 @@ TEST(CudaGraphs, PlannerGraphOomIsARealAllocationFailureDuringCapture) {
   if (HasFatalFailure()) return;
   ASSERT_TRUE(s.engine->plan().fault);
   EXPECT_EQ(s.engine->plan().fault->stage, "graph_capture");
-  std::map<int, std::unique_ptr<OpStep>> steps;
-  for (int bs : s.engine->plan().graph_batch_sizes) {
-    auto st = OpStep::Build(*s.model, s.engine->config(), s.kv.get(), s.exec.get(), DecodeBatch(bs));
-    ASSERT_TRUE(st.ok());
-    steps[bs] = std::move(*st);
-  }
-  auto graphs = CaptureDecodeGraphs(*s.exec, *s.pool, s.engine->config(), [&](int bs) { return steps[bs]->RunAll(); });
+  std::map<int, std::unique_ptr<StepProgram>> steps;
+  auto graphs = CaptureEveryBatchSize(s, &steps);
   ASSERT_TRUE(graphs.ok()) << graphs.status();
   ASSERT_TRUE((*graphs)->fault);
   const Fault& f = *(*graphs)->fault;
@@ -93,26 +102,19 @@ TEST(CudaGraphs, FittingConfigurationCapturesEveryBatchSizeAndReplaysSameBits) {
   Make(0.80, &s);
   if (HasFatalFailure()) return;
   ASSERT_FALSE(s.engine->plan().fault) << s.engine->plan().fault->message;
-  std::map<int, std::unique_ptr<OpStep>> steps;
-  for (int bs : s.engine->plan().graph_batch_sizes) {
-    auto st = OpStep::Build(*s.model, s.engine->config(), s.kv.get(), s.exec.get(), DecodeBatch(bs));
-    ASSERT_TRUE(st.ok());
-    steps[bs] = std::move(*st);
-  }
-  auto graphs = CaptureDecodeGraphs(*s.exec, *s.pool, s.engine->config(), [&](int bs) { return steps[bs]->RunAll(); });
+  std::map<int, std::unique_ptr<StepProgram>> steps;
+  auto graphs = CaptureEveryBatchSize(s, &steps);
   ASSERT_TRUE(graphs.ok()) << graphs.status();
   ASSERT_FALSE((*graphs)->fault) << (*graphs)->fault->message;
   EXPECT_EQ((*graphs)->batch_sizes.size(), s.engine->plan().graph_batch_sizes.size());
   // Graph replay of bs=32 vs direct launches of the same kernels.
-  auto direct = OpStep::Build(*s.model, s.engine->config(), s.kv.get(), s.exec.get(), DecodeBatch(32));
-  ASSERT_TRUE(direct.ok());
-  ASSERT_TRUE((*direct)->RunAll().ok());
-  auto want = (*direct)->Digest();
+  auto direct = StepProgram::Lower(*s.model, s.engine->config(), s.kv.get(), DecodeBatch(32));
+  direct->set_watch(false);
+  ASSERT_FALSE(direct->RunAll()) << direct->status();
+  const Hash128 want = direct->Digest();
   ASSERT_TRUE(s.exec->LaunchGraph((*graphs)->graphs[0], LaunchTag{"decode_graph", -1}).ok());
   ASSERT_TRUE(s.exec->Synchronize().ok());
-  auto got = steps[32]->Digest();
-  ASSERT_TRUE(want.ok() && got.ok());
-  EXPECT_EQ(*want, *got);
+  EXPECT_EQ(want, steps[32]->Digest());
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu_test_util.h"
-#include "op_step_test_util.h"
+#include "exec_replay_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -44,39 +44,41 @@ TEST_P(CudaParity, EveryKernelMatchesTheCpuReferenceWithinTolerance) {
   auto gdm = DeviceModel::Upload(m, gpu->get());
   ASSERT_TRUE(cdm.ok() && gdm.ok()) << gdm.status();
   const int64_t pages = testing::EnginePages(*run.engine);
-  auto ckv = DeviceKv::Create(m, ec, pages, cpu->get());
-  auto gkv = DeviceKv::Create(m, ec, pages, gpu->get());
+  auto ckv = KvCache::Create(m, ec, pages, cpu->get());
+  auto gkv = KvCache::Create(m, ec, pages, gpu->get());
   ASSERT_TRUE(ckv.ok() && gkv.ok());
   int mismatched_kernels = 0;
   for (size_t s = 0; s < run.inputs.size(); ++s) {
-    auto cs = OpStep::Build(**cdm, ec, ckv->get(), cpu->get(), run.inputs[s]);
-    auto gs = OpStep::Build(**gdm, ec, gkv->get(), gpu->get(), run.inputs[s]);
-    ASSERT_TRUE(cs.ok() && gs.ok());
-    const auto& kernels = (*cs)->kernels();
+    auto cs = StepProgram::Lower(**cdm, ec, ckv->get(), run.inputs[s]);
+    auto gs = StepProgram::Lower(**gdm, ec, gkv->get(), run.inputs[s]);
+    ASSERT_FALSE(cs->fault() || gs->fault());
+    cs->set_watch(false);  // the test reads and feeds the buffers itself
+    gs->set_watch(false);
+    const auto& kernels = cs->kernels();
     for (size_t k = 0; k < kernels.size(); ++k) {
-      const OpKernel& K = kernels[k];
-      ASSERT_TRUE((*cs)->RunNext().ok());
-      ASSERT_TRUE((*gs)->RunNext().ok()) << (*gpu)->fault()->Describe();
+      const KernelCall& K = kernels[k];
+      ASSERT_FALSE(cs->RunNext());
+      ASSERT_FALSE(gs->RunNext()) << gs->status();
       const std::string where = "step " + std::to_string(s) + " " + K.Label() + " ";
       for (const std::string& out : K.outputs) {
-        if ((*cs)->IsBytesBuffer(out)) {  // quantized activations: exact
-          auto a = (*cs)->ReadBytes(out);
-          auto b = (*gs)->ReadBytes(out);
+        if (cs->IsBytesBuffer(out)) {  // quantized activations: exact
+          auto a = cs->ReadBytes(out);
+          auto b = gs->ReadBytes(out);
           ASSERT_TRUE(a.ok() && b.ok());
           EXPECT_EQ(*a, *b) << where << out;
-          ASSERT_TRUE((*gs)->WriteBytes(out, *a).ok());
+          ASSERT_TRUE(gs->WriteBytes(out, *a).ok());
           continue;
         }
-        if ((*cs)->IsIntBuffer(out)) {
-          auto a = (*cs)->ReadInts(out);
-          auto b = (*gs)->ReadInts(out);
+        if (cs->IsIntBuffer(out)) {
+          auto a = cs->ReadInts(out);
+          auto b = gs->ReadInts(out);
           ASSERT_TRUE(a.ok() && b.ok());
           EXPECT_EQ(*a, *b) << where << out;
-          ASSERT_TRUE((*gs)->WriteInts(out, *a).ok());
+          ASSERT_TRUE(gs->WriteInts(out, *a).ok());
           continue;
         }
-        auto a = (*cs)->ReadFloats(out);
-        auto b = (*gs)->ReadFloats(out);
+        auto a = cs->ReadFloats(out);
+        auto b = gs->ReadFloats(out);
         ASSERT_TRUE(a.ok() && b.ok());
         if (ExactKernel(K.name)) {
           const bool same = *a == *b;
@@ -86,7 +88,7 @@ TEST_P(CudaParity, EveryKernelMatchesTheCpuReferenceWithinTolerance) {
           mismatched_kernels += CompareWithTolerance(*a, *b, kKernelTolerance, where + out) > 0;
         }
         // Feed the next kernel the CPU's values.
-        ASSERT_TRUE((*gs)->WriteFloats(out, *a).ok());
+        ASSERT_TRUE(gs->WriteFloats(out, *a).ok());
       }
     }
   }

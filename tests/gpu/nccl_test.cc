@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "op_step_test_util.h"
+#include "exec_replay_test_util.h"
 #if defined(CRASHREPLAY_HAVE_NCCL)
 #include "crashreplay/replay/cuda/nccl_comm.h"
 #endif

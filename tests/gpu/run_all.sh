@@ -35,7 +35,8 @@ run() {  # name command...
 }
 run devices "$BUILD/tools/crashreplay" devices --device cuda
 run gpu_test "$BUILD/tests/gpu_test" --gtest_output="xml:$OUT/gpu_test.xml"
-run cpu_parity "$BUILD/tests/replay_test" --gtest_filter='*OpStep*:ExecutorRegistry*' --gtest_output="xml:$OUT/cpu_parity.xml"
+run cpu_parity "$BUILD/tests/replay_test" --gtest_filter='*StepOnFreshCpuExecutor*:StepFaults*:StepOnCpu*:ExecutorRegistry*' --gtest_output="xml:$OUT/cpu_parity.xml"
+run cli_cuda "$SRC/tests/gpu/cli_cuda.sh" "$BUILD/tools/crashreplay"
 run gpu_bench "$BUILD/bench/gpu_bench"
 # The Python module's CUDA paths (torch CUDA staging, a real device-side
 # assert), where torch with CUDA and the extension are importable.

@@ -23,7 +23,10 @@ inline std::unique_ptr<Engine> MakeEngine(const MakeModelOptions& opts, const st
   auto model = BuildModel(ckpt->spec, ckpt->tensors, ec);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
-  return std::make_unique<Engine>(std::move(*model), ec, threads, 4096);
+  auto e = Engine::Create(std::move(*model), ec, threads, 4096);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return nullptr;
+  return std::move(*e);
 }
 
 inline std::vector<Request> TwoRequests(int64_t max_new = 4, float temperature = 0.0f) {

@@ -220,8 +220,9 @@ TEST(Nvfp4Activation, BrokenInputScaleFaultsInTheQuantizationKernelThatReadsIt) 
       const EngineConfig ec = ResolveConfig(c);
       auto m = BuildModel(ck->spec, t, ec);
       ASSERT_TRUE(m.ok()) << m.status();
-      Engine e(std::move(*m), ec, 2, 4096);
-      RunResult r = e.Run(TwoRequests(2));
+      auto e = Engine::Create(std::move(*m), ec, 2, 4096);
+      ASSERT_TRUE(e.ok()) << e.status();
+      RunResult r = (*e)->Run(TwoRequests(2));
       if (std::string(act) == "w4a16") {
         EXPECT_FALSE(r.fault) << k.tensor << ": w4a16 never reads input_scale";
         continue;
@@ -286,8 +287,9 @@ TEST(Nvfp4Activation, MakeModelCalibratesInputScaleFromTheInputsAmax) {
     ASSERT_TRUE(c.Set("nvfp4_activation", "w4a16").ok());
     auto m = BuildModel(ck->spec, t, ResolveConfig(c));
     ASSERT_TRUE(m.ok());
-    Engine e(std::move(*m), ResolveConfig(c), 1, 4096);
-    auto p = e.Prepare(OnePrompt(CalibrationTokens(ck->spec, o.seed)));
+    auto e = Engine::Create(std::move(*m), ResolveConfig(c), 1, 4096);
+    ASSERT_TRUE(e.ok()) << e.status();
+    auto p = (*e)->Prepare(OnePrompt(CalibrationTokens(ck->spec, o.seed)));
     while (!p->done()) {
       const KernelCall& k = p->kernels()[p->next()];
       ASSERT_FALSE(p->RunNext());

@@ -25,7 +25,7 @@ absl::StatusOr<int> DeviceCount() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) return CudaStatus(e, "cudaGetDeviceCount");
-  if (n == 0) return absl::InvalidArgumentError("no CUDA device: cudaGetDeviceCount found 0 devices; run with --device cpu");
+  if (n == 0) return absl::InvalidArgumentError("no CUDA device: cudaGetDeviceCount found 0 devices; use the CPU backend instead (device=cpu, the default: `--set device=cpu`, or `devices --device cpu`)");
   return n;
 }
 

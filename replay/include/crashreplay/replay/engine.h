@@ -1,5 +1,7 @@
 // The built-in inference engine: continuous batching over a paged KV cache,
-// one StepProgram per scheduler step.
+// one StepProgram per scheduler step, on the executor the `device` toggle
+// names (the CPU reference backend, or the CUDA backend running the same
+// kernel list on the GPU).
 //
 // Scheduling follows sglang's default loop: when requests are waiting, the
 // next step prefills as many of them as fit (max_running_requests, free KV
@@ -13,6 +15,9 @@
 // the recorded inputs of steps 0..N-1, or restoring step N's state snapshot
 // (RestoreState, step_state.h), and then step N kernel by kernel.
 // Thread safety: one thread drives an Engine.
+// Errors: Engine::Create fails (InvalidArgument, "no CUDA device ...") when
+// the configuration asks for a device this build or machine does not have;
+// it never falls back to another device.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +28,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/device_model.h"
+#include "crashreplay/replay/executor.h"
 #include "crashreplay/replay/fault.h"
 #include "crashreplay/replay/model.h"
 #include "crashreplay/replay/planner.h"
@@ -71,20 +77,25 @@ struct RunResult {
 
 class Engine {
  public:
-  // Plans memory for `model` under `config`. The KV pool is the planner's page
-  // count, capped at `max_pool_pages` (what the workload can use) to keep host
-  // memory small; the cap never changes which page ids are valid for a
-  // workload that fits.
-  Engine(std::unique_ptr<Model> model, const EngineConfig& config, int threads, int64_t max_pool_pages);
+  // Plans memory for `model` under `config` and sets it up on the executor
+  // `config.device` names (threads: CPU worker threads, <= 0 for
+  // CRASHREPLAY_THREADS). The KV pool is the planner's page count, capped at
+  // `max_pool_pages` (what the workload can use) to keep memory small; the
+  // cap never changes which page ids are valid for a workload that fits. A
+  // plan that fails (or a device that cannot hold the weights or the pool) is
+  // not an error here: plan().fault holds it, and Run reports it.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model, const EngineConfig& config,
+                                                        int threads, int64_t max_pool_pages);
 
   const MemoryPlan& plan() const { return plan_; }
   const Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
+  Executor& executor() { return *exec_; }
 
   RunResult Run(const std::vector<Request>& requests, StepObserver* observer = nullptr);
 
-  // Builds the program of one recorded step against this engine's KV cache;
-  // the caller runs it (whole, or kernel by kernel).
+  // Lowers one recorded step against this engine's KV cache; the caller runs
+  // it (whole, or kernel by kernel).
   std::unique_ptr<StepProgram> Prepare(const StepInput& input);
 
   // Writes a recorded step's state (step_state.h) into the KV cache, so that
@@ -95,9 +106,11 @@ class Engine {
   absl::Status RestoreState(const StepState& state, const StepInput& input);
 
  private:
+  Engine(std::unique_ptr<Model> model, const EngineConfig& config) : model_(std::move(model)), config_(config) {}
   std::unique_ptr<Model> model_;
   EngineConfig config_;
-  CpuPool pool_;
+  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<DeviceModel> device_model_;
   MemoryPlan plan_;
   std::unique_ptr<KvCache> kv_;
 };

@@ -71,6 +71,9 @@ class Executor {
 
   virtual std::string_view name() const = 0;
   virtual ExecMode mode() const = 0;
+  // Whether the executor's memory is ordinary host memory (the CPU executor):
+  // ops may then read host buffers in place, so weights are never copied.
+  virtual bool host_visible() const { return false; }
 
   // Memory in the executor's address space (device memory for CUDA; never
   // managed memory). Free(nullptr) is a no-op.

@@ -1,30 +1,41 @@
 // One engine step (one forward pass over one batch) as an explicit list of
-// kernel invocations.
+// kernel invocations, run on any executor (executor.h: CPU or CUDA).
 //
-// StepProgram builds the list for a model, a configuration and a batch: each
-// entry has a name ("q_proj"), a layer (-1 outside the layers), the buffers it
-// reads and writes, and a launch. A caller can list the kernels, run them one
-// at a time, and inspect any buffer after any kernel. After every kernel the
-// watcher counts NaN/Inf in its outputs, takes min/max/mean|x|, and hashes the
-// output bytes (XXH3-128); the first kernel whose outputs are non-finite is
-// remembered. A kernel whose check fires yields a Fault and stops the step.
+// StepProgram::Lower turns a batch into the list once (step_lower.cc: the
+// one lowering of the engine): each entry has a name ("q_proj"), a layer (-1
+// outside the layers), the buffers it writes and the ops (ops.h) it launches.
+// Both executors run the same list with the same kernel bodies; they differ
+// in how they launch the work, never in what it computes or checks (DESIGN
+// decision 8). A caller can list the kernels, run them one at a time, and
+// inspect any buffer after any kernel.
 //
-// Ownership: the program borrows the model, the KV cache and the CPU pool,
-// which must outlive it; it owns its activation buffers. Not thread-safe (it
-// uses the pool's threads internally).
+// The watcher (on by default) reads every kernel's output buffers back to the
+// host after it ran (a synchronisation on the GPU), counts NaN/Inf, takes
+// min/max/mean|x| and hashes the bytes (XXH3-128); the first kernel whose
+// outputs are non-finite is remembered. With the watcher off (CUDA-graph
+// capture, benchmarks) nothing is read back. A kernel whose check fires, or a
+// device error (out of memory, a sticky CUDA error), yields a Fault and stops
+// the step.
+//
+// Ownership: the program borrows the device model, the KV cache and the
+// executor, which must outlive it; it owns its activation buffers (in the
+// executor's memory) and their host mirrors. Not thread-safe.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "crashreplay/formats/hash.h"
-#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/device_model.h"
+#include "crashreplay/replay/executor.h"
 #include "crashreplay/replay/fault.h"
 #include "crashreplay/replay/kernels/attention.h"
 #include "crashreplay/replay/kernels/sampling.h"
@@ -52,33 +63,41 @@ struct StepInput {
   std::vector<StepRow> rows;
 };
 
-// The paged KV cache of every layer and rank.
+// The paged KV cache of every layer and rank, in an executor's memory
+// (zero-filled). Plane `layer * tp + rank` holds one layer of one rank.
 class KvCache {
  public:
-  KvCache(const Model& model, const EngineConfig& config, int64_t pages);
-  KvPoolView View(int64_t layer, int rank);
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const Model& model, const EngineConfig& config,
+                                                         int64_t pages, Executor* exec);
+  // [ranks] views of one layer, in executor memory (what the ops read).
+  const KvPoolView* views(int64_t layer) const { return views_[layer]; }
   int64_t pages() const { return pages_; }
   int page_size() const { return page_size_; }
   bool fp8() const { return fp8_; }
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
-  int64_t planes() const { return static_cast<int64_t>(k_.size()); }  // layers * tp; plane layer * tp + rank
+  int64_t planes() const { return static_cast<int64_t>(k_.size()); }
   size_t page_bytes() const;  // one page of one plane
   // K and V of `pages` in every plane, plane-major then page order
   // (step_state.h's layout). Page ids must be < pages().
-  void CopyPages(const std::vector<int32_t>& pages, std::vector<uint8_t>* k, std::vector<uint8_t>* v) const;
+  absl::Status CopyPages(const std::vector<int32_t>& pages, std::vector<uint8_t>* k, std::vector<uint8_t>* v) const;
   // The inverse of CopyPages; the caller checked ids and sizes.
-  void WritePages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v);
+  absl::Status WritePages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& k,
+                          const std::vector<uint8_t>& v);
 
  private:
-  int64_t pages_;
-  int page_size_;
-  bool fp8_;
-  int64_t kv_heads_, head_dim_;
-  int tp_;
-  std::vector<std::vector<uint8_t>> k_, v_;  // [layer * tp + rank]
+  explicit KvCache(Executor* exec) : mem_(exec) {}
+  ExecMemory mem_;
+  int64_t pages_ = 0;
+  int page_size_ = 16;
+  bool fp8_ = false;
+  int64_t kv_heads_ = 0, head_dim_ = 0;
+  std::vector<uint8_t*> k_, v_;  // [layer * tp + rank], executor memory
+  std::vector<const KvPoolView*> views_;
 };
 
+// The host mirror of an activation buffer, as of the last kernel that wrote
+// it (the watcher refreshes a kernel's outputs after it runs).
 struct Buffer {
   bool is_int = false;
   // Raw bytes: NVFP4-quantized activations (packed e2m1 values, e4m3 block
@@ -91,16 +110,16 @@ struct Buffer {
   const void* data() const {
     return is_bytes ? static_cast<const void*>(u8.data()) : is_int ? static_cast<const void*>(i.data()) : f.data();
   }
+  void* data() { return is_bytes ? static_cast<void*>(u8.data()) : is_int ? static_cast<void*>(i.data()) : f.data(); }
   size_t bytes() const { return is_bytes ? u8.size() : is_int ? i.size() * 4 : f.size() * 4; }
 };
 
 struct KernelCall {
   std::string name;
   int layer = -1;
-  std::vector<std::string> inputs;
-  std::vector<std::string> outputs;
-  int64_t tokens_per_rank = 0;  // > 0: work items are rank * tokens_per_rank + token
-  std::function<KernelStatus()> launch;
+  std::vector<std::string> outputs;  // activation buffers it writes (the KV cache is not one)
+  int64_t tokens_per_rank = 0;       // > 0: work items are rank * tokens_per_rank + token
+  std::vector<Op> ops;
   std::string Label() const { return layer >= 0 ? "L" + std::to_string(layer) + "." + name : name; }
 };
 
@@ -112,7 +131,7 @@ struct KernelRecord {
   int64_t inf = 0;
   int64_t numel = 0;
   double min = 0, max = 0, mean_abs = 0, max_abs = 0;
-  Hash128 digest;  // of all output buffers' bytes, in output order
+  Hash128 digest;  // of all output buffers' bytes, in output order (watcher on)
   double micros = 0;
   bool failed = false;
 };
@@ -121,20 +140,34 @@ nlohmann::json KernelRecordToJson(const KernelRecord& r);
 
 class StepProgram {
  public:
-  StepProgram(const Model& model, const EngineConfig& config, KvCache* kv, CpuPool* pool, StepInput input);
+  // Lowers `input` for `model` (on model.exec()) and allocates its buffers.
+  // Never null: when the executor cannot allocate the buffers, the program
+  // has no kernels and fault() holds an "oom" (or "error") fault.
+  static std::unique_ptr<StepProgram> Lower(const DeviceModel& model, const EngineConfig& config, KvCache* kv,
+                                            StepInput input);
+
+  // A program that cannot run: no kernels, `fault` (the engine has no device
+  // model or cache, e.g. its memory plan failed).
+  static std::unique_ptr<StepProgram> Failed(Executor* exec, StepInput input, Fault fault);
 
   const std::vector<KernelCall>& kernels() const { return kernels_; }
   size_t next() const { return next_; }
   bool done() const { return next_ >= kernels_.size() || fault_.has_value(); }
+  void set_watch(bool on) { watch_ = on; }
 
-  // Runs the next kernel; returns its fault if a check fired.
+  // Runs the next kernel; returns its fault if a check fired or the device
+  // failed.
   std::optional<Fault> RunNext();
-  // Runs the remaining kernels until a fault or the end.
+  // Runs the remaining kernels until a fault or the end, then synchronizes.
   std::optional<Fault> RunAll();
+  // The executor's status of the failure (OK while none): Aborted for a
+  // fired check, ResourceExhausted, Internal for other device errors.
+  const absl::Status& status() const { return status_; }
 
   const std::vector<KernelRecord>& records() const { return records_; }
+  // The host mirror of an activation buffer (null for an unknown name).
   const Buffer* buffer(const std::string& name) const;
-  const std::map<std::string, Buffer>& buffers() const { return buffers_; }
+  const std::map<std::string, Buffer>& buffers() const { return mirror_; }
   // The first kernel whose outputs held a NaN or Inf ("" if none).
   const std::string& first_nonfinite() const { return first_nonfinite_; }
   const std::optional<Fault>& fault() const { return fault_; }
@@ -145,37 +178,51 @@ class StepProgram {
   // XXH3-128 of the step's outputs: the logits, then the sampled tokens.
   Hash128 Digest() const;
 
- private:
-  void Build();
-  Buffer& Alloc(const std::string& name, std::vector<int64_t> shape, bool is_int = false);
-  float* F(const std::string& name) { return buffers_[name].f.data(); }
-  int32_t* I(const std::string& name) { return buffers_[name].i.data(); }
-  uint8_t* U8(const std::string& name) { return buffers_[name].u8.data(); }
-  Buffer& AllocBytes(const std::string& name, std::vector<int64_t> shape);
-  void Add(std::string name, int layer, std::vector<std::string> in, std::vector<std::string> out,
-           int64_t tokens_per_rank, std::function<KernelStatus()> launch);
-  KernelStatus LaunchLinear(const std::vector<const LinearShard*>& shards, DotKind dot, const std::string& in,
-                            bool in_per_rank, const std::string& out, int64_t tokens, const std::string& in_fp4 = "");
-  // w4a4: a kernel `name` that quantizes `in` ([rows, cols]) into `out` and
-  // `out`_scale with the group's input_scale, when `shards` take a quantized
-  // input; returns the name of the quantized buffer ("" when they do not).
-  std::string AddActQuant(const std::string& name, int layer, const std::vector<const LinearShard*>& shards,
-                          const std::string& in, int64_t rows, int64_t cols, int64_t tokens_per_rank,
-                          const std::string& out);
+  // Device-level access (the GPU parity tests feed every kernel the CPU's
+  // inputs this way): reads an activation buffer from executor memory, or
+  // overwrites it (the size must match).
+  absl::StatusOr<std::vector<float>> ReadFloats(const std::string& name) const;
+  absl::StatusOr<std::vector<int32_t>> ReadInts(const std::string& name) const;
+  absl::StatusOr<std::vector<uint8_t>> ReadBytes(const std::string& name) const;
+  absl::Status WriteFloats(const std::string& name, const std::vector<float>& v);
+  absl::Status WriteInts(const std::string& name, const std::vector<int32_t>& v);
+  absl::Status WriteBytes(const std::string& name, const std::vector<uint8_t>& v);
+  bool IsIntBuffer(const std::string& name) const;
+  bool IsBytesBuffer(const std::string& name) const;
 
-  const Model& m_;
-  EngineConfig cfg_;
-  KvCache* kv_;
-  CpuPool* pool_;
+ private:
+  struct Buf {
+    void* p = nullptr;
+    std::vector<int64_t> shape;
+    int64_t count = 0;  // elements: 4-byte words, or bytes when is_bytes
+    bool is_int = false;
+    bool is_bytes = false;
+    size_t size() const { return static_cast<size_t>(count) * (is_bytes ? 1 : 4); }
+  };
+  explicit StepProgram(Executor* exec, StepInput input) : exec_(exec), mem_(exec), input_(std::move(input)) {}
+  absl::Status Build(const DeviceModel& dm, const EngineConfig& cfg, KvCache* kv);  // step_lower.cc
+  absl::StatusOr<Buf*> Alloc(const std::string& name, std::vector<int64_t> shape, bool is_int = false,
+                             bool is_bytes = false);
+  float* F(const std::string& name) { return static_cast<float*>(bufs_[name].p); }
+  int32_t* I(const std::string& name) { return static_cast<int32_t*>(bufs_[name].p); }
+  uint8_t* U8(const std::string& name) { return static_cast<uint8_t*>(bufs_[name].p); }
+  void Add(std::string name, int layer, std::vector<std::string> outputs, int64_t tokens_per_rank,
+           std::vector<Op> ops);
+  Fault DeviceFault(const KernelCall& k, const absl::Status& s);
+  absl::Status Mirror(const std::string& name);
+  void Watch(const KernelCall& k, KernelRecord* rec);
+
+  Executor* exec_;
+  ExecMemory mem_;
   StepInput input_;
-  int64_t T_ = 0;  // tokens in the batch
-  int64_t R_ = 0;  // rows
-  std::vector<int64_t> token_row_, token_pos_, row_last_;
-  std::map<std::string, Buffer> buffers_;
+  std::map<std::string, Buf> bufs_;
+  std::map<std::string, Buffer> mirror_;
   std::vector<KernelCall> kernels_;
   std::vector<KernelRecord> records_;
   size_t next_ = 0;
+  bool watch_ = true;
   std::optional<Fault> fault_;
+  absl::Status status_;
   std::string first_nonfinite_;
 };
 

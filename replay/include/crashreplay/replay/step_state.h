@@ -47,7 +47,7 @@ struct StepState {
 std::vector<int32_t> StatePages(const StepInput& in, int page_size);
 
 // The state of `in` as `kv` holds it now (before the step runs).
-StepState CaptureState(const StepInput& in, const KvCache& kv);
+absl::StatusOr<StepState> CaptureState(const StepInput& in, const KvCache& kv);
 
 // Checks that `state` is the state of `in` for a cache shaped like `kv`
 // (rows, pages, dtype, shape, byte sizes; InvalidArgument naming the step and

@@ -113,6 +113,7 @@ struct EngineConfig {
   double device_memory_scale = 1;
   int max_running_requests = 64;
   int max_total_tokens = 0;
+  std::string device = "cpu";  // the executor: "cpu" or "cuda" (executor.h)
 };
 
 EngineConfig ResolveConfig(const Config& config);

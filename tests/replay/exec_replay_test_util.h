@@ -1,6 +1,6 @@
-// Helpers shared by the op-lowering tests (CPU) and the GPU tests: record a
+// Helpers shared by the step-program tests (CPU) and the GPU tests: record a
 // run of the CPU engine (every step's inputs and kernel records), then replay
-// those steps with OpStep on any executor.
+// those steps, lowered again, on any executor.
 #pragma once
 
 #include <memory>
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "crashreplay/replay/executor.h"
-#include "crashreplay/replay/op_step.h"
+#include "crashreplay/replay/step.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay::testing {
@@ -45,52 +45,49 @@ inline RecordedRun RecordRun(const MakeModelOptions& opts, const std::vector<std
 // The engine's KV pool size (MakeEngine caps it at 4096 pages).
 inline int64_t EnginePages(const Engine& e) { return std::min<int64_t>(e.plan().pool_pages, 4096); }
 
-// Replays every recorded step on `exec` with OpStep. Returns the status of
-// the first failing step (or OK); `digests` gets each step's per-kernel
-// output digests, `steps` the step digests.
-struct OpReplay {
+// Replays every recorded step on `exec` (a fresh device model and KV cache).
+// `status` is the executor status of the first failing step (or OK), `fault`
+// its fault; `kernel_digests` gets each step's per-kernel output digests
+// (with the watcher on), `step_digests` the step digests.
+struct ExecReplay {
   std::unique_ptr<DeviceModel> model;
-  std::unique_ptr<DeviceKv> kv;
+  std::unique_ptr<KvCache> kv;
   std::vector<std::vector<Hash128>> kernel_digests;
   std::vector<Hash128> step_digests;
   absl::Status status;
+  std::optional<Fault> fault;
   size_t failed_step = 0;
 };
 
-inline OpReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool watch) {
-  OpReplay r;
+inline ExecReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool watch) {
+  ExecReplay r;
   auto dm = DeviceModel::Upload(run.engine->model(), exec);
   if (!dm.ok()) {
     r.status = dm.status();
     return r;
   }
   r.model = std::move(*dm);
-  auto kv = DeviceKv::Create(run.engine->model(), run.engine->config(), EnginePages(*run.engine), exec);
+  auto kv = KvCache::Create(run.engine->model(), run.engine->config(), EnginePages(*run.engine), exec);
   if (!kv.ok()) {
     r.status = kv.status();
     return r;
   }
   r.kv = std::move(*kv);
   for (size_t i = 0; i < run.inputs.size(); ++i) {
-    auto step = OpStep::Build(*r.model, run.engine->config(), r.kv.get(), exec, run.inputs[i]);
-    if (!step.ok()) {
-      r.status = step.status();
+    auto step = StepProgram::Lower(*r.model, run.engine->config(), r.kv.get(), run.inputs[i]);
+    step->set_watch(watch);
+    r.fault = step->RunAll();
+    std::vector<Hash128> digests;
+    if (watch) {
+      for (const KernelRecord& k : step->records()) digests.push_back(k.digest);
+    }
+    r.kernel_digests.push_back(digests);
+    if (r.fault) {
+      r.status = step->status();
       r.failed_step = i;
       return r;
     }
-    (*step)->set_watch(watch);
-    r.status = (*step)->RunAll();
-    r.kernel_digests.push_back((*step)->digests());
-    if (!r.status.ok()) {
-      r.failed_step = i;
-      return r;
-    }
-    auto d = (*step)->Digest();
-    if (!d.ok()) {
-      r.status = d.status();
-      return r;
-    }
-    r.step_digests.push_back(*d);
+    r.step_digests.push_back(step->Digest());
   }
   return r;
 }

@@ -1,11 +1,13 @@
-// The op lowering (ops.h, op_step.h) against StepProgram on the CPU: the same
-// kernels, the same bits after every kernel, the same faults. This pins the
-// work-item decomposition the CUDA backend launches, on machines without a GPU.
+// The one lowering (step.h, step_lower.cc) on the CPU executor: a recorded
+// run replayed on a fresh executor (another thread count, another device
+// model and KV cache) has the recorded bits after every kernel; the watcher
+// does not change them; faults name the kernel, rank and item; the CPU reads
+// weights in place. The CUDA executor runs the same list (tests/gpu).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "op_step_test_util.h"
+#include "exec_replay_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -21,9 +23,9 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-class OpStepOnCpu : public ::testing::TestWithParam<Case> {};
+class StepOnFreshCpuExecutor : public ::testing::TestWithParam<Case> {};
 
-TEST_P(OpStepOnCpu, EveryKernelOutputHasStepProgramBits) {
+TEST_P(StepOnFreshCpuExecutor, EveryKernelOutputHasTheRecordedBits) {
   const Case& c = GetParam();
   MakeModelOptions o;
   o.arch = c.arch;
@@ -44,10 +46,16 @@ TEST_P(OpStepOnCpu, EveryKernelOutputHasStepProgramBits) {
     }
     EXPECT_EQ(rep.step_digests[s], run.result.steps[s].digest) << "step " << s;
   }
+  // Without the watcher nothing is read back, and the bits are the same.
+  auto quiet_exec = MakeExecutor("cpu", ExecMode::kKernelByKernel, 1);
+  ASSERT_TRUE(quiet_exec.ok());
+  auto quiet = ReplayOnExecutor(run, quiet_exec->get(), /*watch=*/false);
+  ASSERT_TRUE(quiet.status.ok()) << quiet.status;
+  EXPECT_EQ(quiet.step_digests, rep.step_digests);
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Configs, OpStepOnCpu,
+    Configs, StepOnFreshCpuExecutor,
     ::testing::Values(Case{"llama_bf16", "llama", "bf16", {}, 0.0f},
                       Case{"qwen3_nvfp4_tp2_flash_fused", "qwen3", "nvfp4",
                            {"tp_size=2", "attention_backend=flashdecode", "gemm_backend=fused_blockscaled"}, 0.8f},
@@ -67,56 +75,107 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_moe_nvfp4_w4a16", "qwen3_moe", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f}),
     [](const auto& info) { return info.param.name; });
 
-TEST(OpStepFaults, Paged64OnSmallPagesFailsInTheSameKernelAsStepProgram) {
+TEST(StepFaults, Paged64OnSmallPagesFailsInTheRecordedKernel) {
   MakeModelOptions o;
   o.arch = "llama";
   auto run = RecordRun(o, {"attention_backend=paged64"}, 3, 0.0f);  // page_size 16
   ASSERT_TRUE(run.engine);
   ASSERT_TRUE(run.result.fault);
   const Fault& want = *run.result.fault;
+  EXPECT_EQ(want.Signature(), "assert/decode/attention/page_size_is_64");
   auto exec = MakeExecutor("cpu", ExecMode::kKernelByKernel, 1);
   ASSERT_TRUE(exec.ok());
   auto rep = ReplayOnExecutor(run, exec->get(), false);
   ASSERT_EQ(rep.status.code(), absl::StatusCode::kAborted) << rep.status;
   EXPECT_EQ(rep.failed_step, run.inputs.size() - 1);
+  ASSERT_TRUE(rep.fault);
+  EXPECT_EQ(rep.fault->Signature(), want.Signature());
+  EXPECT_EQ(rep.fault->layer, want.layer);
+  EXPECT_EQ(rep.fault->index, want.index);
+  EXPECT_EQ(rep.fault->value, want.value);
   const auto& f = (*exec)->fault();
   ASSERT_TRUE(f);
-  EXPECT_EQ(f->tag.kernel, want.kernel);
-  EXPECT_EQ(f->tag.layer, want.layer);
-  EXPECT_EQ(CheckName(f->status.check), want.check);
-  EXPECT_EQ(f->status.index, want.index);
-  EXPECT_EQ(f->status.value, want.value);
+  EXPECT_EQ(f->tag.kernel, "attention");
   EXPECT_EQ(f->op, OpKind::kAttention);
   EXPECT_NE(std::string(rep.status.message()).find("page_size_is_64"), std::string::npos) << rep.status;
 }
 
-TEST(OpStepFaults, TokenOutsideVocabularyNamesEmbeddingItemAndValue) {
+TEST(StepFaults, TokenOutsideVocabularyNamesEmbeddingItemAndValue) {
   MakeModelOptions o;
   o.arch = "qwen3";
-  auto e = testing::MakeEngine(o, {});
+  auto e = testing::MakeEngine(o, {}, 2);
   ASSERT_TRUE(e);
   StepInput in;
   in.rows.resize(1);
   in.rows[0].tokens = {5, 7, 100000, 9};
   in.rows[0].page_table = {0};
-  auto exec = MakeExecutor("cpu", ExecMode::kKernelByKernel, 2);
-  ASSERT_TRUE(exec.ok());
-  auto dm = DeviceModel::Upload(e->model(), exec->get());
-  ASSERT_TRUE(dm.ok()) << dm.status();
-  auto kv = DeviceKv::Create(e->model(), e->config(), 4, exec->get());
-  ASSERT_TRUE(kv.ok());
-  auto step = OpStep::Build(**dm, e->config(), kv->get(), exec->get(), in);
-  ASSERT_TRUE(step.ok());
-  const absl::Status s = (*step)->RunAll();
-  ASSERT_EQ(s.code(), absl::StatusCode::kAborted);
-  const auto& f = (*exec)->fault();
+  auto step = e->Prepare(in);
+  const std::optional<Fault> f = step->RunAll();
   ASSERT_TRUE(f);
-  EXPECT_EQ(f->tag.kernel, "embedding");
-  EXPECT_EQ(f->launch, 0u);
-  EXPECT_EQ(f->status.check, Check::kTokenInVocab);
-  EXPECT_EQ(f->status.item, 2);
-  EXPECT_EQ(f->status.index, 100000);
-  EXPECT_EQ(f->status.value, static_cast<double>(e->model().spec.vocab));
+  EXPECT_EQ(step->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(f->Signature(), "assert/prefill/embedding/token_id_in_vocab");
+  EXPECT_EQ(f->item, 2);
+  EXPECT_EQ(f->rank, -1);
+  EXPECT_EQ(f->index, 100000);
+  EXPECT_EQ(f->value, static_cast<double>(e->model().spec.vocab));
+  ASSERT_EQ(step->records().size(), 1u);
+  EXPECT_TRUE(step->records()[0].failed);
+  const auto& ef = e->executor().fault();
+  ASSERT_TRUE(ef);
+  EXPECT_EQ(ef->launch, 0u);
+}
+
+TEST(StepFaults, ARankedKernelNamesTheRankAndTheTokenOnIt) {
+  // kv_write of the second rank (tp 2) reads a page id outside the pool.
+  MakeModelOptions o;
+  o.arch = "llama";
+  auto e = testing::MakeEngine(o, {"tp_size=2"}, 1);
+  ASSERT_TRUE(e);
+  StepInput in;
+  in.rows.resize(1);
+  in.rows[0].tokens = {5, 7, 9};
+  in.rows[0].page_table = {1 << 20};
+  const std::optional<Fault> f = e->Prepare(in)->RunAll();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->Signature(), "assert/prefill/kv_write/page_index_in_pool");
+  EXPECT_EQ(f->layer, 0);
+  EXPECT_EQ(f->rank, 0) << "the first failing work item is rank 0's first token";
+  EXPECT_EQ(f->item, 0);
+  EXPECT_EQ(f->index, 1 << 20);
+}
+
+TEST(StepOnCpu, WeightsAreReadInPlaceNotCopied) {
+  MakeModelOptions o;
+  o.arch = "deepseek_v3";
+  o.quant = "nvfp4";
+  auto e = testing::MakeEngine(o, {"tp_size=2"});
+  ASSERT_TRUE(e);
+  auto dm = DeviceModel::Upload(e->model(), &e->executor());
+  ASSERT_TRUE(dm.ok()) << dm.status();
+  EXPECT_EQ((*dm)->uploaded_bytes(), 0u);
+  EXPECT_EQ((*dm)->embed().data, e->model().embed.w.data) << "the CPU view is the model's own bytes";
+}
+
+TEST(StepOnCpu, DeviceCudaNeverRunsOnTheCpu) {
+  MakeModelOptions o;
+  o.arch = "llama";
+  auto ckpt = GenerateRandomCheckpoint(o);
+  ASSERT_TRUE(ckpt.ok());
+  Config c = Config::Defaults();
+  ASSERT_TRUE(c.Set("device", "cuda").ok());
+  const EngineConfig ec = ResolveConfig(c);
+  EXPECT_EQ(ec.device, "cuda");
+  auto model = BuildModel(ckpt->spec, ckpt->tensors, ec);
+  ASSERT_TRUE(model.ok());
+  auto e = Engine::Create(std::move(*model), ec, 1, 64);
+  auto cuda = MakeExecutor("cuda", ExecMode::kKernelByKernel);
+  if (cuda.ok()) {
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ((*e)->executor().name(), "cuda");
+  } else {
+    ASSERT_FALSE(e.ok()) << "device=cuda without a usable GPU must fail, not run on the CPU";
+    EXPECT_EQ(e.status().message(), cuda.status().message());
+  }
 }
 
 TEST(ExecutorRegistry, ListsCudaExactlyWhenTheCudaTranslationUnitsAreBuiltIn) {

@@ -1,0 +1,107 @@
+// A Model's weights as an executor reads them.
+//
+// ExecMemory   allocations in one executor, freed together.
+// DeviceModel  the per-rank view arrays the ops read (ops.h: LinearShardView,
+//              ExpertView, QWeight), built over a Model's shards. On an
+//              executor whose memory is host memory (the CPU executor:
+//              Executor::host_visible()) the views point at the Model's own
+//              bytes: nothing is copied, so a CPU replay holds each weight
+//              once. On the CUDA executor the data, scales, biases and norms
+//              are uploaded to device memory.
+//
+// Ownership: a DeviceModel owns what it allocated in the executor (views,
+// uploads) and frees it on destruction; the executor must outlive it. It
+// borrows the Model, which must outlive it too (the CPU views point into
+// it). Not thread-safe.
+// Errors: the executor's (executor.h): ResourceExhausted when device memory
+// runs out, Internal for other device errors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "crashreplay/replay/executor.h"
+#include "crashreplay/replay/model.h"
+
+namespace crashreplay::replay {
+
+class ExecMemory {
+ public:
+  explicit ExecMemory(Executor* exec) : exec_(exec) {}
+  ~ExecMemory();
+  ExecMemory(const ExecMemory&) = delete;
+  ExecMemory& operator=(const ExecMemory&) = delete;
+  absl::StatusOr<void*> Alloc(size_t bytes);
+  absl::StatusOr<void*> Copy(const void* host, size_t bytes);
+  template <typename T>
+  absl::StatusOr<T*> Copy(const std::vector<T>& v) {
+    auto p = Copy(v.data(), v.size() * sizeof(T));
+    if (!p.ok()) return p.status();
+    return static_cast<T*>(*p);
+  }
+  // `host` itself when the executor reads host memory (no copy), else an
+  // upload owned by this object.
+  absl::StatusOr<const void*> Share(const void* host, size_t bytes);
+  template <typename T>
+  absl::StatusOr<const T*> Share(const std::vector<T>& v) {
+    auto p = Share(v.data(), v.size() * sizeof(T));
+    if (!p.ok()) return p.status();
+    return static_cast<const T*>(*p);
+  }
+  Executor* exec() const { return exec_; }
+
+ private:
+  Executor* exec_;
+  std::vector<void*> owned_;
+};
+
+class DeviceModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceModel>> Upload(const Model& model, Executor* exec);
+
+  struct LayerViews {
+    const float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+    const LinearShardView *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;  // [ranks]
+    const LinearShardView *gate = nullptr, *up = nullptr, *down = nullptr;         // [ranks]
+    bool moe = false;
+    QWeight router;
+    const float* correction_bias = nullptr;
+    const ExpertView* experts = nullptr;  // [ranks, expert_stride]
+    const int32_t* local_count = nullptr;
+    const int64_t* expert_begin = nullptr;
+    int64_t expert_stride = 0;
+    bool has_shared = false;
+    const ExpertView* shared = nullptr;  // [ranks]
+    int64_t shared_inter = 0;
+  };
+
+  const Model& model() const { return *model_; }
+  Executor* exec() const { return mem_.exec(); }
+  const std::vector<LayerViews>& layers() const { return layers_; }
+  QWeight embed() const { return embed_; }
+  const float* final_norm() const { return final_norm_; }
+  const LinearShardView* lm_head() const { return lm_head_; }
+  const float* inv_freq() const { return inv_freq_; }
+  // Weight bytes this object copied into the executor (0 on the CPU).
+  uint64_t uploaded_bytes() const { return uploaded_; }
+
+ private:
+  explicit DeviceModel(Executor* exec) : mem_(exec) {}
+  absl::StatusOr<QWeight> Weight(const QWeight& w, size_t data_bytes, size_t scale_bytes);
+  absl::StatusOr<LinearShardView> Shard(const LinearShard& s);
+  absl::StatusOr<const LinearShardView*> Ranks(const std::vector<LinearShardView>& v);
+  absl::StatusOr<const float*> Floats(const std::vector<float>& v);
+
+  ExecMemory mem_;
+  const Model* model_ = nullptr;
+  std::vector<LayerViews> layers_;
+  QWeight embed_;
+  const float* final_norm_ = nullptr;
+  const LinearShardView* lm_head_ = nullptr;
+  const float* inv_freq_ = nullptr;
+  uint64_t uploaded_ = 0;
+};
+
+}  // namespace crashreplay::replay
