@@ -11,7 +11,7 @@ enum ExitCode : int {
   kExitDataError = 3,   // corrupt or unreadable input, version mismatch
   kExitNotReproduced = 4,  // bisect: the bad configuration does not fail
   kExitGoodFails = 5,      // bisect: the good configuration fails too
-  kExitNoDevice = 6,       // the configuration's device (device=cuda) cannot run here
+  kExitNoDevice = 7,       // the configuration's device (device=cuda) cannot run here
   kExitInterrupted = 130,  // stopped by SIGINT
 };
 

@@ -1,6 +1,6 @@
 """`--set device=cuda` on `run` and `replay`: the step runs on the GPU where
 there is one (tests/gpu/cli_cuda.sh covers that on a GPU machine), and where
-there is none the command fails with its own exit code (6) and a message that
+there is none the command fails with its own exit code (7) and a message that
 says why, before any step runs; it never runs on the CPU instead."""
 import json
 import os
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 BIN = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
-EXIT_NO_DEVICE = 6
+EXIT_NO_DEVICE = 7
 
 
 def run(*args):
