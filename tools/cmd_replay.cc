@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "crashreplay/base/status_line.h"
 #include "commands_decl.h"
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
@@ -135,9 +136,14 @@ int RunReplay(int argc, char** argv) {
     return ReportError(absl::InvalidArgumentError(
         "the capture records no checkpoint path (engine " + cap->manifest.engine + "); give the checkpoint with --model DIR"));
   }
+  // Progress on stderr: redrawn in place on a terminal; plain lines in logs
+  // unless the output is --json (what scripts and bisection trials read).
+  StatusLine progress(stderr, ::isatty(::fileno(stderr)) == 1, "replay", json && ::isatty(::fileno(stderr)) != 1);
+  progress.Update("loading " + model_dir, 0, 0);
   auto ckpt = replay::LoadCheckpointDir(model_dir);
   if (!ckpt.ok()) return ReportError(ckpt.status());
   const replay::EngineConfig ec = replay::ResolveConfig(config);
+  progress.Update("sharding and hashing the weights", 0, 0);
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
   std::string weights_note = "verified";
@@ -195,10 +201,14 @@ int RunReplay(int argc, char** argv) {
     replay::ReplayOptions options;
     options.stop_after = stop_after;
     options.observer = dump.get();
+    options.progress = [&](std::string_view phase, int64_t done, int64_t total, std::string_view detail) {
+      progress.Update(phase, done, total, detail);
+    };
     const std::string start_note = ChooseStart(*cap, config, step, from_start, &engine, &options);
     rep = replay::ReplayStep(engine, cap->steps, step, options);
     rep.start_note = start_note;
   }
+  progress.Finish();
   if (dump) {
     replay::DumpContext ctx;
     std::error_code fs_ec;

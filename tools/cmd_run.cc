@@ -1,6 +1,8 @@
 // `crashreplay run MODEL_DIR --prompt TEXT...`: the built-in engine. Prefills
 // the prompts, decodes up to --max-new-tokens each with continuous batching,
 // and stops at the first failure, printing its signature.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "command.h"
+#include "crashreplay/base/status_line.h"
 #include "crashreplay/replay/executor.h"
 #include "commands_decl.h"
 #include "crashreplay/replay/capture_io.h"
@@ -144,9 +147,15 @@ int RunRun(int argc, char** argv) {
     requests[i].sampling = replay::SamplingParams{temperature, top_k, top_p, min_p, seed};
   }
 
+  // Progress on stderr: redrawn in place on a terminal; plain lines in logs
+  // unless the output is --json.
+  const bool tty = ::isatty(::fileno(stderr)) == 1;
+  StatusLine progress(stderr, tty, "run", json && !tty);
+  progress.Update("loading " + model_dir, 0, 0);
   auto ckpt = replay::LoadCheckpointDir(model_dir);
   if (!ckpt.ok()) return ReportError(ckpt.status());
   const replay::EngineConfig ec = replay::ResolveConfig(config);
+  progress.Update("sharding and hashing the weights", 0, 0);
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
   auto made = replay::Engine::Create(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
@@ -164,9 +173,10 @@ int RunRun(int argc, char** argv) {
     std::filesystem::create_directories(dump_dir, ec);
     dump = std::make_unique<DumpObserver>(dump_dir);
   }
-  // Both observers see every step.
+  // Both observers see every step; the progress line counts them.
   struct Tee : replay::StepObserver {
     std::vector<replay::StepObserver*> to;
+    StatusLine* progress = nullptr;
     void StateBeforeStep(const replay::StepInput& in, const replay::KvCache& kv) override {
       for (auto* o : to) o->StateBeforeStep(in, kv);
     }
@@ -175,11 +185,17 @@ int RunRun(int argc, char** argv) {
     }
     void AfterStep(const replay::StepProgram& p) override {
       for (auto* o : to) o->AfterStep(p);
+      const replay::StepInput& in = p.input();
+      progress->Update("running", in.step + 1, 0,
+                       "step " + std::to_string(in.step) + " " + replay::ForwardModeName(in.mode) + ", " +
+                           std::to_string(in.rows.size()) + " rows");
     }
   } tee;
+  tee.progress = &progress;
   if (recorder) tee.to.push_back(recorder.get());
   if (dump) tee.to.push_back(dump.get());
   const replay::RunResult r = engine.Run(requests, &tee);
+  progress.Finish();
   // Generated text: bytes print as before (non-printables as <id>); a
   // tokenizer.json decodes (invalid UTF-8 as U+FFFD).
   const bool byte_tokens = (*tokenizer)->Describe() == "bytes";

@@ -1,5 +1,7 @@
 #include "command.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -28,7 +30,14 @@ std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv) {
   return std::nullopt;
 }
 
+// On a terminal a progress line (base/status_line.h) may be drawn: erase it
+// so the message starts on a clean line.
+void ClearStatusLine() {
+  if (::isatty(::fileno(stderr)) == 1) std::fputs("\r\033[K", stderr);
+}
+
 int ReportError(const absl::Status& status) {
+  ClearStatusLine();
   std::fprintf(stderr, "crashreplay: %s\n", std::string(status.message()).c_str());
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
@@ -45,6 +54,7 @@ int ReportError(const absl::Status& status) {
 }
 
 int ReportDeviceError(const absl::Status& status) {
+  ClearStatusLine();
   std::fprintf(stderr, "crashreplay: %s\n", std::string(status.message()).c_str());
   return kExitNoDevice;
 }

@@ -64,7 +64,11 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
     rep.snapshot_step = target;
   }
   // Rebuild the KV cache: re-execute every earlier step as recorded.
+  auto report = [&](std::string_view phase, int64_t done, int64_t total, std::string_view detail) {
+    if (options.progress) options.progress(phase, done, total, detail);
+  };
   for (int64_t i = 0; i < target && !options.state_restored; ++i) {
+    report("re-executing steps", i, target, Cat("step ", log[i].input.step, " ", ForwardModeName(log[i].input.mode)));
     auto prog = engine.Prepare(log[i].input);
     prog->RunAll();
     if (prog->fault()) {
@@ -79,11 +83,15 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
       rep.diverged_step = i;
     }
   }
+  if (target > 0 && !options.state_restored) report("re-executing steps", target, target, "");
   const RecordedStep& rec = log[target];
   auto prog = engine.Prepare(rec.input);
+  const std::string phase = Cat("step ", rec.input.step, " kernel by kernel");
+  const int64_t total = static_cast<int64_t>(prog->kernels().size());
   size_t next_digest = 0;
   while (!prog->done()) {
     prog->RunNext();
+    report(phase, static_cast<int64_t>(prog->records().size()), total, prog->records().back().label);
     if (options.observer != nullptr) options.observer->AfterKernel(*prog, prog->records().size() - 1);
     const KernelRecord& k = prog->records().back();
     // Kernel digests are compared in order; the first mismatch names where

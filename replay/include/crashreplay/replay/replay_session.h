@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <map>
 #include <optional>
 #include <string>
@@ -87,12 +89,18 @@ class KernelObserver {
   virtual void AfterKernel(const StepProgram& program, size_t index) = 0;
 };
 
+// Progress of a replay's long parts: phase "re-executing steps" (done =
+// steps re-run, total = the target's index) and "step N" (done = kernels
+// run, total = the step's kernels, detail = the last kernel's label).
+using ProgressFn = std::function<void(std::string_view phase, int64_t done, int64_t total, std::string_view detail)>;
+
 struct ReplayOptions {
   std::string stop_after;              // a kernel label ("L3.attention") or "" (run the whole step)
   KernelObserver* observer = nullptr;  // the target step's kernels
   // The engine's KV cache already holds the target step's state, restored
   // from a snapshot (Engine::RestoreState): run the target step only.
   bool state_restored = false;
+  ProgressFn progress;  // optional
 };
 
 // Replays `log` up to `target` (an index into the log) on `engine`, whose KV
