@@ -146,6 +146,10 @@ int RunReplay(int argc, char** argv) {
   progress.Update("sharding and hashing the weights", 0, 0);
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
+  for (const auto* from : {&ckpt->notes, &(*model)->notes}) {
+    for (const std::string& n : *from) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
+    cap->notes.insert(cap->notes.end(), from->begin(), from->end());
+  }
   std::string weights_note = "verified";
   if (static_cast<size_t>(ec.tp_size) == cap->weights.size()) {
     if (absl::Status s = replay::VerifyShardHashes(**model, cap->weights); !s.ok()) return ReportError(s);

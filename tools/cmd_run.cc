@@ -158,6 +158,9 @@ int RunRun(int argc, char** argv) {
   progress.Update("sharding and hashing the weights", 0, 0);
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
+  std::vector<std::string> notes = ckpt->notes;
+  notes.insert(notes.end(), (*model)->notes.begin(), (*model)->notes.end());
+  for (const std::string& n : notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   auto made = replay::Engine::Create(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
   if (!made.ok()) return ReportDeviceError(made.status());
   replay::Engine& engine = **made;
@@ -250,6 +253,7 @@ int RunRun(int argc, char** argv) {
       out["signature"] = out["fault"]["signature"];
     }
     out["first_nonfinite_kernel"] = r.first_nonfinite;
+    if (!notes.empty()) out["notes"] = notes;
     out["kernels"] = nlohmann::json::array();
     if (r.fault) {
       for (const auto& k : r.last_step_kernels) out["kernels"].push_back(replay::KernelRecordToJson(k));

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
+#include "crashreplay/formats/hf_config.h"
 
 #include "exit_codes.h"
 
@@ -39,6 +40,7 @@ void ClearStatusLine() {
 int ReportError(const absl::Status& status) {
   ClearStatusLine();
   std::fprintf(stderr, "crashreplay: %s\n", std::string(status.message()).c_str());
+  if (IsUnsupportedModel(status)) return kExitUnsupported;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
       return kExitUsage;

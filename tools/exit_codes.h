@@ -12,6 +12,7 @@ enum ExitCode : int {
   kExitNotReproduced = 4,  // bisect: the bad configuration does not fail
   kExitGoodFails = 5,      // bisect: the good configuration fails too
   kExitNoDevice = 7,       // the configuration's device (device=cuda) cannot run here
+  kExitUnsupported = 9,    // a valid model or format the engine does not implement
   kExitInterrupted = 130,  // stopped by SIGINT
 };
 

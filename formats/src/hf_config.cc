@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "crashreplay/base/status.h"
 #include "crashreplay/formats/hf_config.h"
@@ -10,6 +11,19 @@
 #include "json_util.h"
 
 namespace crashreplay {
+namespace {
+constexpr char kUnsupportedPayload[] = "type.crashreplay/unsupported_model";
+}  // namespace
+
+absl::Status UnsupportedModelError(std::string_view message) {
+  absl::Status s = absl::UnimplementedError(std::string(message));
+  s.SetPayload(kUnsupportedPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsUnsupportedModel(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnimplemented && status.GetPayload(kUnsupportedPayload).has_value();
+}
 
 std::string_view RopeTypeName(RopeType t) {
   switch (t) {
@@ -29,6 +43,7 @@ std::string_view QuantMethodName(QuantMethod m) {
     case QuantMethod::kFp8Block: return "fp8";
     case QuantMethod::kNvfp4: return "nvfp4";
     case QuantMethod::kMxfp4: return "mxfp4";
+    case QuantMethod::kFp8Tensor: return "fp8_tensor";
   }
   return "none";
 }

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "crashreplay/formats/hf_config.h"
+#include "hf_family.h"
 
 namespace crashreplay::hf_internal {
 
@@ -15,11 +16,11 @@ inline constexpr int kMaxConfigDepth = 32;
 // Largest config.json / hf_quant_config.json read.
 inline constexpr uint64_t kMaxConfigBytes = 16ull << 20;
 
-// Reads rope settings from the config's root object: `rope_parameters` when
-// present, else `rope_theta` + `rope_scaling`. `default_partial_rotary` is
-// the family's default for partial_rotary_factor.
-absl::Status ParseRope(const nlohmann::json& root, const std::string& source,
-                       double default_partial_rotary, RopeConfig* rope);
+// Reads the rope settings from the config's root object into c->rope,
+// c->rope_parameters and c->rope_legacy (hf_config.h says how they relate).
+// Needs c->max_position_embeddings; `family` gives the defaults.
+absl::Status ParseRope(const nlohmann::json& root, const std::string& source, const HfFamilyInfo& family,
+                       ModelConfig* c);
 
 // Reads a `quantization_config` object from config.json.
 absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,

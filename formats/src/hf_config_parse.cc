@@ -13,34 +13,44 @@
 namespace crashreplay {
 namespace {
 
-absl::Status ParseCommon(const JsonFields& f, HfFamily family, ModelConfig* c) {
+// Keys every family reads. Absent keys take transformers' defaults for the
+// model_type (hf_family.h); a null num_key_value_heads or head_dim means
+// "derive it", as the config classes' __post_init__ does.
+absl::Status ParseCommon(const JsonFields& f, const HfFamilyInfo& fam, ModelConfig* c) {
   CR_RETURN_IF_ERROR(f.StringList("architectures", &c->architectures));
-  CR_RETURN_IF_ERROR(f.Int("hidden_size", &c->hidden_size, /*required=*/true));
-  CR_RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size, true));
-  CR_RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_hidden_layers, true));
-  CR_RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads, true));
-  CR_RETURN_IF_ERROR(f.Int("vocab_size", &c->vocab_size, true));
-  CR_RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
-  c->num_key_value_heads = c->num_attention_heads;
+  c->vocab_size = fam.vocab_size;
+  c->hidden_size = fam.hidden_size;
+  c->intermediate_size = fam.intermediate_size;
+  c->num_hidden_layers = fam.num_hidden_layers;
+  c->num_attention_heads = fam.num_attention_heads;
+  c->max_position_embeddings = fam.max_position_embeddings;
+  c->rms_norm_eps = fam.rms_norm_eps;
+  CR_RETURN_IF_ERROR(f.Int("vocab_size", &c->vocab_size));
+  CR_RETURN_IF_ERROR(f.Int("hidden_size", &c->hidden_size));
+  CR_RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size));
+  CR_RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_hidden_layers));
+  CR_RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads));
+  CR_RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings));
+  c->num_key_value_heads = fam.num_key_value_heads > 0 && !f.IsNull("num_key_value_heads")
+                               ? fam.num_key_value_heads
+                               : c->num_attention_heads;
   CR_RETURN_IF_ERROR(f.Int("num_key_value_heads", &c->num_key_value_heads));
   CR_RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
   CR_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
   CR_RETURN_IF_ERROR(f.String("hidden_act", &c->hidden_act));
+  if (fam.bos_token_id >= 0 && !f.IsNull("bos_token_id")) c->bos_token_id = {fam.bos_token_id};
+  if (fam.eos_token_id >= 0 && !f.IsNull("eos_token_id")) c->eos_token_id = {fam.eos_token_id};
   CR_RETURN_IF_ERROR(f.IntOrIntList("bos_token_id", &c->bos_token_id));
   CR_RETURN_IF_ERROR(f.IntOrIntList("eos_token_id", &c->eos_token_id));
-  // transformers v5 renamed torch_dtype to dtype.
+  // transformers 5 renamed torch_dtype to dtype.
   CR_RETURN_IF_ERROR(f.String("torch_dtype", &c->torch_dtype));
   if (c->torch_dtype.empty()) CR_RETURN_IF_ERROR(f.String("dtype", &c->torch_dtype));
 
-  if (family == HfFamily::kDeepseekV3) return absl::OkStatus();  // head_dim comes from MLA
-  // transformers' qwen3 and glm4_moe configs default head_dim to 128; the
-  // others derive it from hidden_size.
-  const bool default_128 = family == HfFamily::kQwen3 || family == HfFamily::kQwen3Moe ||
-                           family == HfFamily::kGlm4Moe;
+  if (fam.family == HfFamily::kDeepseekV3) return absl::OkStatus();  // head_dim comes from MLA
   if (f.Has("head_dim")) {
     CR_RETURN_IF_ERROR(f.Int("head_dim", &c->head_dim));
-  } else if (default_128) {
-    c->head_dim = 128;
+  } else if (fam.head_dim > 0 && !f.IsNull("head_dim")) {
+    c->head_dim = fam.head_dim;  // qwen3: 128
   } else {
     if (c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads != 0) {
       return f.Invalid("head_dim",
@@ -53,29 +63,52 @@ absl::Status ParseCommon(const JsonFields& f, HfFamily family, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-absl::Status ParseSlidingWindow(const JsonFields& f, bool gated_by_use_flag, ModelConfig* c) {
+// `default_window`: the class's sliding_window default (0: None). Qwen
+// families apply it only under use_sliding_window.
+absl::Status ParseSlidingWindow(const JsonFields& f, bool gated_by_use_flag, int64_t default_window,
+                                ModelConfig* c) {
   if (gated_by_use_flag) {
     bool use = false;
     CR_RETURN_IF_ERROR(f.Bool("use_sliding_window", &use));
     if (!use) return absl::OkStatus();
   }
+  if (!f.IsNull("sliding_window")) c->sliding_window = default_window;
   return f.Int("sliding_window", &c->sliding_window);
 }
 
-absl::Status ParseQwenMoe(const JsonFields& f, ModelConfig* c) {
-  CR_RETURN_IF_ERROR(f.Int("num_experts", &c->num_experts, true));
-  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
-  CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
+// Qwen MoE keys; the defaults differ between qwen2_moe and qwen3_moe.
+struct QwenMoeDefaults {
+  int64_t experts, per_tok, moe_intermediate;
+};
+
+absl::Status ParseQwenMoe(const JsonFields& f, bool local_experts_alias, const QwenMoeDefaults& d,
+                          ModelConfig* c) {
+  c->num_experts = d.experts;
+  c->num_experts_per_tok = d.per_tok;
+  c->moe_intermediate_size = d.moe_intermediate;
+  // Qwen3MoeConfig (transformers 5) maps num_experts to num_local_experts and
+  // writes the latter; 4.x wrote num_experts. Qwen2MoeConfig has no alias.
+  if (local_experts_alias) {
+    CR_RETURN_IF_ERROR(f.IntAlias({"num_experts", "num_local_experts"}, &c->num_experts));
+  } else {
+    CR_RETURN_IF_ERROR(f.Int("num_experts", &c->num_experts));
+  }
+  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
+  CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size));
   CR_RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
   CR_RETURN_IF_ERROR(f.Int("decoder_sparse_step", &c->decoder_sparse_step));
   CR_RETURN_IF_ERROR(f.IntList("mlp_only_layers", &c->mlp_only_layers));
   return absl::OkStatus();
 }
 
+// DeepSeek-style MoE keys, over the family's defaults already in `c`. Both
+// DeepseekV3Config and Glm4MoeConfig (transformers 5) alias
+// num_local_experts -> n_routed_experts and num_mtp_layers ->
+// num_nextn_predict_layers.
 absl::Status ParseDeepseekMoe(const JsonFields& f, ModelConfig* c) {
-  CR_RETURN_IF_ERROR(f.Int("n_routed_experts", &c->num_experts, true));
-  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
-  CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
+  CR_RETURN_IF_ERROR(f.IntAlias({"n_routed_experts", "num_local_experts"}, &c->num_experts));
+  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
+  CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size));
   CR_RETURN_IF_ERROR(f.Int("n_shared_experts", &c->n_shared_experts));
   CR_RETURN_IF_ERROR(f.String("scoring_func", &c->scoring_func));
   CR_RETURN_IF_ERROR(f.String("topk_method", &c->topk_method));
@@ -85,10 +118,12 @@ absl::Status ParseDeepseekMoe(const JsonFields& f, ModelConfig* c) {
   CR_RETURN_IF_ERROR(f.Double("routed_scaling_factor", &c->routed_scaling_factor));
   CR_RETURN_IF_ERROR(f.Int("first_k_dense_replace", &c->first_k_dense_replace));
   CR_RETURN_IF_ERROR(f.Int("moe_layer_freq", &c->moe_layer_freq));
-  CR_RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers));
+  CR_RETURN_IF_ERROR(
+      f.IntAlias({"num_nextn_predict_layers", "num_mtp_layers"}, &c->num_nextn_predict_layers));
   return absl::OkStatus();
 }
 
+// The family's own keys, with transformers' class defaults for absent ones.
 absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
   switch (family) {
     case HfFamily::kLlama:
@@ -97,32 +132,41 @@ absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
       CR_RETURN_IF_ERROR(f.Bool("mlp_bias", &c->mlp_bias));
       return absl::OkStatus();
     case HfFamily::kMistral:
-      return ParseSlidingWindow(f, /*gated_by_use_flag=*/false, c);
+      return ParseSlidingWindow(f, /*gated_by_use_flag=*/false, /*default_window=*/4096, c);
     case HfFamily::kMixtral:
-      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, false, c));
-      CR_RETURN_IF_ERROR(f.Int("num_local_experts", &c->num_experts, true));
-      CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok, true));
+      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, false, 0, c));
+      c->num_experts = 8;
+      c->num_experts_per_tok = 2;
+      CR_RETURN_IF_ERROR(f.IntAlias({"num_local_experts", "num_experts"}, &c->num_experts));
+      CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
       c->moe_intermediate_size = c->intermediate_size;  // experts are full-width MLPs
       c->norm_topk_prob = true;  // mixtral renormalises the top-k softmax weights
       return absl::OkStatus();
     case HfFamily::kQwen2:
       c->attention_bias = true;  // qwen2 always has q/k/v biases, never an o_proj bias
-      return ParseSlidingWindow(f, /*gated_by_use_flag=*/true, c);
+      return ParseSlidingWindow(f, /*gated_by_use_flag=*/true, 4096, c);
     case HfFamily::kQwen2Moe:
       c->attention_bias = true;
-      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, true, c));
-      CR_RETURN_IF_ERROR(ParseQwenMoe(f, c));
+      CR_RETURN_IF_ERROR(f.Bool("qkv_bias", &c->attention_bias));
+      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, true, 4096, c));
+      CR_RETURN_IF_ERROR(ParseQwenMoe(f, /*local_experts_alias=*/false, {60, 4, 1408}, c));
+      c->shared_expert_intermediate_size = 5632;
       return f.Int("shared_expert_intermediate_size", &c->shared_expert_intermediate_size);
     case HfFamily::kQwen3:
     case HfFamily::kQwen3Moe:
       c->qk_norm = true;
       CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
       c->attention_out_bias = c->attention_bias;
-      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, true, c));
-      if (family == HfFamily::kQwen3Moe) CR_RETURN_IF_ERROR(ParseQwenMoe(f, c));
+      CR_RETURN_IF_ERROR(ParseSlidingWindow(f, true, 4096, c));
+      if (family == HfFamily::kQwen3Moe) {
+        CR_RETURN_IF_ERROR(ParseQwenMoe(f, /*local_experts_alias=*/true, {128, 8, 768}, c));
+      }
       return absl::OkStatus();
     case HfFamily::kDeepseekV3:
-      // transformers' defaults for keys the file leaves out.
+      // DeepseekV3Config's defaults (transformers 5; 4.x's are the same).
+      c->num_experts = 256;
+      c->num_experts_per_tok = 8;
+      c->moe_intermediate_size = 2048;
       c->n_shared_experts = 1;
       c->scoring_func = "sigmoid";
       c->topk_method = "noaux_tc";
@@ -131,21 +175,34 @@ absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
       c->norm_topk_prob = true;
       c->routed_scaling_factor = 2.5;
       c->first_k_dense_replace = 3;
+      c->num_nextn_predict_layers = 1;
+      c->q_lora_rank = 1536;
+      c->kv_lora_rank = 512;
+      c->qk_nope_head_dim = 128;
+      c->qk_rope_head_dim = 64;
+      c->v_head_dim = 128;
       CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
       c->attention_out_bias = c->attention_bias;
-      CR_RETURN_IF_ERROR(f.Int("q_lora_rank", &c->q_lora_rank));  // null: no q compression
-      CR_RETURN_IF_ERROR(f.Int("kv_lora_rank", &c->kv_lora_rank, true));
-      CR_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &c->qk_nope_head_dim, true));
-      CR_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &c->qk_rope_head_dim, true));
-      CR_RETURN_IF_ERROR(f.Int("v_head_dim", &c->v_head_dim, true));
+      if (f.IsNull("q_lora_rank")) c->q_lora_rank = 0;  // null: q is not compressed
+      CR_RETURN_IF_ERROR(f.Int("q_lora_rank", &c->q_lora_rank));
+      CR_RETURN_IF_ERROR(f.Int("kv_lora_rank", &c->kv_lora_rank));
+      CR_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &c->qk_nope_head_dim));
+      CR_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &c->qk_rope_head_dim));
+      CR_RETURN_IF_ERROR(f.Int("v_head_dim", &c->v_head_dim));
       c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
       return ParseDeepseekMoe(f, c);
     case HfFamily::kGlm4Moe:
+      // Glm4MoeConfig's defaults; GLM-4.5 routes like DeepSeek-V3 (sigmoid,
+      // noaux_tc) without keys saying so.
+      c->num_experts = 128;
+      c->num_experts_per_tok = 8;
+      c->moe_intermediate_size = 1408;
       c->n_shared_experts = 1;
-      c->scoring_func = "sigmoid";  // GLM-4.5 routes like DeepSeek-V3 (noaux_tc)
+      c->scoring_func = "sigmoid";
       c->topk_method = "noaux_tc";
       c->norm_topk_prob = true;
       c->first_k_dense_replace = 1;
+      c->num_nextn_predict_layers = 1;
       CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));  // q/k/v only
       CR_RETURN_IF_ERROR(f.Bool("use_qk_norm", &c->qk_norm));
       return ParseDeepseekMoe(f, c);
@@ -199,18 +256,22 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
                 "must be positive and even"));
     CR_RETURN_IF_ERROR(Require(c.v_head_dim > 0, f, "v_head_dim", "must be positive"));
   } else {
-    const double rotary = static_cast<double>(c.head_dim) * c.rope.partial_rotary_factor;
-    CR_RETURN_IF_ERROR(Require(
-        std::fmod(rotary, 2.0) == 0, f,
-        "partial_rotary_factor",
-        absl::StrCat("(", c.rope.partial_rotary_factor, ") times head_dim (", c.head_dim,
-                     ") must be an even whole number of rotary dimensions")));
+    for (const RopeConfig* r : {&c.rope, c.rope_parameters ? &*c.rope_parameters : nullptr,
+                                c.rope_legacy ? &*c.rope_legacy : nullptr}) {
+      if (r == nullptr) continue;
+      const double rotary = static_cast<double>(c.head_dim) * r->partial_rotary_factor;
+      CR_RETURN_IF_ERROR(Require(
+          std::fmod(rotary, 2.0) == 0, f, "partial_rotary_factor",
+          absl::StrCat("(", r->partial_rotary_factor, ") times head_dim (", c.head_dim,
+                       ") must be an even whole number of rotary dimensions")));
+    }
   }
 
   if (!c.IsMoe()) return absl::OkStatus();
-  const char* experts_key = family == HfFamily::kMixtral          ? "num_local_experts"
-                            : IsDeepseekStyle(family)             ? "n_routed_experts"
-                                                                  : "num_experts";
+  const char* experts_key = family == HfFamily::kMixtral || family == HfFamily::kQwen3Moe
+                                ? "num_local_experts"
+                            : IsDeepseekStyle(family) ? "n_routed_experts"
+                                                      : "num_experts";
   CR_RETURN_IF_ERROR(Require(c.num_experts > 0, f, experts_key, "must be positive"));
   CR_RETURN_IF_ERROR(Require(
       c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts, f,
@@ -224,13 +285,12 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
   CR_RETURN_IF_ERROR(Require(c.shared_expert_intermediate_size >= 0, f,
                              "shared_expert_intermediate_size", "must not be negative"));
   if (c.scoring_func != "softmax" && c.scoring_func != "sigmoid") {
-    return absl::UnimplementedError(absl::StrCat("config '", f.source(), "': scoring_func '",
-                                                 c.scoring_func,
-                                                 "' is not supported (softmax, sigmoid)"));
+    return UnsupportedModelError(absl::StrCat("config '", f.source(), "': scoring_func '",
+                                              c.scoring_func, "' is not supported (softmax, sigmoid)"));
   }
   if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy" &&
       c.topk_method != "noaux_tc") {
-    return absl::UnimplementedError(
+    return UnsupportedModelError(
         absl::StrCat("config '", f.source(), "': topk_method '", c.topk_method,
                      "' is not supported (greedy, group_limited_greedy, noaux_tc)"));
   }
@@ -273,16 +333,16 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json, std::string_vie
   ModelConfig c;
   c.source = source;
   CR_RETURN_IF_ERROR(f.String("model_type", &c.model_type, /*required=*/true));
-  const std::optional<HfFamily> family = HfFamilyOf(c.model_type);
-  if (!family) {
-    return absl::UnimplementedError(absl::StrCat("config '", source, "': model_type '",
-                                                 c.model_type, "' is not supported (supported: ",
-                                                 std::string(kSupportedModelTypes), ")"));
+  const HfFamilyInfo* fam = FindFamily(c.model_type);
+  if (fam == nullptr) {
+    return UnsupportedModelError(absl::StrCat("config '", source, "': model_type '", c.model_type,
+                                              "' is not supported (supported: ",
+                                              std::string(kSupportedModelTypes), ")"));
   }
-  CR_RETURN_IF_ERROR(ParseCommon(f, *family, &c));
+  const std::optional<HfFamily> family = fam->family;
+  CR_RETURN_IF_ERROR(ParseCommon(f, *fam, &c));
   CR_RETURN_IF_ERROR(ParseFamily(f, *family, &c));
-  CR_RETURN_IF_ERROR(
-      hf_internal::ParseRope(root, source, *family == HfFamily::kGlm4Moe ? 0.5 : 1.0, &c.rope));
+  CR_RETURN_IF_ERROR(hf_internal::ParseRope(root, source, *fam, &c));
   if (f.Has("quantization_config")) {
     CR_ASSIGN_OR_RETURN(c.quant,
                         hf_internal::ParseQuantizationConfig(*f.Get("quantization_config"), source));

@@ -17,7 +17,8 @@ json TokenIds(const std::vector<int64_t>& ids) {
 
 json OrNull(int64_t v) { return v > 0 ? json(v) : json(nullptr); }
 
-// The scaling keys of `r` that its type needs or that differ from defaults.
+// The keys of `r`'s dict (rope_scaling or rope_parameters) that its type
+// needs or that differ from the defaults.
 void WriteScaling(const RopeConfig& r, json* out) {
   const RopeConfig d;
   const bool needs_factor = r.type == RopeType::kLinear || r.type == RopeType::kDynamic ||
@@ -34,6 +35,7 @@ void WriteScaling(const RopeConfig& r, json* out) {
   }
   if (r.type == RopeType::kYarn || r.beta_fast != d.beta_fast) (*out)["beta_fast"] = r.beta_fast;
   if (r.type == RopeType::kYarn || r.beta_slow != d.beta_slow) (*out)["beta_slow"] = r.beta_slow;
+  if (!r.truncate) (*out)["truncate"] = false;
   if (r.mscale != 0) (*out)["mscale"] = r.mscale;
   if (r.mscale_all_dim != 0) (*out)["mscale_all_dim"] = r.mscale_all_dim;
   if (r.attention_factor != 0) (*out)["attention_factor"] = r.attention_factor;
@@ -45,38 +47,61 @@ void WriteScaling(const RopeConfig& r, json* out) {
   }
 }
 
-void WriteRope(const RopeConfig& r, bool always_partial, json* j) {
-  const bool partial = always_partial || r.partial_rotary_factor != 1.0;
-  const std::string type(RopeTypeName(r.type));
-  if (r.form == RopeForm::kRopeParameters) {
+// Writes each RoPE form the config has, so that reading it back gives the
+// same forms and the same resolution. A dict's rope_theta is always written
+// (a dict without it would take the top-level one); partial_rotary_factor is
+// written where it differs from what a reader would fall back to.
+void WriteRope(const ModelConfig& c, double family_partial, json* j) {
+  const bool top_partial =
+      (c.rope_legacy && c.rope_legacy->partial_rotary_factor != family_partial) ||
+      (!c.rope_legacy && !c.rope_parameters && c.rope.partial_rotary_factor != family_partial);
+  if (top_partial) {
+    (*j)["partial_rotary_factor"] =
+        c.rope_legacy ? c.rope_legacy->partial_rotary_factor : c.rope.partial_rotary_factor;
+  }
+  if (c.rope_parameters) {
+    const RopeConfig& r = *c.rope_parameters;
     json p = json::object();
-    p["rope_type"] = type;
+    p[r.legacy_type_key ? "type" : "rope_type"] = std::string(RopeTypeName(r.type));
     p["rope_theta"] = r.theta;
     WriteScaling(r, &p);
-    if (partial) p["partial_rotary_factor"] = r.partial_rotary_factor;
+    if (r.partial_rotary_factor != family_partial || top_partial) {
+      p["partial_rotary_factor"] = r.partial_rotary_factor;
+    }
     (*j)["rope_parameters"] = p;
-    return;
   }
-  (*j)["rope_theta"] = r.theta;
-  if (partial) (*j)["partial_rotary_factor"] = r.partial_rotary_factor;
-  if (r.type == RopeType::kDefault && r == [&] {
-        RopeConfig d;
-        d.theta = r.theta;
-        d.partial_rotary_factor = r.partial_rotary_factor;
-        d.legacy_type_key = r.legacy_type_key;
-        return d;
-      }()) {
-    (*j)["rope_scaling"] = nullptr;
-    return;
+  if (c.rope_legacy) {
+    const RopeConfig& r = *c.rope_legacy;
+    (*j)["rope_theta"] = r.theta;
+    if (!r.scaling_object) {
+      (*j)["rope_scaling"] = nullptr;
+      return;
+    }
+    json s = json::object();
+    s[r.legacy_type_key ? "type" : "rope_type"] = std::string(RopeTypeName(r.type));
+    WriteScaling(r, &s);
+    (*j)["rope_scaling"] = s;
   }
-  json s = json::object();
-  s[r.legacy_type_key ? "type" : "rope_type"] = type;
-  WriteScaling(r, &s);
-  (*j)["rope_scaling"] = s;
+}
+
+json ProducerJson(const std::string& producer) {
+  const size_t space = producer.find(' ');
+  json p = {{"name", producer.substr(0, space)}};
+  if (space != std::string::npos) p["version"] = producer.substr(space + 1);
+  return p;
 }
 
 json QuantJson(const QuantConfig& q) {
   json out = json::object();
+  if (!q.quant_algo.empty()) {  // ModelOpt's config.json form
+    out["quant_method"] = "modelopt";
+    out["quant_algo"] = q.quant_algo;
+    if (q.method == QuantMethod::kNvfp4) out["group_size"] = q.group_size;
+    if (!q.kv_cache_quant_algo.empty()) out["kv_cache_quant_algo"] = q.kv_cache_quant_algo;
+    out["ignore"] = q.ignore;
+    if (!q.producer.empty()) out["producer"] = ProducerJson(q.producer);
+    return out;
+  }
   switch (q.method) {
     case QuantMethod::kNone:
       return nullptr;
@@ -87,20 +112,13 @@ json QuantJson(const QuantConfig& q) {
       out["weight_block_size"] = q.weight_block_size;
       if (!q.ignore.empty()) out["modules_to_not_convert"] = q.ignore;
       return out;
-    case QuantMethod::kNvfp4: {
+    case QuantMethod::kNvfp4:
+    case QuantMethod::kFp8Tensor:  // only ModelOpt writes these (quant_algo set above)
       out["quant_method"] = "modelopt";
-      out["quant_algo"] = q.quant_algo.empty() ? "NVFP4" : q.quant_algo;
-      out["group_size"] = q.group_size;
-      if (!q.kv_cache_quant_algo.empty()) out["kv_cache_quant_algo"] = q.kv_cache_quant_algo;
+      out["quant_algo"] = q.method == QuantMethod::kNvfp4 ? "NVFP4" : "FP8";
+      if (q.method == QuantMethod::kNvfp4) out["group_size"] = q.group_size;
       out["ignore"] = q.ignore;
-      if (!q.producer.empty()) {
-        const size_t space = q.producer.find(' ');
-        json producer = {{"name", q.producer.substr(0, space)}};
-        if (space != std::string::npos) producer["version"] = q.producer.substr(space + 1);
-        out["producer"] = producer;
-      }
       return out;
-    }
     case QuantMethod::kMxfp4:
       out["quant_method"] = "mxfp4";
       if (!q.ignore.empty()) out["modules_to_not_convert"] = q.ignore;
@@ -109,8 +127,8 @@ json QuantJson(const QuantConfig& q) {
   return nullptr;
 }
 
-void WriteQwenMoe(const ModelConfig& c, json* j) {
-  (*j)["num_experts"] = c.num_experts;
+void WriteQwenMoe(const ModelConfig& c, const char* experts_key, json* j) {
+  (*j)[experts_key] = c.num_experts;
   (*j)["num_experts_per_tok"] = c.num_experts_per_tok;
   (*j)["moe_intermediate_size"] = c.moe_intermediate_size;
   (*j)["norm_topk_prob"] = c.norm_topk_prob;
@@ -181,15 +199,17 @@ std::string HfConfigToJson(const ModelConfig& c) {
         WriteSlidingWindow(c, true, &j);
         break;
       case HfFamily::kQwen2Moe:
+        j["qkv_bias"] = c.attention_bias;
         WriteSlidingWindow(c, true, &j);
-        WriteQwenMoe(c, &j);
+        WriteQwenMoe(c, "num_experts", &j);
         j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
         break;
       case HfFamily::kQwen3:
       case HfFamily::kQwen3Moe:
         j["attention_bias"] = c.attention_bias;
         WriteSlidingWindow(c, true, &j);
-        if (*family == HfFamily::kQwen3Moe) WriteQwenMoe(c, &j);
+        // transformers 5 writes num_local_experts (Qwen3MoeConfig's attribute_map).
+        if (*family == HfFamily::kQwen3Moe) WriteQwenMoe(c, "num_local_experts", &j);
         break;
       case HfFamily::kDeepseekV3:
         j["attention_bias"] = c.attention_bias;
@@ -207,7 +227,8 @@ std::string HfConfigToJson(const ModelConfig& c) {
         break;
     }
   }
-  WriteRope(c.rope, family == HfFamily::kGlm4Moe, &j);
+  const HfFamilyInfo* info = FindFamily(c.model_type);
+  WriteRope(c, info ? info->partial_rotary_factor : 1.0, &j);
   if (c.quant.method != QuantMethod::kNone) j["quantization_config"] = QuantJson(c.quant);
   // Strings from a caller may hold invalid UTF-8; replace rather than throw.
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";

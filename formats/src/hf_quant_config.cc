@@ -20,17 +20,30 @@ absl::Status ReadIgnoreLists(const JsonFields& f, QuantConfig* q) {
   return absl::OkStatus();
 }
 
+// ModelOpt's quant_algo names (modelopt/torch/export/convert_hf_config.py and
+// quant_utils.py in nvidia-modelopt 0.47).
 absl::Status ReadModelOptAlgo(const JsonFields& f, const std::string& source, QuantConfig* q) {
   CR_RETURN_IF_ERROR(f.String("quant_algo", &q->quant_algo, /*required=*/true));
   CR_RETURN_IF_ERROR(f.String("kv_cache_quant_algo", &q->kv_cache_quant_algo));
-  if (q->quant_algo != "NVFP4") {
-    return absl::UnimplementedError(
+  if (q->quant_algo == "NVFP4" || q->quant_algo == "W4A16_NVFP4") {
+    q->method = QuantMethod::kNvfp4;
+    q->group_size = 16;
+    CR_RETURN_IF_ERROR(f.Int("group_size", &q->group_size));
+  } else if (q->quant_algo == "FP8") {
+    q->method = QuantMethod::kFp8Tensor;
+    q->fmt = "e4m3";
+    q->activation_scheme = "static";
+  } else if (q->quant_algo == "fp8_pb_wo" || q->quant_algo == "FP8_PB_WO") {
+    q->quant_algo = "fp8_pb_wo";
+    q->method = QuantMethod::kFp8Block;
+    q->fmt = "e4m3";
+    q->activation_scheme = "dynamic";
+    q->weight_block_size = {128, 128};  // modelopt's FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG
+  } else {
+    return UnsupportedModelError(
         absl::StrCat("quantization in '", source, "': ModelOpt quant_algo '", q->quant_algo,
-                     "' is not supported (NVFP4)"));
+                     "' is not supported (NVFP4, W4A16_NVFP4, FP8, fp8_pb_wo)"));
   }
-  q->method = QuantMethod::kNvfp4;
-  q->group_size = 16;
-  CR_RETURN_IF_ERROR(f.Int("group_size", &q->group_size));
   return absl::OkStatus();
 }
 
@@ -56,8 +69,8 @@ absl::Status Finish(const std::string& source, const JsonFields& f, QuantConfig*
       return f.Invalid("weight_block_size", "must be two positive integers, e.g. [128, 128]");
     }
     if (q->fmt != "e4m3") {
-      return absl::UnimplementedError(absl::StrCat("quantization in '", source, "': fp8 fmt '",
-                                                   q->fmt, "' is not supported (e4m3)"));
+      return UnsupportedModelError(absl::StrCat("quantization in '", source, "': fp8 fmt '", q->fmt,
+                                                "' is not supported (e4m3)"));
     }
     if (q->activation_scheme != "dynamic" && q->activation_scheme != "static") {
       return f.Invalid("activation_scheme", absl::StrCat("is '", q->activation_scheme,
@@ -137,9 +150,10 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
     q.activation_scheme = "dynamic";
     CR_RETURN_IF_ERROR(f.IntList("weight_block_size", &q.weight_block_size));
     if (q.weight_block_size.empty()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "config '", source, "': fp8 quantization without weight_block_size (per-tensor fp8) "
-                              "is not supported; crashreplay supports block-scaled fp8"));
+      return UnsupportedModelError(absl::StrCat(
+          "config '", source, "': fp8 quantization without weight_block_size (per-tensor or "
+                              "per-channel fp8 in transformers' layout) is not supported; "
+                              "crashreplay supports block-scaled fp8 and ModelOpt's FP8"));
     }
     CR_RETURN_IF_ERROR(f.String("fmt", &q.fmt));
     CR_RETURN_IF_ERROR(f.String("activation_scheme", &q.activation_scheme));
@@ -161,9 +175,9 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
     q.method = QuantMethod::kMxfp4;
     q.group_size = 32;
   } else {
-    return absl::UnimplementedError(absl::StrCat("config '", source, "': quant_method '", method,
-                                                 "' is not supported (fp8, modelopt NVFP4, "
-                                                 "mxfp4)"));
+    return UnsupportedModelError(absl::StrCat("config '", source, "': quant_method '", method,
+                                              "' is not supported (fp8, mxfp4, modelopt NVFP4 / "
+                                              "W4A16_NVFP4 / FP8 / fp8_pb_wo)"));
   }
   CR_RETURN_IF_ERROR(Finish(source, f, &q));
   return q;

@@ -37,6 +37,32 @@ const nlohmann::json* JsonFields::Get(const char* key) const {
   return &*it;
 }
 
+bool JsonFields::IsNull(const char* key) const {
+  if (!object_.is_object()) return false;
+  auto it = object_.find(key);
+  return it != object_.end() && it->is_null();
+}
+
+absl::Status JsonFields::IntAlias(std::initializer_list<const char*> keys, int64_t* out) const {
+  const char* first = nullptr;
+  int64_t value = 0;
+  for (const char* key : keys) {
+    if (!Has(key)) continue;
+    int64_t v = 0;
+    if (absl::Status s = Int(key, &v); !s.ok()) return s;
+    if (first != nullptr && v != value) {
+      return Invalid(key, absl::StrCat("(", v, ") disagrees with '", prefix_, first, "' (", value,
+                                       "); they name the same setting"));
+    }
+    if (first == nullptr) {
+      first = key;
+      value = v;
+    }
+  }
+  if (first != nullptr) *out = value;
+  return absl::OkStatus();
+}
+
 absl::Status JsonFields::Invalid(const char* key, const std::string& what) const {
   return absl::InvalidArgumentError(
       absl::StrCat("config '", source_, "': field '", prefix_, key, "' ", what));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ class JsonFields {
   // nullptr when absent or null.
   const nlohmann::json* Get(const char* key) const;
   bool Has(const char* key) const { return Get(key) != nullptr; }
+  // The key is present with the value null (transformers distinguishes
+  // `"q_lora_rank": null` from an absent key, which takes the class default).
+  bool IsNull(const char* key) const;
 
   absl::Status Int(const char* key, int64_t* out, bool required = false) const;
   absl::Status Double(const char* key, double* out, bool required = false) const;
@@ -36,6 +40,10 @@ class JsonFields {
                           bool required = false) const;
   // An integer or a list of integers (bos/eos token ids).
   absl::Status IntOrIntList(const char* key, std::vector<int64_t>* out) const;
+  // One integer that the file may spell under any of `keys` (the aliases of
+  // a config class's attribute_map): the one present is read; two present
+  // with different values are an error naming both.
+  absl::Status IntAlias(std::initializer_list<const char*> keys, int64_t* out) const;
 
   // "config '<file>': field '<prefix><key>' <what>" as InvalidArgument.
   absl::Status Invalid(const char* key, const std::string& what) const;

@@ -9,6 +9,7 @@
 #include "crashreplay/formats/checkpoint.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/kernels/router.h"
+#include "crashreplay/replay/weight_check.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -29,15 +30,44 @@ RopeSpec ToRopeSpec(const RopeConfig& r) {
   o.mscale = r.mscale;
   o.mscale_all_dim = r.mscale_all_dim;
   o.attention_factor = r.attention_factor;
+  o.truncate = r.truncate;
   return o;
 }
 
-absl::StatusOr<RopeType> ToRopeType(const std::string& t) {
-  if (t == "default") return RopeType::kDefault;
-  if (t == "linear") return RopeType::kLinear;
-  if (t == "llama3") return RopeType::kLlama3;
-  if (t == "yarn") return RopeType::kYarn;
-  return absl::InvalidArgumentError(Cat("RoPE type '", t, "' has no config.json spelling here"));
+RopeConfig ToRopeConfig(const RopeSpec& r, RopeForm form, double partial) {
+  RopeConfig c;
+  c.form = form;
+  c.type = r.type == "linear" ? RopeType::kLinear
+           : r.type == "llama3" ? RopeType::kLlama3
+           : r.type == "yarn"   ? RopeType::kYarn
+                                : RopeType::kDefault;
+  c.theta = r.theta;
+  c.factor = r.factor;
+  c.low_freq_factor = r.low_freq_factor;
+  c.high_freq_factor = r.high_freq_factor;
+  c.original_max_position_embeddings = r.type == "default" || r.type == "linear" ? 0 : r.original_max_position;
+  c.beta_fast = r.beta_fast;
+  c.beta_slow = r.beta_slow;
+  c.mscale = r.mscale;
+  c.mscale_all_dim = r.mscale_all_dim;
+  c.attention_factor = r.attention_factor;
+  c.truncate = r.truncate;
+  c.partial_rotary_factor = partial;
+  c.scaling_object = form == RopeForm::kLegacy && c.type != RopeType::kDefault;
+  return c;
+}
+
+absl::Status CheckRopeImplemented(const ModelConfig& c) {
+  for (const RopeConfig* r : {&c.rope, c.rope_parameters ? &*c.rope_parameters : nullptr,
+                              c.rope_legacy ? &*c.rope_legacy : nullptr}) {
+    if (r == nullptr) continue;
+    if (r->type != RopeType::kDefault && r->type != RopeType::kLinear && r->type != RopeType::kLlama3 &&
+        r->type != RopeType::kYarn) {
+      return UnsupportedModelError(Cat("unsupported model: ", c.source, ": RoPE type '", RopeTypeName(r->type),
+                                       "' is not implemented (default, linear, llama3, yarn)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -46,16 +76,20 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
   ModelSpec s;
   s.model_type = c.model_type;
   if (c.UsesMla()) {
-    return absl::UnimplementedError(Cat(c.source, ": ", c.model_type, " uses MLA attention (kv_lora_rank ",
-                                        c.kv_lora_rank, "), which the engine does not implement; GQA models only"));
+    return UnsupportedModelError(Cat("unsupported model: ", c.source, ": ", c.model_type,
+                                     " uses multi-head latent attention (kv_lora_rank ", c.kv_lora_rank,
+                                     "), which the engine does not implement yet; it runs GQA models"));
   }
   if (c.shared_expert_intermediate_size > 0) {
-    return absl::UnimplementedError(Cat(c.source, ": qwen2_moe's gated shared expert is not implemented"));
+    return UnsupportedModelError(Cat("unsupported model: ", c.source,
+                                     ": qwen2_moe's gated shared expert (shared_expert_intermediate_size ",
+                                     c.shared_expert_intermediate_size, ") is not implemented"));
   }
-  if (c.rope.type != RopeType::kDefault && c.rope.type != RopeType::kLinear && c.rope.type != RopeType::kLlama3 &&
-      c.rope.type != RopeType::kYarn) {
-    return absl::UnimplementedError(Cat(c.source, ": RoPE type '", RopeTypeName(c.rope.type), "' is not implemented"));
+  if (c.hidden_act != "silu") {
+    return UnsupportedModelError(Cat("unsupported model: ", c.source, ": hidden_act '", c.hidden_act,
+                                     "' is not implemented (silu)"));
   }
+  CR_RETURN_IF_ERROR(CheckRopeImplemented(c));
   s.hidden = c.hidden_size;
   s.layers = c.num_hidden_layers;
   s.heads = c.num_attention_heads;
@@ -66,14 +100,18 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
   s.rms_eps = c.rms_norm_eps;
   s.qk_norm = c.qk_norm;
   s.attention_bias = c.attention_bias;
+  s.attention_out_bias = c.attention_out_bias;
+  s.mlp_bias = c.mlp_bias;
   s.tie_embeddings = c.tie_word_embeddings;
+  s.sliding_window = c.sliding_window;
   s.partial_rotary_factor = c.rope.partial_rotary_factor;
   if (c.max_position_embeddings > 0) s.max_position = c.max_position_embeddings;
-  if (c.rope.form == RopeForm::kRopeParameters) {
-    s.rope_parameters = ToRopeSpec(c.rope);
-  } else {
-    s.rope_legacy = ToRopeSpec(c.rope);
+  if (c.rope_parameters) s.rope_parameters = ToRopeSpec(*c.rope_parameters);
+  if (c.rope_legacy) {
+    s.rope_legacy = ToRopeSpec(*c.rope_legacy);
+    s.rope_scaling_wins = c.rope_legacy->scaling_object;
   }
+  if (!c.rope_parameters && !c.rope_legacy) s.rope_legacy = ToRopeSpec(c.rope);  // no RoPE key: the defaults
   if (c.IsMoe()) {
     s.num_experts = c.num_experts;
     s.experts_per_tok = c.num_experts_per_tok;
@@ -88,16 +126,20 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
     s.first_k_dense = c.first_k_dense_replace;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) s.moe_layer_mask.push_back(c.IsMoeLayer(static_cast<int>(l)));
     if (s.experts_per_tok > kMaxTopK || s.num_experts > kMaxExperts || s.n_group > 4 * kMaxTopK) {
-      return absl::UnimplementedError(Cat(c.source, ": MoE routing beyond the kernels' limits (top-k <= ", kMaxTopK,
-                                          ", experts <= ", kMaxExperts, ")"));
+      return UnsupportedModelError(Cat("unsupported model: ", c.source, ": MoE routing beyond the kernels' limits (top-k <= ",
+                                       kMaxTopK, ", experts <= ", kMaxExperts, ")"));
     }
   }
+  s.quant_weight_only = c.quant.WeightOnly();
   switch (c.quant.method) {
     case QuantMethod::kNone: s.quant = QuantKind::kNone; break;
     case QuantMethod::kFp8Block:
       s.quant = QuantKind::kFp8Block;
       s.quant_block_rows = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[0] : 128;
       s.quant_block_cols = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[1] : 128;
+      break;
+    case QuantMethod::kFp8Tensor:
+      s.quant = QuantKind::kFp8Tensor;
       break;
     case QuantMethod::kNvfp4:
       s.quant = QuantKind::kNvfp4;
@@ -130,22 +172,19 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
   c.rms_norm_eps = s.rms_eps;
   c.tie_word_embeddings = s.tie_embeddings;
   c.attention_bias = s.attention_bias;
+  c.attention_out_bias = s.attention_out_bias;
+  c.mlp_bias = s.mlp_bias;
   c.qk_norm = s.qk_norm;
+  c.sliding_window = s.sliding_window;
   c.torch_dtype = "bfloat16";
-  const RopeSpec r = s.rope_parameters ? *s.rope_parameters : s.rope_legacy.value_or(RopeSpec{});
-  c.rope.form = s.rope_parameters ? RopeForm::kRopeParameters : RopeForm::kLegacy;
-  c.rope.type = ToRopeType(r.type).value_or(RopeType::kDefault);
-  c.rope.theta = r.theta;
-  c.rope.factor = r.factor;
-  c.rope.low_freq_factor = r.low_freq_factor;
-  c.rope.high_freq_factor = r.high_freq_factor;
-  c.rope.original_max_position_embeddings = r.type == "default" ? 0 : r.original_max_position;
-  c.rope.beta_fast = r.beta_fast;
-  c.rope.beta_slow = r.beta_slow;
-  c.rope.mscale = r.mscale;
-  c.rope.mscale_all_dim = r.mscale_all_dim;
-  c.rope.attention_factor = r.attention_factor;
-  c.rope.partial_rotary_factor = s.partial_rotary_factor;
+  if (s.rope_parameters) c.rope_parameters = ToRopeConfig(*s.rope_parameters, RopeForm::kRopeParameters, s.partial_rotary_factor);
+  if (s.rope_legacy) {
+    c.rope_legacy = ToRopeConfig(*s.rope_legacy, RopeForm::kLegacy, s.partial_rotary_factor);
+    c.rope_legacy->scaling_object = c.rope_legacy->scaling_object || s.rope_scaling_wins;
+  }
+  c.rope = c.rope_legacy && (c.rope_legacy->scaling_object || !c.rope_parameters) ? *c.rope_legacy
+           : c.rope_parameters                                                   ? *c.rope_parameters
+                                                                                 : ToRopeConfig(RopeSpec{}, RopeForm::kNone, s.partial_rotary_factor);
   if (s.is_moe()) {
     c.num_experts = s.num_experts;
     c.num_experts_per_tok = s.experts_per_tok;
@@ -166,10 +205,21 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
       c.quant.weight_block_size = {s.quant_block_rows, s.quant_block_cols};
       c.quant.fmt = "e4m3";
       c.quant.activation_scheme = "dynamic";
+      if (s.quant_weight_only) {
+        c.quant.quant_algo = "fp8_pb_wo";
+        c.quant.ignore = {"lm_head", "model.embed_tokens"};
+      }
+      break;
+    case QuantKind::kFp8Tensor:
+      c.quant.method = QuantMethod::kFp8Tensor;
+      c.quant.quant_algo = "FP8";
+      c.quant.fmt = "e4m3";
+      c.quant.activation_scheme = "static";
+      c.quant.ignore = {"lm_head", "model.embed_tokens"};
       break;
     case QuantKind::kNvfp4:
       c.quant.method = QuantMethod::kNvfp4;
-      c.quant.quant_algo = "NVFP4";
+      c.quant.quant_algo = s.quant_weight_only ? "W4A16_NVFP4" : "NVFP4";
       c.quant.group_size = s.quant_block_cols;
       c.quant.ignore = {"lm_head", "model.layers.*.mlp.gate"};
       break;
@@ -196,6 +246,17 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir) {
     h.shape = t->info->shape;
     h.bytes.assign(reinterpret_cast<const uint8_t*>(data.data()), reinterpret_cast<const uint8_t*>(data.data()) + data.size());
     out.tensors.emplace(name, std::move(h));
+  }
+  CR_RETURN_IF_ERROR(CheckWeights(out.config, out.spec, dir, &out.tensors, &out.notes));
+  if (out.spec.sliding_window > 0) {
+    out.notes.push_back(Cat("config.json sets sliding_window ", out.spec.sliding_window,
+                            "; the engine attends over the whole context, which is the same only while every "
+                            "sequence stays within ", out.spec.sliding_window, " tokens"));
+  }
+  if (out.spec.quant == QuantKind::kFp8Tensor) {
+    out.notes.push_back("ModelOpt FP8 (per-tensor): the engine multiplies by the fp8 weights with unquantized "
+                        "activations (W8A16); input_scale is read and hashed but not applied, whereas serving "
+                        "engines quantize activations to fp8 with it (W8A8)");
   }
   return out;
 }

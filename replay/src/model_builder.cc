@@ -110,6 +110,7 @@ class Builder {
     LinearShard out;
     QWeight& q = out.w;
     int bits = 16;
+    bool per_tensor = false;  // one scale for the whole tensor (ModelOpt FP8)
     const HostTensor* scale = nullptr;
     std::string scale_name;
     switch (w->dtype) {
@@ -119,11 +120,19 @@ class Builder {
       case DType::kF8E4M3: {
         q.format = WFormat::kE4m3;
         bits = 8;
+        // DeepSeek-style block FP8 names its fp32 scales weight_scale_inv;
+        // ModelOpt (FP8 per tensor, fp8_pb_wo blocks) names them weight_scale.
         scale_name = base + ".weight_scale_inv";
+        if (t_.find(scale_name) == t_.end()) scale_name = base + ".weight_scale";
         CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
         q.scale_format = SFormat::kF32;
         q.block_rows = static_cast<int32_t>(spec_.quant_block_rows > 1 ? spec_.quant_block_rows : 128);
         q.block_cols = static_cast<int32_t>(spec_.quant_block_cols > 1 ? spec_.quant_block_cols : 128);
+        per_tensor = spec_.quant == QuantKind::kFp8Tensor;
+        if (per_tensor) {  // its input_scale is not applied (W8A16), but hashed as loaded
+          auto in = t_.find(base + ".input_scale");
+          if (in != t_.end()) CR_RETURN_IF_ERROR(Shard(in->first, in->second, rank).status());
+        }
         break;
       }
       case DType::kU8: {
@@ -156,6 +165,10 @@ class Builder {
     if (!blk.held) return absl::InternalError(Cat("rank ", rank, " does not hold '", name, "'"));
     q.rows = blk.row_end - blk.row_begin;
     q.cols = static_cast<int64_t>((blk.col_byte_end - blk.col_byte_begin) * 8 / bits);
+    if (per_tensor) {  // the one scale block is the rank's whole shard
+      q.block_rows = static_cast<int32_t>(q.rows);
+      q.block_cols = static_cast<int32_t>(q.cols);
+    }
     if (scale != nullptr) {
       ShardBlock sb;
       CR_ASSIGN_OR_RETURN(out.scales, Shard(scale_name, *scale, rank, nullptr, &sb));
@@ -430,16 +443,19 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
       }
       layer.ranks.push_back(std::move(rl));
     }
-    if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4) CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));
+    // A weight-only checkpoint (W4A16_NVFP4) has no input_scale to quantize with.
+    if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4 && !spec.quant_weight_only) {
+      CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));
+    }
     m->layers.push_back(std::move(layer));
   }
 
-  // RoPE: read the form the configuration names; when the checkpoint does not
-  // carry that form, the defaults apply (as an engine reading only that form does).
-  const std::optional<RopeSpec>& chosen =
-      cfg.rope_config == RopeConfig::kRopeParameters ? spec.rope_parameters : spec.rope_legacy;
-  m->rope = ComputeRope(chosen.value_or(RopeSpec{}), hd, spec.partial_rotary_factor);
-  m->rope.from_default = !chosen.has_value();
+  // RoPE: the file as transformers 5 reads it, or one form only (rope_config);
+  // ChooseRope says when that ignores keys the file has.
+  RopeChoice rope = ChooseRope(spec, cfg.rope_config);
+  m->rope = ComputeRope(rope.rope, hd, spec.partial_rotary_factor);
+  m->rope.from_default = rope.from_default;
+  if (!rope.note.empty()) m->notes.push_back(std::move(rope.note));
 
   const bool ue8m0 = cfg.scale_format == ScaleFormat::kUe8m0;
   m->dense_dot = ue8m0 ? DotKind::kUe8m0

@@ -89,6 +89,16 @@ class Generator {
         t_[base + ".weight_scale_inv"] = Make(DType::kF32, {sr, sc}, scale);
         return;
       }
+      case QuantKind::kFp8Tensor: {  // ModelOpt FP8: one scale, amax / 448
+        float amax = 0.0f;
+        for (float v : w) amax = AbsMaxAccumulate(amax, v);
+        const float scale = Fp8BlockScale(amax, 1e-12f, false);
+        std::vector<uint8_t> q(out * in);
+        for (size_t i = 0; i < q.size(); ++i) q[i] = QuantFp8(w[i], scale);
+        t_[name] = Make(DType::kF8E4M3, {out, in}, q);
+        t_[base + ".weight_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
+        return;
+      }
       case QuantKind::kNvfp4: {
         const float global = Nvfp4GlobalScale(w);
         std::vector<uint8_t> scales(out * (in / 16)), packed(out * in / 2, 0);

@@ -23,10 +23,12 @@ const std::vector<ToggleSpec>& Table() {
        "(split-KV chunks of 32 positions with online softmax, partials merged in chunk order: a "
        "different reduction order); paged64 (one tile per KV page, as FlashMLA: precondition "
        "page_size == 64). Prefill always uses the reference kernel."},
-      {"gemm_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "dequant_matmul",
-       "dense projections: dequant_matmul (dequantize each weight to bf16, fp32 dot product); "
-       "fused_blockscaled (dot product of raw values per scale block, scale applied per block)"},
-      {"moe_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "dequant_matmul",
+      {"gemm_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "fused_blockscaled",
+       "dense projections of quantized weights: fused_blockscaled (dot product of raw values per scale block, "
+       "scale applied per block: the weights exactly as the quantizer defines them); dequant_matmul "
+       "(dequantize each weight to bf16 first, then an fp32 dot product, as a bf16 dequantize-then-matmul "
+       "kernel does)"},
+      {"moe_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "fused_blockscaled",
        "expert GEMMs (routed and shared experts), same choices as gemm_backend"},
       {"scale_format", ToggleType::kEnum, {"checkpoint", "fp32", "ue8m0_requant", "ue8m0"}, 0, 0, "checkpoint",
        "block scales of quantized weights: checkpoint (as stored: e4m3/e8m0/fp32, decoded in the "
@@ -49,9 +51,11 @@ const std::vector<ToggleSpec>& Table() {
       {"sampling_backend", ToggleType::kEnum, {"sorted", "threshold"}, 0, 0, "sorted",
        "top-k/top-p filtering: sorted (full sort, cumulative sum in sorted order); threshold "
        "(pivot search on probability without a sort, sums in vocabulary order)"},
-      {"rope_config", ToggleType::kEnum, {"legacy", "rope_parameters"}, 0, 0, "legacy",
-       "which config.json keys give RoPE: legacy (rope_theta + rope_scaling) or rope_parameters "
-       "(the transformers >= 4.56 form); the other keys are ignored"},
+      {"rope_config", ToggleType::kEnum, {"checkpoint", "legacy", "rope_parameters"}, 0, 0, "checkpoint",
+       "which config.json keys give RoPE: checkpoint (the file as transformers 5 reads it: a rope_scaling "
+       "object, else rope_parameters, else rope_theta); legacy (only rope_theta + rope_scaling, as an engine "
+       "that predates rope_parameters) or rope_parameters (only that dict): the other keys are ignored and a "
+       "missing form means theta 10000 without scaling, with a note when that changes RoPE"},
       {"tp_size", ToggleType::kInt, {}, 1, 64, "1",
        "tensor-parallel ranks (emulated in one process; all-gather + fixed-order sum)"},
       {"moe_parallel", ToggleType::kEnum, {"tensor", "expert"}, 0, 0, "tensor",
@@ -307,7 +311,10 @@ EngineConfig ResolveConfig(const Config& c) {
   e.cuda_graph_max_bs = static_cast<int>(c.Int("cuda_graph_max_bs"));
   e.sampling_backend = c.Enum("sampling_backend") == "threshold" ? SamplingBackend::kThreshold
                                                                  : SamplingBackend::kSorted;
-  e.rope_config = c.Enum("rope_config") == "rope_parameters" ? RopeConfig::kRopeParameters : RopeConfig::kLegacy;
+  const std::string& rc = c.Enum("rope_config");
+  e.rope_config = rc == "legacy"            ? RopeConfig::kLegacy
+                  : rc == "rope_parameters" ? RopeConfig::kRopeParameters
+                                            : RopeConfig::kCheckpoint;
   e.tp_size = static_cast<int>(c.Int("tp_size"));
   e.moe_parallel = c.Enum("moe_parallel") == "expert" ? MoeParallel::kExpert : MoeParallel::kTensor;
   e.max_running_requests = static_cast<int>(c.Int("max_running_requests"));

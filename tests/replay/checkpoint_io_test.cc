@@ -51,20 +51,53 @@ TEST(CheckpointIo, RopeConfigToggleReadsOnlyTheChosenForm) {
   o.arch = "llama";
   auto ck = GenerateRandomCheckpoint(o);
   ASSERT_TRUE(ck.ok());
-  ck->spec.rope_parameters = ck->spec.rope_legacy;
+  ck->spec.rope_parameters = ck->spec.rope_legacy;  // a transformers 5 file: rope_parameters only
   ck->spec.rope_legacy.reset();
   auto back = ModelSpecFromHfConfig(HfConfigFromModelSpec(ck->spec));
   ASSERT_TRUE(back.ok());
   ASSERT_TRUE(back->rope_parameters.has_value());
   EXPECT_FALSE(back->rope_legacy.has_value());
-  EngineConfig legacy, params;
+  EngineConfig checkpoint, legacy, params;
+  legacy.rope_config = RopeConfig::kLegacy;
   params.rope_config = RopeConfig::kRopeParameters;
+  auto m0 = BuildModel(*back, ck->tensors, checkpoint);
   auto m1 = BuildModel(*back, ck->tensors, legacy);
   auto m2 = BuildModel(*back, ck->tensors, params);
-  ASSERT_TRUE(m1.ok() && m2.ok());
-  EXPECT_TRUE((*m1)->rope.from_default);  // llama3 scaling and theta 500000 are lost
+  ASSERT_TRUE(m0.ok() && m1.ok() && m2.ok());
+  EXPECT_EQ((*m0)->rope.used.type, "llama3");  // the default reads the file as it is
+  EXPECT_TRUE((*m0)->notes.empty());
+  EXPECT_TRUE((*m1)->rope.from_default);  // llama3 scaling and theta 500000 are lost...
+  ASSERT_EQ((*m1)->notes.size(), 1u);      // ...and it says so
+  EXPECT_NE((*m1)->notes[0].find("ignores config.json's rope_parameters (llama3, theta 500000"), std::string::npos)
+      << (*m1)->notes[0];
   EXPECT_FALSE((*m2)->rope.from_default);
+  EXPECT_EQ((*m0)->rope.inv_freq, (*m2)->rope.inv_freq);
   EXPECT_NE((*m1)->rope.inv_freq, (*m2)->rope.inv_freq);
+}
+
+TEST(CheckpointIo, DisagreeingRopeFormsResolveAsTransformers5AndSaySo) {
+  ModelSpec s;
+  RopeSpec llama3;
+  llama3.type = "llama3";
+  llama3.theta = 500000;
+  llama3.factor = 8;
+  RopeSpec linear;
+  linear.type = "linear";
+  linear.factor = 2;
+  s.rope_parameters = llama3;
+  s.rope_legacy = linear;
+  s.rope_scaling_wins = true;  // a rope_scaling object: transformers 5 reads it
+  RopeChoice c = ChooseRope(s, RopeConfig::kCheckpoint);
+  EXPECT_EQ(c.rope, linear);
+  EXPECT_NE(c.note.find("using rope_scaling"), std::string::npos) << c.note;
+  s.rope_scaling_wins = false;  // only a bare rope_theta beside rope_parameters
+  s.rope_legacy = RopeSpec{};
+  c = ChooseRope(s, RopeConfig::kCheckpoint);
+  EXPECT_EQ(c.rope, llama3);
+  EXPECT_NE(c.note.find("using rope_parameters"), std::string::npos) << c.note;
+  s.rope_legacy = llama3;  // both forms agree: nothing to say
+  EXPECT_TRUE(ChooseRope(s, RopeConfig::kCheckpoint).note.empty());
+  EXPECT_TRUE(ChooseRope(s, RopeConfig::kLegacy).note.empty());
 }
 
 TEST(CheckpointIo, MlaModelIsRefusedByName) {
@@ -74,7 +107,18 @@ TEST(CheckpointIo, MlaModelIsRefusedByName) {
   c.kv_lora_rank = 512;
   auto s = ModelSpecFromHfConfig(c);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(s.status().message()).find("MLA"), std::string::npos);
+  EXPECT_TRUE(IsUnsupportedModel(s.status()));
+  EXPECT_NE(std::string(s.status().message()).find("multi-head latent attention"), std::string::npos);
+}
+
+TEST(CheckpointIo, ActivationOtherThanSiluIsRefused) {
+  ModelConfig c;
+  c.model_type = "llama";
+  c.source = "x/config.json";
+  c.hidden_act = "gelu";
+  auto s = ModelSpecFromHfConfig(c);
+  EXPECT_TRUE(IsUnsupportedModel(s.status())) << s.status();
+  EXPECT_NE(std::string(s.status().message()).find("hidden_act 'gelu'"), std::string::npos);
 }
 
 }  // namespace

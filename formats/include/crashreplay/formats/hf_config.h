@@ -3,21 +3,29 @@
 // and glm4_moe model types, plus quantization (FP8 block, ModelOpt NVFP4,
 // MXFP4).
 //
-// Every family's spellings are normalised into one ModelConfig: mixtral's
-// `num_local_experts`, qwen's `num_experts` and deepseek's `n_routed_experts`
-// all become `num_experts`; rope settings become one RopeConfig whether they
-// came as legacy `rope_theta` + `rope_scaling` (with "type" or "rope_type")
-// or as transformers v5's `rope_parameters`. docs/formats/hf_config.md lists
-// every key read per family, the defaults and the validation rules.
+// Every family's spellings are normalised into one ModelConfig, accepting
+// each key under every name transformers 4.x and 5.x give it (their
+// config classes' attribute_map): mixtral's and qwen3_moe's
+// `num_local_experts` / `num_experts`, deepseek's and glm4_moe's
+// `n_routed_experts` / `num_local_experts` all become `num_experts`. A key
+// the file leaves out takes the default of transformers' config class for
+// that model_type (formats/src/hf_family.h), so a file reads as transformers
+// reads it. RoPE is resolved as transformers 5 resolves it: a non-null
+// `rope_scaling` wins over `rope_parameters`, which wins over a bare
+// `rope_theta`; each form is also kept on its own (RoPE notes, the
+// rope_config toggle). docs/formats/hf_config.md lists every key read per
+// family, its aliases, its default and the validation rules.
 //
 // Errors (never exceptions): Unimplemented naming an unsupported model_type,
-// rope type or quantization method; InvalidArgument naming the field and the
-// file for a missing required field, a value of the wrong JSON type, an
-// inconsistent value (heads not divisible by kv heads, top-k > experts), or
-// malformed JSON; NotFound for a missing file. Pure functions; thread-safe.
+// rope type or quantization method, marked IsUnsupportedModel;
+// InvalidArgument naming the field and the file for a value of the wrong
+// JSON type, an inconsistent value (heads not divisible by kv heads, top-k >
+// experts, two spellings of one key that disagree), or malformed JSON;
+// NotFound for a missing file. Pure functions; thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,14 +34,24 @@
 
 namespace crashreplay {
 
+// A refusal of a valid input that the engine does not implement (a model
+// type, a RoPE type, a quantization format, an attention kind): an
+// Unimplemented status carrying a marker that `crashreplay` maps to its
+// "unsupported" exit code. The message should start with what is not
+// supported and name the file or tensor.
+absl::Status UnsupportedModelError(std::string_view message);
+// Whether `status` came from UnsupportedModelError (the marker survives
+// copies, not a rebuilt status).
+bool IsUnsupportedModel(const absl::Status& status);
+
 enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongRope };
 std::string_view RopeTypeName(RopeType t);  // the HF spelling: "yarn", ...
 
-// Which keys the rope settings were read from; HfConfigToJson writes the same
-// form back.
+// Which keys the rope settings were read from.
 enum class RopeForm {
-  kLegacy,          // top-level `rope_theta` + `rope_scaling` (or none)
+  kLegacy,          // top-level `rope_theta` + `rope_scaling`
   kRopeParameters,  // transformers v5 `rope_parameters` dict
+  kNone,            // the file has no RoPE key: the family's defaults
 };
 
 struct RopeConfig {
@@ -45,25 +63,31 @@ struct RopeConfig {
   double high_freq_factor = 4.0;             // llama3
   double beta_fast = 32.0;                   // yarn
   double beta_slow = 1.0;                    // yarn
+  bool truncate = true;                      // yarn: floor/ceil the correction range (transformers 5)
   double mscale = 0.0;                       // yarn (deepseek); 0 when not given
   double mscale_all_dim = 0.0;               // yarn (deepseek); 0 when not given
   double attention_factor = 0.0;             // yarn, longrope; 0 when not given
   std::vector<double> short_factor;          // longrope
   std::vector<double> long_factor;           // longrope
   double partial_rotary_factor = 1.0;        // fraction of head_dim rotated
-  RopeForm form = RopeForm::kLegacy;
-  // In the legacy form, the scaling dict named its type with the old "type"
-  // key (deepseek_v3 does) instead of "rope_type".
+  RopeForm form = RopeForm::kNone;
+  // The dict named its type with the old "type" key (deepseek_v3 does)
+  // instead of "rope_type".
   bool legacy_type_key = false;
+  // Legacy form: `rope_scaling` was an object (not null or absent). Such a
+  // rope_scaling wins over rope_parameters, as in transformers 5.
+  bool scaling_object = false;
 
   bool operator==(const RopeConfig&) const = default;
 };
 
 enum class QuantMethod {
   kNone,
-  kFp8Block,  // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3-FP8)
-  kNvfp4,     // ModelOpt NVFP4: e2m1 values, e4m3 scale per 16, fp32 global scale
-  kMxfp4,     // quant_method "mxfp4": e2m1 values, e8m0 scale per 32
+  kFp8Block,   // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3-FP8), or
+               // ModelOpt "fp8_pb_wo" (2-D 128x128 blocks, weight-only)
+  kNvfp4,      // ModelOpt NVFP4 / W4A16_NVFP4: e2m1 values, e4m3 scale per 16, fp32 global scale
+  kMxfp4,      // quant_method "mxfp4": e2m1 values, e8m0 scale per 32
+  kFp8Tensor,  // ModelOpt FP8: e4m3 weight, one fp32 weight_scale and input_scale per tensor
 };
 std::string_view QuantMethodName(QuantMethod m);
 
@@ -77,7 +101,8 @@ struct QuantConfig {
   std::string activation_scheme;          // "dynamic" or "static"
   // NVFP4 / MXFP4.
   int64_t group_size = 0;          // 16 for NVFP4, 32 for MXFP4
-  std::string quant_algo;          // ModelOpt's name, "NVFP4"
+  // ModelOpt's name: "NVFP4", "W4A16_NVFP4", "FP8", "fp8_pb_wo"; empty otherwise.
+  std::string quant_algo;
   std::string kv_cache_quant_algo; // ModelOpt's, e.g. "FP8"; empty if none
   std::string producer;            // e.g. "modelopt 0.29.0"
   // Modules left unquantized: `modules_to_not_convert`, `ignored_layers`,
@@ -91,6 +116,9 @@ struct QuantConfig {
   // glob must match the whole name or a dotted prefix of it; a plain name
   // must equal a dotted run of components ("lm_head", "mlp.gate").
   bool IsQuantized(std::string_view module) const;
+  // ModelOpt's weight-only formats (W4A16_NVFP4, fp8_pb_wo): no input_scale,
+  // activations stay unquantized.
+  bool WeightOnly() const { return quant_algo == "W4A16_NVFP4" || quant_algo == "fp8_pb_wo"; }
 
   bool operator==(const QuantConfig&) const = default;
 };
@@ -112,14 +140,20 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;      // q/k/v projections have a bias
   bool attention_out_bias = false;  // o_proj has a bias
-  bool mlp_bias = false;
+  bool mlp_bias = false;            // llama: gate/up/down have biases
   bool qk_norm = false;             // RMSNorm on q and k per head (qwen3, glm4_moe opt-in)
   std::string hidden_act = "silu";
   int64_t sliding_window = 0;       // 0: full attention
   std::vector<int64_t> bos_token_id;  // the JSON int or list; empty if null
   std::vector<int64_t> eos_token_id;
   std::string torch_dtype;          // "bfloat16"; also read from `dtype`
+  // RoPE as transformers 5 reads the file: rope_scaling (not null) if present,
+  // else rope_parameters, else rope_theta, else the family's defaults.
   RopeConfig rope;
+  // Each form as the file states it on its own (absent when the file lacks
+  // it): what an engine that reads only those keys sees.
+  std::optional<RopeConfig> rope_parameters;  // `rope_parameters`
+  std::optional<RopeConfig> rope_legacy;      // `rope_theta` and/or a non-null `rope_scaling`
 
   // Mixture of experts (num_experts == 0: dense model).
   int64_t num_experts = 0;

@@ -2,16 +2,21 @@
 // <-> ModelSpec, and safetensors shards <-> TensorSet.
 //
 // config.json is read and written by formats/hf_config.h (ModelConfig); this
-// file maps ModelConfig to the engine's ModelSpec and back. The rope_config
-// toggle needs to know which RoPE form the file used: ModelConfig::rope.form
-// gives it, and ModelSpec keeps the settings under that form only.
+// file maps ModelConfig to the engine's ModelSpec and back. ModelSpec keeps
+// each RoPE form the file has (rope_theta/rope_scaling, rope_parameters) and
+// which one transformers 5 reads, for the rope_config toggle.
+// LoadCheckpointDir checks every tensor against the config
+// (weight_check.h) before anything is built from it.
 //
-// Errors: NotFound for a missing directory/file/tensor, Unimplemented for a
-// model the engine cannot run (MLA attention, qwen2_moe's gated shared
-// expert, longrope/dynamic RoPE), InvalidArgument/DataLoss from the readers.
+// Errors: NotFound for a missing directory/file/tensor; Unimplemented marked
+// IsUnsupportedModel for a model the engine cannot run (MLA attention,
+// qwen2_moe's gated shared expert, longrope/dynamic RoPE, an activation
+// other than SiLU); DataLoss for tensors that disagree with the config;
+// InvalidArgument/DataLoss from the readers.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "crashreplay/formats/hf_config.h"
@@ -24,8 +29,12 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& spec);
 
 struct LoadedCheckpoint {
   ModelSpec spec;
-  TensorSet tensors;
+  TensorSet tensors;   // checked against the config; tensors it does not imply removed
   ModelConfig config;  // config.json as read
+  // What loading decided that the user should know (tensors ignored, a
+  // sliding window the engine does not apply, ...): `run` and `replay` print
+  // them as notes, with the model's (Model::notes).
+  std::vector<std::string> notes;
 };
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir);

@@ -75,6 +75,20 @@ struct RopeTable {
   bool from_default = false;    // the selected config form was absent
 };
 
+// Which RoPE the engine uses for `spec` under the rope_config toggle:
+// kCheckpoint reads the file as transformers 5 does (spec.FileRope());
+// kLegacy / kRopeParameters read only that form, falling back to the
+// defaults (theta 10000, no scaling) when the file lacks it, as an engine
+// that knows only those keys does. `note` is non-empty when what is used
+// differs from what some key present in the file says: the toggle made the
+// engine ignore keys that matter, or the file's two forms disagree.
+struct RopeChoice {
+  RopeSpec rope;
+  bool from_default = false;
+  std::string note;
+};
+RopeChoice ChooseRope(const ModelSpec& spec, RopeConfig toggle);
+
 struct Model {
   ModelSpec spec;
   int tp = 1;
@@ -91,6 +105,10 @@ struct Model {
   // count, as formats/sharding.h cuts them (the capture side's definition).
   std::vector<std::map<std::string, ShardHash>> shard_hashes;
   std::vector<uint64_t> rank_weight_bytes;
+  // What the build decided that the user should know (the RoPE choice when
+  // it ignores keys the file has, ...): `run` and `replay` print each on
+  // stderr as "note: ..." and list them under "notes" in --json.
+  std::vector<std::string> notes;
 };
 
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,

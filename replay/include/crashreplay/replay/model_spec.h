@@ -3,8 +3,10 @@
 //
 // ModelSpec is filled from a HF config.json (or by the random checkpoint
 // generator). It keeps both RoPE descriptions a config may carry (the legacy
-// rope_theta/rope_scaling keys and the newer rope_parameters object) because
-// the rope_config toggle chooses which one the engine reads.
+// rope_theta/rope_scaling keys and the newer rope_parameters object): by
+// default the engine reads the file as transformers 5 does (FileRope), and
+// the rope_config toggle can make it read one form only, as an engine that
+// knows only those keys would.
 // TensorSet holds named tensors in their HF names and layouts (row-major
 // [out, in] weights, packed e2m1, block scales). Value types.
 #pragma once
@@ -31,9 +33,17 @@ struct RopeSpec {
   double mscale = 0.0;            // yarn (DeepSeek form), 0: unset
   double mscale_all_dim = 0.0;
   double attention_factor = 0.0;  // yarn, 0: derived from factor
+  bool truncate = true;           // yarn: floor/ceil the correction range
+
+  bool operator==(const RopeSpec&) const = default;
 };
 
-enum class QuantKind { kNone, kFp8Block, kNvfp4, kMxfp4 };
+// "llama3, theta 500000, factor 8, low/high freq 1/4, original 8192": the
+// settings that matter for the type, for notes and messages.
+std::string DescribeRope(const RopeSpec& rope);
+
+// kFp8Tensor: ModelOpt FP8, one fp32 weight_scale (and input_scale) per tensor.
+enum class QuantKind { kNone, kFp8Block, kNvfp4, kMxfp4, kFp8Tensor };
 
 struct ModelSpec {
   std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe
@@ -46,12 +56,26 @@ struct ModelSpec {
   int64_t vocab = 0;
   double rms_eps = 1e-6;
   bool qk_norm = false;
-  bool attention_bias = false;
+  bool attention_bias = false;      // q/k/v biases (o_proj and MLP biases: when the tensors are there)
+  bool attention_out_bias = false;  // o_proj bias
+  bool mlp_bias = false;            // gate/up/down biases (llama's mlp_bias)
   bool tie_embeddings = false;
   double partial_rotary_factor = 1.0;
   int64_t max_position = 4096;
-  std::optional<RopeSpec> rope_legacy;      // from rope_theta + rope_scaling
-  std::optional<RopeSpec> rope_parameters;  // from rope_parameters
+  int64_t sliding_window = 0;       // 0: none; the engine attends over the full context
+  // What the file's rope_theta + rope_scaling and its rope_parameters say,
+  // each on its own; absent when the file lacks those keys. A file with no
+  // RoPE key at all has rope_legacy = the family's defaults.
+  std::optional<RopeSpec> rope_legacy;
+  std::optional<RopeSpec> rope_parameters;
+  // The legacy keys include a rope_scaling object, which transformers 5
+  // reads in preference to rope_parameters.
+  bool rope_scaling_wins = false;
+  // The RoPE the file states, resolved as transformers 5 does.
+  RopeSpec FileRope() const {
+    if (rope_legacy && (rope_scaling_wins || !rope_parameters)) return *rope_legacy;
+    return rope_parameters.value_or(RopeSpec{});
+  }
   // MoE (num_experts == 0: dense)
   int64_t num_experts = 0;
   int64_t experts_per_tok = 0;
@@ -71,6 +95,9 @@ struct ModelSpec {
   QuantKind quant = QuantKind::kNone;
   int64_t quant_block_rows = 1;  // fp8: 128
   int64_t quant_block_cols = 1;  // fp8: 128, nvfp4: 16, mxfp4: 32
+  // Weight-only ModelOpt formats (W4A16_NVFP4, fp8_pb_wo): no input_scale;
+  // NVFP4 layers never quantize their input, whatever nvfp4_activation says.
+  bool quant_weight_only = false;
 
   bool is_moe() const { return num_experts > 0; }
   bool layer_is_moe(int64_t layer) const {

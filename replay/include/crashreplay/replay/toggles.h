@@ -92,13 +92,13 @@ enum class ScaleFormat { kCheckpoint, kFp32, kUe8m0Requant, kUe8m0 };
 enum class Nvfp4Activation { kW4a4, kW4a16 };
 enum class KvCacheDType { kBf16, kFp8E4m3 };
 enum class SamplingBackend { kSorted, kThreshold };
-enum class RopeConfig { kLegacy, kRopeParameters };
+enum class RopeConfig { kCheckpoint, kLegacy, kRopeParameters };
 enum class MoeParallel { kTensor, kExpert };
 
 struct EngineConfig {
   AttentionBackend attention_backend = AttentionBackend::kReference;
-  GemmBackend gemm_backend = GemmBackend::kDequantMatmul;
-  GemmBackend moe_backend = GemmBackend::kDequantMatmul;
+  GemmBackend gemm_backend = GemmBackend::kFusedBlockScaled;
+  GemmBackend moe_backend = GemmBackend::kFusedBlockScaled;
   ScaleFormat scale_format = ScaleFormat::kCheckpoint;
   Nvfp4Activation nvfp4_activation = Nvfp4Activation::kW4a4;
   KvCacheDType kv_cache_dtype = KvCacheDType::kBf16;
@@ -106,7 +106,7 @@ struct EngineConfig {
   double mem_fraction_static = 0.88;
   int cuda_graph_max_bs = 32;
   SamplingBackend sampling_backend = SamplingBackend::kSorted;
-  RopeConfig rope_config = RopeConfig::kLegacy;
+  RopeConfig rope_config = RopeConfig::kCheckpoint;
   int tp_size = 1;
   MoeParallel moe_parallel = MoeParallel::kTensor;
   double device_memory_gb = 80;
