@@ -1,12 +1,21 @@
-"""An independent numpy transcription of the HF transformers forward pass
-(LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM) for bf16
-checkpoints, in float32, used to check crashreplay's engine.
+"""An independent numpy transcription of the HF transformers forward pass, in
+float32, used to check crashreplay's engine where torch is not installed.
 
-It follows the HF modeling code, not crashreplay's: it reads safetensors with
-its own parser, dequantizes nothing (bf16 only), and recomputes the whole
-sequence for every position. The one deliberate deviation from HF: K and V are
-rounded to bf16 after RoPE, because the engine's KV cache stores bf16 (HF
-computing in bf16 rounds them too).
+Architectures (transformers 5 modeling code): LlamaForCausalLM,
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+MixtralForCausalLM, Glm4MoeForCausalLM. It follows transformers, not
+crashreplay: config.json is read with transformers' rules (config class
+defaults per model_type, attribute_map aliases, RoPE from a non-null
+rope_scaling else rope_parameters else rope_theta), safetensors with its own
+parser, and quantized weights are decoded with the formats' definitions
+(ModelOpt NVFP4 / FP8 / fp8_pb_wo, block FP8, MXFP4) into float32. It
+recomputes the whole sequence for every call. The one deliberate deviation
+from HF: K and V are rounded to bf16 after RoPE (as they enter the engine's
+bf16 KV cache); pass round_kv=False for HF as shipped.
+
+Checked against transformers itself in CI: test_fidelity.py runs it on the
+checkpoints transformers wrote (tests/data/fidelity) and compares with
+transformers' logits stored beside them.
 """
 import json
 import math
@@ -14,6 +23,36 @@ import os
 import struct
 
 import numpy as np
+
+# transformers' config class defaults for keys a file may leave out:
+# (head_dim: 0 = hidden/heads, kv heads: 0 = heads, rope_theta, partial_rotary_factor)
+FAMILY = {
+    "llama": dict(head_dim=0, kv=0, theta=1e4, partial=1.0),
+    "mistral": dict(head_dim=0, kv=8, theta=1e4, partial=1.0),
+    "qwen2": dict(head_dim=0, kv=32, theta=1e4, partial=1.0),
+    "qwen3": dict(head_dim=128, kv=32, theta=1e4, partial=1.0),
+    "qwen3_moe": dict(head_dim=0, kv=4, theta=1e4, partial=1.0),
+    "mixtral": dict(head_dim=0, kv=8, theta=1e6, partial=1.0),
+    "glm4_moe": dict(head_dim=0, kv=8, theta=1e4, partial=0.5),
+}
+
+
+def _e4m3_table():
+    t = np.zeros(256, dtype=np.float32)
+    for b in range(256):
+        s = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 0x7
+        if e == 0xF and m == 0x7:
+            t[b] = np.nan
+        elif e == 0:
+            t[b] = s * m / 8.0 * 2.0 ** -6
+        else:
+            t[b] = s * (1 + m / 8.0) * 2.0 ** (e - 7)
+    return t
+
+
+E4M3 = _e4m3_table()
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
 
 
 def read_safetensors(path):
@@ -31,10 +70,16 @@ def read_safetensors(path):
         dt = info["dtype"]
         if dt == "BF16":
             arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
         elif dt == "F32":
             arr = np.frombuffer(raw, dtype="<f4").copy()
         elif dt == "I32":
             arr = np.frombuffer(raw, dtype="<i4").copy()
+        elif dt == "F8_E4M3":
+            arr = E4M3[np.frombuffer(raw, dtype=np.uint8)]
+        elif dt in ("U8", "F8_E8M0"):
+            arr = np.frombuffer(raw, dtype=np.uint8).copy()
         else:
             raise ValueError(f"{name}: dtype {dt} not handled by the reference")
         out[name] = arr.reshape(info["shape"])
@@ -44,11 +89,55 @@ def read_safetensors(path):
 def load_checkpoint(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
+    if "quantization_config" not in config and os.path.exists(os.path.join(model_dir, "hf_quant_config.json")):
+        with open(os.path.join(model_dir, "hf_quant_config.json")) as f:
+            q = json.load(f)["quantization"]
+        config["quantization_config"] = {"quant_method": "modelopt", **q}
     tensors = {}
     for fn in sorted(os.listdir(model_dir)):
-        if fn.endswith(".safetensors"):
+        if fn.endswith(".safetensors") and fn != "golden.safetensors":
             tensors.update(read_safetensors(os.path.join(model_dir, fn)))
-    return config, tensors
+    return config, dequantize(config, tensors)
+
+
+def dequantize(config, t):
+    """Every quantized weight decoded to float32 (exact products, as the
+    formats define them); scale tensors dropped."""
+    q = config.get("quantization_config") or {}
+    algo = q.get("quant_algo", "")
+    out = {}
+    for name, w in t.items():
+        if name.endswith((".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".input_scale")):
+            continue
+        base = name[: -len(".weight")] if name.endswith(".weight") else None
+        if base is None:
+            out[name] = w
+        elif base + ".weight_scale_2" in t:  # NVFP4: e2m1 x e4m3 scale per 16 x global
+            v = _unpack_e2m1(w)
+            s = t[base + ".weight_scale"].astype(np.float32) * np.float32(t[base + ".weight_scale_2"].reshape(()))
+            out[name] = (v.reshape(v.shape[0], -1, 16) * s[:, :, None]).reshape(v.shape)
+        elif base + ".weight_scale" in t and w.dtype == np.uint8:  # MXFP4: e8m0 scale per 32
+            v = _unpack_e2m1(w)
+            s = np.ldexp(np.float32(1), t[base + ".weight_scale"].astype(np.int32) - 127).astype(np.float32)
+            out[name] = (v.reshape(v.shape[0], -1, 32) * s[:, :, None]).reshape(v.shape)
+        elif base + ".weight_scale_inv" in t or (base + ".weight_scale" in t and algo == "fp8_pb_wo"):
+            s = t.get(base + ".weight_scale_inv", t.get(base + ".weight_scale"))
+            br, bc = (q.get("weight_block_size") or [128, 128])
+            rows, cols = w.shape
+            s = s.reshape(-(-rows // br), -(-cols // bc))
+            full = np.repeat(np.repeat(s, br, 0), bc, 1)[:rows, :cols]
+            out[name] = (w * full).astype(np.float32)
+        elif base + ".weight_scale" in t:  # ModelOpt FP8: one scale per tensor
+            out[name] = (w * np.float32(t[base + ".weight_scale"].reshape(()))).astype(np.float32)
+        else:
+            out[name] = w
+    return out
+
+
+def _unpack_e2m1(packed):
+    """[R, C/2] uint8 -> [R, C] float32; element 2i is the low nibble."""
+    lo, hi = E2M1[packed & 0x0F], E2M1[packed >> 4]
+    return np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
 
 
 def round_bf16(x):
@@ -62,37 +151,113 @@ def rms_norm(x, w, eps):
     return (x / np.sqrt(var + np.float32(eps))).astype(np.float32) * w
 
 
-def inv_freq(config, head_dim):
-    dim = int(head_dim * config.get("partial_rotary_factor", 1.0))
-    dim -= dim % 2
-    theta = config.get("rope_theta", 10000.0)
-    scaling = config.get("rope_scaling") or {}
-    f = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+class Config:
+    """The keys the forward pass reads, with transformers' defaults."""
+
+    def __init__(self, c):
+        self.raw = c
+        self.model_type = c["model_type"]
+        fam = FAMILY[self.model_type]
+        self.hidden = c["hidden_size"]
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c.get("num_key_value_heads") or fam["kv"] or self.heads
+        self.head_dim = c.get("head_dim") or fam["head_dim"] or self.hidden // self.heads
+        self.eps = c.get("rms_norm_eps", 1e-5 if self.model_type in ("mixtral", "glm4_moe") else 1e-6)
+        self.layers = c["num_hidden_layers"]
+        self.max_pos = c["max_position_embeddings"]
+        self.qk_norm = self.model_type in ("qwen3", "qwen3_moe") or c.get("use_qk_norm", False)
+        mt = self.model_type
+        self.qkv_bias = mt == "qwen2" or c.get("attention_bias", False)
+        self.o_bias = mt in ("llama", "qwen3", "qwen3_moe") and c.get("attention_bias", False)
+        self.mlp_bias = mt == "llama" and c.get("mlp_bias", False)
+        self.rope = self._rope(c, fam)
+
+    def _rope(self, c, fam):
+        # transformers 5: rope_scaling (not null) replaces rope_parameters; a
+        # dict without rope_theta / partial_rotary_factor takes the top level.
+        d = c.get("rope_scaling") or c.get("rope_parameters") or {}
+        d = dict(d)
+        d.setdefault("rope_theta", c.get("rope_theta", fam["theta"]))
+        d.setdefault("partial_rotary_factor", c.get("partial_rotary_factor", fam["partial"]))
+        d["rope_type"] = d.get("rope_type", d.get("type", "default"))
+        if d["rope_type"] in ("llama3", "yarn", "longrope"):
+            if "original_max_position_embeddings" in c:
+                d["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+            d.setdefault("original_max_position_embeddings", self.max_pos)
+        return d
+
+    def is_moe_layer(self, layer):
+        c, mt = self.raw, self.model_type
+        if mt == "mixtral":
+            return True
+        if mt == "qwen3_moe":
+            if layer in (c.get("mlp_only_layers") or []):
+                return False
+            return (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+        if mt == "glm4_moe":
+            return layer >= c.get("first_k_dense_replace", 1)
+        return False
+
+
+def inv_freq(cfg):
+    r = cfg.rope
+    dim = int(cfg.head_dim * r["partial_rotary_factor"])
+    base = r["rope_theta"]
+    # transformers computes these in float32
+    pos = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    f = (1.0 / (np.float32(base) ** pos)).astype(np.float32)
+    kind, scale = r["rope_type"], 1.0
     if kind == "linear":
-        f = f / scaling["factor"]
+        f = f / np.float32(r["factor"])
     elif kind == "llama3":
-        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-        orig = scaling["original_max_position_embeddings"]
+        factor, lo, hi = r["factor"], r["low_freq_factor"], r["high_freq_factor"]
+        orig = r["original_max_position_embeddings"]
         wavelen = 2 * math.pi / f
-        smooth = (orig / wavelen - lo) / (hi - lo)
         scaled = np.where(wavelen > orig / lo, f / factor, f)
-        mid = (wavelen >= orig / hi) & (wavelen <= orig / lo)
-        f = np.where(mid, (1 - smooth) * f / factor + smooth * f, scaled)
+        smooth = (orig / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        mid = ~(wavelen < orig / hi) & ~(wavelen > orig / lo)
+        f = np.where(mid, smoothed, scaled).astype(np.float32)
+    elif kind == "yarn":
+        factor = r.get("factor") or cfg.max_pos / r["original_max_position_embeddings"]
+        orig = r["original_max_position_embeddings"]
+
+        def mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+        scale = r.get("attention_factor")
+        if scale is None:
+            m, mad = r.get("mscale"), r.get("mscale_all_dim")
+            scale = mscale(factor, m) / mscale(factor, mad) if m and mad else mscale(factor)
+        bf, bs = r.get("beta_fast") or 32, r.get("beta_slow") or 1
+
+        def corr(rot):
+            return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = corr(bf), corr(bs)
+        if r.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+        extra = 1 - ramp
+        f = (f / np.float32(factor) * (1 - extra) + f * extra).astype(np.float32)
     elif kind != "default":
         raise ValueError(f"rope type {kind} not in the reference")
-    return f.astype(np.float32), dim
+    return f, dim, np.float32(scale)
 
 
-def apply_rope(x, positions, freqs, dim):
+def apply_rope(x, positions, freqs, dim, scale):
     # x: [T, heads, head_dim]; rotate-half over the first `dim` dims.
     ang = positions[:, None].astype(np.float32) * freqs[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    cos, sin = (np.cos(emb) * scale)[:, None, :], (np.sin(emb) * scale)[:, None, :]
     half = dim // 2
-    a, b = x[..., :half].copy(), x[..., half:dim].copy()
+    rot = x[..., :dim]
+    rotated = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
     out = x.copy()
-    out[..., :half] = a * cos - b * sin
-    out[..., half:dim] = b * cos + a * sin
+    out[..., :dim] = rot * cos + rotated * sin
     return out
 
 
@@ -100,48 +265,81 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def moe(config, t, p, x):
-    logits = x @ t[p + "mlp.gate.weight"].T
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    k = config["num_experts_per_tok"]
+def _linear(t, name, x):
+    y = x @ t[name + ".weight"].T
+    if name + ".bias" in t:
+        y = y + t[name + ".bias"]
+    return y
+
+
+def _mlp(t, p, x):
+    return _linear(t, p + "down_proj", silu(_linear(t, p + "gate_proj", x)) * _linear(t, p + "up_proj", x))
+
+
+def _moe(cfg, t, p, x):
+    c, mt = cfg.raw, cfg.model_type
+    k = c.get("num_experts_per_tok")
+    pre = p + ("block_sparse_moe." if mt == "mixtral" else "mlp.")
+    logits = x @ t[pre + "gate.weight"].T
     out = np.zeros_like(x)
     for i in range(x.shape[0]):
-        order = sorted(range(probs.shape[1]), key=lambda e: (-probs[i, e], e))[:k]
-        w = probs[i, order]
-        if config.get("norm_topk_prob", False):
-            w = w / w.sum()
+        if mt == "glm4_moe":
+            scores = 1.0 / (1.0 + np.exp(-logits[i].astype(np.float32)))
+            choice = scores + t.get(pre + "gate.e_score_correction_bias", np.zeros_like(scores))
+            groups = c.get("n_group", 1)
+            per = len(scores) // groups
+            gscore = [np.sort(choice[g * per:(g + 1) * per])[-2:].sum() for g in range(groups)]
+            keep = sorted(range(groups), key=lambda g: (-gscore[g], g))[: c.get("topk_group", 1)]
+            masked = np.full_like(choice, -np.inf)
+            for g in keep:
+                masked[g * per:(g + 1) * per] = choice[g * per:(g + 1) * per]
+            order = sorted(range(len(scores)), key=lambda e: (-masked[e], e))[:k]
+            w = scores[order]
+            if c.get("norm_topk_prob", True):
+                w = w / (w.sum() + 1e-20)
+            w = w * c.get("routed_scaling_factor", 1.0)
+        else:
+            probs = np.exp(logits[i] - logits[i].max())
+            probs /= probs.sum()
+            order = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:k]
+            w = probs[order]
+            if mt == "mixtral" or c.get("norm_topk_prob", False):
+                w = w / w.sum()
         for e, we in zip(order, w):
-            q = p + f"mlp.experts.{e}."
-            h = silu(x[i] @ t[q + "gate_proj.weight"].T) * (x[i] @ t[q + "up_proj.weight"].T)
-            out[i] += we * (h @ t[q + "down_proj.weight"].T)
+            if mt == "mixtral":
+                q = pre + f"experts.{e}."
+                h = silu(x[i] @ t[q + "w1.weight"].T) * (x[i] @ t[q + "w3.weight"].T)
+                out[i] += we * (h @ t[q + "w2.weight"].T)
+            else:
+                out[i] += we * _mlp(t, pre + f"experts.{e}.", x[i][None])[0]
+    if mt == "glm4_moe" and c.get("n_shared_experts", 1) > 0:
+        out = out + _mlp(t, pre + "shared_experts.", x)
     return out
 
 
-def forward(config, t, tokens):
+def forward(config, t, tokens, round_kv=True):
     """Logits [len(tokens), vocab] of a causal forward over `tokens`."""
-    H = config["hidden_size"]
-    nh, nkv = config["num_attention_heads"], config["num_key_value_heads"]
-    hd = config.get("head_dim", H // nh)
-    eps = config["rms_norm_eps"]
-    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
-    freqs, rdim = inv_freq(config, hd)
+    cfg = config if isinstance(config, Config) else Config(config)
+    nh, nkv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+    freqs, rdim, rscale = inv_freq(cfg)
     T = len(tokens)
     pos = np.arange(T)
     h = t["model.embed_tokens.weight"][np.array(tokens)].astype(np.float32)
     mask = np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)
-    for l in range(config["num_hidden_layers"]):
+    for l in range(cfg.layers):
         p = f"model.layers.{l}."
-        x = rms_norm(h, t[p + "input_layernorm.weight"], eps)
-        q = (x @ t[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd)
-        k = (x @ t[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
-        v = (x @ t[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
-        if qk_norm:
-            q = rms_norm(q, t[p + "self_attn.q_norm.weight"], eps)
-            k = rms_norm(k, t[p + "self_attn.k_norm.weight"], eps)
-        q = apply_rope(q, pos, freqs, rdim)
-        k = round_bf16(apply_rope(k, pos, freqs, rdim))
-        v = round_bf16(v)
+        a = p + "self_attn."
+        x = rms_norm(h, t[p + "input_layernorm.weight"], cfg.eps)
+        q = _linear(t, a + "q_proj", x).reshape(T, nh, hd)
+        k = _linear(t, a + "k_proj", x).reshape(T, nkv, hd)
+        v = _linear(t, a + "v_proj", x).reshape(T, nkv, hd)
+        if cfg.qk_norm:
+            q = rms_norm(q, t[a + "q_norm.weight"], cfg.eps)
+            k = rms_norm(k, t[a + "k_norm.weight"], cfg.eps)
+        q = apply_rope(q, pos, freqs, rdim, rscale)
+        k = apply_rope(k, pos, freqs, rdim, rscale)
+        if round_kv:
+            k, v = round_bf16(k), round_bf16(v)
         rep = nh // nkv
         att = np.zeros((T, nh, hd), dtype=np.float32)
         for i in range(nh):
@@ -149,14 +347,9 @@ def forward(config, t, tokens):
             s = np.exp(s - s.max(-1, keepdims=True))
             s /= s.sum(-1, keepdims=True)
             att[:, i, :] = s @ v[:, i // rep, :]
-        h = h + att.reshape(T, nh * hd) @ t[p + "self_attn.o_proj.weight"].T
-        x = rms_norm(h, t[p + "post_attention_layernorm.weight"], eps)
-        if p + "mlp.gate.weight" in t:
-            h = h + moe(config, t, p, x)
-        else:
-            g = x @ t[p + "mlp.gate_proj.weight"].T
-            u = x @ t[p + "mlp.up_proj.weight"].T
-            h = h + (silu(g) * u) @ t[p + "mlp.down_proj.weight"].T
-    h = rms_norm(h, t["model.norm.weight"], eps)
+        h = h + _linear(t, a + "o_proj", att.reshape(T, nh * hd))
+        x = rms_norm(h, t[p + "post_attention_layernorm.weight"], cfg.eps)
+        h = h + (_moe(cfg, t, p, x) if cfg.is_moe_layer(l) else _mlp(t, p + "mlp.", x))
+    h = rms_norm(h, t["model.norm.weight"], cfg.eps)
     head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
     return h @ head.T
