@@ -16,7 +16,7 @@ constexpr char kUnsupportedPayload[] = "type.crashreplay/unsupported_model";
 }  // namespace
 
 absl::Status UnsupportedModelError(std::string_view message) {
-  absl::Status s = absl::UnimplementedError(std::string(message));
+  absl::Status s = absl::UnimplementedError(absl::StrCat("unsupported model: ", std::string(message)));
   s.SetPayload(kUnsupportedPayload, absl::Cord("1"));
   return s;
 }

@@ -63,7 +63,7 @@ absl::Status CheckRopeImplemented(const ModelConfig& c) {
     if (r == nullptr) continue;
     if (r->type != RopeType::kDefault && r->type != RopeType::kLinear && r->type != RopeType::kLlama3 &&
         r->type != RopeType::kYarn) {
-      return UnsupportedModelError(Cat("unsupported model: ", c.source, ": RoPE type '", RopeTypeName(r->type),
+      return UnsupportedModelError(Cat(c.source, ": RoPE type '", RopeTypeName(r->type),
                                        "' is not implemented (default, linear, llama3, yarn)"));
     }
   }
@@ -76,17 +76,17 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
   ModelSpec s;
   s.model_type = c.model_type;
   if (c.UsesMla()) {
-    return UnsupportedModelError(Cat("unsupported model: ", c.source, ": ", c.model_type,
+    return UnsupportedModelError(Cat(c.source, ": ", c.model_type,
                                      " uses multi-head latent attention (kv_lora_rank ", c.kv_lora_rank,
                                      "), which the engine does not implement yet; it runs GQA models"));
   }
   if (c.shared_expert_intermediate_size > 0) {
-    return UnsupportedModelError(Cat("unsupported model: ", c.source,
+    return UnsupportedModelError(Cat(c.source,
                                      ": qwen2_moe's gated shared expert (shared_expert_intermediate_size ",
                                      c.shared_expert_intermediate_size, ") is not implemented"));
   }
   if (c.hidden_act != "silu") {
-    return UnsupportedModelError(Cat("unsupported model: ", c.source, ": hidden_act '", c.hidden_act,
+    return UnsupportedModelError(Cat(c.source, ": hidden_act '", c.hidden_act,
                                      "' is not implemented (silu)"));
   }
   CR_RETURN_IF_ERROR(CheckRopeImplemented(c));
@@ -126,7 +126,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
     s.first_k_dense = c.first_k_dense_replace;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) s.moe_layer_mask.push_back(c.IsMoeLayer(static_cast<int>(l)));
     if (s.experts_per_tok > kMaxTopK || s.num_experts > kMaxExperts || s.n_group > 4 * kMaxTopK) {
-      return UnsupportedModelError(Cat("unsupported model: ", c.source, ": MoE routing beyond the kernels' limits (top-k <= ",
+      return UnsupportedModelError(Cat(c.source, ": MoE routing beyond the kernels' limits (top-k <= ",
                                        kMaxTopK, ", experts <= ", kMaxExperts, ")"));
     }
   }

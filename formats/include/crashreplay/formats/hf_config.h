@@ -37,8 +37,8 @@ namespace crashreplay {
 // A refusal of a valid input that the engine does not implement (a model
 // type, a RoPE type, a quantization format, an attention kind): an
 // Unimplemented status carrying a marker that `crashreplay` maps to its
-// "unsupported" exit code. The message should start with what is not
-// supported and name the file or tensor.
+// "unsupported" exit code. The message reads "unsupported model: " +
+// `message`, which should say what is not supported and name the file.
 absl::Status UnsupportedModelError(std::string_view message);
 // Whether `status` came from UnsupportedModelError (the marker survives
 // copies, not a rebuilt status).
