@@ -50,4 +50,4 @@ fi
 $PY -c 'import torch, transformers, modelopt; print(f"torch {torch.__version__}, transformers {transformers.__version__}, nvidia-modelopt {modelopt.__version__}")'
 $PY python/tests/fidelity_cases.py write "$out" 2>/dev/null | sed 's/^/  /'
 $PY python/tests/fidelity_cases.py compare "$out" --bin "$BIN"
-CRASHREPLAY_BIN=$BIN $PY -m pytest -q python/tests/test_hf_transformers.py
+FIDELITY_DIR=$out CRASHREPLAY_BIN=$BIN $PY -m pytest -q -p no:warnings python/tests/test_hf_transformers.py
