@@ -146,6 +146,7 @@ int RunReplay(int argc, char** argv) {
   progress.Update("sharding and hashing the weights", 0, 0);
   auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
   if (!model.ok()) return ReportError(model.status());
+  if (!ckpt->notes.empty() || !(*model)->notes.empty()) progress.Finish();  // notes stay above the live line
   for (const auto* from : {&ckpt->notes, &(*model)->notes}) {
     for (const std::string& n : *from) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
     cap->notes.insert(cap->notes.end(), from->begin(), from->end());

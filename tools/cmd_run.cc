@@ -160,6 +160,7 @@ int RunRun(int argc, char** argv) {
   if (!model.ok()) return ReportError(model.status());
   std::vector<std::string> notes = ckpt->notes;
   notes.insert(notes.end(), (*model)->notes.begin(), (*model)->notes.end());
+  if (!notes.empty()) progress.Finish();  // notes stay; the live line is redrawn after them
   for (const std::string& n : notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   auto made = replay::Engine::Create(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
   if (!made.ok()) return ReportDeviceError(made.status());
