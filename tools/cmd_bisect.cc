@@ -5,6 +5,7 @@
 //
 // Argument parsing only; the search lives in bisect/ (docs/bisect.md).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -143,6 +144,14 @@ int RunBisectCommand(int argc, char** argv) {
     std::fprintf(stderr, "crashreplay bisect: give either a CAPTURE or `-- COMMAND ...`, not %s\n",
                  capture.empty() ? "neither" : "both");
     return kExitUsage;
+  }
+  // A configuration file is read with a plain stream, which would wait
+  // forever on a FIFO: refuse anything but a regular file first (exit 3).
+  for (const std::string* path : {&good_path, &bad_path, &reference_path}) {
+    struct stat st;
+    if (!path->empty() && ::stat(path->c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return ReportInputError(absl::NotFoundError(absl::StrCat("configuration '", *path, "' is not a regular file")));
+    }
   }
   auto good = ReadConfigFile(good_path);
   if (!good.ok()) return ReportInputError(good.status());
