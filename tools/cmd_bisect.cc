@@ -111,8 +111,9 @@ int RunBisectCommand(int argc, char** argv) {
   app.add_option("--jobs,-j", jobs, "trials run in parallel (default 1, or the size of --gpus)");
   app.add_option("--repeat", repeat, "runs per configuration; disagreement is reported as flaky")->check(CLI::Range(1, 100));
   app.add_option("--confirm", confirm,
-                 "extra runs of every configuration a culprit rests on (and of any result that contradicts "
-                 "another) before it is claimed; 0 trusts single runs")
+                 absl::StrCat("extra runs of every configuration a culprit rests on (and of any result that "
+                              "contradicts another) before it is claimed (default ",
+                              bisect::kDefaultConfirmRuns, "); 0 trusts single runs"))
       ->check(CLI::Range(0, 100));
   app.add_option("--signature-regex", signature_regexes,
                  "a line of trial output matching this (ECMAScript) regex names the failure: its first capture "

@@ -81,6 +81,9 @@ std::vector<OracleCase> LoadCases() {
   return cases;
 }
 
+// gtest prints a parameter's bytes unless told otherwise.
+void PrintTo(const OracleCase& c, std::ostream* os) { *os << c.name; }
+
 class OracleCases : public ::testing::TestWithParam<OracleCase> {};
 
 std::string Option(const OracleCase& c, const std::string& key, const std::string& fallback) {

@@ -37,7 +37,7 @@ namespace crashreplay::bisect {
 // configuration that fails half the time passes (or fails) all 1 + 6 runs
 // with probability 1/128; measured over the flaky oracles of
 // tests/bisect/flaky_test.cc (3000 searches at --repeat 1) no wrong culprit
-// was claimed at 6, one at 5, 16 at 3.
+// was claimed at 6, one at 5, 15 at 3.
 inline constexpr int kDefaultConfirmRuns = 6;
 
 struct SchedulerOptions {
