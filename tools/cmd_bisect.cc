@@ -4,13 +4,19 @@
 //   crashreplay bisect --good GOOD.toml --bad BAD.toml [options] -- COMMAND ...
 //
 // Argument parsing only; the search lives in bisect/ (docs/bisect.md).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +26,7 @@
 #include "commands_decl.h"
 #include "crashreplay/bisect/bisect.h"
 #include "crashreplay/bisect/command_trial.h"
+#include "crashreplay/bisect/failure_text.h"
 #include "crashreplay/bisect/replay_trial.h"
 #include "crashreplay/bisect/report.h"
 #include "exit_codes.h"
@@ -34,6 +41,32 @@ void OnSigint(int) {
   ::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
+
+// ReportError for messages that may hold what a user's file held: NUL bytes
+// and invalid UTF-8 are escaped, so the message is printed whole.
+int ReportInputError(const absl::Status& status) {
+  return ReportError(absl::Status(status.code(), bisect::PrintableText(std::string(status.message()))));
+}
+
+// Opens `path` for writing without truncating it: an unwritable report is
+// found before the search, not after an hour of trials.
+absl::Status CheckWritable(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write the ", what, " to ", path, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status WriteText(const std::string& path, const std::string& text, const std::string& what) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write the ", what, " to ", path));
+  return absl::OkStatus();
+}
 
 std::string SelfPath(const char* argv0) {
   char buf[4096];
@@ -59,12 +92,15 @@ int RunBisectCommand(int argc, char** argv) {
       "Find the minimal configuration change that turns a working run into the failing one, the first bad "
       "kernel, and the one command that reproduces them. Trials replay CAPTURE, or run COMMAND after `--` "
       "with {config} replaced by a TOML file of the trial's configuration (also in $CRASHREPLAY_CONFIG); "
-      "exit 0 good, 125 skip, 1-127 bad. Exit codes: 0 culprit found, 1 aborted, 2 usage, 3 data error, "
-      "4 the bad configuration does not fail, 5 the good configuration fails too, 130 interrupted.",
+      "exit 0 good, 125 skip, 1-127 bad. Exit codes: 0 culprit found, 1 aborted, 2 usage, 3 data error "
+      "(unreadable configuration, unwritable report), 4 the bad configuration does not fail, 5 the good "
+      "configuration fails too, 6 flaky (runs of one configuration disagreed; no culprit claimed), 130 interrupted.",
       "bisect");
   std::string capture, good_path, bad_path, reference_path, runner, gpus, threshold, report_path, workdir, memory_limit, steps,
       step_mode = "binary";
-  int jobs = 0, repeat = 1;
+  int jobs = 0, repeat = 1, confirm = bisect::kDefaultConfirmRuns, max_others = 4, other_budget = 0;
+  std::vector<std::string> signature_regexes;
+  bool no_narrow_others = false;
   double timeout = 0, kill_grace = 2.0;
   bool json = false, quiet = false, diverged_is_bad = false;
   app.add_option("capture", capture, "capture to replay (built-in trials)");
@@ -74,6 +110,21 @@ int RunBisectCommand(int argc, char** argv) {
                  "configuration whose kernel table is the reference for the first bad kernel (default: --good)");
   app.add_option("--jobs,-j", jobs, "trials run in parallel (default 1, or the size of --gpus)");
   app.add_option("--repeat", repeat, "runs per configuration; disagreement is reported as flaky")->check(CLI::Range(1, 100));
+  app.add_option("--confirm", confirm,
+                 absl::StrCat("extra runs of every configuration a culprit rests on (and of any result that "
+                              "contradicts another) before it is claimed (default ",
+                              bisect::kDefaultConfirmRuns, "); 0 trusts single runs"))
+      ->check(CLI::Range(0, 100));
+  app.add_option("--signature-regex", signature_regexes,
+                 "a line of trial output matching this (ECMAScript) regex names the failure: its first capture "
+                 "group, or the match, tells bugs apart; repeatable, tried in order before the built-in patterns");
+  app.add_flag("--no-narrow-others", no_narrow_others,
+               "list failures with other signatures without searching each one's own culprit");
+  app.add_option("--max-others", max_others, "how many other findings get a search of their own (default 4)")
+      ->check(CLI::Range(0, 100));
+  app.add_option("--other-budget", other_budget,
+                 "trials each other finding's search may add (default 4*ceil(log2(m+1))+8 for m changes)")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--timeout", timeout, "seconds before a trial is killed and judged a timeout (0: none)");
   app.add_option("--kill-grace", kill_grace, "seconds between SIGTERM and SIGKILL on timeout");
   app.add_option("--memory-limit", memory_limit, "address-space limit per trial (bytes, or with K/M/G/T)");
@@ -95,16 +146,33 @@ int RunBisectCommand(int argc, char** argv) {
                  capture.empty() ? "neither" : "both");
     return kExitUsage;
   }
+  // A configuration file is read with a plain stream, which would wait
+  // forever on a FIFO: refuse anything but a regular file first (exit 3).
+  for (const std::string* path : {&good_path, &bad_path, &reference_path}) {
+    struct stat st;
+    if (!path->empty() && ::stat(path->c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return ReportInputError(absl::NotFoundError(absl::StrCat("configuration '", *path, "' is not a regular file")));
+    }
+  }
   auto good = ReadConfigFile(good_path);
-  if (!good.ok()) return ReportError(good.status());
+  if (!good.ok()) return ReportInputError(good.status());
   auto bad = ReadConfigFile(bad_path);
-  if (!bad.ok()) return ReportError(bad.status());
+  if (!bad.ok()) return ReportInputError(bad.status());
 
   std::optional<Config> reference;
   if (!reference_path.empty()) {
     auto ref = ReadConfigFile(reference_path);
-    if (!ref.ok()) return ReportError(ref.status());
+    if (!ref.ok()) return ReportInputError(ref.status());
     reference = *ref;
+  }
+  auto rules = bisect::FailureTextRules::Create(signature_regexes);
+  if (!rules.ok()) return ReportInputError(rules.status());
+  auto shared_rules = std::make_shared<const bisect::FailureTextRules>(*std::move(rules));
+  if (!report_path.empty()) {
+    if (absl::Status st = CheckWritable(report_path, "HTML report"); !st.ok()) {
+      std::fprintf(stderr, "crashreplay: %s\n", bisect::PrintableText(std::string(st.message())).c_str());
+      return kExitDataError;
+    }
   }
 
   bisect::TrialLimits limits;
@@ -131,6 +199,10 @@ int RunBisectCommand(int argc, char** argv) {
   } else if (::access(workdir.c_str(), W_OK) != 0) {
     return ReportError(absl::InvalidArgumentError(absl::StrCat("--workdir '", workdir, "' is not a writable directory")));
   }
+  if (absl::Status st = CheckWritable(workdir + "/report.json", "JSON report"); !st.ok()) {
+    std::fprintf(stderr, "crashreplay: %s\n", bisect::PrintableText(std::string(st.message())).c_str());
+    return kExitDataError;
+  }
 
   bisect::BisectOptions options;
   options.good = *good;
@@ -139,6 +211,9 @@ int RunBisectCommand(int argc, char** argv) {
   options.bad_label = bad_path;
   options.workdir = workdir;
   options.reference = reference;
+  options.narrow_others = !no_narrow_others;
+  options.max_others = max_others;
+  options.other_budget = other_budget;
   if (!threshold.empty()) {
     const size_t colon = threshold.find(':');
     options.threshold_toggle = threshold.substr(0, colon);
@@ -165,7 +240,7 @@ int RunBisectCommand(int argc, char** argv) {
   std::unique_ptr<bisect::TrialRunner> trial_runner;
   if (!command.empty()) {
     trial_runner = std::make_unique<bisect::CommandTrialRunner>(
-        bisect::CommandTrialOptions{command, runner_words, workdir, limits});
+        bisect::CommandTrialOptions{command, runner_words, workdir, limits, shared_rules});
   } else {
     bisect::ReplayTrialOptions ro;
     ro.crashreplay_binary = SelfPath(argv[0]);
@@ -174,6 +249,7 @@ int RunBisectCommand(int argc, char** argv) {
     ro.workdir = workdir;
     ro.limits = limits;
     ro.diverged_is_bad = diverged_is_bad;
+    ro.rules = shared_rules;
     trial_runner = std::make_unique<bisect::ReplayTrialRunner>(ro);
   }
 
@@ -181,6 +257,7 @@ int RunBisectCommand(int argc, char** argv) {
   so.gpus = bisect::ParseGpuList(gpus);
   so.jobs = jobs > 0 ? jobs : (so.gpus.empty() ? 1 : static_cast<int>(so.gpus.size()));
   so.repeat = repeat;
+  so.confirm = confirm;
   so.interrupt = &g_interrupted;
   bisect::Progress progress = bisect::Progress::ForStderr(quiet);
   bisect::Scheduler scheduler(*trial_runner, so, &progress);
@@ -197,26 +274,33 @@ int RunBisectCommand(int argc, char** argv) {
   report.jobs = scheduler.parallelism();
   report.repeat = so.repeat;
 
-  const nlohmann::json j = bisect::ReportJson(report);
-  {
-    std::ofstream out(workdir + "/report.json");
-    out << j.dump(2) << "\n";
+  // Whatever bytes the configurations hold, the JSON stays valid UTF-8.
+  const std::string json_text =
+      bisect::ReportJson(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  bool write_failed = false;
+  if (absl::Status st = WriteText(workdir + "/report.json", json_text, "JSON report"); !st.ok()) {
+    std::fprintf(stderr, "crashreplay: %s\n", bisect::PrintableText(std::string(st.message())).c_str());
+    write_failed = true;
   }
   if (!report_path.empty()) {
-    std::ofstream out(report_path, std::ios::binary);
-    out << bisect::ReportHtml(report);
-    if (!out) std::fprintf(stderr, "crashreplay bisect: cannot write the HTML report to %s\n", report_path.c_str());
+    if (absl::Status st = WriteText(report_path, bisect::ReportHtml(report), "HTML report"); !st.ok()) {
+      std::fprintf(stderr, "crashreplay: %s\n", bisect::PrintableText(std::string(st.message())).c_str());
+      write_failed = true;
+    }
   }
   if (json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::fputs(json_text.c_str(), stdout);
   } else {
     std::fputs(bisect::ReportText(report).c_str(), stdout);
   }
   std::fflush(stdout);
+  if (write_failed) return kExitDataError;
   switch (report.status) {
     case bisect::BisectStatus::kCulpritFound: return kExitOk;
     case bisect::BisectStatus::kNotReproducible: return kExitNotReproduced;
     case bisect::BisectStatus::kGoodFails: return kExitGoodFails;
+    case bisect::BisectStatus::kFlaky:
+    case bisect::BisectStatus::kInconclusive: return kExitFlaky;
     case bisect::BisectStatus::kInterrupted: return kExitInterrupted;
     case bisect::BisectStatus::kAborted: return kExitFailed;
   }

@@ -4,6 +4,8 @@
 // same rule the replay engine uses (formats/sharding.h). Hash definitions:
 // docs/capture.md "Weight hashes". Hashes print in XXH128 canonical form,
 // as `xxhsum -H2` prints them.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <string>
 
@@ -35,6 +37,20 @@ int RunHash(int argc, char** argv) {
   app.add_option("--threads", threads, "hashing threads (0: one per core, at most 16)");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
+  // config.json is read with a plain stream (capture/weight_hash.cc), which
+  // would wait forever on a FIFO: refuse what is not a regular file first.
+  // The shards themselves are opened by Checkpoint, which refuses them too.
+  {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return ReportError(absl::NotFoundError(
+          "checkpoint directory '" + dir + "' " + (::stat(dir.c_str(), &st) == 0 ? "is not a directory" : "does not exist")));
+    }
+    const std::string config = dir + "/config.json";
+    if (::stat(config.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return ReportError(absl::NotFoundError("'" + config + "' is not a regular file"));
+    }
+  }
   absl::StatusOr<ShardingModel> model = capture::ReadShardingModel(dir, moe_parallel == "expert");
   if (!model.ok()) return ReportError(model.status());
   absl::StatusOr<std::vector<WeightShardHashes>> ranks =
@@ -42,20 +58,23 @@ int RunHash(int argc, char** argv) {
   if (!ranks.ok()) return ReportError(ranks.status());
 
   if (json) {
-    nlohmann::ordered_json out;
-    out["ranks"] = nlohmann::ordered_json::array();
+    // nlohmann::json (a sorted map), not ordered_json: ordered_json finds a
+    // key by linear search, so 100,000 tensors took minutes. Sorted keys give
+    // the same order here: rank, root, tensors; tensor names sorted.
+    nlohmann::json out;
+    out["ranks"] = nlohmann::json::array();
     for (const WeightShardHashes& w : *ranks) {
-      nlohmann::ordered_json r;
+      nlohmann::json r;
       r["rank"] = w.rank;
       r["root"] = w.root.Hex();
       if (verbose) {
-        nlohmann::ordered_json t = nlohmann::ordered_json::object();
+        nlohmann::json t = nlohmann::json::object();
         for (const TensorHash& h : w.tensors) t[h.name] = h.hash.Hex();
         r["tensors"] = std::move(t);
       }
       out["ranks"].push_back(std::move(r));
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return kExitOk;
   }
   for (const WeightShardHashes& w : *ranks) {

@@ -25,6 +25,7 @@
 #include "crashreplay/replay/replay_session.h"
 #include "crashreplay/replay/step_dump.h"
 #include "exit_codes.h"
+#include "replayable.h"
 
 namespace crashreplay::tools {
 namespace {
@@ -123,6 +124,7 @@ int RunReplay(int argc, char** argv) {
 
   auto cap = replay::LoadCapture(capture_path);
   if (!cap.ok()) return ReportError(cap.status());
+  if (absl::Status s = CheckReplayable(*cap, capture_path); !s.ok()) return ReportError(s);
   for (const std::string& n : cap->notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   replay::Config config = cap->config;
   if (!config_file.empty()) {

@@ -11,6 +11,7 @@ enum ExitCode : int {
   kExitDataError = 3,   // corrupt or unreadable input, version mismatch
   kExitNotReproduced = 4,  // bisect: the bad configuration does not fail
   kExitGoodFails = 5,      // bisect: the good configuration fails too
+  kExitFlaky = 6,          // bisect: flaky or unjudgeable trials; no culprit claimed
   kExitNoDevice = 7,       // the configuration's device (device=cuda) cannot run here
   kExitUnsupported = 9,    // a valid model or format the engine does not implement
   kExitInterrupted = 130,  // stopped by SIGINT

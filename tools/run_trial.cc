@@ -34,7 +34,7 @@ bisect::TrialResult RunTrialRunner::Run(const bisect::TrialRequest& request, con
     std::string converted = RunJsonToSignatureFile(launch.process.stdout_text);
     if (!converted.empty()) sig = std::move(converted);
   }
-  bisect::TrialResult r = bisect::ClassifyProcess(launch.process, options_.limits, sig);
+  bisect::TrialResult r = bisect::ClassifyProcess(launch.process, options_.limits, sig, options_.rules.get());
   r.config_path = launch.config_path;
   return r;
 }

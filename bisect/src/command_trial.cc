@@ -64,7 +64,7 @@ std::string CommandTrialRunner::SubjectId() const {
 
 TrialResult CommandTrialRunner::Run(const TrialRequest& request, const std::atomic<bool>* cancel) {
   LaunchOutput launch = LaunchTrialProcess(options_, request, cancel);
-  TrialResult r = ClassifyProcess(launch.process, options_.limits, launch.signature_file_text);
+  TrialResult r = ClassifyProcess(launch.process, options_.limits, launch.signature_file_text, options_.rules.get());
   r.config_path = launch.config_path;
   return r;
 }

@@ -1,8 +1,8 @@
 #include "crashreplay/bisect/dd.h"
 
 #include <algorithm>
-#include <functional>
 #include <map>
+#include <set>
 
 namespace crashreplay::bisect {
 namespace {
@@ -17,228 +17,247 @@ ChangeSet Minus(const ChangeSet& a, const ChangeSet& b) {
   std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
   return out;
 }
-// Splits `c` into n contiguous parts of near-equal size.
-std::vector<ChangeSet> Split(const ChangeSet& c, size_t n) {
-  std::vector<ChangeSet> parts;
-  size_t start = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const size_t len = (c.size() - start) / (n - i);
-    parts.emplace_back(c.begin() + static_cast<ptrdiff_t>(start), c.begin() + static_cast<ptrdiff_t>(start + len));
-    start += len;
-  }
-  return parts;
+bool Includes(const ChangeSet& big, const ChangeSet& small) {
+  return small.size() <= big.size() && std::includes(big.begin(), big.end(), small.begin(), small.end());
+}
+ChangeSet Sorted(ChangeSet s) {
+  std::sort(s.begin(), s.end());
+  return s;
 }
 
-// Memoizing front of the oracle that evaluates candidate lists in order,
-// `parallelism` at a time, until a predicate holds.
+// Memoizing front of the oracle: judges unknown sets P at a time, checks
+// every new outcome against the known ones for contradictions, and
+// re-judges through Confirm where needed.
 class Evaluator {
  public:
   explicit Evaluator(DeltaOracle& oracle) : oracle_(oracle) {}
 
-  // Returns the index of the first candidate (in order) for which
-  // pred(index, outcome) holds, or nullopt once all are judged. Candidates
-  // after the chunk containing the hit may remain unjudged.
-  std::optional<size_t> FirstWhere(const std::vector<ChangeSet>& cands,
-                                   const std::function<bool(size_t, Outcome)>& pred) {
-    const size_t p = static_cast<size_t>(std::max(1, oracle_.parallelism()));
-    size_t i = 0;
-    while (i < cands.size()) {
-      // Gather the next chunk of unjudged candidates, judging known ones on the way.
-      std::vector<ChangeSet> chunk;
-      size_t j = i;
-      for (; j < cands.size() && chunk.size() < p; ++j) {
-        if (!memo_.count(cands[j]) &&
-            std::find(chunk.begin(), chunk.end(), cands[j]) == chunk.end()) {
-          chunk.push_back(cands[j]);
-        }
-      }
-      if (!chunk.empty()) {
-        if (oracle_.stopped()) return std::nullopt;
-        const std::vector<Outcome> out = oracle_.Test(chunk);
-        judged_ += static_cast<int>(chunk.size());
-        for (size_t k = 0; k < chunk.size(); ++k) memo_[chunk[k]] = out[k];
-        if (oracle_.stopped()) return std::nullopt;
-      }
-      for (; i < j; ++i) {
-        const Outcome o = memo_.at(cands[i]);
-        if (o == Outcome::kUnresolved) saw_unresolved_ = true;
-        if (pred(i, o)) return i;
-      }
+  void Seed(const ChangeSet& s, Outcome o) { memo_[s] = o; }
+
+  // Outcomes of `sets` in order; unknown sets are judged (kUnresolved for
+  // those the search stopped before judging).
+  std::vector<Outcome> Judge(const std::vector<ChangeSet>& sets) {
+    std::vector<ChangeSet> todo;
+    for (const ChangeSet& s : sets) {
+      if (!memo_.count(s) && std::find(todo.begin(), todo.end(), s) == todo.end()) todo.push_back(s);
     }
-    return std::nullopt;
+    const size_t p = static_cast<size_t>(std::max(1, oracle_.parallelism()));
+    for (size_t i = 0; i < todo.size() && !oracle_.stopped(); i += p) {
+      const std::vector<ChangeSet> chunk(todo.begin() + static_cast<ptrdiff_t>(i),
+                                         todo.begin() + static_cast<ptrdiff_t>(std::min(todo.size(), i + p)));
+      const std::vector<Outcome> out = oracle_.Test(chunk);
+      judged_ += static_cast<int>(chunk.size());
+      for (size_t k = 0; k < chunk.size(); ++k) memo_[chunk[k]] = out[k];
+      for (const ChangeSet& s : chunk) CheckMonotone(s);
+    }
+    std::vector<Outcome> out;
+    for (const ChangeSet& s : sets) {
+      auto it = memo_.find(s);
+      out.push_back(it == memo_.end() ? Outcome::kUnresolved : it->second);
+    }
+    return out;
   }
-  Outcome Get(const ChangeSet& c) {
-    std::vector<ChangeSet> one = {c};
-    FirstWhere(one, [](size_t, Outcome) { return false; });
-    auto it = memo_.find(c);
+  Outcome Get(const ChangeSet& s) { return Judge({s}).front(); }
+  Outcome Known(const ChangeSet& s) const {
+    auto it = memo_.find(s);
     return it == memo_.end() ? Outcome::kUnresolved : it->second;
   }
-  Outcome Known(const ChangeSet& c) const { return memo_.at(c); }
-  bool saw_unresolved() const { return saw_unresolved_; }
-  void reset_unresolved() { saw_unresolved_ = false; }
+
+  // Re-judges the sets not confirmed yet; a set that was resolved and comes
+  // back unresolved had runs that disagree.
+  void ConfirmSets(const std::vector<ChangeSet>& sets) {
+    std::vector<ChangeSet> todo;
+    for (const ChangeSet& s : sets) {
+      if (confirmed_.insert(s).second) todo.push_back(s);
+    }
+    if (todo.empty() || oracle_.stopped()) return;
+    const std::vector<Outcome> out = oracle_.Confirm(todo);
+    confirmations_ += static_cast<int>(todo.size());
+    for (size_t k = 0; k < todo.size(); ++k) {
+      Outcome& known = memo_[todo[k]];
+      if (out[k] != known && out[k] == Outcome::kUnresolved && known != Outcome::kUnresolved) contradicted_ = true;
+      known = out[k];
+    }
+  }
+
+  bool contradicted() const { return contradicted_; }
   int judged() const { return judged_; }
+  int confirmations() const { return confirmations_; }
   DeltaOracle& oracle() { return oracle_; }
 
  private:
+  // A target failure inside a passing set, or a pass holding a failing set,
+  // contradicts monotonicity: either a real interaction or a flaky trial.
+  // Judging both again tells which.
+  void CheckMonotone(const ChangeSet& s) {
+    for (auto& [t, ot] : memo_) {
+      const Outcome os = memo_.at(s);
+      if (os != Outcome::kPass && os != Outcome::kFail) return;
+      if (t == s || (confirmed_.count(s) && confirmed_.count(t))) continue;
+      const bool clash = (os == Outcome::kFail && ot == Outcome::kPass && Includes(t, s)) ||
+                         (os == Outcome::kPass && ot == Outcome::kFail && Includes(s, t));
+      if (clash) ConfirmSets({s, t});
+    }
+  }
+
   DeltaOracle& oracle_;
   std::map<ChangeSet, Outcome> memo_;
-  bool saw_unresolved_ = false;
+  std::set<ChangeSet> confirmed_;
+  bool contradicted_ = false;
   int judged_ = 0;
+  int confirmations_ = 0;
 };
 
-absl::Status Stopped() { return absl::CancelledError("the search was stopped before it finished"); }
+ChangeSet Prefix(const ChangeSet& rest, size_t len) {
+  return ChangeSet(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(len));
+}
+ChangeSet Slice(const ChangeSet& rest, size_t lo, size_t hi) {
+  return ChangeSet(rest.begin() + static_cast<ptrdiff_t>(lo), rest.begin() + static_cast<ptrdiff_t>(hi));
+}
 
-absl::StatusOr<ChangeSet> Ddmin(ChangeSet c, const ChangeSet& fixed, size_t n, Evaluator& ev) {
-  while (c.size() > 1) {
-    n = std::clamp<size_t>(n, 2, c.size());
-    const std::vector<ChangeSet> parts = Split(c, n);
-    std::vector<ChangeSet> cands;
-    for (const ChangeSet& d : parts) cands.push_back(Union(fixed, d));
-    const size_t subsets = cands.size();
-    if (n > 2) {  // with two parts the complements are the subsets again
-      for (const ChangeSet& d : parts) cands.push_back(Union(fixed, Minus(c, d)));
-    }
-    auto hit = ev.FirstWhere(cands, [](size_t, Outcome o) { return o == Outcome::kFail; });
-    if (ev.oracle().stopped()) return Stopped();
-    if (hit && *hit < subsets) {
-      c = parts[*hit];
-      n = 2;
-    } else if (hit) {
-      c = Minus(c, parts[*hit - subsets]);
-      n = std::max<size_t>(n - 1, 2);
-    } else if (n < c.size()) {
-      n = std::min(2 * n, c.size());
-    } else {
-      break;
-    }
-    ev.oracle().OnCandidates(fixed, Union(fixed, c));
+// Up to `p` probe lengths in (lo, hi): evenly spaced, stepping around
+// lengths already known to be unresolved.
+std::vector<size_t> ProbeLengths(size_t lo, size_t hi, size_t p, const std::set<size_t>& unresolved) {
+  std::vector<size_t> out;
+  for (size_t i = 1; i <= p; ++i) {
+    const size_t m = lo + (hi - lo) * i / (p + 1);
+    if (m > lo && m < hi && !unresolved.count(m) && (out.empty() || m != out.back())) out.push_back(m);
   }
-  return c;
+  if (!out.empty()) return out;
+  // Every evenly spaced point is unresolved: the nearest others to the middle.
+  const size_t mid = lo + (hi - lo) / 2;
+  for (size_t d = 0; out.size() < p && (mid + d < hi || mid > lo + d); ++d) {
+    for (size_t m : {mid - std::min(d, mid), mid + d}) {
+      if (m > lo && m < hi && !unresolved.count(m) && std::find(out.begin(), out.end(), m) == out.end()) {
+        out.push_back(m);
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  if (out.size() > p) out.resize(p);
+  return out;
+}
+
+struct PrefixSearch {
+  size_t lo = 0, hi = 0;  // hi: the shortest failing prefix found
+};
+
+// The shortest prefix length p of `rest` such that needed ∪ rest[0, p)
+// fails, given that the whole of `rest` does. Another failure at a probe
+// counts as "does not fail"; unresolved probes are stepped around, and when
+// every length in between is unresolved the search settles on hi.
+PrefixSearch ShortestFailingPrefix(const ChangeSet& needed, const ChangeSet& rest, Evaluator& ev) {
+  PrefixSearch s;
+  s.hi = rest.size();
+  std::set<size_t> unresolved;
+  DeltaOracle& oracle = ev.oracle();
+  const size_t p = static_cast<size_t>(std::max(1, oracle.parallelism()));
+  while (s.hi - s.lo > 1) {
+    oracle.OnCandidates(needed, Slice(rest, s.lo, s.hi));
+    const std::vector<size_t> lengths = ProbeLengths(s.lo, s.hi, p, unresolved);
+    if (lengths.empty()) break;
+    std::vector<ChangeSet> sets;
+    for (size_t len : lengths) sets.push_back(Union(needed, Prefix(rest, len)));
+    const std::vector<Outcome> out = ev.Judge(sets);
+    if (oracle.stopped()) return s;
+    size_t hi = s.hi;
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      if (out[k] == Outcome::kFail) {
+        hi = lengths[k];
+        break;
+      }
+    }
+    size_t lo = s.lo;
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      if (out[k] == Outcome::kUnresolved) unresolved.insert(lengths[k]);
+      else if (out[k] != Outcome::kFail && lengths[k] < hi) lo = std::max(lo, lengths[k]);
+    }
+    s.lo = lo;
+    s.hi = hi;
+  }
+  return s;
 }
 
 }  // namespace
 
-absl::StatusOr<ChangeSet> MinimizeFailing(const ChangeSet& c, const ChangeSet& fixed, size_t n, DeltaOracle& oracle,
-                                          bool* saw_unresolved) {
-  Evaluator ev(oracle);
-  auto r = Ddmin(c, fixed, n, ev);
-  if (saw_unresolved != nullptr) *saw_unresolved = ev.saw_unresolved();
-  return r;
+DdResult IsolateCulprit(size_t n, DeltaOracle& oracle) {
+  ChangeSet all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  return IsolateCulprit(all, oracle);
 }
 
-absl::StatusOr<DdResult> IsolateCulprit(size_t n_changes, DeltaOracle& oracle) {
+DdResult IsolateCulprit(const ChangeSet& universe_in, DeltaOracle& oracle) {
+  const ChangeSet universe = Sorted(universe_in);
   Evaluator ev(oracle);
-  DdResult result;
-  ChangeSet c_pass;
-  ChangeSet c_fail;
-  for (size_t i = 0; i < n_changes; ++i) c_fail.push_back(i);
-  // Phase 1: dd.
-  size_t n = 2;
-  while (true) {
-    const ChangeSet delta = Minus(c_fail, c_pass);
-    oracle.OnCandidates(c_pass, c_fail);
-    if (delta.size() <= 1) break;
-    n = std::min(n, delta.size());
-    const std::vector<ChangeSet> parts = Split(delta, n);
-    std::vector<ChangeSet> cands;
-    for (const ChangeSet& d : parts) cands.push_back(Union(c_pass, d));
-    for (const ChangeSet& d : parts) cands.push_back(Minus(c_fail, d));
-    // Rules 1 and 2: a subset that fails, or a complement that passes.
-    auto hit = ev.FirstWhere(cands, [&](size_t i, Outcome o) {
-      return i < n ? o == Outcome::kFail : o == Outcome::kPass;
-    });
-    if (oracle.stopped()) return Stopped();
-    if (hit) {
-      if (*hit < n) c_fail = cands[*hit];
-      else c_pass = cands[*hit];
-      n = 2;
-      continue;
-    }
-    // Every candidate is judged now. Rules 3 and 4: grow c_pass with a
-    // passing subset, shrink c_fail by a failing complement.
-    bool moved = false;
-    for (size_t i = 0; i < n && !moved; ++i) {
-      if (ev.Known(cands[i]) == Outcome::kPass) {
-        c_pass = cands[i];
-        moved = true;
-      }
-    }
-    for (size_t i = 0; i < n && !moved; ++i) {
-      if (ev.Known(cands[n + i]) == Outcome::kFail) {
-        c_fail = cands[n + i];
-        moved = true;
-      }
-    }
-    if (moved) {
-      n = std::max<size_t>(n - 1, 2);
-    } else if (n < delta.size()) {
-      n = std::min(2 * n, delta.size());
-    } else {
-      break;
-    }
-  }
-  result.isolated = Minus(c_fail, c_pass);
-  const bool phase1_unresolved = ev.saw_unresolved();
-  ev.reset_unresolved();
+  ev.Seed({}, Outcome::kPass);
+  ev.Seed(universe, Outcome::kFail);
+  DdResult r;
+  auto finish = [&](DdResult& out) -> DdResult& {
+    out.oracle_sets = ev.judged();
+    out.confirmations = ev.confirmations();
+    out.contradicted = ev.contradicted();
+    return out;
+  };
 
-  // Phase 2: the context c_pass may hold changes the isolated ones need
-  // (an interaction). Invariant: fixed ∪ rest fails. Find the shortest
-  // failing prefix of rest by (P+1)-ary search; its last change is needed;
-  // move it to fixed and repeat until fixed fails alone: O(k log n).
-  ChangeSet fixed = result.isolated;
-  ChangeSet rest = c_pass;
+  // 1. Needed changes, one prefix search each.
+  ChangeSet needed;
+  ChangeSet rest = universe;
   while (!rest.empty()) {
-    if (ev.Get(fixed) == Outcome::kFail) break;
-    if (oracle.stopped()) return Stopped();
-    size_t lo = 0, hi = rest.size();  // prefix lo does not fail (or is unresolved), hi fails
-    const size_t p = static_cast<size_t>(std::max(1, oracle.parallelism()));
-    while (hi - lo > 1) {
-      std::vector<size_t> lengths;
-      for (size_t i = 1; i <= p; ++i) {
-        const size_t len = lo + (hi - lo) * i / (p + 1);
-        if (len > lo && len < hi && (lengths.empty() || len != lengths.back())) lengths.push_back(len);
+    if (!needed.empty()) {
+      const Outcome o = ev.Get(needed);
+      if (oracle.stopped()) {
+        r.culprit = needed;
+        r.candidates = Union(needed, rest);
+        return finish(r);
       }
-      if (lengths.empty()) lengths.push_back(lo + 1);
-      std::vector<ChangeSet> cands;
-      for (size_t len : lengths) {
-        cands.push_back(Union(fixed, ChangeSet(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(len))));
-      }
-      auto hit = ev.FirstWhere(cands, [](size_t, Outcome o) { return o == Outcome::kFail; });
-      if (oracle.stopped()) return Stopped();
-      if (hit) {
-        hi = lengths[*hit];
-        if (*hit > 0) lo = lengths[*hit - 1];
-      } else {
-        lo = lengths.back();
-      }
+      if (o == Outcome::kFail) break;
     }
-    fixed = Union(fixed, ChangeSet{rest[hi - 1]});
-    rest.resize(hi - 1);
-    oracle.OnCandidates({}, fixed);
-  }
-  result.culprit = fixed;
-  // Phase 3: 1-minimality relative to the good configuration: removing any
-  // one change must stop the failure. A removal that still fails is taken
-  // and the check starts over.
-  ev.reset_unresolved();
-  bool shrunk = true;
-  while (shrunk && result.culprit.size() > 1) {
-    shrunk = false;
-    std::vector<ChangeSet> cands;
-    for (size_t x : result.culprit) cands.push_back(Minus(result.culprit, ChangeSet{x}));
-    auto hit = ev.FirstWhere(cands, [](size_t, Outcome o) { return o == Outcome::kFail; });
-    if (oracle.stopped()) return Stopped();
-    if (hit) {
-      result.culprit = cands[*hit];
-      shrunk = true;
-      oracle.OnCandidates({}, result.culprit);
+    const PrefixSearch s = ShortestFailingPrefix(needed, rest, ev);
+    if (oracle.stopped()) {
+      r.culprit = needed;
+      r.candidates = Union(needed, Slice(rest, s.lo, s.hi));
+      return finish(r);
     }
+    needed = Union(needed, ChangeSet{rest[s.hi - 1]});
+    rest.resize(s.hi - 1);
+    oracle.OnCandidates(needed, rest);
   }
-  // A single failing change is 1-minimal outright: the good configuration passes.
-  result.minimal = result.culprit.size() <= 1 || !ev.saw_unresolved();
-  (void)phase1_unresolved;
-  result.oracle_sets = ev.judged();
-  return result;
+
+  // 2. 1-minimality: no single removal may still fail with the target.
+  ChangeSet culprit = needed;
+  std::vector<ChangeSet> removals;
+  while (true) {
+    removals.clear();
+    if (culprit.size() > 1) {
+      for (size_t x : culprit) removals.push_back(Minus(culprit, ChangeSet{x}));
+    }
+    const std::vector<Outcome> out = ev.Judge(removals);
+    if (oracle.stopped()) {
+      r.culprit = culprit;
+      r.candidates = culprit;
+      return finish(r);
+    }
+    auto fail = std::find(out.begin(), out.end(), Outcome::kFail);
+    if (fail == out.end()) break;
+    culprit = removals[static_cast<size_t>(fail - out.begin())];
+    oracle.OnCandidates(culprit, {});
+  }
+
+  // 3. Confirmation of every fact the claim rests on.
+  std::vector<ChangeSet> decisive = {ChangeSet{}, culprit};
+  decisive.insert(decisive.end(), removals.begin(), removals.end());
+  ev.ConfirmSets(decisive);
+  r.culprit = culprit;
+  r.candidates = culprit;
+  r.complete = !oracle.stopped();
+  bool minimal = true;
+  for (const ChangeSet& s : removals) {
+    const Outcome o = ev.Known(s);
+    minimal = minimal && (o == Outcome::kPass || o == Outcome::kOther);
+  }
+  r.minimal = minimal;
+  r.confirmed = r.complete && ev.Known(culprit) == Outcome::kFail && ev.Known({}) == Outcome::kPass;
+  return finish(r);
 }
 
 }  // namespace crashreplay::bisect

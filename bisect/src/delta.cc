@@ -47,6 +47,54 @@ std::string DescribeChanges(const std::vector<Change>& changes, const ChangeSet&
   return out;
 }
 
+std::string SummarizeChanges(const std::vector<Change>& changes, const ChangeSet& set, size_t max_chars) {
+  if (set.size() <= 64) {
+    std::string full = DescribeChanges(changes, set);
+    if (full.size() <= max_chars) return full;
+  }
+  std::string out = absl::StrCat(set.size(), set.size() == 1 ? " change: " : " changes: ");
+  const size_t budget = out.size() + max_chars;
+  size_t i = 0;
+  size_t shown = 0;
+  while (i < set.size()) {
+    size_t j = i;
+    while (j + 1 < set.size() && set[j + 1] == set[j] + 1) ++j;
+    const std::string& first = changes.at(set[i]).name;
+    std::string run = j == i ? first : absl::StrCat(first, j == i + 1 ? ", " : "..", changes.at(set[j]).name);
+    if (shown > 0 && out.size() + run.size() + 2 > budget) {
+      absl::StrAppend(&out, " (+", set.size() - i, " more)");
+      return out;
+    }
+    absl::StrAppend(&out, shown > 0 ? ", " : "", run);
+    shown += j - i + 1;
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string SummarizeConfig(const Config& good, const Config& config, size_t max_chars) {
+  const std::vector<Change> d = Differences(good, config);
+  if (d.empty()) return "(good configuration)";
+  ChangeSet all(d.size());
+  for (size_t i = 0; i < d.size(); ++i) all[i] = i;
+  return SummarizeChanges(d, all, max_chars);
+}
+
+ChangeSet ChangeSetOf(const std::vector<Change>& changes, const Config& good, const Config& config) {
+  ChangeSet out;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const Change& c = changes[i];
+    auto it = config.find(c.name);
+    const bool applied = c.bad ? (it != config.end() && it->second == *c.bad && it->second.ToToml() == c.bad->ToToml())
+                               : it == config.end();
+    const bool as_good = c.good ? (it != config.end() && it->second == *c.good && it->second.ToToml() == c.good->ToToml())
+                                : it == config.end();
+    if (applied && !as_good) out.push_back(i);
+  }
+  (void)good;  // the changes were computed against it
+  return out;
+}
+
 nlohmann::json ConfigValueToJson(const ConfigValue& v) {
   switch (v.type()) {
     case ConfigValue::Type::kBool: return v.as_bool();

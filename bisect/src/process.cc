@@ -191,6 +191,9 @@ ProcessResult RunProcess(const ProcessSpec& spec) {
           r.stdout_text.append(buf, std::min<size_t>(room, static_cast<size_t>(n)));
           if (static_cast<size_t>(n) > room) r.stdout_truncated = true;
         } else {
+          const size_t head_room = spec.stderr_head_limit - std::min(spec.stderr_head_limit, r.stderr_head.size());
+          r.stderr_head.append(buf, std::min<size_t>(head_room, static_cast<size_t>(n)));
+          r.stderr_bytes += static_cast<uint64_t>(n);
           r.stderr_tail.append(buf, static_cast<size_t>(n));
           if (r.stderr_tail.size() > 2 * spec.stderr_limit) {
             r.stderr_tail.erase(0, r.stderr_tail.size() - spec.stderr_limit);
@@ -261,6 +264,17 @@ ProcessResult RunProcess(const ProcessSpec& spec) {
     r.term_signal = WTERMSIG(status);
   }
   return r;
+}
+
+std::string KeptStderr(const ProcessResult& r) {
+  // The tail covers bytes [tail_begin, stderr_bytes); the head [0, head.size()).
+  const uint64_t tail_begin = r.stderr_bytes - std::min<uint64_t>(r.stderr_bytes, r.stderr_tail.size());
+  if (r.stderr_head.empty()) return r.stderr_tail;
+  if (tail_begin <= r.stderr_head.size()) {
+    const size_t overlap = static_cast<size_t>(r.stderr_head.size() - tail_begin);
+    return r.stderr_head + r.stderr_tail.substr(std::min(overlap, r.stderr_tail.size()));
+  }
+  return absl::StrCat(r.stderr_head, "\n[... ", tail_begin - r.stderr_head.size(), " bytes ...]\n", r.stderr_tail);
 }
 
 absl::StatusOr<std::vector<std::string>> SplitCommandLine(std::string_view line) {

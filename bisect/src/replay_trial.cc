@@ -4,10 +4,11 @@
 
 namespace crashreplay::bisect {
 
-TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits, bool diverged_is_bad) {
+TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits, bool diverged_is_bad,
+                                  const FailureTextRules* rules) {
   if (!p.started || p.cancelled || p.timed_out || !p.exited || (p.exit_code != 0 && p.exit_code != 1 &&
                                                                p.exit_code != 2 && p.exit_code != 3)) {
-    return ClassifyProcess(p, limits, std::nullopt);
+    return ClassifyProcess(p, limits, std::nullopt, rules);
   }
   TrialResult r;
   r.exit_code = p.exit_code;
@@ -82,6 +83,7 @@ ReplayTrialRunner::ReplayTrialRunner(ReplayTrialOptions options) : options_(std:
   command_.runner = options_.runner;
   command_.workdir = options_.workdir;
   command_.limits = options_.limits;
+  command_.rules = options_.rules;
   command_with_step_ = command_;
   command_with_step_.command.push_back("--step");
   command_with_step_.command.push_back("{step}");
@@ -91,7 +93,7 @@ std::string ReplayTrialRunner::SubjectId() const { return absl::StrCat("capture:
 
 TrialResult ReplayTrialRunner::Run(const TrialRequest& request, const std::atomic<bool>* cancel) {
   LaunchOutput launch = LaunchTrialProcess(request.step ? command_with_step_ : command_, request, cancel);
-  TrialResult r = InterpretReplayOutput(launch.process, options_.limits, options_.diverged_is_bad);
+  TrialResult r = InterpretReplayOutput(launch.process, options_.limits, options_.diverged_is_bad, options_.rules.get());
   r.config_path = launch.config_path;
   return r;
 }

@@ -1,12 +1,14 @@
 #include "crashreplay/bisect/scheduler.h"
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "crashreplay/bisect/delta.h"
 
 namespace crashreplay::bisect {
 
@@ -35,12 +37,18 @@ std::optional<TrialResult> TrialCache::Find(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
-  return it->second;
+  return it->second.combined;
 }
 
-void TrialCache::Insert(const std::string& key, const TrialResult& result) {
+TrialCache::Entry* TrialCache::Get(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  entries_[key] = result;
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+void TrialCache::Insert(const std::string& key, Entry entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_[key] = std::move(entry);
 }
 
 size_t TrialCache::size() const {
@@ -65,17 +73,10 @@ void Scheduler::set_phase(const std::string& phase) {
 }
 
 std::string Scheduler::Describe(const Config& config) const {
-  if (!describe_base_) return FormatConfig(config);
-  std::vector<std::string> parts;
-  for (const auto& [k, v] : config) {
-    auto it = describe_base_->find(k);
-    if (it == describe_base_->end() || !(it->second == v)) parts.push_back(absl::StrCat(k, "=", v.ToDisplay()));
-  }
-  for (const auto& [k, v] : *describe_base_) {
-    if (config.find(k) == config.end()) parts.push_back(absl::StrCat("-", k));
-  }
-  if (parts.empty()) return "{base}";
-  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+  // Bounded: a 10,000-change configuration is one short line.
+  if (!describe_base_) return SummarizeConfig(Config{}, config, 100);
+  const std::string d = SummarizeConfig(*describe_base_, config, 100);
+  return d == "(good configuration)" ? "{base}" : absl::StrCat("{", d, "}");
 }
 
 TrialResult Scheduler::RunOne(const Config& config, std::optional<int64_t> step) {
@@ -87,30 +88,17 @@ std::vector<TrialResult> Scheduler::RunBatch(const std::vector<Config>& configs,
   return RunRequests(configs, steps);
 }
 
-std::vector<TrialResult> Scheduler::RunRequests(const std::vector<Config>& configs,
-                                                const std::vector<std::optional<int64_t>>& steps) {
-  const std::string subject = runner_.SubjectId();
-  std::vector<std::string> keys;
-  std::vector<std::optional<TrialResult>> results(configs.size());
-  // Unique uncached configurations, in first-request order.
-  std::vector<size_t> todo;
-  std::map<std::string, size_t> first_of_key;
-  for (size_t i = 0; i < configs.size(); ++i) {
-    keys.push_back(TrialCache::Key(subject, configs[i], steps[i]));
-    if (auto hit = cache_.Find(keys[i])) {
-      results[i] = *hit;
-      continue;
-    }
-    if (first_of_key.emplace(keys[i], i).second) todo.push_back(i);
-  }
+std::vector<std::vector<TrialResult>> Scheduler::Execute(const std::vector<Config>& configs,
+                                                         const std::vector<std::optional<int64_t>>& steps,
+                                                         const std::vector<Job>& jobs, const std::string& tag) {
   struct Run {
-    size_t config;
+    size_t request;
     TrialResult result;
     bool done = false;
   };
   std::vector<Run> runs;
-  for (size_t i : todo)
-    for (int k = 0; k < options_.repeat; ++k) runs.push_back({i, {}, false});
+  for (const Job& j : jobs)
+    for (int k = 0; k < j.runs; ++k) runs.push_back({j.request, {}, false});
 
   std::atomic<size_t> next{0};
   std::mutex mu;
@@ -124,11 +112,11 @@ std::vector<TrialResult> Scheduler::RunRequests(const std::vector<Config>& confi
       const size_t r = next.fetch_add(1);
       if (r >= runs.size()) return;
       TrialRequest req;
-      req.config = configs[runs[r].config];
-      req.step = steps[runs[r].config];
+      req.config = configs[runs[r].request];
+      req.step = steps[runs[r].request];
       req.gpus = gpus;
       req.index = next_index_.fetch_add(1);
-      const std::string what = Describe(req.config);
+      const std::string what = tag.empty() ? Describe(req.config) : absl::StrCat(Describe(req.config), " ", tag);
       if (progress_ != nullptr) progress_->TrialStarted(req.index, what);
       launches_.fetch_add(1);
       TrialResult res = runner_.Run(req, options_.interrupt);
@@ -155,24 +143,56 @@ std::vector<TrialResult> Scheduler::RunRequests(const std::vector<Config>& confi
     for (int w = 0; w < workers; ++w) threads.emplace_back(worker, w);
     for (auto& t : threads) t.join();
   }
+  std::vector<std::vector<TrialResult>> out(configs.size());
+  std::vector<bool> complete(configs.size(), true);
+  for (Run& r : runs) {
+    if (!r.done) complete[r.request] = false;
+    else out[r.request].push_back(std::move(r.result));
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!complete[i]) {
+      TrialResult a;
+      a.verdict = Verdict::kAbort;
+      a.note = interrupted() ? "interrupted" : "not run: the search was aborted";
+      out[i] = {a};
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Keeps the first run's output; later runs only need their verdicts.
+void Slim(TrialResult& r) {
+  r.stderr_tail.clear();
+  r.stderr_tail.shrink_to_fit();
+}
+
+}  // namespace
+
+std::vector<TrialResult> Scheduler::RunRequests(const std::vector<Config>& configs,
+                                                const std::vector<std::optional<int64_t>>& steps) {
+  const std::string subject = runner_.SubjectId();
+  std::vector<std::string> keys;
+  std::vector<std::optional<TrialResult>> results(configs.size());
+  // Unique uncached configurations, in first-request order.
+  std::vector<Job> jobs;
+  std::map<std::string, size_t> first_of_key;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    keys.push_back(TrialCache::Key(subject, configs[i], steps[i]));
+    if (auto hit = cache_.Find(keys[i])) {
+      results[i] = *hit;
+      continue;
+    }
+    if (first_of_key.emplace(keys[i], i).second) jobs.push_back({i, options_.repeat});
+  }
+  std::vector<std::vector<TrialResult>> done = Execute(configs, steps, jobs, "");
 
   // Combine repeats, cache complete verdicts, record history in request order.
-  for (size_t i : todo) {
-    std::vector<TrialResult> mine;
-    bool complete = true;
-    for (const Run& r : runs) {
-      if (r.config != i) continue;
-      if (!r.done) complete = false;
-      else mine.push_back(r.result);
-    }
-    TrialResult combined;
-    if (!complete || mine.empty()) {
-      combined.verdict = Verdict::kAbort;
-      combined.note = interrupted() ? "interrupted" : "not run: the search was aborted";
-    } else {
-      combined = CombineRepeats(mine);
-    }
-    if (combined.verdict != Verdict::kAbort) cache_.Insert(keys[i], combined);
+  for (const Job& j : jobs) {
+    const size_t i = j.request;
+    std::vector<TrialResult>& mine = done[i];
+    const TrialResult combined = CombineRepeats(mine);
     results[i] = combined;
     HistoryEntry h;
     h.id = static_cast<int>(history_.size()) + 1;
@@ -180,12 +200,53 @@ std::vector<TrialResult> Scheduler::RunRequests(const std::vector<Config>& confi
     h.config = configs[i];
     h.step = steps[i];
     h.result = combined;
+    if (combined.verdict != Verdict::kAbort) {
+      for (size_t k = 1; k < mine.size(); ++k) Slim(mine[k]);
+      cache_.Insert(keys[i], TrialCache::Entry{std::move(mine), combined, history_.size()});
+    }
     history_.push_back(std::move(h));
   }
   std::vector<TrialResult> out;
   for (size_t i = 0; i < configs.size(); ++i) {
     if (!results[i]) results[i] = *results[first_of_key.at(keys[i])];
     out.push_back(*results[i]);
+  }
+  return out;
+}
+
+std::vector<TrialResult> Scheduler::Confirm(const std::vector<Config>& configs, std::optional<int64_t> step) {
+  // First judge any configuration never run.
+  std::vector<TrialResult> out = RunBatch(configs, step);
+  if (stopped()) return out;
+  const std::string subject = runner_.SubjectId();
+  const int want = options_.repeat + options_.confirm;
+  std::vector<std::optional<int64_t>> steps(configs.size(), step);
+  std::vector<std::string> keys;
+  std::vector<Job> jobs;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    keys.push_back(TrialCache::Key(subject, configs[i], step));
+    TrialCache::Entry* e = cache_.Get(keys[i]);
+    if (e == nullptr || !seen.insert(keys[i]).second) continue;
+    const int have = static_cast<int>(e->runs.size());
+    if (have < want) jobs.push_back({i, want - have});
+  }
+  if (jobs.empty()) return out;
+  std::vector<std::vector<TrialResult>> done = Execute(configs, steps, jobs, "(confirming)");
+  for (const Job& j : jobs) {
+    std::vector<TrialResult>& more = done[j.request];
+    if (more.size() == 1 && more[0].verdict == Verdict::kAbort) continue;  // stopped: keep what was known
+    TrialCache::Entry* e = cache_.Get(keys[j.request]);
+    for (TrialResult& r : more) {
+      Slim(r);
+      e->runs.push_back(std::move(r));
+    }
+    TrialResult combined = CombineRepeats(e->runs);
+    e->combined = combined;
+    history_[e->history].result = combined;
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (auto hit = cache_.Find(keys[i])) out[i] = *hit;
   }
   return out;
 }

@@ -8,7 +8,7 @@
 namespace crashreplay::bisect {
 namespace {
 
-constexpr std::array<std::pair<FailureClass, std::string_view>, 8> kClassNames = {{
+constexpr std::array<std::pair<FailureClass, std::string_view>, 11> kClassNames = {{
     {FailureClass::kNone, "none"},
     {FailureClass::kDeviceAssert, "device_assert"},
     {FailureClass::kOom, "oom"},
@@ -17,6 +17,9 @@ constexpr std::array<std::pair<FailureClass, std::string_view>, 8> kClassNames =
     {FailureClass::kTimeout, "timeout"},
     {FailureClass::kCrashSignal, "crash_signal"},
     {FailureClass::kOther, "other"},
+    {FailureClass::kCudaError, "cuda_error"},
+    {FailureClass::kNcclError, "nccl_error"},
+    {FailureClass::kException, "exception"},
 }};
 constexpr std::array<std::pair<FailureStage, std::string_view>, 5> kStageNames = {{
     {FailureStage::kLoad, "load"},
@@ -95,7 +98,8 @@ absl::StatusOr<FailureSignature> SignatureFromJson(const nlohmann::json& j) {
   if (!c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "signature: unknown class '", cls,
-        "' (one of none, device_assert, oom, non_finite, output_mismatch, timeout, crash_signal, other)"));
+        "' (one of none, device_assert, oom, non_finite, output_mismatch, timeout, crash_signal, other, "
+        "cuda_error, nccl_error, exception)"));
   }
   s.failure_class = *c;
   if (auto st = str("stage", &stage); !st.ok()) return st;

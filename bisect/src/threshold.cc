@@ -8,6 +8,11 @@
 namespace crashreplay::bisect {
 namespace {
 
+// 37 for an integer toggle (never 37.0 or 1e+06), else the shortest form.
+std::string Num(double v, bool integer) {
+  return integer ? absl::StrCat(static_cast<int64_t>(std::llround(v))) : absl::StrFormat("%.10g", v);
+}
+
 ConfigValue ValueOf(double v, bool integer) {
   return integer ? ConfigValue::Int(static_cast<int64_t>(std::llround(v))) : ConfigValue::Float(v);
 }
@@ -18,6 +23,7 @@ absl::StatusOr<ThresholdResult> ThresholdSearch(Scheduler& scheduler, const Conf
                                                 const ThresholdOptions& o) {
   ThresholdResult r;
   r.toggle = o.toggle;
+  r.integer = o.integer;
   if (o.pass_value == o.fail_value) {
     return absl::InvalidArgumentError(absl::StrCat("threshold on '", o.toggle,
                                                    "': the good and bad values are equal; nothing to search"));
@@ -37,8 +43,8 @@ absl::StatusOr<ThresholdResult> ThresholdSearch(Scheduler& scheduler, const Conf
     if (ends[0].verdict != Verdict::kGood || ends[1].verdict != Verdict::kBad) {
       r.last_pass = pass;
       r.first_fail = fail;
-      r.note = absl::StrFormat("no bracket: %s=%g is %s and %s=%g is %s", o.toggle, pass,
-                               std::string(VerdictName(ends[0].verdict)), o.toggle, fail,
+      r.note = absl::StrFormat("no bracket: %s=%s is %s and %s=%s is %s", o.toggle, Num(pass, o.integer),
+                               std::string(VerdictName(ends[0].verdict)), o.toggle, Num(fail, o.integer),
                                std::string(VerdictName(ends[1].verdict)));
       return r;
     }
@@ -71,7 +77,7 @@ absl::StatusOr<ThresholdResult> ThresholdSearch(Scheduler& scheduler, const Conf
         break;
       } else {
         unresolved = true;
-        r.note = absl::StrFormat("stopped at %s=%g: the trial was %s", o.toggle, points[i],
+        r.note = absl::StrFormat("stopped at %s=%s: the trial was %s", o.toggle, Num(points[i], o.integer),
                                  std::string(VerdictName(res[i].verdict)));
         new_fail = fail;
         break;
@@ -87,8 +93,12 @@ absl::StatusOr<ThresholdResult> ThresholdSearch(Scheduler& scheduler, const Conf
 }
 
 nlohmann::json ThresholdResultToJson(const ThresholdResult& r) {
-  nlohmann::json j = {{"toggle", r.toggle},       {"bracketed", r.bracketed}, {"last_pass", r.last_pass},
-                      {"first_fail", r.first_fail}, {"probes", r.probes},
+  // An integer toggle's boundary is written as an integer (37, not 37.0).
+  auto value = [&](double v) {
+    return r.integer ? nlohmann::json(static_cast<int64_t>(std::llround(v))) : nlohmann::json(v);
+  };
+  nlohmann::json j = {{"toggle", r.toggle},       {"bracketed", r.bracketed}, {"last_pass", value(r.last_pass)},
+                      {"first_fail", value(r.first_fail)}, {"probes", r.probes},
                       {"fail_signature", SignatureToJson(r.fail_signature)}};
   if (!r.note.empty()) j["note"] = r.note;
   return j;
@@ -96,7 +106,8 @@ nlohmann::json ThresholdResultToJson(const ThresholdResult& r) {
 
 std::string DescribeThreshold(const ThresholdResult& r) {
   if (!r.bracketed) return absl::StrCat("threshold on ", r.toggle, ": ", r.note);
-  std::string s = absl::StrFormat("%s passes up to %g and fails from %g (%s)", r.toggle, r.last_pass, r.first_fail,
+  std::string s = absl::StrFormat("%s passes up to %s and fails from %s (%s)", r.toggle, Num(r.last_pass, r.integer),
+                                  Num(r.first_fail, r.integer),
                                   DescribeSignature(r.fail_signature));
   if (!r.note.empty()) absl::StrAppend(&s, "; ", r.note);
   return s;

@@ -7,10 +7,16 @@
 namespace crashreplay::bisect {
 namespace {
 
-bool StderrSaysOom(const std::string& err) {
-  return err.find("std::bad_alloc") != std::string::npos || err.find("MemoryError") != std::string::npos ||
-         err.find("CUDA out of memory") != std::string::npos ||
-         err.find("cudaErrorMemoryAllocation") != std::string::npos;
+constexpr size_t kStdoutScanBytes = 4u << 20;
+
+// What the process printed, for failure-text recognition: stderr first (where
+// tracebacks go), then the head of stdout (vLLM logs to stdout; CUDA device
+// asserts print there).
+std::string OutputText(const ProcessResult& p) {
+  std::string text = KeptStderr(p);
+  text += '\n';
+  text.append(p.stdout_text, 0, std::min(p.stdout_text.size(), kStdoutScanBytes));
+  return text;
 }
 
 }  // namespace
@@ -41,7 +47,7 @@ nlohmann::json TrialResultToJson(const TrialResult& r) {
 }
 
 TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
-                            const std::optional<std::string>& signature_file_text) {
+                            const std::optional<std::string>& signature_file_text, const FailureTextRules* rules) {
   TrialResult r;
   r.exit_code = p.exited ? p.exit_code : -1;
   r.term_signal = p.term_signal;
@@ -76,11 +82,20 @@ TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
       }
     }
   }
+  // A bad verdict's signature: the command's own file, else what it printed,
+  // else how the process ended.
   auto bad = [&](FailureSignature fallback) {
     r.verdict = Verdict::kBad;
     r.bad_runs = 1;
     if (written && written->is_failure()) {
       r.signature = *written;  // the command knows its failure better than its exit code
+      return;
+    }
+    const std::string text = OutputText(p);
+    std::optional<FailureSignature> printed = rules != nullptr ? rules->Match(text) : SignatureFromOutput(text);
+    if (printed) {
+      absl::StrAppend(&printed->detail, printed->detail.empty() ? "" : " ", "(", fallback.detail, ")");
+      r.signature = *std::move(printed);
     } else {
       r.signature = std::move(fallback);
     }
@@ -91,14 +106,15 @@ TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
     s.detail = absl::StrCat("no result within ", limits.timeout_s.value_or(0), " s");
     r.verdict = Verdict::kBad;
     r.bad_runs = 1;
-    r.signature = s;  // our own observation outranks whatever the command wrote
+    r.signature = s;  // our own observation outranks whatever the command wrote or printed
     return r;
   }
   if (!p.exited) {
     FailureSignature s;
-    const bool oom = (p.term_signal == SIGKILL && limits.memory_limit_bytes) || StderrSaysOom(p.stderr_tail);
+    const bool oom = p.term_signal == SIGKILL && limits.memory_limit_bytes;
     s.failure_class = oom ? FailureClass::kOom : FailureClass::kCrashSignal;
-    s.detail = SignalName(p.term_signal);
+    s.check = oom ? "host" : SignalName(p.term_signal);
+    s.detail = absl::StrCat("killed by ", SignalName(p.term_signal));
     bad(s);
     return r;
   }
@@ -116,15 +132,19 @@ TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
     return r;
   }
   if (code < 128) {
+    // The exit status is the signature when nothing better names the
+    // failure: exit 3 and exit 7 are different bugs.
     FailureSignature s;
-    s.failure_class = StderrSaysOom(p.stderr_tail) ? FailureClass::kOom : FailureClass::kOther;
+    s.failure_class = FailureClass::kOther;
+    s.check = absl::StrCat("exit ", code);
     s.detail = absl::StrCat("exit ", code);
     bad(s);
     return r;
   }
   if (code > 128 && code - 128 < NSIG) {
     FailureSignature s;
-    s.failure_class = StderrSaysOom(p.stderr_tail) ? FailureClass::kOom : FailureClass::kCrashSignal;
+    s.failure_class = FailureClass::kCrashSignal;
+    s.check = SignalName(code - 128);
     s.detail = absl::StrCat(SignalName(code - 128), " (exit ", code, ")");
     bad(s);
     return r;

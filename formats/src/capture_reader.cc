@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "capture_schema_codec.h"
 #include "crashreplay/base/status.h"
+#include "mapped_file.h"
 #include "crashreplay/formats/blob_codec.h"
 
 namespace crashreplay {
@@ -81,20 +82,16 @@ CaptureReader::~CaptureReader() {
 
 absl::StatusOr<std::unique_ptr<CaptureReader>> CaptureReader::Open(const std::string& path,
                                                                    const CaptureLimits& limits) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrFormat("cannot open capture %s", path));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(e, absl::StrFormat("cannot stat capture %s", path));
+  // Never blocks and never reads a FIFO or a device: a capture is a regular
+  // file (mapped_file.h).
+  uint64_t size = 0;
+  absl::StatusOr<int> opened = OpenRegularFile(path, &size);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrFormat("cannot open capture: %s", opened.status().message()));
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrFormat("%s is not a regular file", path));
-  }
+  const int fd = *opened;
   std::unique_ptr<CaptureReader> reader(new CaptureReader(path, limits));
-  reader->size_ = static_cast<size_t>(st.st_size);
+  reader->size_ = static_cast<size_t>(size);
   if (reader->size_ > 0) {
     void* m = ::mmap(nullptr, reader->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "crashreplay/base/status.h"
 #include "json_util.h"
+#include "mapped_file.h"
 
 namespace crashreplay {
 namespace fs = std::filesystem;
@@ -29,7 +30,9 @@ bool IsSafeRelativePath(std::string_view p) {
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("checkpoint directory '", dir, "' does not exist"));
+    const bool exists = fs::exists(fs::symlink_status(dir, ec));
+    return absl::NotFoundError(absl::StrCat("checkpoint directory '", dir, "' ",
+                                            exists ? "is not a directory" : "does not exist"));
   }
   auto ckpt = std::unique_ptr<Checkpoint>(new Checkpoint());
   ckpt->dir_ = dir;
@@ -85,7 +88,9 @@ absl::Status Checkpoint::OpenFiles(const std::vector<std::string>& files) {
 }
 
 absl::Status Checkpoint::OpenIndexed(const std::string& index_path) {
-  CR_ASSIGN_OR_RETURN(std::string text, json_util::ReadTextFile(index_path, kMaxIndexBytes));
+  // Read through OpenRegularFile: an index that is a FIFO or a device is
+  // refused at once instead of blocking the reader.
+  CR_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(index_path, kMaxIndexBytes));
   CR_ASSIGN_OR_RETURN(nlohmann::json index,
                       json_util::ParseStrict(text, absl::StrCat("index '", index_path, "'"),
                                              kMaxIndexDepth, absl::StatusCode::kDataLoss));

@@ -48,9 +48,22 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ByteSource>> MapFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open '", path, "'"));
+static const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EISDIR) return absl::NotFoundError(absl::StrCat("'", path, "' is a directory, not a regular file"));
+    return ErrnoStatus(err, absl::StrCat("cannot open '", path, "'"));
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -59,9 +72,42 @@ absl::StatusOr<std::unique_ptr<ByteSource>> MapFile(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is not a regular file"));
+    return absl::NotFoundError(absl::StrCat("'", path, "' is ", FileTypeName(st.st_mode), ", not a regular file"));
   }
-  const size_t size = static_cast<size_t>(st.st_size);
+  // Regular files ignore O_NONBLOCK; clear it anyway so reads mean what they say.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (size != nullptr) *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_bytes) {
+  uint64_t size = 0;
+  absl::StatusOr<int> fd = OpenRegularFile(path, &size);
+  if (!fd.ok()) return fd.status();
+  if (size > max_bytes) {
+    ::close(*fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("'", path, "' is ", size, " bytes; the limit for this file is ", max_bytes));
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(*fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(*fd);
+  if (got != text.size()) return absl::DataLossError(absl::StrCat("short read on '", path, "'"));
+  return text;
+}
+
+absl::StatusOr<std::unique_ptr<ByteSource>> MapFile(const std::string& path) {
+  uint64_t file_size = 0;
+  absl::StatusOr<int> opened = OpenRegularFile(path, &file_size);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
+  const size_t size = static_cast<size_t>(file_size);
   if (size == 0) {
     ::close(fd);
     return std::unique_ptr<ByteSource>(new MappedFile(nullptr, 0));

@@ -13,7 +13,11 @@ std::string_view Name(DType t) {
 }
 
 bool IsKnownUnsupported(std::string_view name) {
-  return name == "C64" || name == "F6_E2M3" || name == "F6_E3M2";
+  // The safetensors package's other dtypes (0.8: torch.complex64, the 6-bit
+  // floats, and the "fnuz" fp8 variants AMD GPUs use, with one NaN and no
+  // negative zero: a different decoding from F8_E4M3 / F8_E5M2).
+  return name == "C64" || name == "F6_E2M3" || name == "F6_E3M2" || name == "F8_E4M3FNUZ" ||
+         name == "F8_E5M2FNUZ";
 }
 
 int LayoutRank(DType t) {

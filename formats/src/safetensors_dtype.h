@@ -20,7 +20,8 @@ std::optional<DType> Parse(std::string_view name);
 std::string_view Name(DType t);
 
 // True for dtypes the safetensors format defines that crashreplay does not
-// support (complex, 6-bit floats): an Unimplemented error, not corruption.
+// support (complex, 6-bit floats, fp8 "fnuz"): an Unimplemented error, not
+// corruption.
 bool IsKnownUnsupported(std::string_view name);
 
 // The Python package (safetensors >= 0.4) writes tensors sorted by dtype in

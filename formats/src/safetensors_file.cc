@@ -10,6 +10,7 @@
 #include "json_util.h"
 #include "mapped_file.h"
 #include "safetensors_dtype.h"
+#include "safetensors_header.h"
 
 namespace crashreplay {
 namespace {
@@ -199,20 +200,19 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
   if (header.empty() || header.front() != '{') {
     return Corrupt(file, "the header does not start with '{'");
   }
-  auto json = json_util::ParseStrict(header, absl::StrCat("safetensors file '", file, "' header"),
-                                     kMaxJsonDepth, absl::StatusCode::kDataLoss);
-  if (!json.ok()) return json.status();
-  if (!json->is_object()) {
-    return Corrupt(file, absl::StrCat("the header is a JSON ", json_util::TypeName(*json),
-                                      ", expected an object"));
-  }
+  // One linear pass and a sort (safetensors_header.h); the entries are
+  // checked in name order, so the first error reported does not depend on
+  // the order of the file.
+  auto entries = safetensors_header::Parse(header, absl::StrCat("safetensors file '", file, "' header"),
+                                           kMaxJsonDepth);
+  if (!entries.ok()) return entries.status();
 
   auto result = std::unique_ptr<SafetensorsFile>(new SafetensorsFile(path, std::move(source)));
   result->header_size_ = header_size;
   const uint64_t data_start = 8 + header_size;
   const uint64_t data_size = bytes.size() - data_start;
-  result->tensors_.reserve(json->size());
-  for (const auto& [key, value] : json->items()) {
+  result->tensors_.reserve(entries->size());
+  for (const auto& [key, value] : *entries) {
     if (key == "__metadata__") {
       CR_RETURN_IF_ERROR(ParseMetadata(file, value, &result->metadata_));
       continue;
@@ -246,10 +246,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
   }
 
   for (TensorInfo& t : result->tensors_) t.data_offset += data_start;
-  // json objects iterate in key order already; sort anyway so the contract
-  // does not rest on the JSON library's choice of map.
-  std::sort(result->tensors_.begin(), result->tensors_.end(),
-            [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+  // Already in name order: the entries were sorted above.
   return result;
 }
 

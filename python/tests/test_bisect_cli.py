@@ -53,7 +53,9 @@ def test_culprit_found_exit_0_with_json_and_html(tmp_path):
     assert "culprit.toml" in out["reproduce"]
     # The reproduce command really reproduces the failure.
     assert subprocess.run(out["reproduce"], shell=True).returncode == 1
-    assert "<svg" in html.read_text() or "No per-kernel tables" in html.read_text()
+    text = html.read_text()
+    assert "<h2>Culprit</h2>" in text
+    assert "Per-kernel" not in text  # the trials gave no kernel tables
 
 
 def test_bad_configuration_passing_exits_4(tmp_path):
@@ -98,3 +100,135 @@ def test_sigint_kills_trials_and_exits_130(tmp_path):
     assert p.returncode == 130
     assert time.time() - start < 10
     assert "interrupted" in out
+
+
+ORACLE = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "bisect", "oracles", "oracle.sh")
+
+
+def keys(tmp_path, n, width=3):
+    names = [f"k{i:0{width}d}" for i in range(n)]
+    good = write(tmp_path / "good.toml", "".join(f"{k} = false\n" for k in names))
+    bad = write(tmp_path / "bad.toml", "".join(f"{k} = true\n" for k in names))
+    return good, bad
+
+
+def test_two_bugs_are_two_findings_each_narrowed(tmp_path):
+    good, bad = keys(tmp_path, 16)
+    r = bisect("--good", good, "--bad", bad, "--json", "--workdir", str(tmp_path), "--",
+               "sh", ORACLE, "k011:oom", "k004:assert")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["culprit"] == {"k011": True}
+    assert out["target_signature"]["class"] == "oom"
+    [other] = out["other_findings"]
+    assert other["signature"]["class"] == "device_assert"
+    assert other["signature"]["kernel"] == "IndexKernel.cu:111"
+    assert other["status"] == "narrowed"
+    assert other["culprit"] == ["k004"]
+    # Its configuration file reproduces the other failure.
+    rerun = subprocess.run(other["reproduce"], shell=True, capture_output=True, text=True)
+    assert rerun.returncode == 1
+    assert "device-side assert triggered" in rerun.stderr
+
+
+def test_exit_codes_alone_tell_bugs_apart(tmp_path):
+    good, bad = keys(tmp_path, 16)
+    r = bisect("--good", good, "--bad", bad, "--json", "--workdir", str(tmp_path), "--",
+               "sh", ORACLE, "k011:exit3", "k004:exit7")
+    assert r.returncode == 0
+    out = json.loads(r.stdout)
+    assert out["culprit"] == {"k011": True}
+    assert out["target_signature"]["check"] == "exit 3"
+    assert [(o["signature"]["check"], o["culprit"]) for o in out["other_findings"]] == [("exit 7", ["k004"])]
+
+
+def test_flaky_search_exits_6_and_claims_no_culprit(tmp_path):
+    good, bad = keys(tmp_path, 8)
+    html = tmp_path / "r.html"
+    r = bisect("--good", good, "--bad", bad, "--json", "--repeat", "3", "--report", str(html), "--",
+               "sh", ORACLE, "--seed=1", "k005~50:assert")
+    assert r.returncode == 6, r.stdout
+    out = json.loads(r.stdout)
+    assert out["status"] == "flaky"
+    assert out["culprit"] is None
+    assert out["flaky"], out
+    assert "rerun with --repeat to see" not in out["message"]
+    assert "Flaky configurations" in html.read_text()
+
+
+def test_signature_regex_names_the_bug(tmp_path):
+    good, bad = configs(tmp_path, 8)
+    script = trial(tmp_path, "on t6 && { echo 'FAULT code=PAGE_OOB' >&2; exit 1; }\n"
+                             "on t2 && { echo 'FAULT code=BAD_SCALE' >&2; exit 1; }\nexit 0")
+    r = bisect("--good", good, "--bad", bad, "--json", "--signature-regex", "FAULT code=([A-Z_]+)", "--",
+               script)
+    assert r.returncode == 0
+    out = json.loads(r.stdout)
+    assert out["target_signature"]["check"] == "PAGE_OOB"
+    assert out["culprit"] == {"t6": True}
+    assert [o["signature"]["check"] for o in out["other_findings"]] == ["BAD_SCALE"]
+    bad_regex = bisect("--good", good, "--bad", bad, "--signature-regex", "([", "--", script)
+    assert bad_regex.returncode == 2
+    assert "([" in bad_regex.stderr
+
+
+def test_invalid_utf8_in_a_value_does_not_abort(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_bytes(b't0 = false\nname = "caf\xc3\xa9 \xff\xfe"\n')
+    bad = write(tmp_path / "bad.toml", 't0 = true\nname = "x"\n')
+    script = trial(tmp_path, "on t0 && exit 1\nexit 0")
+    html = tmp_path / "r.html"
+    r = subprocess.run([BIN, "bisect", "-q", "--good", str(good), "--bad", bad, "--json", "--report", str(html),
+                        "--", script], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.decode("utf-8"))  # valid UTF-8 whatever the configuration held
+    assert out["culprit"] == {"t0": True}
+    html.read_bytes().decode("utf-8")
+
+
+def test_a_nul_byte_does_not_cut_the_error_message(tmp_path):
+    _, bad = configs(tmp_path)
+    nul = tmp_path / "nul.toml"
+    nul.write_bytes(b"t0 = tr\x00ue\n")
+    r = bisect("--good", str(nul), "--bad", bad, "--", "true")
+    assert r.returncode == 2
+    assert "'tr\\x00ue' is not a supported value" in r.stderr
+
+
+def test_an_unwritable_report_is_refused_before_any_trial(tmp_path):
+    good, bad = configs(tmp_path)
+    marker = tmp_path / "ran"
+    script = trial(tmp_path, f"touch {marker}\non t1 && exit 1\nexit 0")
+    for report in (str(tmp_path / "no" / "such" / "dir" / "r.html"), str(tmp_path)):
+        r = bisect("--good", good, "--bad", bad, "--report", report, "--", script)
+        assert r.returncode == 3, r.stderr
+        assert "cannot write the HTML report" in r.stderr
+    assert not marker.exists()
+
+
+def test_integer_threshold_is_an_integer_in_json(tmp_path):
+    good = write(tmp_path / "good.toml", "max_batch = 16\nt0 = false\n")
+    bad = write(tmp_path / "bad.toml", "max_batch = 64\nt0 = true\n")
+    script = write(tmp_path / "t.sh", "#!/bin/sh\n"
+                   "v=$(sed -n 's/^max_batch = //p' \"$CRASHREPLAY_CONFIG\")\n[ \"$v\" -ge 37 ] && exit 1\nexit 0\n",
+                   executable=True)
+    r = bisect("--good", good, "--bad", bad, "--json", "--threshold", "max_batch", "--", script)
+    assert r.returncode == 0, r.stdout
+    assert '"first_fail": 37,' in r.stdout or '"first_fail": 37\n' in r.stdout
+    out = json.loads(r.stdout)
+    assert out["threshold"]["last_pass"] == 36 and isinstance(out["threshold"]["last_pass"], int)
+
+
+def test_ten_thousand_keys_give_bounded_progress_and_a_readable_report(tmp_path):
+    good, bad = keys(tmp_path, 10000, width=4)
+    html = tmp_path / "r.html"
+    r = subprocess.run([BIN, "bisect", "--good", good, "--bad", bad, "--report", str(html), "--",
+                        "sh", ORACLE, "k7321:oom", "k1234:assert"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout
+    assert max(len(line) for line in r.stderr.splitlines()) <= 200
+    assert len(r.stderr) < 30000
+    text = html.read_text()
+    assert len(text) < 100_000
+    assert text.index("<h2>Culprit</h2>") < text.index("<h2>Search history</h2>")
+    assert "k7321" in text and "narrowed" in text

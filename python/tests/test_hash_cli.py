@@ -79,3 +79,47 @@ def test_hash_refuses_an_indivisible_tp(tmp_path):
     p = subprocess.run([BIN, "hash", str(ckpt), "--tp", "4"], capture_output=True, text=True)
     assert p.returncode == 2
     assert "q_proj" in p.stderr
+
+
+def _built():
+    if shutil.which(BIN) is None and not os.path.exists(BIN):
+        pytest.skip("crashreplay binary not built")
+
+
+@pytest.mark.parametrize("what", ["fifo", "directory", "dev_zero", "fifo_config"])
+def test_hash_refuses_what_is_not_a_regular_file_at_once_with_exit_3(tmp_path, what):
+    _built()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shard = ckpt / "model.safetensors"
+    if what == "fifo":
+        os.mkfifo(shard)
+    elif what == "directory":
+        shard.mkdir()
+    elif what == "dev_zero":
+        shard.symlink_to("/dev/zero")
+    else:  # a FIFO config.json next to a good shard
+        safetensors_numpy.save_file({"w": np.zeros((2,), np.float16)}, str(shard))
+        os.mkfifo(ckpt / "config.json")
+    # A reader that waited on the FIFO would be killed by the timeout.
+    p = subprocess.run([BIN, "hash", str(ckpt)], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 3, p.stderr
+    assert "not a regular file" in p.stderr
+
+
+def test_hash_of_a_100k_tensor_shard(tmp_path):
+    _built()
+    # Written as the safetensors package writes it (sorted by name, U8);
+    # the old strict DOM parse took minutes here.
+    n = 100_000
+    names = sorted(f"model.layers.{i // 256}.mlp.experts.{i % 256}.w" for i in range(n))
+    header = {name: {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i, name in enumerate(names)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(n))
+    p = subprocess.run([BIN, "hash", str(ckpt), "--json", "--verbose"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["ranks"][0]["tensors"]) == n

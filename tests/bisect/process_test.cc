@@ -107,7 +107,8 @@ TEST(Classify, DeathBySignalIsCrashSignalWithItsName) {
   TrialResult r = Judge(Sh("kill -SEGV $$"));
   EXPECT_EQ(r.verdict, Verdict::kBad);
   EXPECT_EQ(r.signature.failure_class, FailureClass::kCrashSignal);
-  EXPECT_EQ(r.signature.detail, "SIGSEGV");
+  EXPECT_EQ(r.signature.check, "SIGSEGV");  // part of the bug's identity: SIGABRT is another bug
+  EXPECT_EQ(r.signature.detail, "killed by SIGSEGV");
   EXPECT_EQ(r.term_signal, SIGSEGV);
 }
 
@@ -115,6 +116,7 @@ TEST(Classify, ShellReportedSignalExitIsCrashSignal) {
   TrialResult r = Judge(Sh("sh -c 'kill -ABRT $$'; exit $?"));
   EXPECT_EQ(r.exit_code, 128 + SIGABRT);
   EXPECT_EQ(r.signature.failure_class, FailureClass::kCrashSignal);
+  EXPECT_EQ(r.signature.check, "SIGABRT");
   EXPECT_NE(r.signature.detail.find("SIGABRT"), std::string::npos);
 }
 
@@ -124,6 +126,7 @@ TEST(Classify, ExitCodesFollowGitBisectRun) {
   TrialResult bad = Judge(Sh("exit 1"));
   EXPECT_EQ(bad.verdict, Verdict::kBad);
   EXPECT_EQ(bad.signature.failure_class, FailureClass::kOther);
+  EXPECT_EQ(bad.signature.check, "exit 1");
   EXPECT_EQ(Judge(Sh("exit 127")).verdict, Verdict::kBad);
   TrialResult abort = Judge(Sh("exit 255"));
   EXPECT_EQ(abort.verdict, Verdict::kAbort);
@@ -142,6 +145,21 @@ TEST(Classify, MemoryLimitExhaustionIsOom) {
   TrialResult r = ClassifyProcess(p, limits, std::nullopt);
   EXPECT_EQ(r.verdict, Verdict::kBad);
   EXPECT_EQ(r.signature.failure_class, FailureClass::kOom) << p.stderr_tail;
+  EXPECT_EQ(r.signature.check, "host");  // Python's MemoryError, read from its traceback
+}
+
+TEST(Process, StderrKeepsTheHeadAsWellAsTheTail) {
+  ProcessSpec spec;
+  spec.argv = {"sh", "-c", "echo first-error >&2; i=0; while [ $i -lt 3000 ]; do echo noise-noise-noise-noise >&2; i=$((i+1)); done"};
+  spec.stderr_limit = 1024;
+  spec.stderr_head_limit = 64;
+  ProcessResult p = RunProcess(spec);
+  EXPECT_EQ(p.stderr_head.rfind("first-error\n", 0), 0u);
+  EXPECT_EQ(p.stderr_tail.size(), 1024u);
+  EXPECT_EQ(p.stderr_bytes, 12u + 3000u * 24u);
+  const std::string kept = KeptStderr(p);
+  EXPECT_EQ(kept.rfind("first-error", 0), 0u);
+  EXPECT_NE(kept.find("bytes ...]"), std::string::npos);
 }
 
 TEST(Classify, SigkillUnderAMemoryLimitIsOom) {

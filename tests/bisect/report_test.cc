@@ -109,6 +109,86 @@ TEST(Report, HtmlIsSelfContainedWithHistoryAndKernelChart) {
   }
 }
 
+// A 10,000-key search with two bugs, in process.
+BisectReport LargeSearch(Progress* progress) {
+  static testing::FakeRunner runner([](const Config& c, int) -> std::optional<FailureSignature> {
+    if (testing::On(c, testing::Key(7321, 4))) return testing::Failure(FailureClass::kOom, "cuda");
+    if (testing::On(c, testing::Key(1234, 4))) return testing::Failure(FailureClass::kDeviceAssert);
+    return std::nullopt;
+  });
+  Scheduler s(runner, {}, progress);
+  auto [good, bad] = testing::Keys(10000, 4);
+  BisectOptions o;
+  o.good = good;
+  o.bad = bad;
+  return RunBisect(s, o, progress);
+}
+
+TEST(Report, TenThousandKeySearchIsReadable) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  BisectReport r;
+  {
+    Progress p(f, /*live=*/false);
+    r = LargeSearch(&p);
+  }
+  std::fflush(f);
+  const std::string progress(buf, len);
+  std::fclose(f);
+  std::free(buf);
+  ASSERT_EQ(r.status, BisectStatus::kCulpritFound) << r.message;
+  EXPECT_EQ(testing::CulpritNames(r), (std::set<std::string>{"k7321"}));
+  // The other bug is narrowed to its own key, not left as a half of the keys.
+  ASSERT_EQ(r.other_findings.size(), 1u);
+  EXPECT_EQ(r.other_findings[0].status, FindingStatus::kNarrowed);
+  EXPECT_EQ(r.other_findings[0].culprit, std::vector<std::string>{"k1234"});
+  // Progress lines are bounded.
+  size_t longest = 0, start = 0;
+  for (size_t nl; (nl = progress.find('\n', start)) != std::string::npos; start = nl + 1) {
+    longest = std::max(longest, nl - start);
+  }
+  EXPECT_LE(longest, 200u);
+  EXPECT_LT(progress.size(), 20000u);
+  // The HTML report: small, the culprit before the history, findings coloured.
+  const std::string html = ReportHtml(r);
+  EXPECT_LT(html.size(), 60000u);
+  EXPECT_LT(html.find("<h2>Culprit</h2>"), html.find("<h2>Search history</h2>"));
+  EXPECT_NE(html.find("class='other f1'"), std::string::npos);
+  EXPECT_NE(html.find("10000 changes: k0000..k9999"), std::string::npos);
+  EXPECT_EQ(html.find("Per-kernel"), std::string::npos) << "no kernel tables, no kernel section";
+  EXPECT_EQ(html.find("k5000=true, k5001=true"), std::string::npos) << "long change lists are grouped";
+  const std::string text = ReportText(r);
+  EXPECT_LT(text.size(), 4000u);
+}
+
+TEST(Report, FlakyRunsAreMarked) {
+  testing::FakeRunner runner([](const Config& c, int run) -> std::optional<FailureSignature> {
+    if (testing::On(c, testing::Key(5))) return testing::Failure(FailureClass::kDeviceAssert);
+    if (testing::On(c, testing::Key(1)) && run % 2 == 0) return testing::Failure(FailureClass::kDeviceAssert);
+    return std::nullopt;
+  });
+  SchedulerOptions so;
+  so.repeat = 2;
+  Scheduler s(runner, so);
+  auto [good, bad] = testing::Keys(8);
+  BisectOptions o;
+  o.good = good;
+  o.bad = bad;
+  const BisectReport r = RunBisect(s, o, nullptr);
+  ASSERT_EQ(r.status, BisectStatus::kFlaky);
+  const std::string html = ReportHtml(r);
+  EXPECT_NE(html.find("<h2>Flaky configurations</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<tr class='flaky'>"), std::string::npos);
+  EXPECT_NE(html.find("1/2 runs failed"), std::string::npos);
+  const nlohmann::json j = ReportJson(r);
+  EXPECT_EQ(j["status"], "flaky");
+  EXPECT_TRUE(j["culprit"].is_null());
+  EXPECT_FALSE(j["flaky"].empty());
+  EXPECT_EQ(j["flaky"][0]["runs"], 2);
+  EXPECT_NE(ReportText(r).find("flaky configurations"), std::string::npos);
+}
+
 TEST(Progress, PlainLinesWhenNotATerminalAndRedrawOnOne) {
   char* buf = nullptr;
   size_t len = 0;

@@ -7,6 +7,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -42,6 +45,23 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A file beside the test sources. `here` is the test's __FILE__: absolute, or
+// relative to the build root where the compiler ran (Ninja runs there; the
+// test binary lives in <build root>/tests).
+inline std::string SourcePath(const std::string& here, const std::string& name) {
+  const std::string rel = here.substr(0, here.rfind('/') + 1) + name;
+  if (!rel.empty() && rel[0] == '/') return rel;
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));                 // <build>/tests
+    const std::string candidate = dir + "/../" + rel;  // relative to <build>
+    if (::access(candidate.c_str(), R_OK) == 0) return candidate;
+  }
+  return rel;
+}
 
 inline void WriteFile(const std::string& path, const std::string& text, bool executable = false) {
   std::ofstream(path, std::ios::binary) << text;
@@ -98,6 +118,84 @@ inline std::set<std::string> CulpritNames(const BisectReport& r) {
   std::set<std::string> names;
   for (size_t i : r.culprit) names.insert(r.changes[i].name);
   return names;
+}
+
+inline std::set<std::string> SuspectNames(const BisectReport& r) {
+  std::set<std::string> names;
+  for (size_t i : r.suspect) names.insert(r.changes[i].name);
+  return names;
+}
+
+// A counting oracle: an in-process TrialRunner whose verdict is a function
+// of the configuration and of how many times that configuration ran before
+// (for flaky oracles). Counts every run; thread-safe.
+class FakeRunner : public TrialRunner {
+ public:
+  // Returns the failure signature, or nullopt for a pass.
+  using Fn = std::function<std::optional<FailureSignature>(const Config&, int previous_runs)>;
+  explicit FakeRunner(Fn fn) : fn_(std::move(fn)) {}
+  std::string SubjectId() const override { return "fake"; }
+  TrialResult Run(const TrialRequest& request, const std::atomic<bool>*) override {
+    int previous;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      previous = runs_per_config_[FormatConfig(request.config)]++;
+      ++runs_;
+    }
+    TrialResult r;
+    if (auto sig = fn_(request.config, previous)) {
+      r.verdict = Verdict::kBad;
+      r.signature = *sig;
+      r.bad_runs = 1;
+      r.exit_code = 1;
+    } else {
+      r.verdict = Verdict::kGood;
+      r.exit_code = 0;
+    }
+    return r;
+  }
+  std::string ReproduceCommand(const std::string& path, std::optional<int64_t>) const override {
+    return "fake " + path;
+  }
+  int runs() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return runs_;
+  }
+
+ private:
+  Fn fn_;
+  mutable std::mutex mu_;
+  std::map<std::string, int> runs_per_config_;
+  int runs_ = 0;
+};
+
+inline FailureSignature Failure(FailureClass c, std::string check = "") {
+  FailureSignature s;
+  s.failure_class = c;
+  s.check = std::move(check);
+  return s;
+}
+
+inline bool On(const Config& c, const std::string& name) {
+  auto it = c.find(name);
+  return it != c.end() && it->second.is_bool() && it->second.as_bool();
+}
+
+// Keys k000..k{n-1} (zero-padded to `width` digits), false in good, true in bad.
+inline std::pair<Config, Config> Keys(int n, int width = 3) {
+  Config good, bad;
+  for (int i = 0; i < n; ++i) {
+    std::string num = std::to_string(i);
+    const std::string name = "k" + std::string(static_cast<size_t>(std::max(0, width - static_cast<int>(num.size()))), '0') + num;
+    good[name] = ConfigValue::Bool(false);
+    bad[name] = ConfigValue::Bool(true);
+  }
+  return {good, bad};
+}
+
+inline std::string Key(int i, int width = 3) {
+  std::string num = std::to_string(i);
+  return "k" + std::string(static_cast<size_t>(std::max(0, width - static_cast<int>(num.size()))), '0') + num;
 }
 
 }  // namespace crashreplay::bisect::testing

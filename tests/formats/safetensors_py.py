@@ -23,10 +23,12 @@ SPEC_DTYPE = {
     "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
     "F4": "float4_e2m1fn_x2",
+    # Valid safetensors that crashreplay refuses as unsupported (not corrupt).
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 BITS = {"BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "I32": 32, "U32": 32,
         "I64": 64, "U64": 64, "F16": 16, "BF16": 16, "F32": 32, "F64": 64,
-        "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4}
+        "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8}
 NUMPY_DTYPE = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16,
                "U16": np.uint16, "I32": np.int32, "U32": np.uint32, "I64": np.int64,
                "U64": np.uint64, "F16": np.float16, "F32": np.float32, "F64": np.float64}

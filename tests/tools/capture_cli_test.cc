@@ -1,6 +1,7 @@
 // The built `crashreplay` binary on good, truncated and bit-flipped
 // captures: never killed by a signal, and the documented exit codes
 // (0 ok, 2 usage, 3 data error).
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,9 +45,12 @@ class CaptureCli : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
 
-  Result Run(const std::string& args) {
+  Result Run(const std::string& args) { return Run_(binary_ + " " + args); }
+
+  // Runs a whole command line (the binary named in it).
+  Result Run_(const std::string& command) {
     const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
-    const int status = std::system((binary_ + " " + args + " >" + out + " 2>" + err).c_str());
+    const int status = std::system((command + " >" + out + " 2>" + err).c_str());
     Result r;
     // std::system runs /bin/sh, which reports a child killed by signal N as
     // exit status 128+N.
@@ -191,6 +195,47 @@ TEST_F(CaptureCli, BitFlippedCapturesNeverCrashAndFailVerify) {
     EXPECT_EQ(verify.exit_code, 3) << verify.out;
     EXPECT_NE(verify.err.find("byte offset"), std::string::npos) << verify.err;
   }
+}
+
+TEST_F(CaptureCli, WhatIsNotARegularFileIsRefusedAtOnceWithExitThree) {
+  const std::string fifo = dir_ + "/rank-00000.crcap";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string folder = dir_ + "/folder.crcap";
+  std::filesystem::create_directories(folder + "/empty");
+  for (const std::string& path : {fifo, std::string("/dev/zero"), std::string("/dev/null")}) {
+    SCOPED_TRACE(path);
+    // `timeout` ends a reader that waits on the FIFO (exit 124): a failure here.
+    for (const std::string cmd : {"info ", "verify ", "replay "}) {
+      const Result r = Run_("timeout 20 " + binary_ + " " + cmd + path);
+      EXPECT_EQ(r.exit_code, 3) << cmd << r.err;
+      EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << cmd << r.err;
+    }
+  }
+  // A session directory whose rank file is a FIFO.
+  const Result session = Run_("timeout 20 " + binary_ + " info " + dir_);
+  EXPECT_EQ(session.exit_code, 3) << session.err;
+}
+
+TEST_F(CaptureCli, ReplayOfACaptureCutInsideItsFirstStepNamesTheCut) {
+  const std::string file = Sample() + "/rank-00000.crcap";
+  const std::vector<char> bytes = ReadBytes(file);
+  auto full = CaptureReader::Open(file);
+  ASSERT_TRUE(full.ok());
+  size_t cut = 0;
+  for (const RecordInfo& r : (*full)->records()) {
+    if (r.type == static_cast<uint16_t>(RecordType::kStep)) {
+      cut = r.offset + kFrameHeaderSize + r.payload_size / 2;
+      break;
+    }
+  }
+  ASSERT_GT(cut, 0u);
+  const std::string cut_path = dir_ + "/cut.crcap";
+  WriteBytes(cut_path, bytes, cut);
+  const Result r = Run("replay " + cut_path);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("holds no complete step"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stops at byte"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--step -1"), std::string::npos) << r.err;
 }
 
 TEST_F(CaptureCli, UsageErrorsExitTwoAndMissingFilesExitThree) {

@@ -16,6 +16,7 @@
 // files (the index is unique per trial).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ struct CommandTrialOptions {
   std::vector<std::string> runner;   // prefix words, may be empty
   std::string workdir;               // must exist; trial files go here
   TrialLimits limits;
+  std::shared_ptr<const FailureTextRules> rules = nullptr;  // failure text; null: built-in rules
 };
 
 // What one launch produced, before judging.

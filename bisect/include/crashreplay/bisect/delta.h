@@ -36,6 +36,18 @@ Config ApplyChanges(const Config& good, const std::vector<Change>& changes, cons
 // "a=1, b=\"x\", -c" (a removed toggle is prefixed with '-').
 std::string DescribeChanges(const std::vector<Change>& changes, const ChangeSet& set);
 
+// DescribeChanges when it fits in `max_chars`; otherwise the count and the
+// names grouped into runs of neighbours in name order, "512 changes:
+// k0000..k0511", cut with "(+N more)" so a 10,000-change set stays one line.
+std::string SummarizeChanges(const std::vector<Change>& changes, const ChangeSet& set, size_t max_chars = 160);
+
+// `config` summarized as changes from `good`; "(good configuration)" when equal.
+std::string SummarizeConfig(const Config& good, const Config& config, size_t max_chars = 160);
+
+// Indices of `config`'s differences from `good` in `changes` (by name; a
+// difference not in `changes` is left out).
+ChangeSet ChangeSetOf(const std::vector<Change>& changes, const Config& good, const Config& config);
+
 // {"name": bad value, ...}; a removed toggle maps to null.
 nlohmann::json ChangesToJson(const std::vector<Change>& changes, const ChangeSet& set);
 

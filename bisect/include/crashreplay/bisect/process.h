@@ -4,8 +4,9 @@
 //
 // RunProcess forks and execs argv[0] (searched in PATH) in a new process
 // group with stdin from /dev/null, captures stdout (the first
-// `stdout_limit` bytes) and stderr (the last `stderr_limit` bytes), and
-// waits. On timeout or cancellation it sends SIGTERM to the whole group,
+// `stdout_limit` bytes) and stderr (the first `stderr_head_limit` and the
+// last `stderr_limit` bytes: the first error a program prints is usually the
+// cause, the last its final exception), and waits. On timeout or cancellation it sends SIGTERM to the whole group,
 // then SIGKILL after `kill_grace_s`. When the main process has exited, any
 // member of its group still running is killed, so a trial never leaves
 // stragglers behind. An optional memory limit is applied in the child with
@@ -37,6 +38,7 @@ struct ProcessSpec {
   std::optional<uint64_t> memory_limit_bytes;                 // RLIMIT_AS in the child
   size_t stdout_limit = 16u << 20;                            // keep the first bytes
   size_t stderr_limit = 64u << 10;                            // keep the last bytes
+  size_t stderr_head_limit = 64u << 10;                       // and the first bytes
   const std::atomic<bool>* cancel = nullptr;                  // set -> kill the group
 };
 
@@ -52,7 +54,13 @@ struct ProcessResult {
   std::string stdout_text;    // head, at most stdout_limit bytes
   bool stdout_truncated = false;
   std::string stderr_tail;    // tail, at most stderr_limit bytes
+  std::string stderr_head;    // head, at most stderr_head_limit bytes
+  uint64_t stderr_bytes = 0;  // how much stderr there was in all
 };
+
+// All of stderr that was kept, head and tail joined without repeating the
+// bytes they share ("\n[...]\n" where bytes were dropped between them).
+std::string KeptStderr(const ProcessResult& r);
 
 ProcessResult RunProcess(const ProcessSpec& spec);
 

@@ -29,7 +29,7 @@ namespace crashreplay::bisect {
 
 // Judges a finished `replay --json` process.
 TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits,
-                                  bool diverged_is_bad = false);
+                                  bool diverged_is_bad = false, const FailureTextRules* rules = nullptr);
 
 struct ReplayTrialOptions {
   std::string crashreplay_binary;    // path of the crashreplay executable
@@ -38,6 +38,7 @@ struct ReplayTrialOptions {
   std::string workdir;
   TrialLimits limits;
   bool diverged_is_bad = false;      // see InterpretReplayOutput
+  std::shared_ptr<const FailureTextRules> rules = nullptr;  // for crashes of the replay process itself
 };
 
 class ReplayTrialRunner : public TrialRunner {

@@ -4,8 +4,12 @@
 // cache (keyed by the runner's subject, i.e. the capture or command, plus the
 // canonical configuration text and step) runs `repeat` times, at most `jobs`
 // processes at once, and the runs are combined (CombineRepeats: disagreement
-// is flaky). No configuration ever runs twice: duplicates inside a batch and
-// across batches are served from the cache. With a GPU pool, worker w owns
+// is flaky). No configuration is judged twice: duplicates inside a batch and
+// across batches are served from the cache. Confirm is the one exception, on
+// purpose: it runs a cached configuration again until it has `repeat +
+// confirm` runs and combines them all, so a search can check the results it
+// rests on (a configuration that fails with probability p passes all of N
+// runs with probability (1-p)^N). With a GPU pool, worker w owns
 // gpus[w] for its whole life and exports it as CUDA_VISIBLE_DEVICES, and the
 // number of workers is at most the pool's size.
 //
@@ -29,9 +33,17 @@
 
 namespace crashreplay::bisect {
 
+// Runs added by Confirm to each configuration a claim rests on. A
+// configuration that fails half the time passes (or fails) all 1 + 6 runs
+// with probability 1/128; measured over the flaky oracles of
+// tests/bisect/flaky_test.cc (3000 searches at --repeat 1) no wrong culprit
+// was claimed at 6, one at 5, 15 at 3.
+inline constexpr int kDefaultConfirmRuns = 6;
+
 struct SchedulerOptions {
   int jobs = 1;
   int repeat = 1;
+  int confirm = kDefaultConfirmRuns;             // extra runs per confirmed configuration
   std::vector<std::string> gpus;                 // CUDA_VISIBLE_DEVICES values, one per worker
   const std::atomic<bool>* interrupt = nullptr;  // set by a SIGINT handler
 };
@@ -49,14 +61,20 @@ struct HistoryEntry {
 
 class TrialCache {
  public:
+  struct Entry {
+    std::vector<TrialResult> runs;  // every run (output kept for the first only)
+    TrialResult combined;
+    size_t history = 0;             // index of its HistoryEntry
+  };
   static std::string Key(const std::string& subject, const Config& config, std::optional<int64_t> step);
   std::optional<TrialResult> Find(const std::string& key) const;
-  void Insert(const std::string& key, const TrialResult& result);
+  Entry* Get(const std::string& key);
+  void Insert(const std::string& key, Entry entry);
   size_t size() const;
 
  private:
   mutable std::mutex mu_;
-  std::map<std::string, TrialResult> entries_;
+  std::map<std::string, Entry> entries_;
 };
 
 class Scheduler {
@@ -68,6 +86,9 @@ class Scheduler {
   std::vector<TrialResult> RunRequests(const std::vector<Config>& configs,
                                        const std::vector<std::optional<int64_t>>& steps);
   TrialResult RunOne(const Config& config, std::optional<int64_t> step = {});
+  // Runs each configuration (judged or not) until it has repeat + confirm
+  // runs, and returns the results combined over all of them.
+  std::vector<TrialResult> Confirm(const std::vector<Config>& configs, std::optional<int64_t> step = {});
 
   void set_phase(const std::string& phase);
   // A short description of configurations for progress lines (differences
@@ -75,6 +96,8 @@ class Scheduler {
   void set_describe_base(const Config& base) { describe_base_ = base; }
 
   int parallelism() const;
+  int repeat() const { return options_.repeat; }
+  int confirm() const { return options_.confirm; }
   int evaluations() const { return static_cast<int>(history_.size()); }  // distinct configs judged
   int launches() const { return launches_.load(); }                      // processes started
   const std::vector<HistoryEntry>& history() const { return history_; }
@@ -86,6 +109,16 @@ class Scheduler {
   std::string Describe(const Config& config) const;
 
  private:
+  struct Job {
+    size_t request;   // index into the caller's configs
+    int runs;         // runs to start
+  };
+  // Starts `jobs`' runs (at most parallelism() at once) and returns each
+  // request's new runs, in request order. Empty for a request not run.
+  std::vector<std::vector<TrialResult>> Execute(const std::vector<Config>& configs,
+                                                const std::vector<std::optional<int64_t>>& steps,
+                                                const std::vector<Job>& jobs, const std::string& tag);
+
   TrialRunner& runner_;
   SchedulerOptions options_;
   Progress* progress_;

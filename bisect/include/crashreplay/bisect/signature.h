@@ -34,6 +34,9 @@ enum class FailureClass {
   kTimeout,         // no result within the trial's time limit
   kCrashSignal,     // the process died by a signal (SIGSEGV, SIGABRT, ...)
   kOther,           // failed without saying how (a plain non-zero exit)
+  kCudaError,       // a CUDA runtime error other than assert/OOM (illegal address, ...)
+  kNcclError,       // an NCCL collective failed or timed out
+  kException,       // an uncaught exception, named by its type (Python tracebacks)
 };
 
 enum class FailureStage { kLoad, kGraphCapture, kPrefill, kDecode, kUnknown };

@@ -36,6 +36,7 @@ struct ThresholdResult {
   double first_fail = 0;           // nearest failing value found
   FailureSignature fail_signature; // how first_fail fails
   int probes = 0;                  // configurations judged
+  bool integer = false;            // an integer toggle: values are written as integers
   std::string note;
 };
 

@@ -10,15 +10,18 @@
 // docs/bisect.md):
 //   could not start / cancelled      -> abort
 //   killed for the time limit        -> bad, class timeout
-//   died by signal S                 -> bad, class crash_signal, detail "SIGSEGV"
-//     ... SIGKILL under a memory limit, or stderr says std::bad_alloc -> oom
-//   exit 0 -> good; 125 -> skip; 1..127 (not 125) -> bad
+//   died by signal S                 -> bad, class crash_signal, check "SIGSEGV"
+//     ... SIGKILL under a memory limit -> oom, check "host"
+//   exit 0 -> good; 125 -> skip; 1..127 (not 125) -> bad, class other,
+//                                       check "exit N"
 //   exit 128+S (S a signal number, how a shell reports a child killed by S)
-//                                    -> bad, class crash_signal
+//                                    -> bad, class crash_signal, check "SIGSEGV"
 //   exit 128 or 193..255             -> abort
 // A bad verdict's signature comes from the command's signature file when it
-// wrote a valid one; otherwise from the classification above (class `other`
-// for a plain non-zero exit, `oom` when stderr reports an allocation failure).
+// wrote a valid one; else from what the process printed (failure_text.h:
+// CUDA errors, OOMs, NCCL errors, Python exceptions, --signature-regex);
+// else from how it ended, as above. So exit 3 and exit 7 are different bugs,
+// and so are SIGSEGV and SIGABRT.
 //
 // Thread safety: runners are called from several scheduler threads at once
 // and must be safe for that; results are values.
@@ -32,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crashreplay/bisect/failure_text.h"
 #include "crashreplay/bisect/kernel_table.h"
 #include "crashreplay/bisect/process.h"
 #include "crashreplay/bisect/signature.h"
@@ -91,9 +95,11 @@ class TrialRunner {
 
 // Judges a finished process as the header comment describes.
 // `signature_file_text` is the content the command wrote to
-// CRASHREPLAY_SIGNATURE_OUT, if any.
+// CRASHREPLAY_SIGNATURE_OUT, if any; `rules` recognise failures in its
+// output (nullptr: the built-in rules only).
 TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
-                            const std::optional<std::string>& signature_file_text);
+                            const std::optional<std::string>& signature_file_text,
+                            const FailureTextRules* rules = nullptr);
 
 // Combines K runs of one configuration: all agree -> that verdict (the first
 // run's details); verdicts or failure signatures disagree -> flaky; any

@@ -13,10 +13,11 @@
 // config.json is not parsed here (see hf_config.h); config_path() says where
 // it is, or is empty when the directory has none.
 //
-// Errors: NotFound (no directory, no shards, a missing shard), DataLoss (a
-// corrupt shard or index, a tensor missing from its shard, a name in two
-// shards), InvalidArgument (a shard path escaping the directory). Messages
-// name the file and tensor.
+// Errors: NotFound (no directory, no shards, a missing shard, a shard or
+// index that is not a regular file: a FIFO or a device is refused at once,
+// never read), DataLoss (a corrupt shard or index, a tensor missing from its
+// shard, a name in two shards), InvalidArgument (a shard path escaping the
+// directory). Messages name the file and tensor.
 //
 // Ownership: the Checkpoint owns its open shards; pointers and spans it
 // returns live as long as it does. Immutable after Open; concurrent reads
