@@ -53,6 +53,10 @@ def main(model_dir, session_dir, port, schedule):
                                      distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
         initialize_model_parallel(1)
         model = get_model(vllm_config=vc)
+    # What the worker's init_device does through vllm.utils.torch_utils.
+    # set_random_seed (whose platform half needs a device platform here).
+    np.random.seed(mc.seed)
+    torch.manual_seed(mc.seed)
 
     requests = schedule["requests"]
     n, vocab, max_reqs = len(requests), mc.get_vocab_size(), 4
