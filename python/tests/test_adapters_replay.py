@@ -200,3 +200,14 @@ def test_decode_graphs_are_planned_no_larger_than_the_request_pool(tmp_path, che
     # With a pool of 256 requests the same graphs do not fit: the check is live.
     j = replay_json(session, "--set", "max_running_requests=256")
     assert j["outcome"] == "failed" and j["signature"]["check"] == "graph_memory_fits"
+
+
+def test_request_ids_that_are_not_numbers_stay_distinct(tmp_path, checkpoint):
+    # sglang's UUIDs (and vLLM's "cmpl-...") once all became request 0.
+    session = record_session(tmp_path / "s", checkpoint, weights=False)
+    r = run("replay", session, "--dump", str(tmp_path / "dump"), "--dump-kernels", "embedding")
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "dump" / "step4.rank0.safetensors", "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    ids = json.loads(header["__metadata__"]["request_ids"])
+    assert len(ids) == 2 and len(set(ids)) == 2 and 0 not in ids

@@ -148,6 +148,36 @@ def test_a_failing_execute_model_records_the_pending_step_then_the_failure(tmp_p
             delattr(GPUModelRunner, "_crashreplay_installed")
 
 
+@needs_v2
+def test_a_runner_that_cannot_attach_serves_on_unrecorded(tmp_path, monkeypatch, caplog):
+    # The session directory cannot be created (a file is in the way). The
+    # real prepare_inputs needs an initialised GPU runner, so a stand-in
+    # returning vLLM's own InputBatch takes its place under the hook.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("CRASHREPLAY_DIR", str(blocker / "session"))
+    names = ("load_model", "execute_model", "sample_tokens", "prepare_inputs", "prepare_attn")
+    saved = {n: GPUModelRunner.__dict__[n] for n in names if n in GPUModelRunner.__dict__}
+    batch = real_input_batch([3, 2])
+    GPUModelRunner.prepare_inputs = lambda self, *a, **k: batch
+    try:
+        cr_vllm.install()
+        runner = GPUModelRunner.__new__(GPUModelRunner)
+        with caplog.at_level("WARNING", logger="crashreplay"):
+            assert runner.prepare_inputs(None) is batch
+            assert runner.prepare_inputs(None) is batch
+        assert runner._crashreplay_adapter is False
+        assert caplog.text.count("attaching to a vLLM model runner failed") == 1  # once, not every step
+    finally:
+        for n in names:
+            if n in saved:
+                setattr(GPUModelRunner, n, saved[n])
+            elif n in GPUModelRunner.__dict__:
+                delattr(GPUModelRunner, n)
+        if "_crashreplay_installed" in GPUModelRunner.__dict__:
+            delattr(GPUModelRunner, "_crashreplay_installed")
+
+
 # ---- a session through the adapter, replayed ---------------------------------
 import json  # noqa: E402
 import os  # noqa: E402
