@@ -53,7 +53,7 @@ def main(model_dir, session_dir, rank, tp, port, schedule):
                     random_seed=schedule["seed"], max_total_tokens=schedule["max_total_tokens"],
                     max_prefill_tokens=schedule["max_prefill_tokens"],
                     cuda_graph_max_bs_decode=schedule["cuda_graph_max_bs_decode"],
-                    mem_fraction_static=schedule["mem_fraction_static"])
+                    mem_fraction_static=schedule["mem_fraction_static"], ep_size=schedule.get("ep_size", 1))
     publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=rank, gpu_id=rank))
     orig_group = ps.init_model_parallel_group
 

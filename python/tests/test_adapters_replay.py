@@ -186,7 +186,7 @@ def test_a_missing_rank_file_is_said_not_verified(tmp_path, checkpoint):
     session = record_session(tmp_path / "s", checkpoint)
     os.remove(os.path.join(session, "rank-00001.crcap"))
     j = replay_json(session)
-    assert j["weights"] == "verified 15 tensors of 1 rank (sglang layout); ranks 1 have no capture file here, not verified"
+    assert j["weights"] == "verified 15 tensors of 1 rank (sglang layout); rank 1 has no capture file here, not verified"
 
 
 def test_decode_graphs_are_planned_no_larger_than_the_request_pool(tmp_path, checkpoint):
@@ -211,3 +211,11 @@ def test_request_ids_that_are_not_numbers_stay_distinct(tmp_path, checkpoint):
         header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
     ids = json.loads(header["__metadata__"]["request_ids"])
     assert len(ids) == 2 and len(set(ids)) == 2 and 0 not in ids
+
+
+def test_a_session_whose_rank_0_left_no_file_replays_from_its_lowest_rank(tmp_path, checkpoint):
+    session = record_session(tmp_path / "s", checkpoint)
+    os.remove(os.path.join(session, "rank-00000.crcap"))
+    j = replay_json(session)
+    assert j["outcome"] == "reproduced"
+    assert j["weights"] == "verified 15 tensors of 1 rank (sglang layout); rank 0 has no capture file here, not verified"

@@ -240,10 +240,10 @@ SCHEDULE = {"page_size": 64, "seed": 1234, "max_total_tokens": 4096, "max_prefil
                          {"rid": REQ_B, "prompt": [5, 6, 7], "temperature": 0.8, "seed": 42}]}
 
 
-def make_checkpoint(tmp_path, vocab=300):
-    d = tmp_path / "llama"
+def make_checkpoint(tmp_path, vocab=300, arch="llama"):
+    d = tmp_path / arch
     if not d.exists():
-        r = subprocess.run([BIN, "make-model", str(d), "--arch", "llama", "--quant", "bf16", "--vocab", str(vocab)],
+        r = subprocess.run([BIN, "make-model", str(d), "--arch", arch, "--quant", "bf16", "--vocab", str(vocab)],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     return str(d)
@@ -255,11 +255,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def record_tp2_session(session, ckpt):
+def record_tp2_session(session, ckpt, **schedule):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     port = free_port()
     procs = [subprocess.Popen([sys.executable, CHILD, ckpt, str(session), str(rank), "2", str(port),
-                               json.dumps(SCHEDULE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               json.dumps({**SCHEDULE, **schedule})], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
@@ -331,3 +331,22 @@ def test_a_checkpoint_that_is_not_the_recorded_one_fails_weight_verification(tp2
     r = subprocess.run([BIN, "replay", session, "--model", str(other)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 3, r.stderr
     assert "rank 1 tensor 'model.layers.1.mlp.down_proj.weight'" in r.stderr and "the checkpoint gives" in r.stderr
+
+
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_a_moe_session_verifies_the_fused_experts_as_sglang_lays_them_out(tmp_path, ep_size):
+    # qwen3_moe: sglang's FusedMoE holds experts.w13_weight [local experts,
+    # 2 * I / moe_tp, H] and w2_weight; with ep_size 2 each rank holds half
+    # the experts whole, with ep_size 1 every expert's half.
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    ckpt = make_checkpoint(tmp_path, arch="qwen3_moe")
+    record_tp2_session(tmp_path / "session", ckpt, ep_size=ep_size)
+    (w,) = crashreplay.read_capture(str(tmp_path / "session"))["files"][1]["weight_hashes"]
+    assert "model.layers.0.mlp.experts.w13_weight" in w["tensors"]
+    r = subprocess.run([BIN, "replay", str(tmp_path / "session"), "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["outcome"] == "reproduced"
+    assert j["weights"] == "verified 42 tensors of 2 ranks (sglang layout)"

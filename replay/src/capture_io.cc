@@ -320,7 +320,15 @@ absl::Status RepageSteps(LoadedCapture* cap, int page_size) {
 
 absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
   std::string file = path;
-  if (std::filesystem::is_directory(path)) file = capture::SessionRankPath(path, 0);
+  if (std::filesystem::is_directory(path)) {
+    // Rank 0's file; a session whose rank 0 left none replays its lowest rank.
+    file = capture::SessionRankPath(path, 0);
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) {
+      absl::StatusOr<std::vector<std::string>> files = ListCaptureFiles(path);
+      if (files.ok() && !files->empty()) file = files->front();
+    }
+  }
   CR_ASSIGN_OR_RETURN(std::unique_ptr<CaptureReader> reader, CaptureReader::Open(file));
   if (!reader->manifest()) return absl::DataLossError(Cat(file, ": no session manifest"));
   LoadedCapture out;

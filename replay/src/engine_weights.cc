@@ -297,7 +297,8 @@ absl::StatusOr<WeightVerification> VerifyEngineWeights(const LoadedCapture& cap,
   if (!cap.ranks_without_file.empty()) {
     std::string missing;
     for (uint32_t r : cap.ranks_without_file) missing += Cat(missing.empty() ? "" : ", ", r);
-    v.summary += Cat("; ranks ", missing, " have no capture file here, not verified");
+    const bool one = cap.ranks_without_file.size() == 1;
+    v.summary += Cat(one ? "; rank " : "; ranks ", missing, one ? " has" : " have", " no capture file here, not verified");
   }
   if (!v.unmapped.empty()) {
     v.summary += Cat("; ", v.unmapped.size(), " not mapped: ");

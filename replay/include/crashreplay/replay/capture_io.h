@@ -108,7 +108,8 @@ struct LoadedCapture {
   int page_size = 0;
 };
 
-// `path`: a capture file or a session directory (its rank-00000.crcap).
+// `path`: a capture file or a session directory (its rank-00000.crcap, or
+// its lowest rank's file when rank 0 wrote none).
 absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path);
 
 // Rewrites every step's page-table rows for `page_size` (a replay under
