@@ -136,8 +136,9 @@ def extract_step(forward_batch: Any, req_to_token: Any = None) -> Dict[str, Any]
                                   out_cache_loc=fb.out_cache_loc)
     if mode in ("extend", "mixed", "prefill") and getattr(fb, "extend_seq_lens", None) is not None:
         fields["extend_lens"] = fb.extend_seq_lens
-    elif mode == "decode":  # one new token per request; batch_size is a host int, no sync
-        fields["extend_lens"] = np.ones(int(fb.batch_size), dtype=np.int64)
+    elif mode == "decode":  # one new token per request (batch_size and shapes are host values: no sync)
+        n = getattr(fb, "batch_size", None)
+        fields["extend_lens"] = np.ones(int(n if n is not None else len(fb.seq_lens)), dtype=np.int64)
     rids = getattr(fb, "rids", None)
     if rids:
         fields["request_ids"] = [str(r) for r in rids]
