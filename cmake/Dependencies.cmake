@@ -9,7 +9,7 @@ if(NOT CRASHREPLAY_PYTHON_ONLY)
   find_package(GTest REQUIRED)
 endif()
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
-if(NOT CRASHREPLAY_FORMATS_ONLY AND NOT CRASHREPLAY_PYTHON_ONLY)
+if(NOT CRASHREPLAY_FORMATS_ONLY)
   find_package(CLI11 REQUIRED)
   find_package(BLAS REQUIRED)
   # Oniguruma: the regex engine HF `tokenizers` uses, for tokenizer.json splits.

@@ -22,6 +22,7 @@
 #include "commands_decl.h"
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/replay/engine_weights.h"
 #include "crashreplay/replay/replay_session.h"
 #include "crashreplay/replay/step_dump.h"
 #include "exit_codes.h"
@@ -153,12 +154,10 @@ int RunReplay(int argc, char** argv) {
     for (const std::string& n : *from) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
     cap->notes.insert(cap->notes.end(), from->begin(), from->end());
   }
-  std::string weights_note = "verified";
-  if (static_cast<size_t>(ec.tp_size) == cap->weights.size()) {
-    if (absl::Status s = replay::VerifyShardHashes(**model, cap->weights); !s.ok()) return ReportError(s);
-  } else {
-    weights_note = "not verified (tp_size differs from the recording)";
-  }
+  auto weights = replay::VerifyCaptureWeights(*cap, *ckpt, **model, ec);
+  if (!weights.ok()) return ReportError(weights.status());
+  const std::string weights_note = *weights;
+  if (absl::Status s = replay::RepageSteps(&*cap, ec.page_size); !s.ok()) return ReportError(s);
   if (step < 0) step = cap->failure_step >= 0 ? cap->failure_step : static_cast<int64_t>(cap->steps.size()) - 1;
   int64_t max_page = 0;
   for (const auto& s : cap->steps)

@@ -4,8 +4,10 @@ config_to_toggles() turns an engine's configuration (a dict, a dataclass such
 as sglang's ServerArgs, or an argparse Namespace) into typed toggles: one
 (name, value) pair per setting, value None, bool, int, float or str, sorted
 by name so the same configuration always gives the same manifest. Nested
-dicts become dotted names; enums their value; lists, tuples and other
-objects a stable string form.
+dicts, dataclasses and msgspec structs (sglang's resolved
+cuda_graph_config.decode.max_bs) become dotted names, down to
+_MAX_DEPTH levels; enums their value; lists, tuples and other objects a
+stable string form.
 
 detect_device() describes the accelerator the process uses. It never imports
 torch itself (that takes seconds and may initialise CUDA): it looks at torch
@@ -56,7 +58,7 @@ def _as_mapping(config: Any) -> Dict[str, Any]:
     if isinstance(config, dict):
         return config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        return {f.name: getattr(config, f.name, None) for f in dataclasses.fields(config) if not f.name.startswith("_")}
     # msgspec.Struct (sglang's ServerArgs since 0.5.2x): fields live in slots,
     # vars() is empty.
     struct_fields = getattr(type(config), "__struct_fields__", None)
@@ -67,13 +69,25 @@ def _as_mapping(config: Any) -> Dict[str, Any]:
     raise TypeError(f"config must be a dict, a dataclass or an object with attributes, not {type(config).__name__}")
 
 
-def config_to_toggles(config: Any, prefix: str = "") -> List[Toggle]:
+_MAX_DEPTH = 4
+
+
+def _is_record(v: Any) -> bool:
+    """A value whose fields become dotted toggles (not a leaf)."""
+    if isinstance(v, dict):
+        return True
+    if isinstance(v, type):
+        return False
+    return (dataclasses.is_dataclass(v) or isinstance(getattr(type(v), "__struct_fields__", None), tuple))
+
+
+def config_to_toggles(config: Any, prefix: str = "", _depth: int = 0) -> List[Toggle]:
     """Flattens a configuration into sorted (name, typed value) toggles."""
     out: List[Toggle] = []
     for key, value in _as_mapping(config).items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.extend(config_to_toggles(value, prefix=name + "."))
+        if _depth < _MAX_DEPTH and _is_record(value):
+            out.extend(config_to_toggles(value, prefix=name + ".", _depth=_depth + 1))
         else:
             out.append((name, _toggle_value(value)))
     out.sort(key=lambda t: t[0])

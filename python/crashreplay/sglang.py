@@ -11,27 +11,45 @@ What is recorded, and from where (sglang's own names):
                       resolution, and the staging copy is ordered after it)
   positions           positions
   seq_lens            seq_lens
-  extend_lens         extend_seq_lens (extend modes)
+  extend_lens         extend_seq_lens (extend modes); one per request in decode
+                      (batch_size ones: a decode step adds one token each)
   req_pool_indices    req_pool_indices
   page_table          req_to_token_pool.req_to_token[req_pool_indices, :max(seq_lens_cpu)],
-                      each row cut to its seq_len (token slots of the KV pool)
+                      each row cut to its seq_len: TOKEN SLOTS of the KV pool
+                      (one per token; a page of page_size tokens is
+                      slot // page_size), toggle sglang.page_table_unit = "token"
   out_cache_loc       out_cache_loc
   sampling            sampling_info.temperatures / top_ps / top_ks / min_ps,
-                      sampling_info.sampling_seed when sglang has it
+                      sampling_info.sampling_seed when sglang has it (seeded
+                      sampling draws from (seed, position))
+  rng_seed/offset     the device's default torch generator (initial_seed,
+                      Philox offset): sglang's unseeded samplers draw from it
   request_ids         rids (newer sglang; empty otherwise)
 Snapshots (the ring) hold the same tensors, plus with snapshot_kv=True the
 KV pages the rows select (token_to_kv_pool k_buffer/v_buffer/kv_buffer per
 layer, gathered at those slots). Manifest toggles: every ServerArgs field
-under its own name (attention_backend, prefill/decode_attention_backend,
-quantization, moe_runner_backend, kv_cache_dtype, mem_fraction_static,
-disable_cuda_graph, cuda_graph_max_bs (or, since 0.5.2x, cuda_graph_max_bs_decode,
-also recorded as cuda_graph_max_bs), cuda_graph_bs, tp_size, ...; secrets
-dropped), plus kernel-relevant environment switches as env.NAME
-(SGLANG_ENABLE_JIT_DEEPGEMM, SGL_ENABLE_JIT_DEEPGEMM, *UE8M0*, ...) and,
-when importable, sglang's resolved DeepGEMM flags
-(deepgemm.ENABLE_JIT_DEEPGEMM, deepgemm.DEEPGEMM_SCALE_UE8M0). Weight hashes:
-the model's parameters after loading (XXH3-128 per tensor, this rank's
-shard as loaded).
+under its own name with the value sglang resolved (0.5.2x keeps the launch
+arguments raw and the resolution's decisions beside them:
+mem_fraction_static None -> 0.711, cuda_graph_config.decode.max_bs 256 ->
+32; the resolved view is what the engine ran with), nested configs as
+dotted names (cuda_graph_config.decode.max_bs, .backend, .bs), secrets
+dropped; cuda_graph_max_bs, the replay's name, is the effective decode
+graph maximum (0 when decode graphs are disabled); the scheduler's runtime
+sizes (scheduler.max_running_requests, scheduler.max_total_num_tokens,
+scheduler.max_prefill_tokens); kernel-relevant environment switches as
+env.NAME: those set in the environment, and every kernel-relevant entry of
+sglang's envs registry with its effective value (SGLANG_ENABLE_JIT_DEEPGEMM
+true by default); sglang's resolved DeepGEMM flags when importable
+(deepgemm.ENABLE_JIT_DEEPGEMM, deepgemm.DEEPGEMM_SCALE_UE8M0). The device:
+name, SM arch (major*10 + minor: 90 for sm_90) and memory capacity of the
+rank's CUDA device. Weight hashes: the model's parameters and persistent
+buffers after loading (XXH3-128 per tensor, this rank's shard as loaded,
+under sglang's names: qkv_proj, gate_up_proj, experts.w13_weight, ...).
+
+Ranks: the Scheduler's tp_rank/pp_rank/dp_rank where it has them, else
+(sglang 0.5.2x) the process's parallel context (runtime_context.get_parallel()),
+which the launcher publishes before the Scheduler is built; the file is
+rank-NNNNN.crcap with NNNNN = tp_rank + tp_size * pp_rank + tp_size * pp_size * dp_rank.
 
 Hooks: Scheduler.__init__ (attach to this rank's ModelRunner once weights
 are loaded), ModelRunner.forward of that runner (record, snapshot, failure
@@ -59,11 +77,12 @@ with stand-ins elsewhere (test_adapters.py).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from crashreplay._adapter_common import (
     UnsupportedVersion,
@@ -71,11 +90,15 @@ from crashreplay._adapter_common import (
     drop_secrets,
     env_toggles,
     guarded,
+    hf_model_info,
+    is_kernel_env,
     logger,
+    merge_toggles,
     named_parameters,
     require_fields,
+    rng_state,
 )
-from crashreplay._manifest import config_to_toggles
+from crashreplay._manifest import _as_mapping, _toggle_value, config_to_toggles
 
 SUPPORTED = ((0, 5, 0), (0, 7, 0))
 CHECKED = "sglang 0.5.x and main, late 2026"
@@ -113,6 +136,9 @@ def extract_step(forward_batch: Any, req_to_token: Any = None) -> Dict[str, Any]
                                   out_cache_loc=fb.out_cache_loc)
     if mode in ("extend", "mixed", "prefill") and getattr(fb, "extend_seq_lens", None) is not None:
         fields["extend_lens"] = fb.extend_seq_lens
+    elif mode == "decode":  # one new token per request (batch_size and shapes are host values: no sync)
+        n = getattr(fb, "batch_size", None)
+        fields["extend_lens"] = np.ones(int(n if n is not None else len(fb.seq_lens)), dtype=np.int64)
     rids = getattr(fb, "rids", None)
     if rids:
         fields["request_ids"] = [str(r) for r in rids]
@@ -128,6 +154,7 @@ def extract_step(forward_batch: Any, req_to_token: Any = None) -> Dict[str, Any]
         if seed is not None:
             sampling["seeds"] = seed
         fields["sampling"] = sampling
+    fields["rng_seed"], fields["rng_offset"] = rng_state(fb.input_ids)
     return fields
 
 
@@ -148,50 +175,96 @@ def snapshot_tensors(fields: Dict[str, Any], kv_pool: Any = None) -> Dict[str, A
     return snap
 
 
-def server_args_toggles(server_args: Any, environ: Optional[Dict[str, str]] = None) -> List[Tuple[str, Any]]:
-    """Every ServerArgs field as a toggle, plus kernel-relevant env switches."""
-    toggles = drop_secrets(config_to_toggles(server_args)) + env_toggles(environ)
-    # sglang 0.5.2x split cuda_graph_max_bs into _decode/_prefill; the
-    # replay's cuda_graph_max_bs is the decode one (graphs are for decode).
-    names = dict(toggles)
-    if "cuda_graph_max_bs" not in names and names.get("cuda_graph_max_bs_decode") is not None:
-        toggles.append(("cuda_graph_max_bs", names["cuda_graph_max_bs_decode"]))
+def _resolved(server_args: Any) -> Any:
+    """What sglang resolved the launch arguments to (0.5.2x keeps the raw
+    arguments on the record and the resolution's declarations beside them);
+    the record itself for older sglang or a plain object."""
+    if getattr(server_args, "_resolved_overrides", None) is None:
+        return server_args
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolved_view  # type: ignore
+    except Exception:
+        return server_args
+    return resolved_view(server_args)
+
+
+def _fields(server_args: Any) -> Dict[str, Any]:
+    view = _resolved(server_args)
+    names = getattr(type(server_args), "__struct_fields__", None)
+    if isinstance(names, tuple):
+        return {n: getattr(view, n, None) for n in names if not n.startswith("_")}
+    return _as_mapping(server_args)  # dataclass / namespace: no resolution layer
+
+
+def _decode_graph_max_bs(fields: Dict[str, Any]) -> Optional[int]:
+    """The largest decode batch sglang captures as a CUDA graph, 0 when decode
+    graphs are off; None when the configuration does not say."""
+    if fields.get("disable_cuda_graph") or fields.get("disable_decode_cuda_graph"):
+        return 0
+    cfg = fields.get("cuda_graph_config")
+    decode = getattr(cfg, "decode", None) if cfg is not None else None
+    if decode is not None:
+        if str(getattr(decode, "backend", "")) == "disabled":
+            return 0
+        if getattr(decode, "max_bs", None) is not None:
+            return int(decode.max_bs)
+    for name in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+        if fields.get(name) is not None:
+            return int(fields[name])
+    return None
+
+
+def _sglang_env_toggles() -> List[Tuple[str, Any]]:
+    """Every kernel-relevant entry of sglang's envs registry with the value
+    the engine reads (its default when unset), secrets excluded."""
+    try:
+        from sglang.srt.environ import EnvField, Envs, envs  # type: ignore
+    except Exception:
+        return []
+    out = []
+    for name, field in vars(Envs).items():
+        if not isinstance(field, EnvField) or getattr(field, "secret", False) or not is_kernel_env(name):
+            continue
+        try:
+            out.append((f"env.{name}", _toggle_value(getattr(envs, name).get())))
+        except Exception:  # a lazily computed default that fails here
+            continue
+    return out
+
+
+def server_args_toggles(server_args: Any, environ: Optional[Dict[str, str]] = None,
+                        scheduler: Any = None) -> List[Tuple[str, Any]]:
+    """Every ServerArgs field as sglang resolved it, plus kernel-relevant env
+    switches (environ given: only those; else the process environment and
+    sglang's envs registry), sglang's DeepGEMM decisions and the
+    scheduler's runtime sizes."""
+    fields = _fields(server_args)
+    toggles = drop_secrets(config_to_toggles(fields))
+    extra: List[Tuple[str, Any]] = [("sglang.page_table_unit", "token")]
+    graph_max_bs = _decode_graph_max_bs(fields)
+    if graph_max_bs is not None:  # the replay's name for the decode graph maximum
+        extra.append(("cuda_graph_max_bs", graph_max_bs))
+    for name in ("max_running_requests", "max_total_num_tokens", "max_prefill_tokens"):
+        v = getattr(scheduler, name, None) if scheduler is not None else None
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            extra.append((f"scheduler.{name}", int(v)))
+    envs = env_toggles(environ) if environ is not None else merge_toggles(_sglang_env_toggles(), env_toggles())
     try:  # sglang's resolved DeepGEMM switches, when this version has the module
         from sglang.srt.layers.deep_gemm_wrapper import configurer  # type: ignore
 
         for name in ("ENABLE_JIT_DEEPGEMM", "DEEPGEMM_BLACKWELL", "DEEPGEMM_SCALE_UE8M0"):
             if hasattr(configurer, name):
-                toggles.append((f"deepgemm.{name}", bool(getattr(configurer, name))))
+                extra.append((f"deepgemm.{name}", bool(getattr(configurer, name))))
     except Exception:  # not importable here, or another layout
         pass
-    return sorted(toggles)
+    return merge_toggles(toggles, envs, extra)
 
 
 def model_info(model_config: Any, server_args: Any = None) -> Dict[str, Any]:
     """ModelConfigInfo fields from sglang's ModelConfig (hf_config inside)."""
-    hf = getattr(model_config, "hf_config", None)
-    info: Dict[str, Any] = {}
-    if hf is not None:
-        get = lambda *names: next((getattr(hf, n) for n in names if getattr(hf, n, None) is not None), None)  # noqa: E731
-        try:
-            info["config_json"] = json.dumps(hf.to_dict(), sort_keys=True, default=str)
-        except Exception:
-            pass
-        info["model_type"] = str(get("model_type") or "")
-        archs = get("architectures") or []
-        info["architecture"] = str(archs[0]) if archs else ""
-        for key, names in (("num_layers", ("num_hidden_layers",)), ("hidden_size", ("hidden_size",)),
-                           ("vocab_size", ("vocab_size",)), ("num_heads", ("num_attention_heads",)),
-                           ("num_kv_heads", ("num_key_value_heads",)), ("head_dim", ("head_dim",)),
-                           ("intermediate_size", ("intermediate_size",)),
-                           ("num_experts", ("num_local_experts", "n_routed_experts", "num_experts"))):
-            v = get(*names)
-            if isinstance(v, int) and v >= 0:
-                info[key] = v
-        q = getattr(hf, "quantization_config", None)
-        if isinstance(q, dict) and q.get("quant_method"):
-            info["quantization"] = str(q["quant_method"])
+    info = hf_model_info(getattr(model_config, "hf_config", None))
     if server_args is not None:
+        server_args = _resolved(server_args)
         if getattr(server_args, "quantization", None):
             info["quantization"] = str(server_args.quantization)
         if getattr(server_args, "dtype", None):
@@ -268,7 +341,11 @@ _ACTIVE: Dict[int, SGLangAdapter] = {}
 
 
 def attach(scheduler: Any, session_dir: str, **recorder_options: Any) -> SGLangAdapter:
-    """Starts recording one sglang Scheduler (call after its __init__)."""
+    """Starts recording one sglang Scheduler (call after its __init__).
+
+    Raises on anything that prevents recording (install() turns that into a
+    warning); a failure to hash the weights is only a warning: the step log
+    is still recorded."""
     import sglang  # noqa: F401
 
     from crashreplay._recorder import Recorder
@@ -276,27 +353,66 @@ def attach(scheduler: Any, session_dir: str, **recorder_options: Any) -> SGLangA
     version = _sglang_version()
     check_sglang_version(version)
     sa = scheduler.server_args
-    tp_rank = int(getattr(scheduler, "tp_rank", 0))
-    tp_size = int(getattr(sa, "tp_size", 1))
-    pp_rank = int(getattr(scheduler, "pp_rank", 0) or 0)
-    pp_size = int(getattr(sa, "pp_size", 1) or 1)
-    dp_rank = int(getattr(scheduler, "dp_rank", 0) or 0)
-    dp_size = int(getattr(sa, "dp_size", 1) or 1)
-    rank = tp_rank + tp_size * pp_rank + tp_size * pp_size * dp_rank
-    rec = Recorder(session_dir, engine="sglang", engine_version=version,
-                   toggles=server_args_toggles(sa),
-                   model=model_info(getattr(scheduler, "model_config", None), sa),
-                   parallel={"tp_size": tp_size, "tp_rank": tp_rank, "rank": rank,
-                             "world_size": tp_size * pp_size * dp_size, "pp_size": pp_size,
-                             "ep_size": int(getattr(sa, "ep_size", 1) or 1), "dp_size": dp_size},
-                   **recorder_options)
-    adapter = SGLangAdapter(rec, snapshot_kv=os.environ.get("CRASHREPLAY_SNAPSHOT_KV") == "1")
+    parallel = scheduler_ranks(scheduler)
     runner = find_model_runner(scheduler)
-    adapter.record_weights(runner)
+    rec = Recorder(session_dir, engine="sglang", engine_version=version,
+                   toggles=server_args_toggles(sa, scheduler=scheduler),
+                   model=model_info(getattr(scheduler, "model_config", None), sa),
+                   parallel=parallel, **recorder_options)
+    adapter = SGLangAdapter(rec, snapshot_kv=os.environ.get("CRASHREPLAY_SNAPSHOT_KV") == "1")
+    guarded(adapter.record_weights, "hashing sglang's weights")(runner)
     adapter.attach_runner(runner)
     scheduler._crashreplay_adapter = adapter
     _ACTIVE[id(scheduler)] = adapter
     return adapter
+
+
+def _parallel_context() -> Any:
+    try:
+        from sglang.srt.runtime_context import get_parallel  # type: ignore
+    except Exception:
+        return None
+    return get_parallel()
+
+
+def scheduler_ranks(scheduler: Any) -> Dict[str, int]:
+    """This scheduler's place in the parallel layout (ParallelLayout fields).
+
+    Older sglang keeps tp_rank/pp_rank/dp_rank on the Scheduler; 0.5.2x
+    reads them from the process's parallel context, published by the
+    launcher (run_scheduler_process) before the Scheduler is built. A rank
+    that can be found nowhere is an UnsupportedVersion: guessing 0 would make
+    every rank write rank-00000.crcap.
+    """
+    sa = scheduler.server_args
+    ctx = _parallel_context()
+
+    def read(name: str, default: Any = None) -> Any:
+        v = getattr(scheduler, name, None)
+        if v is None and ctx is not None:
+            try:
+                v = getattr(ctx, name)
+            except Exception:  # not published in this process
+                v = None
+        if v is None:
+            v = getattr(sa, name, None) if name.endswith("_size") else None
+        return default if v is None else v
+
+    tp_size = int(read("tp_size", 1))
+    tp_rank = read("tp_rank")
+    if tp_rank is None:
+        if tp_size == 1:
+            tp_rank = 0
+        else:
+            raise UnsupportedVersion(
+                "crashreplay.sglang: cannot tell this scheduler's tensor-parallel rank (no Scheduler.tp_rank, "
+                "no published sglang parallel context); not recording rather than writing every rank as rank 0")
+    pp_size, dp_size = int(read("pp_size", 1)), int(read("dp_size", 1))
+    pp_rank, dp_rank = int(read("pp_rank", 0)), int(read("dp_rank", 0))
+    tp_rank = int(tp_rank)
+    return {"tp_size": tp_size, "tp_rank": tp_rank, "rank": tp_rank + tp_size * pp_rank + tp_size * pp_size * dp_rank,
+            "world_size": tp_size * pp_size * dp_size, "pp_size": pp_size,
+            "ep_size": int(read("ep_size", 1)), "dp_size": dp_size}
 
 
 def _sglang_version() -> str:
@@ -328,7 +444,9 @@ def install() -> bool:
 
     def __init__(self, *args, **kwargs):
         orig_init(self, *args, **kwargs)
-        attach(self, session_dir)
+        # Attaching must never stop the server: any failure is a warning,
+        # and this scheduler serves unrecorded.
+        guarded(attach, "attaching to an sglang scheduler")(self, session_dir)
 
     Scheduler.__init__ = __init__
     for name in [n for n in dir(Scheduler) if n.startswith("event_loop")]:
@@ -359,8 +477,11 @@ def _hook_event_loop(cls: Any, name: str) -> None:
 
 
 def plugin() -> None:
-    """Entry point for sglang's plugin framework (group "sglang.srt.plugins")."""
-    install()
+    """Entry point for sglang's plugin framework (group "sglang.srt.plugins").
+
+    Never raises: sglang loads plugins in every process it starts, and a
+    recorder that cannot install (an unsupported version) must not stop it."""
+    guarded(install, "installing the sglang recorder")()
 
 
 def _main(argv: List[str]) -> int:

@@ -42,10 +42,22 @@ the step is recorded when prepare_attn returns:
   out_cache_loc       slot_mappings[0][:num_tokens]
   sampling            runner.sampler.sampling_states at idx_mapping
                       (temperature, top_p, top_k (vocab size -> -1), min_p,
-                      seed when seeds_set)
+                      seed: the one the sampler draws with, for every
+                      request; vLLM draws an unseeded request's seed at
+                      add_request, and its Gumbel sampler hashes (seed,
+                      position), so seed and positions are the RNG state)
+  rng_seed/offset     the device's default torch generator (initial_seed,
+                      Philox offset)
 
-Manifest toggles: vllm_config's model/cache/parallel/scheduler/compilation
-configs flattened ("cache_config.cache_dtype", ...), plus env.NAME switches.
+Manifest toggles: every part of vllm_config (model/cache/parallel/scheduler/
+compilation/attention/kernel/load/device/... configs) flattened
+("cache_config.cache_dtype", "attention_config.backend", ...; secrets such
+as model_config.hf_token dropped), vllm.page_table_unit = "block" with
+vllm.block_size (the rows' block size), plus env.NAME: kernel switches set
+in the environment and every kernel-relevant entry of vllm.envs with the
+value vLLM reads (VLLM_USE_DEEP_GEMM, VLLM_USE_DEEP_GEMM_E8M0, ...). Weight
+hashes: parameters and persistent buffers after load_model, under vLLM's
+names (qkv_proj, gate_up_proj, experts.w13_weight, attn._k_scale, ...).
 
 Enabling: crashreplay registers `crashreplay` in the "vllm.general_plugins"
 entry-point group, which vLLM loads in every process it starts; set
@@ -68,12 +80,16 @@ from crashreplay._adapter_common import (
     drop_secrets,
     env_toggles,
     guarded,
+    hf_model_info,
+    is_kernel_env,
     logger,
+    merge_toggles,
     named_parameters,
     require_fields,
+    rng_state,
     wrap_method,
 )
-from crashreplay._manifest import config_to_toggles
+from crashreplay._manifest import _toggle_value, config_to_toggles
 
 SUPPORTED = ((0, 10, 0), (1, 0, 0))
 CHECKED = "vLLM v1 gpu_model_runner, 0.10-era layout and main, late 2026"
@@ -141,6 +157,7 @@ def extract_step(runner: Any, scheduler_output: Any) -> Dict[str, Any]:
                                    top_k=int(p.top_k) if p.top_k is not None else -1,
                                    min_p=float(getattr(p, "min_p", 0.0) or 0.0),
                                    seed=getattr(p, "seed", None)) for p in params]
+    fields["rng_seed"], fields["rng_offset"] = rng_state(fields["token_ids"])
     return fields
 
 
@@ -174,22 +191,56 @@ def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None) -> Dict[str
     states = getattr(getattr(runner, "sampler", None), "sampling_states", None)
     if states is not None and num_reqs:
         vocab = int(getattr(states, "vocab_size", 0) or 0)
-        seeds_set = getattr(states, "seeds_set", None)
         sampling = []
         for i in idx:
             top_k = int(states.top_k.np[i])
-            seeded = seeds_set is None or bool(seeds_set[i])
+            # seeds holds the seed the Gumbel sampler draws with for every
+            # request (add_request draws one for an unseeded request).
             sampling.append(dict(temperature=float(states.temperature.np[i]), top_p=float(states.top_p.np[i]),
                                  top_k=-1 if vocab and top_k >= vocab else top_k, min_p=float(states.min_p.np[i]),
-                                 seed=int(states.seeds.np[i]) if seeded else None))
+                                 seed=int(states.seeds.np[i])))
         fields["sampling"] = sampling
+    fields["rng_seed"], fields["rng_offset"] = rng_state(fields["token_ids"])
     return fields
 
 
+_CONFIG_PARTS = ("model_config", "cache_config", "parallel_config", "scheduler_config", "device_config",
+                 "load_config", "attention_config", "kernel_config", "compilation_config", "speculative_config",
+                 "kv_transfer_config", "quant_config", "lora_config", "offload_config", "mamba_config")
+
+
+def _config_parts(vllm_config: Any) -> List[str]:
+    """VllmConfig's parts: its dataclass fields, else the known names."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(vllm_config) and not isinstance(vllm_config, type):
+        return [f.name for f in dataclasses.fields(vllm_config) if not f.name.startswith("_")]
+    return [p for p in _CONFIG_PARTS if hasattr(vllm_config, p)]
+
+
+def _vllm_env_toggles() -> List[Tuple[str, Any]]:
+    """Every kernel-relevant variable vllm.envs defines, with the value vLLM
+    reads (its default when unset)."""
+    try:
+        import vllm.envs as venvs  # type: ignore
+    except Exception:
+        return []
+    out = []
+    for name in sorted(getattr(venvs, "environment_variables", {}) or {}):
+        if not is_kernel_env(name):
+            continue
+        try:
+            out.append((f"env.{name}", _toggle_value(getattr(venvs, name))))
+        except Exception:  # a getter that fails here
+            continue
+    return out
+
+
 def config_toggles(vllm_config: Any, environ: Optional[Dict[str, str]] = None) -> List[Tuple[str, Any]]:
+    """Every part of vllm_config flattened, plus env switches (environ
+    given: only those; else the process environment and vllm.envs)."""
     toggles: List[Tuple[str, Any]] = [("vllm.page_table_unit", "block")]
-    for part in ("model_config", "cache_config", "parallel_config", "scheduler_config",
-                 "compilation_config", "speculative_config", "kv_transfer_config"):
+    for part in _config_parts(vllm_config):
         cfg = getattr(vllm_config, part, None)
         if cfg is None:
             continue
@@ -197,7 +248,11 @@ def config_toggles(vllm_config: Any, environ: Optional[Dict[str, str]] = None) -
             toggles += [(f"{part}.{k}", v) for k, v in config_to_toggles(cfg)]
         except TypeError:
             toggles.append((part, str(cfg)))
-    return sorted(drop_secrets(toggles) + env_toggles(environ))
+    block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
+    if isinstance(block_size, int) and block_size > 0:
+        toggles.append(("vllm.block_size", int(block_size)))
+    envs = env_toggles(environ) if environ is not None else merge_toggles(_vllm_env_toggles(), env_toggles())
+    return merge_toggles(drop_secrets(toggles), envs)
 
 
 class VLLMAdapter:
@@ -239,26 +294,65 @@ class VLLMAdapter:
         self.recorder.record_step(step, **fields)
 
 
+def model_info(model_config: Any) -> Dict[str, Any]:
+    """ModelConfigInfo fields from vLLM's ModelConfig."""
+    info = hf_model_info(getattr(model_config, "hf_config", None))
+    if model_config is None:
+        return info
+    if getattr(model_config, "model", None):
+        info["checkpoint_path"] = str(model_config.model)
+    if getattr(model_config, "dtype", None) is not None:
+        info["dtype"] = str(model_config.dtype).replace("torch.", "")
+    if getattr(model_config, "quantization", None):
+        info["quantization"] = str(model_config.quantization)
+    return info
+
+
+def record_weights(adapter: VLLMAdapter, runner: Any) -> Optional[Dict[str, Any]]:
+    """Hashes the runner's loaded model (after load_model) into the capture."""
+    if os.environ.get("CRASHREPLAY_HASH_WEIGHTS", "1") == "0" or getattr(runner, "model", None) is None:
+        return None
+    return adapter.recorder.record_weight_hashes(named_parameters(runner.model))
+
+
 def _vllm_version() -> str:
     import vllm  # type: ignore
 
     return str(getattr(vllm, "__version__", "0"))
 
 
+def _group_rank(getter: str) -> Optional[int]:
+    try:
+        from vllm.distributed import parallel_state  # type: ignore
+
+        return int(getattr(parallel_state, getter)().rank_in_group)
+    except Exception:  # groups not initialised here
+        return None
+
+
 def _rank(runner: Any) -> Tuple[int, Dict[str, Any]]:
+    """This worker's place: vLLM's tensor/pipeline group ranks when its
+    groups exist (else the torch.distributed rank), and the data-parallel
+    replica from parallel_config (each replica has its own world)."""
     pc = getattr(getattr(runner, "vllm_config", None), "parallel_config", None)
     tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
     pp = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
     dp = int(getattr(pc, "data_parallel_size", 1) or 1)
-    rank = 0
+    dp_rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    world = 0
     try:
         import torch.distributed as dist  # type: ignore
 
         if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
+            world = dist.get_rank()
     except Exception:
         pass
-    return rank, {"tp_size": tp, "tp_rank": rank % tp, "rank": rank, "world_size": tp * pp * dp,
+    tp_rank = _group_rank("get_tp_group")
+    pp_rank = _group_rank("get_pp_group")
+    tp_rank = world % tp if tp_rank is None else tp_rank
+    pp_rank = (world // tp) % pp if pp_rank is None else pp_rank
+    rank = tp_rank + tp * pp_rank + tp * pp * dp_rank
+    return rank, {"tp_size": tp, "tp_rank": tp_rank, "rank": rank, "world_size": tp * pp * dp,
                   "pp_size": pp, "dp_size": dp}
 
 
@@ -268,9 +362,10 @@ def attach(runner: Any, session_dir: str, **recorder_options: Any) -> VLLMAdapte
     version = _vllm_version()
     check_vllm_version(version)
     rank, parallel = _rank(runner)
-    rec = Recorder(session_dir, engine="vllm", engine_version=version,
-                   toggles=config_toggles(getattr(runner, "vllm_config", None)),
-                   parallel=parallel, **recorder_options)
+    vllm_config = getattr(runner, "vllm_config", None)
+    rec = Recorder(session_dir, engine="vllm", engine_version=version, toggles=config_toggles(vllm_config),
+                   model=model_info(getattr(vllm_config, "model_config", None)), parallel=parallel,
+                   **recorder_options)
     adapter = VLLMAdapter(rec)
     runner._crashreplay_adapter = adapter
     return adapter
@@ -287,24 +382,37 @@ def install() -> bool:
     if getattr(GPUModelRunner, "_crashreplay_installed", False):
         return True
 
-    def adapter_of(runner: Any) -> VLLMAdapter:
+    def adapter_of(runner: Any) -> Optional[VLLMAdapter]:
+        """The runner's adapter, attached on first use; None (and one
+        warning) when attaching failed: that runner serves unrecorded."""
         a = getattr(runner, "_crashreplay_adapter", None)
-        return a if a is not None else attach(runner, session_dir)
+        if a is None:
+            a = guarded(attach, "attaching to a vLLM model runner")(runner, session_dir)
+            if a is None:
+                runner._crashreplay_adapter = False
+        return a or None
 
     def after_load(runner, result, args, kwargs):
-        if os.environ.get("CRASHREPLAY_HASH_WEIGHTS", "1") != "0" and getattr(runner, "model", None) is not None:
-            adapter_of(runner).recorder.record_weight_hashes(named_parameters(runner.model))
+        a = adapter_of(runner)
+        if a is not None:
+            record_weights(a, runner)
 
     def after_prepare(runner, result, args, kwargs):
         so = kwargs.get("scheduler_output", args[0] if args else None)
-        adapter_of(runner).after_prepare(runner, so)
+        a = adapter_of(runner)
+        if a is not None:
+            a.after_prepare(runner, so)
 
     def after_prepare_v2(runner, result, args, kwargs):
-        adapter_of(runner).after_prepare_v2(runner, result)
+        a = adapter_of(runner)
+        if a is not None:
+            a.after_prepare_v2(runner, result)
 
     def after_attn_v2(runner, result, args, kwargs):
         ib = kwargs.get("input_batch", args[0] if args else None)
-        adapter_of(runner).after_attn_v2(runner, ib, result)
+        a = adapter_of(runner)
+        if a is not None:
+            a.after_attn_v2(runner, ib, result)
 
     wrap_method(GPUModelRunner, "load_model", after=guarded(after_load, "hashing vLLM weights"))
     if v2:
@@ -349,7 +457,7 @@ def _hook_failure(cls: Any, name: str) -> None:
             return orig(self, *args, **kwargs)
         except Exception as exc:
             adapter = getattr(self, "_crashreplay_adapter", None)
-            if adapter is not None:
+            if adapter:  # None: never attached; False: attaching failed
                 guarded(adapter.flush_pending, "recording a vLLM step")(self)
                 adapter.recorder.failure_hook(step=adapter.step - 1 if adapter.step else None,
                                               stage=adapter.mode or name).record(exc, exc.__traceback__)
@@ -360,5 +468,7 @@ def _hook_failure(cls: Any, name: str) -> None:
 
 
 def plugin() -> None:
-    """Entry point for vLLM's "vllm.general_plugins" group (loaded in every process)."""
-    install()
+    """Entry point for vLLM's "vllm.general_plugins" group (loaded in every process).
+
+    Never raises: a recorder that cannot install must not stop vLLM."""
+    guarded(install, "installing the vLLM recorder")()

@@ -54,7 +54,10 @@ def test_sglang_extract_step_maps_forward_batch_fields():
     # rows selected by req_pool_indices, cut to the widest seq_len
     assert f["page_table"]["rows"].tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
     assert f["sampling"]["seeds"].tolist() == [7, 8]
-    assert "extend_lens" not in f
+    # a decode step adds one token per request (sglang's ForwardBatch has no
+    # extend_seq_lens then); without it the replay could not split the tokens
+    assert f["extend_lens"].tolist() == [1, 1]
+    assert isinstance(f["rng_seed"], int) and isinstance(f["rng_offset"], int)
 
 
 def test_sglang_mode_names_and_unknown_modes():
@@ -130,14 +133,132 @@ def test_sglang_server_args_become_toggles_without_secrets():
         cuda_graph_max_bs: int = 256
         tp_size: int = 8
         quantization: str = "fp8"
+        max_total_tokens: int = 65536
+        max_prefill_tokens: int = 16384
+        dsa_decode_backend: str = "flashmla_kv"
         api_key: str = "hunter2"
+        hf_token: str = "hf_abc"
 
     t = dict(cr_sglang.server_args_toggles(FakeServerArgs(), environ={"SGLANG_ENABLE_JIT_DEEPGEMM": "1",
                                                                      "SGL_USE_DEEPGEMM_UE8M0": "0",
                                                                      "HF_TOKEN": "secret", "HOME": "/root"}))
     assert t["attention_backend"] == "fa3" and t["mem_fraction_static"] == 0.95 and t["tp_size"] == 8
+    assert t["dsa_decode_backend"] == "flashmla_kv" and t["cuda_graph_max_bs"] == 256
+    # the names hold "token" but are no secrets (an earlier filter dropped them)
+    assert t["max_total_tokens"] == 65536 and t["max_prefill_tokens"] == 16384
     assert t["env.SGLANG_ENABLE_JIT_DEEPGEMM"] == "1" and t["env.SGL_USE_DEEPGEMM_UE8M0"] == "0"
-    assert "api_key" not in t and "env.HF_TOKEN" not in t and "env.HOME" not in t
+    assert t["sglang.page_table_unit"] == "token"
+    assert not {"api_key", "hf_token", "env.HF_TOKEN", "env.HOME"} & set(t)
+
+
+def test_secrets_are_recognised_word_by_word():
+    from crashreplay._adapter_common import is_secret
+
+    secret = ["api_key", "admin_api_key", "hf_token", "HF_TOKEN", "ssl_keyfile_password", "env.VLLM_API_KEY",
+              "model_config.hf_token", "aws_secret_access_key"]
+    kept = ["max_total_tokens", "max_prefill_tokens", "tokenizer_path", "skip_tokenizer_init", "eos_token",
+            "ssl_keyfile", "num_reserved_decode_tokens", "max_num_batched_tokens"]
+    assert [n for n in secret if not is_secret(n)] == []
+    assert [n for n in kept if is_secret(n)] == []
+
+
+def test_sglang_records_the_decode_graph_size_the_engine_resolved():
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Phase:  # sglang's CudaGraphConfig phase (model_executor/cuda_graph_config.py)
+        backend: str = "full"
+        max_bs: int = 32
+        bs: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32])
+
+    @dataclass
+    class GraphConfig:
+        decode: Phase = field(default_factory=Phase)
+        prefill: Phase = field(default_factory=lambda: Phase(backend="disabled", max_bs=4096))
+
+    @dataclass
+    class Args:
+        cuda_graph_max_bs_decode: int = 256  # what was asked for
+        cuda_graph_config: GraphConfig = field(default_factory=GraphConfig)  # what sglang resolved
+        disable_cuda_graph: bool = False
+
+    t = dict(cr_sglang.server_args_toggles(Args(), environ={}))
+    assert t["cuda_graph_max_bs_decode"] == 256 and t["cuda_graph_config.decode.max_bs"] == 32
+    assert t["cuda_graph_config.decode.backend"] == "full" and t["cuda_graph_config.prefill.backend"] == "disabled"
+    assert t["cuda_graph_max_bs"] == 32  # the replay plans the graphs the engine captures
+    off = Args(cuda_graph_config=GraphConfig(decode=Phase(backend="disabled")))
+    assert dict(cr_sglang.server_args_toggles(off, environ={}))["cuda_graph_max_bs"] == 0
+    assert dict(cr_sglang.server_args_toggles(Args(disable_cuda_graph=True), environ={}))["cuda_graph_max_bs"] == 0
+
+
+def fake_scheduler(tp_size=2, **attrs):
+    return SimpleNamespace(server_args=SimpleNamespace(tp_size=tp_size, pp_size=1, dp_size=1, ep_size=1), **attrs)
+
+
+def test_sglang_ranks_come_from_the_scheduler_or_the_published_parallel_context(monkeypatch):
+    monkeypatch.setattr(cr_sglang, "_parallel_context", lambda: None)
+    r = cr_sglang.scheduler_ranks(fake_scheduler(tp_rank=1))  # older sglang: attributes
+    assert (r["rank"], r["tp_rank"], r["tp_size"], r["world_size"]) == (1, 1, 2, 2)
+    # sglang 0.5.2x: no attributes; the launcher published the ranks
+    ctx = SimpleNamespace(tp_rank=1, tp_size=2, pp_rank=0, pp_size=1, dp_rank=None, dp_size=1, ep_size=1)
+    monkeypatch.setattr(cr_sglang, "_parallel_context", lambda: ctx)
+    r = cr_sglang.scheduler_ranks(fake_scheduler())
+    assert (r["rank"], r["tp_rank"]) == (1, 1)
+    ctx = SimpleNamespace(tp_rank=1, tp_size=2, pp_rank=1, pp_size=2, dp_rank=1, dp_size=2, ep_size=1)
+    monkeypatch.setattr(cr_sglang, "_parallel_context", lambda: ctx)
+    assert cr_sglang.scheduler_ranks(fake_scheduler())["rank"] == 1 + 2 * 1 + 4 * 1
+
+
+def test_sglang_rank_that_cannot_be_found_is_refused_not_guessed(monkeypatch):
+    monkeypatch.setattr(cr_sglang, "_parallel_context", lambda: None)
+    with pytest.raises(UnsupportedVersion, match="tensor-parallel rank"):
+        cr_sglang.scheduler_ranks(fake_scheduler(tp_size=2))
+    assert cr_sglang.scheduler_ranks(fake_scheduler(tp_size=1))["rank"] == 0
+
+
+def test_two_ranks_of_a_session_each_write_their_own_file(tmp_path, monkeypatch):
+    session = tmp_path / "session"
+    paths = []
+    for rank in (0, 1):
+        ctx = SimpleNamespace(tp_rank=rank, tp_size=2, pp_rank=0, pp_size=1, dp_rank=None, dp_size=1, ep_size=1)
+        monkeypatch.setattr(cr_sglang, "_parallel_context", lambda ctx=ctx: ctx)
+        rec = crashreplay.Recorder(str(session), engine="sglang", session_id="s1",
+                                   parallel=cr_sglang.scheduler_ranks(fake_scheduler()), install_signal_handlers=False)
+        rec.record_weight_hashes({"w": np.full(4, rank, np.float32)})
+        rec.close()
+        paths.append(rec.path)
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["rank-00000.crcap", "rank-00001.crcap"]
+    files = crashreplay.read_capture(str(session))["files"]
+    assert [f["manifest"]["parallel"]["rank"] for f in files] == [0, 1]
+
+
+def test_recording_failures_are_warnings_and_never_raise(caplog):
+    from crashreplay._adapter_common import guarded
+
+    def attach_that_fails(*_):
+        raise UnsupportedVersion("crashreplay.sglang: this layout is unknown")
+
+    def recorder_that_fails(*_):
+        raise OSError("No space left on device")
+
+    with caplog.at_level("WARNING", logger="crashreplay"):
+        assert guarded(attach_that_fails, "attaching")() is None
+        assert guarded(recorder_that_fails, "recording a step")() is None
+    assert "this layout is unknown" in caplog.text and "No space left on device" in caplog.text
+
+
+def test_engine_plugins_never_raise_even_where_they_cannot_install(monkeypatch, caplog, tmp_path):
+    # The plugin entry points run inside the engine's processes; sglang and
+    # vLLM are not importable here, so install() fails: only a warning.
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") or importlib.util.find_spec("vllm"):
+        pytest.skip("an engine is importable here; test_adapters_*_real.py covers the plugins")
+    monkeypatch.setenv("CRASHREPLAY_DIR", str(tmp_path))
+    with caplog.at_level("WARNING", logger="crashreplay"):
+        cr_sglang.plugin()
+        cr_vllm.plugin()
+    assert caplog.text.count("serving goes on") == 2
 
 
 def test_version_gates_refuse_outside_the_checked_range(monkeypatch):
@@ -206,11 +327,17 @@ def test_vllm_adapter_records_what_it_extracts(tmp_path):
 
 
 def test_vllm_config_toggles_flatten_the_config_parts():
-    cfg = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="fp8", gpu_memory_utilization=0.9),
-                          parallel_config=SimpleNamespace(tensor_parallel_size=4))
-    t = dict(cr_vllm.config_toggles(cfg, environ={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}))
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="fp8", gpu_memory_utilization=0.9, block_size=32),
+                          parallel_config=SimpleNamespace(tensor_parallel_size=4),
+                          attention_config=SimpleNamespace(backend="FLASHMLA_SPARSE"),
+                          model_config=SimpleNamespace(hf_token="hf_x", max_model_len=4096))
+    t = dict(cr_vllm.config_toggles(cfg, environ={"VLLM_ATTENTION_BACKEND": "FLASHINFER",
+                                                  "VLLM_USE_DEEP_GEMM_E8M0": "1"}))
     assert t["cache_config.cache_dtype"] == "fp8" and t["parallel_config.tensor_parallel_size"] == 4
-    assert t["env.VLLM_ATTENTION_BACKEND"] == "FLASHINFER" and t["vllm.page_table_unit"] == "block"
+    assert t["attention_config.backend"] == "FLASHMLA_SPARSE" and t["model_config.max_model_len"] == 4096
+    assert t["env.VLLM_ATTENTION_BACKEND"] == "FLASHINFER" and t["env.VLLM_USE_DEEP_GEMM_E8M0"] == "1"
+    assert t["vllm.page_table_unit"] == "block" and t["vllm.block_size"] == 32
+    assert "model_config.hf_token" not in t
 
 
 def test_install_without_crashreplay_dir_does_nothing(monkeypatch):
@@ -252,3 +379,17 @@ def test_sglang_server_args_as_a_msgspec_struct():
     assert t["attention_backend"] == "trtllm_mla" and t["mem_fraction_static"] == 0.95
     assert t["cuda_graph_max_bs_decode"] == 160 and t["cuda_graph_max_bs"] == 160
     assert "api_key" not in t
+
+
+def test_rng_state_is_zero_without_torch_and_the_generator_with_it():
+    import sys
+
+    from crashreplay._adapter_common import rng_state
+
+    if "torch" not in sys.modules:
+        assert rng_state(np.zeros(2)) == (0, 0)
+    else:
+        import torch
+
+        torch.manual_seed(1234)
+        assert rng_state(torch.zeros(2)) == (1234, 0)  # the CPU generator has no Philox offset

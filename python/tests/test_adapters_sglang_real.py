@@ -1,15 +1,29 @@
 """crashreplay.sglang against sglang's own classes, on the CPU.
 
-Runs where sglang (and torch) import; CI has neither (sglang's wheel needs
-torch, several GB), so there it is skipped and test_adapters.py's stand-ins
-cover the extraction. Here nothing is a stand-in except the model itself:
-ForwardMode, ForwardBatch, SamplingBatchInfo, ReqToTokenPool, ServerArgs,
-ModelRunner and Scheduler are sglang's. sglang's GPU kernels are never
-called. Last run: sglang 0.5.23 (pip install --no-deps, plus the pure-Python
-imports it needs), torch 2.15.0 CPU.
+Runs where sglang (and torch) import. CI has neither and cannot: sglang's
+wheel needs torch, whose PyPI wheel is a 540 MB CUDA build that pulls
+several GB of NVIDIA libraries (setup.sh installs no torch, and CI's 90
+minutes cover the C++ build and every suite), and sglang's import chain
+needs torchvision, apache-tvm-ffi and ~25 pure-Python packages on top of
+`pip install --no-deps sglang`. There, test_adapters.py's stand-ins cover
+the extraction and test_adapters_replay.py replays captures shaped as the
+adapter writes them. Here nothing is a stand-in but the model's forward:
+ForwardMode, ForwardBatch, SamplingBatchInfo, ReqToTokenPool, the paged KV
+allocator, ServerArgs and its resolution, the published parallel context,
+the model class and its weight loaders, ModelRunner and Scheduler are
+sglang's (sglang_rank_child.py says exactly what is not). sglang's GPU
+kernels are never called. Last run: sglang 0.5.23 (pip install --no-deps,
+plus the imports it needs: see docs/python.md), torch 2.15.0 CPU.
 """
 import dataclasses
 import inspect
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -17,6 +31,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 try:  # any failure of sglang's import chain (a missing optional kernel package): skip, say why
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -84,19 +99,43 @@ def test_a_real_forward_batch_is_recorded_and_reads_back(tmp_path):
     assert abs(s["sampling"][0]["temperature"] - 0.7) < 1e-6 and s["sampling"][0]["top_k"] == 20
 
 
-def test_real_server_args_become_toggles_without_secrets():
-    # sglang 0.5.2x's ServerArgs is a msgspec.Struct, not a dataclass: its
-    # fields are slots and vars() is empty.
-    graph = {"cuda_graph_max_bs_decode": 160} if "cuda_graph_max_bs_decode" in getattr(ServerArgs, "__struct_fields__", ()) else {
-        "cuda_graph_max_bs": 160}
-    sa = ServerArgs(model_path="/models/m", attention_backend="flashinfer", mem_fraction_static=0.95, tp_size=8,
-                    kv_cache_dtype="fp8_e4m3", api_key="hunter2", **graph)
-    t = dict(cr_sglang.server_args_toggles(sa, environ={"SGLANG_ENABLE_JIT_DEEPGEMM": "1"}))
-    assert t["attention_backend"] == "flashinfer" and t["mem_fraction_static"] == 0.95 and t["tp_size"] == 8
-    assert t["kv_cache_dtype"] == "fp8_e4m3" and t["env.SGLANG_ENABLE_JIT_DEEPGEMM"] == "1"
-    assert "api_key" not in t
-    assert t["cuda_graph_max_bs"] == 160  # what the replay's graph-capture planning reads
-    assert len(t) > 100  # every field, not a hand-picked few
+def test_real_server_args_become_toggles_as_sglang_resolved_them(tmp_path):
+    ckpt = make_checkpoint(tmp_path)
+    sa = ServerArgs(model_path=ckpt, device="cpu", skip_tokenizer_init=True, tp_size=2, page_size=64,
+                    attention_backend="torch_native", kv_cache_dtype="auto", max_total_tokens=8192,
+                    max_prefill_tokens=4096, cuda_graph_max_bs_decode=256, api_key="hunter2")
+    from sglang.srt.runtime_context import SpawnRanks, publish
+
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=1, gpu_id=0))
+    t = dict(cr_sglang.server_args_toggles(sa, environ={"SGLANG_ENABLE_JIT_DEEPGEMM": "1", "HF_TOKEN": "x"}))
+    assert t["attention_backend"] == "torch_native" and t["tp_size"] == 2 and t["page_size"] == 64
+    # the fields sglang 0.5.23 leaves raw and resolves beside them
+    assert sa.mem_fraction_static is None and isinstance(t["mem_fraction_static"], float)
+    assert t["max_total_tokens"] == 8192 and t["max_prefill_tokens"] == 4096
+    assert t["cuda_graph_max_bs_decode"] == 256  # what was asked for ...
+    # ... and what the process captures, which the replay plans: sglang turns
+    # decode CUDA graphs off for torch_native attention (attention_hook.py)
+    assert t["cuda_graph_config.decode.backend"] == "disabled" and t["cuda_graph_max_bs"] == 0
+    assert {"dsa_prefill_backend", "dsa_decode_backend", "moe_runner_backend", "disable_shared_experts_fusion",
+            "chunked_prefill_size", "ep_size", "disable_cuda_graph", "decode_attention_backend"} <= set(t)
+    assert t["env.SGLANG_ENABLE_JIT_DEEPGEMM"] == "1" and "env.HF_TOKEN" not in t and "api_key" not in t
+    assert len(t) > 300  # every field, not a hand-picked few
+    live = dict(cr_sglang.server_args_toggles(sa))  # the process: sglang's envs registry with defaults
+    assert live["env.SGLANG_ENABLE_JIT_DEEPGEMM"] is True and "deepgemm.DEEPGEMM_SCALE_UE8M0" in live
+
+
+def test_the_published_parallel_context_gives_the_rank(tmp_path):
+    # sglang 0.5.23's Scheduler has no tp_rank: run_scheduler_process
+    # publishes the rank before building it, and the adapter reads it there.
+    from sglang.srt.runtime_context import SpawnRanks, publish
+
+    assert "tp_rank" not in Scheduler.__dict__
+    sa = ServerArgs(model_path=make_checkpoint(tmp_path), device="cpu", skip_tokenizer_init=True, tp_size=2)
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=1, gpu_id=1))
+    scheduler = Scheduler.__new__(Scheduler)
+    scheduler.server_args = sa
+    r = cr_sglang.scheduler_ranks(scheduler)
+    assert (r["rank"], r["tp_rank"], r["tp_size"], r["world_size"]) == (1, 1, 2, 2)
 
 
 def test_model_runner_forward_takes_the_batch_first_and_failures_escaping_it_are_recorded(tmp_path):
@@ -119,6 +158,19 @@ def test_model_runner_forward_takes_the_batch_first_and_failures_escaping_it_are
     assert "model_runner.py" in fail["backtrace"]  # the traceback reaches into sglang's own forward
 
 
+def test_a_real_decode_batch_records_one_new_token_per_request_and_the_rng(tmp_path):
+    pool = ReqToTokenPool(size=4, max_context_len=8, device="cpu", enable_memory_saver=False)
+    torch.manual_seed(99)
+    fb = real_batch(pool)
+    assert fb.extend_seq_lens is None  # sglang's decode batch says nothing
+    f = cr_sglang.extract_step(fb, pool.req_to_token)
+    rec = crashreplay.Recorder(str(tmp_path / "c.crcap"), engine="sglang", install_signal_handlers=False)
+    rec.record_step(0, **f)
+    rec.close()
+    (s,) = crashreplay.read_capture(rec.path)["step_records"]
+    assert s["extend_lens"] == [1, 1] and s["rng_seed"] == 99
+
+
 def test_install_hooks_the_real_scheduler(tmp_path, monkeypatch):
     loops = [n for n in dir(Scheduler) if n.startswith("event_loop")]
     assert "event_loop_normal" in loops and "event_loop_overlap" in loops
@@ -134,3 +186,167 @@ def test_install_hooks_the_real_scheduler(tmp_path, monkeypatch):
             setattr(Scheduler, n, v)
         if "_crashreplay_installed" in Scheduler.__dict__:
             delattr(Scheduler, "_crashreplay_installed")
+
+
+def test_attaching_never_stops_the_scheduler(tmp_path, monkeypatch, caplog):
+    # The session directory cannot be created (a file is in the way): the
+    # real Scheduler class, hooked by install(), still comes up, unrecorded.
+    # Its own __init__ builds a whole server (GPU, sockets), so a stand-in
+    # sets what it would set.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("CRASHREPLAY_DIR", str(blocker / "session"))
+    saved = {n: Scheduler.__dict__[n] for n in ["__init__"] + [n for n in dir(Scheduler) if n.startswith("event_loop")]
+             if n in Scheduler.__dict__}
+
+    def init(self, server_args, port_args=None):
+        self.server_args = server_args
+        self.model_config = None
+        runner = ModelRunner.__new__(ModelRunner)
+        runner.model = torch.nn.Linear(2, 2)
+        runner.req_to_token_pool = ReqToTokenPool(size=2, max_context_len=4, device="cpu", enable_memory_saver=False)
+        worker = TpModelWorker.__new__(TpModelWorker)
+        worker._model_runner = runner
+        self.tp_worker = worker
+
+    Scheduler.__init__ = init
+    try:
+        cr_sglang.install()
+        with caplog.at_level("WARNING", logger="crashreplay"):
+            scheduler = Scheduler(ServerArgs(model_path="m", device="cpu", tp_size=1))
+        assert scheduler.tp_worker is not None and getattr(scheduler, "_crashreplay_adapter", None) is None
+        assert "attaching to an sglang scheduler failed" in caplog.text and "serving goes on" in caplog.text
+        # the plugin entry point never raises either, even where install() would
+        monkeypatch.setattr(cr_sglang, "check_sglang_version", lambda v: (_ for _ in ()).throw(
+            cr_sglang.UnsupportedVersion("sglang 9.9 is not supported")))
+        with caplog.at_level("WARNING", logger="crashreplay"):
+            cr_sglang.plugin()
+        assert "sglang 9.9 is not supported" in caplog.text
+    finally:
+        for n, v in saved.items():
+            setattr(Scheduler, n, v)
+        if "_crashreplay_installed" in Scheduler.__dict__:
+            delattr(Scheduler, "_crashreplay_installed")
+
+
+# ---- a tp=2 session through the adapter, replayed ---------------------------
+BIN = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
+CHILD = os.path.join(os.path.dirname(__file__), "sglang_rank_child.py")
+REQ_A = "3f2a9c1e-5b7d-4e8a-9c0f-1a2b3c4d5e6f"
+REQ_B = "b7e1d2c3-0000-4e8a-9c0f-ffffffffffff"
+SCHEDULE = {"page_size": 64, "seed": 1234, "max_total_tokens": 4096, "max_prefill_tokens": 2048,
+            "cuda_graph_max_bs_decode": 256, "mem_fraction_static": 0.85, "decode_steps": 4,
+            "requests": [{"rid": REQ_A, "prompt": list(range(1, 63)), "temperature": 0.0},
+                         {"rid": REQ_B, "prompt": [5, 6, 7], "temperature": 0.8, "seed": 42}]}
+
+
+def make_checkpoint(tmp_path, vocab=300, arch="llama"):
+    d = tmp_path / arch
+    if not d.exists():
+        r = subprocess.run([BIN, "make-model", str(d), "--arch", arch, "--quant", "bf16", "--vocab", str(vocab)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    return str(d)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def record_tp2_session(session, ckpt, **schedule):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, CHILD, ckpt, str(session), str(rank), "2", str(port),
+                               json.dumps({**SCHEDULE, **schedule})], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+    return [json.loads(out.strip().splitlines()[-1])["path"] for out, _ in outs]
+
+
+@pytest.fixture(scope="module")
+def tp2_session(tmp_path_factory):
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    tmp = tmp_path_factory.mktemp("tp2")
+    ckpt = make_checkpoint(tmp)
+    session = tmp / "session"
+    return ckpt, str(session), record_tp2_session(session, ckpt)
+
+
+def test_each_rank_of_a_tp2_session_writes_its_own_file(tp2_session):
+    _, session, paths = tp2_session
+    assert [os.path.basename(p) for p in paths] == ["rank-00000.crcap", "rank-00001.crcap"]
+    files = crashreplay.read_capture(session)["files"]
+    for rank, f in enumerate(files):
+        m = f["manifest"]
+        assert m["parallel"]["rank"] == rank and m["parallel"]["tp_rank"] == rank and m["parallel"]["tp_size"] == 2
+        toggles = m["toggles"]
+        assert toggles["max_total_tokens"] == 4096 and toggles["max_prefill_tokens"] == 2048
+        assert toggles["sglang.page_table_unit"] == "token" and toggles["scheduler.max_running_requests"] == 8
+        (w,) = f["weight_hashes"]
+        assert w["rank"] == rank and "model.layers.0.self_attn.qkv_proj.weight" in w["tensors"]
+        steps = f["step_records"]
+        assert [s["mode"] for s in steps] == ["extend"] + ["decode"] * 4
+        assert all(s["request_ids"] == [REQ_A, REQ_B] for s in steps)
+        assert all(s["extend_lens"] == [1, 1] for s in steps[1:])
+        assert all(s["rng_seed"] == 1234 for s in steps)  # torch.manual_seed(random_seed)
+        # token slots of 64-token pages, as sglang's paged allocator hands them out
+        row = steps[-1]["page_table"][0]["token_slots"]
+        assert len(row) == 66 and row[64] % 64 == 0 and row[:64] == list(range(row[0], row[0] + 64))
+
+
+def test_a_tp2_session_replays_reproduced_with_both_ranks_weights_verified(tp2_session):
+    _, session, paths = tp2_session
+    for path in (session, paths[1]):
+        t0 = time.monotonic()
+        r = subprocess.run([BIN, "replay", path, "--json"], capture_output=True, text=True, timeout=300)
+        took = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["outcome"] == "reproduced" and j["step"] == 4
+        # 15 parameters per rank, each checked against sglang's loader output
+        assert j["weights"] == "verified 30 tensors of 2 ranks (sglang layout)"
+        assert j["config"]["page_size"] == "64" and j["config"]["tp_size"] == "2"
+        assert j["config"]["max_total_tokens"] == "4096" and j["config"]["mem_fraction_static"] == "0.85"
+        assert any("attention_backend = torch_native" in n for n in j["notes"])
+        assert took < 30, took  # token slots read as pages once took 7.8 s and 6 GB
+
+
+def test_a_checkpoint_that_is_not_the_recorded_one_fails_weight_verification(tp2_session, tmp_path):
+    ckpt, session, _ = tp2_session
+    other = tmp_path / "other"
+    shutil.copytree(ckpt, other)
+    st = other / "model.safetensors"
+    raw = bytearray(st.read_bytes())
+    header = 8 + int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8:header])
+    name = "model.layers.1.mlp.down_proj.weight"
+    begin, end = meta[name]["data_offsets"]
+    raw[header + end - 2] ^= 0x40  # the last bf16 of the last row: rank 1's columns
+    st.write_bytes(bytes(raw))
+    r = subprocess.run([BIN, "replay", session, "--model", str(other)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stderr
+    assert "rank 1 tensor 'model.layers.1.mlp.down_proj.weight'" in r.stderr and "the checkpoint gives" in r.stderr
+
+
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_a_moe_session_verifies_the_fused_experts_as_sglang_lays_them_out(tmp_path, ep_size):
+    # qwen3_moe: sglang's FusedMoE holds experts.w13_weight [local experts,
+    # 2 * I / moe_tp, H] and w2_weight; with ep_size 2 each rank holds half
+    # the experts whole, with ep_size 1 every expert's half.
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    ckpt = make_checkpoint(tmp_path, arch="qwen3_moe")
+    record_tp2_session(tmp_path / "session", ckpt, ep_size=ep_size)
+    (w,) = crashreplay.read_capture(str(tmp_path / "session"))["files"][1]["weight_hashes"]
+    assert "model.layers.0.mlp.experts.w13_weight" in w["tensors"]
+    r = subprocess.run([BIN, "replay", str(tmp_path / "session"), "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["outcome"] == "reproduced"
+    assert j["weights"] == "verified 42 tensors of 2 ranks (sglang layout)"

@@ -1,7 +1,9 @@
 """crashreplay.vllm against vLLM's own classes, on the CPU.
 
-Runs where vLLM (and torch) import; CI has neither, so there it is skipped
-and test_adapters.py's stand-ins cover the extraction. vLLM's GPU-only
+Runs where vLLM (and torch) import; CI has neither (torch's wheel and its
+CUDA libraries are several GB; vLLM's import chain needs ~20 packages on top
+of `pip install --no-deps vllm`), so there it is skipped and
+test_adapters.py's stand-ins cover the extraction. vLLM's GPU-only
 pieces (BlockTables and SamplingStates allocate through the CUDA driver) are
 replaced by objects holding the same arrays, written by vLLM's own
 SamplingStates.add_request. Last run: vLLM 0.34.0 (pip install --no-deps
@@ -110,7 +112,9 @@ def test_a_v2_decode_step_is_recorded_with_block_rows_slots_and_sampling(tmp_pat
     a, b = s["sampling"]
     assert (a["seed"], a["top_k"], b["top_k"]) == (7, 20, -1)  # vocab-sized top_k: no top-k
     assert abs(a["temperature"] - 0.7) < 1e-6 and abs(b["min_p"] - 0.05) < 1e-6
-    assert "seed" not in b or b["seed"] is None
+    # an unseeded request draws with the seed add_request picked for it: that
+    # (with the position) is its RNG state, so it is recorded too
+    assert b["seed"] == int(states.seeds.np[0]) % 2**64 and "rng_seed" in s  # int64 bits, stored as uint64
 
 
 @needs_v2
@@ -142,3 +146,81 @@ def test_a_failing_execute_model_records_the_pending_step_then_the_failure(tmp_p
             setattr(GPUModelRunner, n, v)
         if "_crashreplay_installed" in GPUModelRunner.__dict__:
             delattr(GPUModelRunner, "_crashreplay_installed")
+
+
+@needs_v2
+def test_a_runner_that_cannot_attach_serves_on_unrecorded(tmp_path, monkeypatch, caplog):
+    # The session directory cannot be created (a file is in the way). The
+    # real prepare_inputs needs an initialised GPU runner, so a stand-in
+    # returning vLLM's own InputBatch takes its place under the hook.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("CRASHREPLAY_DIR", str(blocker / "session"))
+    names = ("load_model", "execute_model", "sample_tokens", "prepare_inputs", "prepare_attn")
+    saved = {n: GPUModelRunner.__dict__[n] for n in names if n in GPUModelRunner.__dict__}
+    batch = real_input_batch([3, 2])
+    GPUModelRunner.prepare_inputs = lambda self, *a, **k: batch
+    try:
+        cr_vllm.install()
+        runner = GPUModelRunner.__new__(GPUModelRunner)
+        with caplog.at_level("WARNING", logger="crashreplay"):
+            assert runner.prepare_inputs(None) is batch
+            assert runner.prepare_inputs(None) is batch
+        assert runner._crashreplay_adapter is False
+        assert caplog.text.count("attaching to a vLLM model runner failed") == 1  # once, not every step
+    finally:
+        for n in names:
+            if n in saved:
+                setattr(GPUModelRunner, n, saved[n])
+            elif n in GPUModelRunner.__dict__:
+                delattr(GPUModelRunner, n)
+        if "_crashreplay_installed" in GPUModelRunner.__dict__:
+            delattr(GPUModelRunner, "_crashreplay_installed")
+
+
+# ---- a session through the adapter, replayed ---------------------------------
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+BIN = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
+CHILD = os.path.join(os.path.dirname(__file__), "vllm_worker_child.py")
+SCHEDULE = {"block_size": 16, "seed": 7, "decode_steps": 5,
+            "requests": [{"rid": "cmpl-8f14e45fceea167a5a36dedd4bea2543-0", "prompt": list(range(1, 21)),
+                          "temperature": 0.0},
+                         {"rid": "cmpl-c9f0f895fb98ab9159f51fd0297e236d-0", "prompt": [9, 8, 7], "temperature": 0.7,
+                          "seed": 3}]}
+
+
+@needs_v2
+def test_a_vllm_session_replays_reproduced_with_its_weights_verified(tmp_path):
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    ckpt = tmp_path / "llama"
+    r = subprocess.run([BIN, "make-model", str(ckpt), "--arch", "llama", "--quant", "bf16", "--vocab", "300"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, CHILD, str(ckpt), str(tmp_path / "session"), str(port), json.dumps(SCHEDULE)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (f,) = crashreplay.read_capture(str(tmp_path / "session"))["files"]
+    m = f["manifest"]
+    assert m["model"]["checkpoint_path"] == str(ckpt) and m["toggles"]["vllm.block_size"] == 16
+    assert m["toggles"]["cache_config.block_size"] == 16 and "env.VLLM_USE_DEEP_GEMM" in m["toggles"]
+    steps = f["step_records"]
+    assert [s["mode"] for s in steps] == ["prefill"] + ["decode"] * 5
+    assert steps[0]["request_ids"] == [q["rid"] for q in SCHEDULE["requests"]]
+    assert [p["seed"] for p in steps[0]["sampling"]][1] == 3 and steps[0]["rng_seed"] == 7
+    r = subprocess.run([BIN, "replay", str(tmp_path / "session"), "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["outcome"] == "reproduced" and j["step"] == 5
+    # 15 parameters and the 8 kv-cache scale buffers vLLM's Attention keeps
+    assert j["weights"] == "verified 23 tensors of 1 rank (vllm layout)"

@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "crashreplay/base/status.h"
+#include "capture_steps.h"
 #include "crashreplay/capture/weight_hash.h"
+#include "crashreplay/formats/capture_format.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -184,16 +186,165 @@ absl::Status CaptureRecorder::Finish(const std::optional<Fault>& fault) {
   return recorder_->Close();
 }
 
+namespace {
+
+// The recorded rows of one step become StepInputs (page tables at
+// `page_size` in the capture's unit, ids as numbers).
+absl::Status BuildStepRows(const std::string& file, const StepRecord& s, const internal::PageUnit& unit,
+                           int page_size, std::map<std::string, uint64_t>* sampled_so_far, StepInput* input,
+                           int64_t* unsampled_steps) {
+  input->rows.clear();
+  std::vector<std::string> ids = s.request_ids;
+  if (ids.empty() && !s.seq_lens.empty() && s.req_pool_indices.size() == s.seq_lens.size()) {
+    // An engine that has no request ids (older sglang): a request keeps its
+    // pool row for its whole life, so the row names it.
+    for (int64_t i : s.req_pool_indices) ids.push_back(Cat("pool-", i));
+  }
+  const size_t rows = ids.size();
+  std::vector<int64_t> extend = s.extend_lens;
+  if (extend.empty() && s.mode == crashreplay::ForwardMode::kDecode && s.token_ids.size() == rows) {
+    extend.assign(rows, 1);  // a decode step adds one token per request
+  }
+  auto mismatch = [&](const char* what, size_t n) {
+    return absl::InvalidArgumentError(Cat(file, ": step ", s.step, " records ", rows, " requests but ", n, " ", what));
+  };
+  if (extend.size() != rows) return mismatch("extend lengths", extend.size());
+  if (s.seq_lens.size() != rows) return mismatch("sequence lengths", s.seq_lens.size());
+  if (s.page_table.size() != rows) return mismatch("page-table rows", s.page_table.size());
+  if (!s.sampling.empty() && s.sampling.size() != rows) return mismatch("sampling parameters", s.sampling.size());
+  if (s.sampling.empty() && rows > 0) ++*unsampled_steps;
+  size_t tok = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const std::string where = Cat(file, ": step ", s.step, " request '", ids[r], "'");
+    StepRow row;
+    row.request_id = internal::RequestIdNumber(ids[r]);
+    const int64_t n = extend[r];
+    if (n < 0 || tok + n > s.token_ids.size()) {
+      return absl::InvalidArgumentError(Cat(where, ": ", n, " new tokens, the step records ", s.token_ids.size(),
+                                            " token ids in all"));
+    }
+    for (int64_t j = 0; j < n; ++j) row.tokens.push_back(static_cast<int32_t>(s.token_ids[tok + j]));
+    tok += n;
+    row.start_pos = s.seq_lens[r] - n;
+    if (row.start_pos < 0) return absl::InvalidArgumentError(Cat(where, ": sequence length ", s.seq_lens[r], " < ", n));
+    CR_ASSIGN_OR_RETURN(row.page_table,
+                        internal::RowPages(unit, s.page_table[r].token_slots, s.seq_lens[r], page_size, where));
+    if (!s.sampling.empty()) {
+      const crashreplay::SamplingParams& sp = s.sampling[r];
+      row.sampling = SamplingParams{sp.temperature, sp.top_k > 0 ? sp.top_k : 0, sp.top_p, sp.min_p, sp.seed};
+    } else {
+      row.sampling = SamplingParams{0.0f, 0, 1.0f, 0.0f, 0};
+    }
+    row.sample_offset = (*sampled_so_far)[ids[r]]++;
+    input->rows.push_back(std::move(row));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BuildSteps(const std::string& file, const std::vector<StepRecord>& records, const internal::PageUnit& unit,
+                        int page_size, std::vector<RecordedStep>* steps, std::vector<std::string>* notes) {
+  std::map<std::string, uint64_t> sampled_so_far;
+  int64_t unsampled = 0;
+  const bool fresh = steps->empty();
+  if (!fresh && steps->size() != records.size()) {
+    return absl::InternalError("capture steps and records out of step");
+  }
+  for (size_t i = 0; i < records.size(); ++i) {
+    const StepRecord& s = records[i];
+    if (fresh) steps->emplace_back();
+    RecordedStep& rs = (*steps)[i];
+    rs.input.step = static_cast<int64_t>(s.step);
+    rs.input.mode = s.mode == crashreplay::ForwardMode::kDecode ? ForwardMode::kDecode : ForwardMode::kPrefill;
+    CR_RETURN_IF_ERROR(BuildStepRows(file, s, unit, page_size, &sampled_so_far, &rs.input, &unsampled));
+  }
+  if (unsampled > 0) notes->push_back(Cat(unsampled, " steps record no sampling parameters; they replay greedy"));
+  return absl::OkStatus();
+}
+
+void AddWeights(const WeightShardHashes& w, const ParallelLayout& layout, const std::string& file,
+                std::map<uint32_t, LoadedCapture::RankWeights>* by_rank) {
+  LoadedCapture::RankWeights& rw = (*by_rank)[w.rank];
+  rw.rank = w.rank;
+  rw.parallel = layout;
+  rw.file = file;
+  for (const TensorHash& t : w.tensors) {
+    auto it = std::find_if(rw.tensors.begin(), rw.tensors.end(), [&](const TensorHash& x) { return x.name == t.name; });
+    if (it == rw.tensors.end()) {
+      rw.tensors.push_back(t);
+    } else {
+      *it = t;  // a later record of the same tensor wins
+    }
+  }
+}
+
+void CollectWeights(const CaptureReader& reader, const std::string& file,
+                    std::map<uint32_t, LoadedCapture::RankWeights>* by_rank) {
+  const SessionManifest& m = *reader.manifest();
+  for (const WeightShardHashes& w : m.weights) AddWeights(w, m.parallel, file, by_rank);
+  for (const WeightHashesRecord& r : reader.weight_hashes()) {
+    for (const WeightShardHashes& w : r.shards) AddWeights(w, m.parallel, file, by_rank);
+  }
+}
+
+// The other rank files of the session `file` belongs to (same directory,
+// rank-NNNNN.crcap, same session id): their weight hashes. A sibling that
+// cannot be read is a note, not an error: the replay reads this file.
+void CollectSiblingWeights(const std::string& file, const SessionManifest& m,
+                           std::map<uint32_t, LoadedCapture::RankWeights>* by_rank, std::vector<std::string>* notes) {
+  const std::filesystem::path p(file);
+  if (p.filename().string() != CaptureFileNameForRank(m.parallel.rank)) return;
+  absl::StatusOr<std::vector<std::string>> files = ListCaptureFiles(p.parent_path().empty() ? "." : p.parent_path().string());
+  if (!files.ok()) return;
+  for (const std::string& f : *files) {
+    if (std::filesystem::path(f).filename() == p.filename()) continue;
+    absl::StatusOr<std::unique_ptr<CaptureReader>> r = CaptureReader::Open(f);
+    if (!r.ok() || !(*r)->manifest()) {
+      notes->push_back(Cat("rank file ", f, " is unreadable (", r.ok() ? "no manifest" : r.status().message(),
+                           "); its weight hashes are not verified"));
+      continue;
+    }
+    if ((*r)->manifest()->session_id != m.session_id) continue;
+    CollectWeights(**r, f, by_rank);
+  }
+}
+
+}  // namespace
+
+absl::Status RepageSteps(LoadedCapture* cap, int page_size) {
+  if (cap->page_size == page_size || cap->reader == nullptr) return absl::OkStatus();
+  CR_ASSIGN_OR_RETURN(internal::PageUnit unit, internal::PageUnitOf(cap->manifest));
+  if (unit.kind == internal::PageUnit::Kind::kPage) return absl::OkStatus();
+  std::vector<std::string> notes;
+  CR_RETURN_IF_ERROR(BuildSteps(cap->reader->path(), cap->reader->steps(), unit, page_size, &cap->steps, &notes));
+  cap->page_size = page_size;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
   std::string file = path;
-  if (std::filesystem::is_directory(path)) file = capture::SessionRankPath(path, 0);
+  if (std::filesystem::is_directory(path)) {
+    // Rank 0's file; a session whose rank 0 left none replays its lowest rank.
+    file = capture::SessionRankPath(path, 0);
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) {
+      absl::StatusOr<std::vector<std::string>> files = ListCaptureFiles(path);
+      if (files.ok() && !files->empty()) file = files->front();
+    }
+  }
   CR_ASSIGN_OR_RETURN(std::unique_ptr<CaptureReader> reader, CaptureReader::Open(file));
   if (!reader->manifest()) return absl::DataLossError(Cat(file, ": no session manifest"));
   LoadedCapture out;
   out.manifest = *reader->manifest();
   bool has_nvfp4_activation = false;
+  const bool other_engine = out.manifest.engine != "crashreplay";
   for (const Toggle& t : out.manifest.toggles) {
     if (FindToggle(t.name) == nullptr) continue;  // another engine's setting
+    if (other_engine && std::holds_alternative<std::monostate>(t.value)) {
+      out.notes.push_back(Cat(out.manifest.engine, " left ", t.name, " unset (decided at run time); replaying with ",
+                              t.name, " = ", ToggleValueText(out.config.Get(t.name)), "; choose with --set ", t.name,
+                              "=..."));
+      continue;
+    }
     if (absl::Status s = out.config.Set(t.name, ToText(t.value)); !s.ok()) {
       // Our own engine wrote only values of the table: anything else is a
       // damaged manifest. Another engine's value (sglang's flashinfer) has
@@ -205,6 +356,21 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
     }
     has_nvfp4_activation |= t.name == "nvfp4_activation";
   }
+  // Another engine's manifest records the device it ran on; the memory
+  // planner plans for that device (the built-in engine records
+  // device_memory_gb itself). A device without a capacity (a CPU process)
+  // leaves the default, and says so.
+  if (other_engine) {
+    const uint64_t capacity = out.manifest.device.memory_capacity_bytes;
+    if (capacity > 0) {
+      if (absl::Status s = out.config.Set("device_memory_gb", Cat(static_cast<double>(capacity) / 1e9)); !s.ok()) {
+        out.notes.push_back(Cat(out.manifest.engine, " recorded a device of ", capacity, " bytes: ", s.message()));
+      }
+    } else {
+      out.notes.push_back(Cat(out.manifest.engine, " ran on '", out.manifest.device.name, "', which records no memory ",
+                              "capacity; memory is planned for device_memory_gb = ", out.config.Float("device_memory_gb"), "; choose with --set device_memory_gb=..."));
+    }
+  }
   // Quirk: the built-in engine recorded before nvfp4_activation existed ran
   // NVFP4 layers weight-only; such a capture replays as it ran.
   if (out.manifest.engine == "crashreplay" && !has_nvfp4_activation) {
@@ -215,31 +381,25 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
     if (w.rank >= out.weights.size()) return absl::DataLossError(Cat(file, ": weight hashes of rank ", w.rank));
     for (const TensorHash& t : w.tensors) out.weights[w.rank][t.name] = t.hash;
   }
-  std::map<std::string, uint64_t> sampled_so_far;
-  for (const StepRecord& s : reader->steps()) {
-    RecordedStep rs;
-    rs.input.step = static_cast<int64_t>(s.step);
-    rs.input.mode = s.mode == crashreplay::ForwardMode::kDecode ? ForwardMode::kDecode : ForwardMode::kPrefill;
-    const size_t rows = s.request_ids.size();
-    if (s.extend_lens.size() != rows || s.seq_lens.size() != rows || s.sampling.size() != rows ||
-        s.page_table.size() != rows) {
-      return absl::InvalidArgumentError(Cat(file, ": step ", s.step, " has per-request vectors of different lengths"));
+  std::map<uint32_t, LoadedCapture::RankWeights> by_rank;
+  CollectWeights(*reader, file, &by_rank);
+  if (out.manifest.engine != "crashreplay") CollectSiblingWeights(file, out.manifest, &by_rank, &out.notes);
+  for (auto& [rank, rw] : by_rank) out.rank_weights.push_back(std::move(rw));
+  const uint32_t world = std::max<uint32_t>(out.manifest.parallel.world_size, 1);
+  if (!out.rank_weights.empty()) {
+    for (uint32_t r = 0; r < world; ++r) {
+      if (!by_rank.count(r)) out.ranks_without_file.push_back(r);
     }
-    size_t tok = 0;
-    for (size_t r = 0; r < rows; ++r) {
-      StepRow row;
-      row.request_id = std::strtoll(s.request_ids[r].c_str(), nullptr, 10);
-      const int64_t n = s.extend_lens[r];
-      if (n < 0 || tok + n > s.token_ids.size()) return absl::InvalidArgumentError(Cat(file, ": step ", s.step, " token counts"));
-      for (int64_t j = 0; j < n; ++j) row.tokens.push_back(static_cast<int32_t>(s.token_ids[tok + j]));
-      tok += n;
-      row.start_pos = s.seq_lens[r] - n;
-      for (int64_t page : s.page_table[r].token_slots) row.page_table.push_back(static_cast<int32_t>(page));
-      const crashreplay::SamplingParams& sp = s.sampling[r];
-      row.sampling = SamplingParams{sp.temperature, sp.top_k > 0 ? sp.top_k : 0, sp.top_p, sp.min_p, sp.seed};
-      row.sample_offset = sampled_so_far[s.request_ids[r]]++;
-      rs.input.rows.push_back(std::move(row));
-    }
+  }
+
+  auto unit = internal::PageUnitOf(out.manifest);
+  if (!unit.ok()) return absl::InvalidArgumentError(Cat(file, ": ", unit.status().message()));
+  out.page_table_unit = internal::PageUnitName(*unit);
+  out.page_size = static_cast<int>(out.config.Int("page_size"));
+  CR_RETURN_IF_ERROR(BuildSteps(file, reader->steps(), *unit, out.page_size, &out.steps, &out.notes));
+  for (size_t i = 0; i < reader->steps().size(); ++i) {
+    const StepRecord& s = reader->steps()[i];
+    RecordedStep& rs = out.steps[i];
     for (const Digest& d : s.digests) {
       const Hash128* h = std::get_if<Hash128>(&d.value);
       if (h == nullptr) continue;
@@ -247,7 +407,6 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
       if (d.name.rfind("kernel:", 0) == 0) rs.kernel_digests.emplace_back(d.name.substr(7), *h);
     }
     for (int64_t t : s.output_token_ids) rs.sampled.push_back(static_cast<int32_t>(t));
-    out.steps.push_back(std::move(rs));
   }
   for (const SnapshotRecord& sr : reader->snapshots()) {
     if (sr.rank == out.manifest.parallel.rank) out.snapshots[static_cast<int64_t>(sr.step)] = sr;

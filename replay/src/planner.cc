@@ -44,8 +44,14 @@ MemoryPlan PlanMemory(const Model& m, const EngineConfig& c) {
   p.dynamic_budget = p.capacity - p.static_budget;
   const double per_token = static_cast<double>(ActivationBytesPerToken(m));
   p.workspace = static_cast<uint64_t>(std::llround((kRuntimeBytes + per_token * kPrefillChunkTokens) * scale));
-  p.graph_batch_sizes = GraphBatchSizes(c.cuda_graph_max_bs);
-  const double max_bs = static_cast<double>(c.cuda_graph_max_bs);
+  // An engine captures decode graphs only for batches its request pool can
+  // hold: sglang's get_batch_sizes_to_capture (model_executor/runner/
+  // base_cuda_graph_runner.py) drops sizes above req_to_token_pool.size, the
+  // max_running_requests, and captures that size itself. A cuda_graph_max_bs
+  // above it reserves nothing more (planning it did: a spurious OOM).
+  const int graph_max_bs = std::min(c.cuda_graph_max_bs, std::max(c.max_running_requests, 0));
+  p.graph_batch_sizes = GraphBatchSizes(graph_max_bs);
+  const double max_bs = static_cast<double>(graph_max_bs);
   p.graph_reservation = static_cast<uint64_t>(std::llround(
       (kGraphBytesPerSeq * max_bs + kPerGraphBytes * static_cast<double>(p.graph_batch_sizes.size()) +
        per_token * max_bs) *
@@ -76,8 +82,8 @@ MemoryPlan PlanMemory(const Model& m, const EngineConfig& c) {
   }
   const uint64_t need = p.workspace + p.graph_reservation;
   if (need > p.dynamic_budget) {
-    oom(c.cuda_graph_max_bs > 0 ? "graph_capture" : "load",
-        c.cuda_graph_max_bs > 0 ? "graph_memory_fits" : "workspace_fits", need, p.dynamic_budget);
+    oom(graph_max_bs > 0 ? "graph_capture" : "load", graph_max_bs > 0 ? "graph_memory_fits" : "workspace_fits", need,
+        p.dynamic_budget);
   }
   return p;
 }

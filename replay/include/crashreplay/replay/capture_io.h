@@ -22,6 +22,15 @@
 //             close, so a capture holds the snapshots of its last steps.
 // One file per session (rank 0's), because one process emulates every rank.
 //
+// Captures of other engines (sglang, vLLM; python/crashreplay adapters) are
+// read into the same steps: their page-table rows (sglang's token slots,
+// vLLM's block ids) become page ids at the replay's page_size
+// (capture_steps.h), request ids that are not numbers (UUIDs, "cmpl-...")
+// become stable distinct numbers, a decode step without extend lengths adds
+// one token per request, and the weight hashes of every rank file of the
+// session are gathered (rank_weights) for VerifyCaptureWeights
+// (engine_weights.h).
+//
 // Errors: the recorder's and reader's statuses; InvalidArgument for a
 // capture whose steps the engine cannot rebuild (naming the step).
 #pragma once
@@ -35,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_reader.h"
+#include "crashreplay/formats/capture_records.h"
 #include "crashreplay/replay/engine.h"
 #include "crashreplay/replay/replay_session.h"
 
@@ -72,7 +82,7 @@ struct LoadedCapture {
   std::optional<Fault> failure;     // the recorded failure (signature fields set)
   int64_t failure_step = -1;        // its step, -1 when none or before the first step
   Config config = Config::Defaults();  // the recorded toggles
-  std::vector<std::map<std::string, Hash128>> weights;  // per rank
+  std::vector<std::map<std::string, Hash128>> weights;  // per rank (the built-in engine's manifest)
   std::map<int64_t, SnapshotRecord> snapshots;  // by step (the last record of a step wins)
   std::shared_ptr<const CaptureReader> reader;  // for the snapshots' blobs
   // One line per recorded toggle of another engine (sglang, vLLM) that
@@ -80,10 +90,34 @@ struct LoadedCapture {
   // (sglang's attention_backend=flashinfer): the replay keeps our default
   // for it, and says so.
   std::vector<std::string> notes;
+  // Load-time weight hashes of every rank file of the session that recorded
+  // some (this file's and its rank-NNNNN.crcap siblings' with the same
+  // session id), by rank: the manifest's and the WeightHashesRecords'.
+  struct RankWeights {
+    uint32_t rank = 0;
+    ParallelLayout parallel;          // that file's layout
+    std::vector<TensorHash> tensors;  // name, hash, byte size
+    std::string file;
+  };
+  std::vector<RankWeights> rank_weights;
+  std::vector<uint32_t> ranks_without_file;  // ranks of the recorded layout with no file beside this one
+  // The page-table rows' unit as recorded ("page ids", "token slots",
+  // "block ids (16 tokens per block)") and the page_size the steps' page
+  // ids are at now (RepageSteps changes it).
+  std::string page_table_unit;
+  int page_size = 0;
 };
 
-// `path`: a capture file or a session directory (its rank-00000.crcap).
+// `path`: a capture file or a session directory (its rank-00000.crcap, or
+// its lowest rank's file when rank 0 wrote none).
 absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path);
+
+// Rewrites every step's page-table rows for `page_size` (a replay under
+// another page_size than the recorded one). The built-in engine's rows are
+// page ids of its recorded page size and stay as they are; token-slot and
+// block rows are cut into pages again (InvalidArgument naming the step and
+// request when they are not laid out in pages of that size).
+absl::Status RepageSteps(LoadedCapture* capture, int page_size);
 
 // The state snapshot of `step`, read and checked: NotFound when no snapshot
 // covers the step; DataLoss naming the file, the step and the tensor when a

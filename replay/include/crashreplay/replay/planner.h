@@ -10,7 +10,9 @@
 //   workspace  = (kRuntimeBytes + act_per_token * kPrefillChunkTokens) * s
 //   graphs     = (kGraphBytesPerSeq * max_bs + kPerGraphBytes * graphs
 //                 + act_per_token * max_bs) * s
-//                where graphs = the number of captured batch sizes.
+//                where max_bs = min(cuda_graph_max_bs, max_running_requests)
+//                (an engine captures no batch its request pool cannot hold)
+//                and graphs = the number of captured batch sizes.
 //
 // Weights and the KV pool are the replayed model's own bytes; every other
 // reservation is a device-side cost of the recorded deployment, so it is
