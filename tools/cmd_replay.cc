@@ -129,7 +129,10 @@ int RunReplay(int argc, char** argv) {
   for (const std::string& n : cap->notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   replay::Config config = cap->config;
   if (!config_file.empty()) {
-    if (absl::Status s = config.ApplyFile(config_file); !s.ok()) return ReportError(s);
+    std::vector<std::string> file_notes;
+    if (absl::Status s = config.ApplyFile(config_file, &file_notes); !s.ok()) return ReportError(s);
+    for (const std::string& n : file_notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
+    cap->notes.insert(cap->notes.end(), file_notes.begin(), file_notes.end());
   }
   for (const std::string& s : sets) {
     if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);

@@ -115,7 +115,9 @@ int RunRun(int argc, char** argv) {
 
   replay::Config config = replay::Config::Defaults();
   if (!config_file.empty()) {
-    if (absl::Status s = config.ApplyFile(config_file); !s.ok()) return ReportError(s);
+    std::vector<std::string> file_notes;
+    if (absl::Status s = config.ApplyFile(config_file, &file_notes); !s.ok()) return ReportError(s);
+    for (const std::string& n : file_notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   }
   for (const std::string& s : sets) {
     if (absl::Status st = config.ApplySetFlag(s); !st.ok()) return ReportError(st);

@@ -24,7 +24,7 @@ struct Phrase {
 // cudaGetErrorString's (CUDA 13; tests/bisect/data/cuda_error_strings.txt
 // holds the runtime's own output), the rest are PyTorch's, sglang's and
 // vLLM's messages. At one position the first entry wins.
-constexpr std::array<Phrase, 42> kPhrases = {{
+constexpr std::array<Phrase, 43> kPhrases = {{
     {"device-side assert triggered", FailureClass::kDeviceAssert, ""},
     {"cudaErrorAssert", FailureClass::kDeviceAssert, ""},
     // Device memory.
@@ -51,9 +51,11 @@ constexpr std::array<Phrase, 42> kPhrases = {{
     {"cudaErrorMisalignedAddress", FailureClass::kCudaError, "cudaErrorMisalignedAddress"},
     {"unspecified launch failure", FailureClass::kCudaError, "cudaErrorLaunchFailure"},
     {"cudaErrorLaunchFailure", FailureClass::kCudaError, "cudaErrorLaunchFailure"},
-    {"no kernel image is available for execution on the device", FailureClass::kCudaError,
+    {"no kernel image is available for execution on the device", FailureClass::kUnsupportedArch,
      "cudaErrorNoKernelImageForDevice"},
-    {"cudaErrorNoKernelImageForDevice", FailureClass::kCudaError, "cudaErrorNoKernelImageForDevice"},
+    {"cudaErrorNoKernelImageForDevice", FailureClass::kUnsupportedArch, "cudaErrorNoKernelImageForDevice"},
+    // Libraries' own host-side refusals (FlashMLA, DeepGEMM, trtllm-gen FMHA).
+    {"Unsupported architecture", FailureClass::kUnsupportedArch, "library"},
     {"an illegal instruction was encountered", FailureClass::kCudaError, "cudaErrorIllegalInstruction"},
     {"too many resources requested for launch", FailureClass::kCudaError, "cudaErrorLaunchOutOfResources"},
     {"the launch timed out and was terminated", FailureClass::kCudaError, "cudaErrorLaunchTimeout"},

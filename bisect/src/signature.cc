@@ -8,7 +8,7 @@
 namespace crashreplay::bisect {
 namespace {
 
-constexpr std::array<std::pair<FailureClass, std::string_view>, 11> kClassNames = {{
+constexpr std::array<std::pair<FailureClass, std::string_view>, 12> kClassNames = {{
     {FailureClass::kNone, "none"},
     {FailureClass::kDeviceAssert, "device_assert"},
     {FailureClass::kOom, "oom"},
@@ -20,6 +20,7 @@ constexpr std::array<std::pair<FailureClass, std::string_view>, 11> kClassNames 
     {FailureClass::kCudaError, "cuda_error"},
     {FailureClass::kNcclError, "nccl_error"},
     {FailureClass::kException, "exception"},
+    {FailureClass::kUnsupportedArch, "unsupported_arch"},
 }};
 constexpr std::array<std::pair<FailureStage, std::string_view>, 5> kStageNames = {{
     {FailureStage::kLoad, "load"},

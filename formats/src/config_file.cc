@@ -243,10 +243,14 @@ std::string ConfigValue::ToToml() const {
 
 std::string ConfigValue::ToDisplay() const { return is_string() ? as_string() : ToToml(); }
 
+// Bare-name segments joined by single dots: `page_size`, `env.SGLANG_ENABLE_JIT_DEEPGEMM`,
+// `cache_config.block_size` (one flat name, as the engines' adapters record them).
 bool IsValidConfigName(std::string_view name) {
-  if (name.empty()) return false;
-  for (char c : name)
-    if (!IsNameChar(c)) return false;
+  if (name.empty() || name.front() == '.' || name.back() == '.') return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '.' && name[i + 1] == '.') return false;
+    if (name[i] != '.' && !IsNameChar(name[i])) return false;
+  }
   return true;
 }
 
@@ -280,12 +284,12 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, std::string_view sourc
     }
     if (line[0] == '"' || line[0] == '\'') return fail("quoted names are not supported; use a bare name [A-Za-z0-9_-]");
     size_t i = 0;
-    while (i < line.size() && IsNameChar(line[i])) ++i;
+    while (i < line.size() && (IsNameChar(line[i]) || line[i] == '.')) ++i;
     const std::string name = line.substr(0, i);
     while (i < line.size() && IsSpace(line[i])) ++i;
     if (name.empty()) return fail(absl::StrCat("expected `name = value`, found '", line, "'"));
-    if (i < line.size() && line[i] == '.') {
-      return fail(absl::StrCat("dotted name '", name, ".…' is a table, which flat configuration files do not support"));
+    if (!IsValidConfigName(name)) {
+      return fail(absl::StrCat("'", name, "' is not a valid name (bare segments [A-Za-z0-9_-] joined by single dots)"));
     }
     if (i >= line.size() || line[i] != '=') {
       return fail(absl::StrCat("expected '=' after '", name, "' (names use [A-Za-z0-9_-])"));
@@ -331,7 +335,7 @@ absl::StatusOr<std::pair<std::string, ConfigValue>> ParseSetFlag(std::string_vie
   }
   std::string name = TrimLine(flag.substr(0, eq));
   if (!IsValidConfigName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat("--set '", std::string(flag), "': '", name, "' is not a valid name ([A-Za-z0-9_-]+)"));
+    return absl::InvalidArgumentError(absl::StrCat("--set '", std::string(flag), "': '", name, "' is not a valid name (bare segments [A-Za-z0-9_-] joined by single dots)"));
   }
   const std::string raw = TrimLine(flag.substr(eq + 1));
   if (raw.empty()) return absl::InvalidArgumentError(absl::StrCat("--set '", std::string(flag), "': missing value after '='"));

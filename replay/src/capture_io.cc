@@ -10,6 +10,7 @@
 #include "capture_steps.h"
 #include "crashreplay/capture/weight_hash.h"
 #include "crashreplay/formats/capture_format.h"
+#include "crashreplay/replay/engine_vocab.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -337,8 +338,33 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
   out.manifest = *reader->manifest();
   bool has_nvfp4_activation = false;
   const bool other_engine = out.manifest.engine != "crashreplay";
+  // Another engine's manifest names the GPU it ran on: kernels are checked
+  // against its architecture (kernel_archs.h). An architecture outside the
+  // table is a note.
+  if (other_engine && out.manifest.device.sm_arch > 0) {
+    const std::string arch = Cat("sm_", out.manifest.device.sm_arch);
+    if (absl::Status s = out.config.Set("device_arch", arch); !s.ok()) {
+      out.notes.push_back(Cat(out.manifest.engine, " ran on ", arch, ", which the kernel table does not list (",
+                              s.message(), "); kernels are not checked against an architecture"));
+    }
+  }
+  // sglang and vLLM speak their own words (engine_vocab.h).
+  if (other_engine && HasVocabulary(out.manifest.engine)) {
+    EngineSettings settings;
+    for (const Toggle& t : out.manifest.toggles) {
+      settings.emplace_back(t.name, std::holds_alternative<std::monostate>(t.value) ? "" : ToText(t.value));
+    }
+    VocabResult vr;
+    // Lenient: a recorded value outside the replay's domain is a note.
+    if (absl::Status s = ApplyEngineSettings(out.manifest.engine, settings, &out.config, &vr, /*lenient=*/true);
+        !s.ok()) {
+      return absl::DataLossError(Cat(file, ": ", s.message()));
+    }
+    out.notes.insert(out.notes.end(), vr.notes.begin(), vr.notes.end());
+  }
   for (const Toggle& t : out.manifest.toggles) {
     if (FindToggle(t.name) == nullptr) continue;  // another engine's setting
+    if (other_engine && HasVocabulary(out.manifest.engine)) continue;  // translated above
     if (other_engine && std::holds_alternative<std::monostate>(t.value)) {
       out.notes.push_back(Cat(out.manifest.engine, " left ", t.name, " unset (decided at run time); replaying with ",
                               t.name, " = ", ToggleValueText(out.config.Get(t.name)), "; choose with --set ", t.name,

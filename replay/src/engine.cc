@@ -4,6 +4,7 @@
 #include <deque>
 #include <set>
 
+#include "crashreplay/replay/shared_expert_fusion.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -25,6 +26,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> mo
   if (!exec.ok()) return exec.status();
   e->exec_ = std::move(*exec);
   e->plan_ = PlanMemory(*e->model_, e->config_);
+  // The fused tensor is built while the weights load, before graph capture.
+  if (config.shared_experts_fusion) {
+    if (std::optional<Fault> f = CheckSharedExpertFusion(*e->model_)) e->plan_.fault = std::move(f);
+  }
   if (e->plan_.fault) return e;
   // The device itself may hold less than the recorded one: a failed upload
   // or pool allocation is an out-of-memory at load, as on a real server.

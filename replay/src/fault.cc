@@ -13,6 +13,7 @@ std::string SignatureClassName(const std::string& klass) {
   if (klass == "assert") return "device_assert";
   if (klass == "nonfinite") return "non_finite";
   if (klass == "oom") return "oom";
+  if (klass == "unsupported_arch") return "unsupported_arch";
   return "other";
 }
 

@@ -43,6 +43,12 @@ void SetViews(LinearShard* s) {
 // element format allows.
 void ConvertScales(LinearShard* s, ScaleFormat fmt) {
   if (s->w.scale_format == SFormat::kNone || fmt == ScaleFormat::kCheckpoint) return;
+  // sglang's DEEPGEMM_SCALE_UE8M0: the FP8 block-scaled path requantizes its
+  // scales to UE8M0 at load; nothing requantizes other formats' scales
+  // (NVFP4's e4m3), which the UE8M0 kernels then read as they are.
+  if (fmt == ScaleFormat::kDeepGemmUe8m0) {
+    fmt = s->w.format == WFormat::kE4m3 ? ScaleFormat::kUe8m0Requant : ScaleFormat::kUe8m0;
+  }
   QWeight& w = s->w;
   const int64_t sr = (w.rows + w.block_rows - 1) / w.block_rows;
   std::vector<float> f(sr * w.scale_cols);
@@ -211,7 +217,8 @@ class Builder {
     // layout), whatever the host copy holds.
     const size_t stored_scales = out.scales.size();
     ConvertScales(&out, cfg_.scale_format);
-    const bool ue8m0 = cfg_.scale_format == ScaleFormat::kUe8m0 || cfg_.scale_format == ScaleFormat::kUe8m0Requant;
+    const bool ue8m0 = cfg_.scale_format == ScaleFormat::kUe8m0 || cfg_.scale_format == ScaleFormat::kUe8m0Requant ||
+                       cfg_.scale_format == ScaleFormat::kDeepGemmUe8m0;
     size_t scale_bytes = out.scales.size();
     if (ue8m0 && out.w.scale_format == SFormat::kF32 && stored_scales != 0) scale_bytes = out.scales.size() / 4;
     (*bytes_)[rank] += out.data.size() + scale_bytes + out.bias.size() * 4;
@@ -457,7 +464,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   m->rope.from_default = rope.from_default;
   if (!rope.note.empty()) m->notes.push_back(std::move(rope.note));
 
-  const bool ue8m0 = cfg.scale_format == ScaleFormat::kUe8m0;
+  const bool ue8m0 = cfg.scale_format == ScaleFormat::kUe8m0 || cfg.scale_format == ScaleFormat::kDeepGemmUe8m0;
   m->dense_dot = ue8m0 ? DotKind::kUe8m0
                        : cfg.gemm_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
   m->moe_dot = ue8m0 ? DotKind::kUe8m0

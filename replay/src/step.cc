@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/replay/kernel_archs.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -84,6 +85,7 @@ std::unique_ptr<StepProgram> StepProgram::Lower(const DeviceModel& model, const 
                                                 StepInput input) {
   std::unique_ptr<StepProgram> p(new StepProgram(model.exec(), std::move(input)));
   absl::Status s = p->Build(model, config, kv);
+  if (s.ok()) p->NameLibraries(config);
   if (!s.ok()) {
     p->kernels_.clear();
     p->status_ = s;
@@ -134,7 +136,7 @@ absl::StatusOr<StepProgram::Buf*> StepProgram::Alloc(const std::string& name, st
 
 void StepProgram::Add(std::string name, int layer, std::vector<std::string> outputs, int64_t tokens_per_rank,
                       std::vector<Op> ops) {
-  kernels_.push_back(KernelCall{std::move(name), layer, std::move(outputs), tokens_per_rank, std::move(ops)});
+  kernels_.push_back(KernelCall{std::move(name), layer, std::move(outputs), tokens_per_rank, std::move(ops), {}});
 }
 
 const Buffer* StepProgram::buffer(const std::string& name) const {
@@ -229,6 +231,38 @@ Fault StepProgram::DeviceFault(const KernelCall& k, const absl::Status& s) {
   return f;
 }
 
+// Which library kernel each of the step's kernels stands for (the kernel
+// toggles), so RunNext can refuse one its library has no code for.
+void StepProgram::NameLibraries(const EngineConfig& cfg) {
+  const bool decode = input_.mode == ForwardMode::kDecode;
+  arch_ = cfg.device_arch;
+  for (KernelCall& k : kernels_) {
+    std::string_view lib = "any";
+    if (k.name == "attention") lib = decode ? cfg.attention_kernel : cfg.prefill_attention_kernel;
+    if (k.name == "experts") lib = cfg.moe_kernel;
+    if (lib != "any") k.library = std::string(lib);
+  }
+}
+
+// A kernel asked to run on an architecture its library has no code for fails
+// before it launches, as the libraries' host-side dispatch does.
+std::optional<Fault> StepProgram::ArchFault(const KernelCall& k) const {
+  if (k.library.empty() || arch_ == 0) return std::nullopt;
+  const KernelLibrary* lib = FindKernelLibrary(k.library);
+  if (lib == nullptr || ArchSupported(*lib, arch_)) return std::nullopt;
+  Fault f;
+  f.klass = "unsupported_arch";
+  f.stage = ForwardModeName(input_.mode);
+  f.step = input_.step;
+  f.kernel = k.name;
+  f.layer = k.layer;
+  f.check = Cat(k.library, "_on_", ArchName(arch_));
+  f.value = arch_;
+  f.message = Cat("step ", input_.step, " (", f.stage, "): kernel ", k.Label(), " is ", lib->what, ", which has code for ",
+                  ArchList(*lib), ", not ", ArchName(arch_), lib->refusal.empty() ? "" : Cat(" (\"", lib->refusal, "\")"));
+  return f;
+}
+
 std::optional<Fault> StepProgram::RunNext() {
   if (done()) return fault_;
   const KernelCall& k = kernels_[next_];
@@ -236,6 +270,14 @@ std::optional<Fault> StepProgram::RunNext() {
   rec.label = k.Label();
   rec.name = k.name;
   rec.layer = k.layer;
+  if (std::optional<Fault> f = ArchFault(k)) {
+    rec.failed = true;
+    status_ = absl::FailedPreconditionError(f->message);
+    fault_ = std::move(f);
+    records_.push_back(std::move(rec));
+    next_ += 1;
+    return fault_;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s;
   for (const Op& op : k.ops) {

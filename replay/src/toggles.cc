@@ -8,6 +8,8 @@
 
 #include "crashreplay/base/status.h"
 #include "crashreplay/formats/config_file.h"
+#include "crashreplay/replay/engine_vocab.h"
+#include "crashreplay/replay/kernel_archs.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -15,6 +17,15 @@ namespace {
 
 using text::Cat;
 using text::Strip;
+
+// "any" and every library kernel of one family (kernel_archs.cc).
+std::vector<std::string_view> LibraryChoices(std::string_view family) {
+  std::vector<std::string_view> out = {"any"};
+  for (const KernelLibrary& k : KernelLibraries()) {
+    if (k.family == family) out.push_back(k.name);
+  }
+  return out;
+}
 
 const std::vector<ToggleSpec>& Table() {
   static const std::vector<ToggleSpec> kTable = {
@@ -30,11 +41,13 @@ const std::vector<ToggleSpec>& Table() {
        "kernel does)"},
       {"moe_backend", ToggleType::kEnum, {"dequant_matmul", "fused_blockscaled"}, 0, 0, "fused_blockscaled",
        "expert GEMMs (routed and shared experts), same choices as gemm_backend"},
-      {"scale_format", ToggleType::kEnum, {"checkpoint", "fp32", "ue8m0_requant", "ue8m0"}, 0, 0, "checkpoint",
+      {"scale_format", ToggleType::kEnum, {"checkpoint", "fp32", "ue8m0_requant", "ue8m0", "deepgemm_ue8m0"}, 0, 0, "checkpoint",
        "block scales of quantized weights: checkpoint (as stored: e4m3/e8m0/fp32, decoded in the "
        "kernel); fp32 (expanded to fp32 at load); ue8m0_requant (rounded up to powers of two at "
        "load, as DeepGEMM's requantization does); ue8m0 (passed to a kernel that reads only the "
-       "exponent and checks (bits & 0x807fffff) == 0 first, as DeepGEMM's UE8M0 path)"},
+       "exponent and checks (bits & 0x807fffff) == 0 first, as DeepGEMM's UE8M0 path); deepgemm_ue8m0 (what "
+       "sglang's DEEPGEMM_SCALE_UE8M0 does: FP8 block weights ue8m0_requant, every other format's scales "
+       "(NVFP4's e4m3) read by the UE8M0 kernels as they are)"},
       {"nvfp4_activation", ToggleType::kEnum, {"w4a4", "w4a16"}, 0, 0, "w4a4",
        "activations of NVFP4 linear layers: w4a4 (quantized on the fly to NVFP4 with the checkpoint's "
        "input_scale, e2m1 values and e4m3 scales per 16, then an fp4 x fp4 GEMM: what serving engines run "
@@ -70,6 +83,28 @@ const std::vector<ToggleSpec>& Table() {
        "factor applied to device_memory_gb so a small model sees the memory arithmetic of a large "
        "one (capacity = device_memory_gb * 1e9 * device_memory_scale)",
        false},
+      {"device_arch", ToggleType::kEnum, ArchChoices(), 0, 0, "any",
+       "compute capability of the recorded GPU (from the capture's manifest): every kernel toggle below names a "
+       "library kernel, and a kernel whose library has no code for this architecture fails with class "
+       "unsupported_arch before it runs (docs/engines.md has the table); any: not modelled, every kernel runs"},
+      {"attention_kernel", ToggleType::kEnum, LibraryChoices("attention"), 0, 0, "any",
+       "the library kernel decode attention stands for (GQA and dense MLA): its architectures are checked "
+       "against device_arch; the arithmetic is attention_backend's"},
+      {"prefill_attention_kernel", ToggleType::kEnum, LibraryChoices("attention"), 0, 0, "any",
+       "the library kernel prefill attention stands for (checked against device_arch)"},
+      {"dsa_kernel", ToggleType::kEnum, LibraryChoices("dsa"), 0, 0, "any",
+       "the library kernel DeepSeek sparse attention's decode stands for (checked against device_arch)"},
+      {"dsa_prefill_kernel", ToggleType::kEnum, LibraryChoices("dsa"), 0, 0, "any",
+       "the library kernel DeepSeek sparse attention's prefill stands for (checked against device_arch)"},
+      {"indexer_kernel", ToggleType::kEnum, LibraryChoices("indexer"), 0, 0, "any",
+       "the library kernel the DSA lightning indexer's logits stand for (checked against device_arch)"},
+      {"moe_kernel", ToggleType::kEnum, LibraryChoices("moe"), 0, 0, "any",
+       "the library kernel the routed experts' GEMMs stand for (checked against device_arch); the arithmetic is "
+       "moe_backend's"},
+      {"shared_experts_fusion", ToggleType::kBool, {}, 0, 0, "false",
+       "load the shared expert into the routed experts' weight stack as one more expert, as sglang does for "
+       "DeepSeek-style MoE unless --disable-shared-experts-fusion: its tensors must have the routed experts' "
+       "stored shape and dtype, else loading fails (the experts then still run as separate kernels)"},
       {"device", ToggleType::kEnum, {"cpu", "cuda"}, 0, 0, "cpu",
        "backend that runs the step's kernels: cpu (reference, always present) or cuda (the same kernel "
        "bodies on the GPU, device-side asserts; fails with 'no CUDA device' where there is none)",
@@ -235,22 +270,47 @@ absl::Status Config::ApplySetFlag(std::string_view assignment) {
   return Set(kv.first, kv.second.ToDisplay());
 }
 
-absl::Status Config::ApplyText(std::string_view text, std::string_view origin) {
-  CR_ASSIGN_OR_RETURN(crashreplay::Config parsed, ParseConfig(text, origin));
+absl::Status Config::ApplyParsed(const crashreplay::Config& parsed, std::string_view origin,
+                                 std::vector<std::string>* notes) {
+  auto engine = parsed.find("engine");
+  if (engine != parsed.end()) {
+    const std::string name = engine->second.ToDisplay();
+    if (name != "crashreplay") {
+      if (!HasVocabulary(name)) {
+        return absl::InvalidArgumentError(Cat(origin, ": engine '", name,
+                                              "' has no vocabulary here; the engines with one are sglang and vllm "
+                                              "(or leave out `engine` for the replay's own toggle names)"));
+      }
+      EngineSettings settings;
+      for (const auto& [k, v] : parsed) {
+        if (k != "engine") settings.emplace_back(k, v.ToDisplay());
+      }
+      VocabResult result;
+      if (absl::Status s = ApplyEngineSettings(name, settings, this, &result); !s.ok()) {
+        return absl::InvalidArgumentError(Cat(origin, ": ", s.message()));
+      }
+      if (notes != nullptr) {
+        for (std::string& n : result.notes) notes->push_back(Cat(origin, ": ", n));
+      }
+      return absl::OkStatus();
+    }
+  }
   for (const auto& [name, value] : parsed) {
+    if (name == "engine") continue;
     absl::Status s = Set(name, value.ToDisplay());
     if (!s.ok()) return absl::InvalidArgumentError(Cat(origin, ": ", s.message()));
   }
   return absl::OkStatus();
 }
 
-absl::Status Config::ApplyFile(const std::string& path) {
+absl::Status Config::ApplyText(std::string_view text, std::string_view origin, std::vector<std::string>* notes) {
+  CR_ASSIGN_OR_RETURN(crashreplay::Config parsed, ParseConfig(text, origin));
+  return ApplyParsed(parsed, origin, notes);
+}
+
+absl::Status Config::ApplyFile(const std::string& path, std::vector<std::string>* notes) {
   CR_ASSIGN_OR_RETURN(crashreplay::Config parsed, ReadConfigFile(path));
-  for (const auto& [name, value] : parsed) {
-    absl::Status s = Set(name, value.ToDisplay());
-    if (!s.ok()) return absl::InvalidArgumentError(Cat(path, ": ", s.message()));
-  }
-  return absl::OkStatus();
+  return ApplyParsed(parsed, path, notes);
 }
 
 const ToggleValue& Config::Get(std::string_view name) const {
@@ -303,6 +363,7 @@ EngineConfig ResolveConfig(const Config& c) {
   e.scale_format = sf == "fp32"            ? ScaleFormat::kFp32
                    : sf == "ue8m0_requant" ? ScaleFormat::kUe8m0Requant
                    : sf == "ue8m0"         ? ScaleFormat::kUe8m0
+                   : sf == "deepgemm_ue8m0" ? ScaleFormat::kDeepGemmUe8m0
                                            : ScaleFormat::kCheckpoint;
   e.nvfp4_activation = c.Enum("nvfp4_activation") == "w4a16" ? Nvfp4Activation::kW4a16 : Nvfp4Activation::kW4a4;
   e.kv_cache_dtype = c.Enum("kv_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
@@ -322,6 +383,14 @@ EngineConfig ResolveConfig(const Config& c) {
   e.device_memory_gb = c.Float("device_memory_gb");
   e.device_memory_scale = c.Float("device_memory_scale");
   e.device = c.Enum("device");
+  e.device_arch = ParseArch(c.Enum("device_arch"));
+  e.attention_kernel = c.Enum("attention_kernel");
+  e.prefill_attention_kernel = c.Enum("prefill_attention_kernel");
+  e.dsa_kernel = c.Enum("dsa_kernel");
+  e.dsa_prefill_kernel = c.Enum("dsa_prefill_kernel");
+  e.indexer_kernel = c.Enum("indexer_kernel");
+  e.moe_kernel = c.Enum("moe_kernel");
+  e.shared_experts_fusion = c.Bool("shared_experts_fusion");
   return e;
 }
 

@@ -41,6 +41,10 @@ TEST(FailureText, EveryCudaRuntimeErrorStringNamesItsError) {
       const FailureSignature s = Sig(msg);
       if (name == "cudaErrorAssert") {
         EXPECT_EQ(s.failure_class, FailureClass::kDeviceAssert) << msg;
+      } else if (name == "cudaErrorNoKernelImageForDevice") {
+        // No code for this GPU: the kernel's architecture support, its own class.
+        EXPECT_EQ(s.failure_class, FailureClass::kUnsupportedArch) << msg;
+        EXPECT_EQ(s.check, name) << msg;
       } else if (name == "cudaErrorMemoryAllocation") {
         EXPECT_EQ(s.failure_class, FailureClass::kOom) << msg;
         EXPECT_EQ(s.check, "cuda");

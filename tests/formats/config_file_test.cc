@@ -40,6 +40,16 @@ TEST(ConfigFile, ParsesEveryScalarTypeCommentsAndBlankLines) {
   EXPECT_EQ(c->at("escaped").as_string(), "tab\tquote\" \xc3\xa9");
 }
 
+// The engines' adapters record names such as env.SGLANG_ENABLE_JIT_DEEPGEMM
+// and cache_config.block_size: a dotted name is one flat name here.
+TEST(ConfigFile, ADottedNameIsOneFlatName) {
+  auto c = ParseConfig("env.SGLANG_ENABLE_JIT_DEEPGEMM = \"0\"\ncache_config.block_size = 16\n", "e.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->at("env.SGLANG_ENABLE_JIT_DEEPGEMM").as_string(), "0");
+  EXPECT_EQ(c->at("cache_config.block_size").as_int(), 16);
+  EXPECT_EQ(*ParseConfig(FormatConfig(*c), "again"), *c);
+}
+
 struct BadCase {
   const char* text;
   const char* expect;  // substring of the message
@@ -51,7 +61,9 @@ TEST(ConfigFile, RejectsTablesArraysDuplicatesAndMalformedLinesNamingFileAndLine
       {"a = [1, 2]\n", "bad.toml:1: 'a': arrays are not supported"},
       {"a = {x = 1}\n", "inline tables"},
       {"a = 1\nb = 2\na = 3\n", "bad.toml:3: duplicate name 'a' (first set on line 1)"},
-      {"a.b = 1\n", "dotted name"},
+      {"a..b = 1\n", "not a valid name"},
+      {".a = 1\n", "not a valid name"},
+      {"a. = 1\n", "not a valid name"},
       {"a 1\n", "expected '='"},
       {"a =\n", "missing value"},
       {"a = flash\n", "'flash' is not a supported value"},

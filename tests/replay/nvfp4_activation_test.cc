@@ -375,24 +375,30 @@ TEST(Nvfp4ActivationCaptures, OldBuiltInEngineCapturesReplayWeightOnly) {
 }
 
 // Not about NVFP4, but about how a manifest's toggles become the replay's
-// config: another engine's values outside our domain are notes, our own
-// engine's are a damaged manifest.
+// config: an engine without a vocabulary (engine_vocab.h) has its values
+// outside our domain noted, our own engine's are a damaged manifest, and
+// sglang's own words are translated.
 TEST(ForeignToggles, AnotherEnginesUnknownValueIsANoteOursIsDataLoss) {
   const std::vector<crashreplay::Toggle> t = {{"attention_backend", std::string("flashinfer")},
                                               {"page_size", int64_t{64}}};
-  auto a = LoadCapture(WriteManifestOnly("foreign_toggles_sglang", "sglang", t));
+  auto a = LoadCapture(WriteManifestOnly("foreign_toggles_other", "tgi", t));
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->config.Enum("attention_backend"), "reference");
   EXPECT_EQ(a->config.Int("page_size"), 64) << "values our table has are taken";
   // The manifest names no device, so a second note says which memory size is planned for.
   const auto flashinfer_notes = std::count_if(a->notes.begin(), a->notes.end(), [](const std::string& n) {
-    return n.find("sglang recorded attention_backend = flashinfer") != std::string::npos;
+    return n.find("tgi recorded attention_backend = flashinfer") != std::string::npos;
   });
   EXPECT_EQ(flashinfer_notes, 1) << absl::StrJoin(a->notes, " | ");
   auto b = LoadCapture(WriteManifestOnly("foreign_toggles_ours", "crashreplay", t));
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(b.status().message().find("'flashinfer' is not one of"), std::string::npos) << b.status();
+  auto c = LoadCapture(WriteManifestOnly("foreign_toggles_sglang", "sglang", t));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->config.Enum("attention_backend"), "flashdecode") << "sglang's flashinfer is split-KV decode";
+  EXPECT_EQ(c->config.Enum("attention_kernel"), "flashinfer");
+  EXPECT_EQ(c->config.Int("page_size"), 64);
 }
 
 }  // namespace

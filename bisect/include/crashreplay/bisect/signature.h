@@ -37,6 +37,7 @@ enum class FailureClass {
   kCudaError,       // a CUDA runtime error other than assert/OOM (illegal address, ...)
   kNcclError,       // an NCCL collective failed or timed out
   kException,       // an uncaught exception, named by its type (Python tracebacks)
+  kUnsupportedArch, // a kernel with no code for the device's architecture ("no kernel image", "Unsupported architecture")
 };
 
 enum class FailureStage { kLoad, kGraphCapture, kPrefill, kDecode, kUnknown };

@@ -1,7 +1,8 @@
 // A structured failure of the engine: what bisection compares (DESIGN
 // decision 3) and what `run`/`replay` report.
 //
-// class   "assert" (a kernel check fired), "oom" (the memory planner or the KV
+// class   "assert" (a kernel check fired), "unsupported_arch" (a kernel whose
+//         library has no code for device_arch), "oom" (the memory planner or the KV
 //         pool ran out), "nonfinite" (reserved for callers that treat a NaN/Inf
 //         output as a failure), "error" (anything else).
 // stage   "load", "graph_capture", "prefill" or "decode".

@@ -120,6 +120,7 @@ struct KernelCall {
   std::vector<std::string> outputs;  // activation buffers it writes (the KV cache is not one)
   int64_t tokens_per_rank = 0;       // > 0: work items are rank * tokens_per_rank + token
   std::vector<Op> ops;
+  std::string library;               // the library kernel it stands for (kernel_archs.h); empty: none named
   std::string Label() const { return layer >= 0 ? "L" + std::to_string(layer) + "." + name : name; }
 };
 
@@ -201,6 +202,8 @@ class StepProgram {
   };
   explicit StepProgram(Executor* exec, StepInput input) : exec_(exec), mem_(exec), input_(std::move(input)) {}
   absl::Status Build(const DeviceModel& dm, const EngineConfig& cfg, KvCache* kv);  // step_lower.cc
+  void NameLibraries(const EngineConfig& cfg);
+  std::optional<Fault> ArchFault(const KernelCall& k) const;
   absl::StatusOr<Buf*> Alloc(const std::string& name, std::vector<int64_t> shape, bool is_int = false,
                              bool is_bytes = false);
   float* F(const std::string& name) { return static_cast<float*>(bufs_[name].p); }
@@ -222,6 +225,7 @@ class StepProgram {
   size_t next_ = 0;
   bool watch_ = true;
   std::optional<Fault> fault_;
+  int arch_ = 0;  // device_arch (0: not modelled)
   absl::Status status_;
   std::string first_nonfinite_;
 };

@@ -24,6 +24,10 @@
 
 #include "absl/status/statusor.h"
 
+namespace crashreplay {
+class ConfigValue;
+}
+
 namespace crashreplay::replay {
 
 enum class ToggleType { kEnum, kInt, kFloat, kBool };
@@ -64,8 +68,10 @@ class Config {
   // "name=value" as given to --set.
   absl::Status ApplySetFlag(std::string_view assignment);
   // Reads a flat TOML file (formats/config_file.h, docs/formats/config.md).
-  absl::Status ApplyFile(const std::string& path);
-  absl::Status ApplyText(std::string_view text, std::string_view origin);
+  // A file whose `engine` key names a serving engine (sglang, vllm) is in
+  // that engine's words (engine_vocab.h); what they cannot model is a note.
+  absl::Status ApplyFile(const std::string& path, std::vector<std::string>* notes = nullptr);
+  absl::Status ApplyText(std::string_view text, std::string_view origin, std::vector<std::string>* notes = nullptr);
 
   const ToggleValue& Get(std::string_view name) const;
   const std::string& Enum(std::string_view name) const;
@@ -83,12 +89,14 @@ class Config {
   friend bool operator==(const Config&, const Config&) = default;
 
  private:
+  absl::Status ApplyParsed(const std::map<std::string, crashreplay::ConfigValue>& parsed, std::string_view origin,
+                           std::vector<std::string>* notes);
   std::map<std::string, ToggleValue, std::less<>> values_;
 };
 
 enum class AttentionBackend { kReference, kFlashDecode, kPaged64 };
 enum class GemmBackend { kDequantMatmul, kFusedBlockScaled };
-enum class ScaleFormat { kCheckpoint, kFp32, kUe8m0Requant, kUe8m0 };
+enum class ScaleFormat { kCheckpoint, kFp32, kUe8m0Requant, kUe8m0, kDeepGemmUe8m0 };
 enum class Nvfp4Activation { kW4a4, kW4a16 };
 enum class KvCacheDType { kBf16, kFp8E4m3 };
 enum class SamplingBackend { kSorted, kThreshold };
@@ -114,6 +122,11 @@ struct EngineConfig {
   int max_running_requests = 64;
   int max_total_tokens = 0;
   std::string device = "cpu";  // the executor: "cpu" or "cuda" (executor.h)
+  int device_arch = 0;         // compute capability, 120 for sm_120; 0: not modelled
+  // Library kernels the variants stand for (kernel_archs.h); "any": none named.
+  std::string attention_kernel = "any", prefill_attention_kernel = "any";
+  std::string dsa_kernel = "any", dsa_prefill_kernel = "any", indexer_kernel = "any", moe_kernel = "any";
+  bool shared_experts_fusion = false;
 };
 
 EngineConfig ResolveConfig(const Config& config);
