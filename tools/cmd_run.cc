@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "commands_decl.h"
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/formats/config_file.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/engine.h"
 #include "crashreplay/replay/tokenizer.h"
@@ -90,6 +92,10 @@ int RunRun(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--threads", threads, "CPU threads (default CRASHREPLAY_THREADS or 1); never changes results");
   app.add_option("--record", record, "write a capture session of the run to this directory");
+  std::string device_name;
+  app.add_option("--device-name", device_name,
+                 "with --record and a configuration in a serving engine's words: the device name the manifest "
+                 "records (e.g. 'NVIDIA RTX PRO 6000 Blackwell Server Edition')");
   app.add_option("--snapshots", snapshots,
                  "with --record: keep state snapshots of the last N steps (written on failure and at the end), "
                  "or 'off'")->default_str("4");
@@ -169,7 +175,29 @@ int RunRun(int argc, char** argv) {
   replay::Engine& engine = **made;
   std::unique_ptr<replay::CaptureRecorder> recorder;
   if (!record.empty()) {
-    auto rec = replay::CaptureRecorder::Begin(record, model_dir, config, engine.model(), snapshot_options);
+    // A configuration in a serving engine's words is recorded in that
+    // engine's manifest form (capture_io.h: EngineIdentity).
+    std::optional<replay::EngineIdentity> as;
+    if (!config_file.empty()) {
+      auto parsed = ReadConfigFile(config_file);
+      if (!parsed.ok()) return ReportError(parsed.status());
+      auto e = parsed->find("engine");
+      if (e != parsed->end() && e->second.ToDisplay() != "crashreplay") {
+        as.emplace();
+        as->engine = e->second.ToDisplay();
+        as->device_name = device_name;
+        as->tensors = &ckpt->tensors;
+        for (const auto& [k, v] : *parsed) {
+          if (k != "engine") as->settings.emplace_back(k, v);
+        }
+        // What --set changed beyond the file: the replay's own names.
+        replay::Config from_file = replay::Config::Defaults();
+        if (absl::Status st = from_file.ApplyFile(config_file); !st.ok()) return ReportError(st);
+        as->own_toggles = config.DiffNames(from_file);
+      }
+    }
+    auto rec = replay::CaptureRecorder::Begin(record, model_dir, config, engine.model(), snapshot_options,
+                                              as ? &*as : nullptr);
     if (!rec.ok()) return ReportError(rec.status());
     recorder = std::move(*rec);
   }

@@ -11,6 +11,9 @@
 #include "crashreplay/capture/weight_hash.h"
 #include "crashreplay/formats/capture_format.h"
 #include "crashreplay/replay/engine_vocab.h"
+#include "crashreplay/replay/engine_weights.h"
+#include "crashreplay/formats/hash.h"
+#include "crashreplay/replay/kernel_archs.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -39,7 +42,8 @@ std::string ToText(const crashreplay::ToggleValue& v) {
 absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const std::string& session_dir,
                                                                         const std::string& checkpoint_dir,
                                                                         const Config& config, const Model& model,
-                                                                        const SnapshotOptions& snapshots) {
+                                                                        const SnapshotOptions& snapshots,
+                                                                        const EngineIdentity* as) {
   SessionManifest m;
   m.engine = "crashreplay";
   m.engine_version = CRASHREPLAY_VERSION;
@@ -63,12 +67,51 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
   m.model.head_dim = static_cast<uint32_t>(s.head_dim);
   m.model.intermediate_size = static_cast<uint32_t>(s.intermediate);
   m.model.num_experts = static_cast<uint32_t>(s.num_experts);
-  for (const ToggleSpec& t : Toggles()) m.toggles.push_back(Toggle{std::string(t.name), ToCaptureValue(config.Get(t.name))});
   m.device.name = "crashreplay CPU (emulated device)";
   m.device.memory_capacity_bytes = static_cast<uint64_t>(config.Float("device_memory_gb") * 1e9);
+  if (as == nullptr) {
+    for (const ToggleSpec& t : Toggles()) m.toggles.push_back(Toggle{std::string(t.name), ToCaptureValue(config.Get(t.name))});
+  } else {
+    m.engine = as->engine;
+    m.engine_version = Cat("emulated by crashreplay ", CRASHREPLAY_VERSION);
+    for (const auto& [k, v] : as->settings) {
+      crashreplay::ToggleValue tv;
+      if (v.is_bool()) tv = v.as_bool();
+      else if (v.is_int()) tv = v.as_int();
+      else if (v.is_float()) tv = v.as_float();
+      else tv = v.as_string();
+      m.toggles.push_back(Toggle{k, tv});
+    }
+    for (const std::string& name : as->own_toggles) {
+      m.toggles.push_back(Toggle{Cat("crashreplay.", name), ToCaptureValue(config.Get(name))});
+    }
+    m.toggles.push_back(Toggle{Cat(as->engine, ".page_table_unit"), std::string("page")});
+    if (!as->device_name.empty()) m.device.name = as->device_name;
+    const int arch = ParseArch(config.Enum("device_arch"));
+    m.device.sm_arch = static_cast<uint32_t>(std::max(arch, 0));
+  }
   m.parallel.tp_size = static_cast<uint32_t>(model.tp);
   m.parallel.world_size = static_cast<uint32_t>(model.tp);
-  for (size_t r = 0; r < model.shard_hashes.size(); ++r) {
+  // An engine's manifest form: its adapter hashes the engine's parameters
+  // (vocabulary padded, experts stacked, ...), so the hashes are of the bytes
+  // each checkpoint tensor becomes in that layout on each rank; a tensor the
+  // layout does not map (quantization scales) is not hashed.
+  for (size_t r = 0; as != nullptr && as->tensors != nullptr && r < static_cast<size_t>(model.tp); ++r) {
+    ParallelLayout par = m.parallel;
+    par.tp_rank = static_cast<uint32_t>(r);
+    par.rank = static_cast<uint32_t>(r);
+    const EngineLayout layout = EngineLayoutFor(m, par);
+    WeightShardHashes w;
+    w.rank = static_cast<uint32_t>(r);
+    for (const auto& [name, t] : *as->tensors) {
+      auto bytes = EngineParameterBytes(layout, name, model.spec, *as->tensors);
+      if (!bytes.ok()) continue;
+      w.tensors.push_back(TensorHash{name, XXH128Of(bytes->data(), bytes->size()), bytes->size()});
+    }
+    w.root = capture::WeightRoot(&w.tensors);
+    m.weights.push_back(std::move(w));
+  }
+  for (size_t r = 0; as == nullptr && r < model.shard_hashes.size(); ++r) {
     WeightShardHashes w;
     w.rank = static_cast<uint32_t>(r);
     for (const auto& [name, h] : model.shard_hashes[r]) w.tensors.push_back(TensorHash{name, h.hash, h.bytes});
@@ -267,6 +310,12 @@ void AddWeights(const WeightShardHashes& w, const ParallelLayout& layout, const 
   LoadedCapture::RankWeights& rw = (*by_rank)[w.rank];
   rw.rank = w.rank;
   rw.parallel = layout;
+  // One file holding several ranks' hashes (the built-in engine emulating
+  // tp ranks in one process): each rank's hashes are of its own shard.
+  if (w.rank != layout.rank) {
+    rw.parallel.rank = w.rank;
+    rw.parallel.tp_rank = w.rank % std::max<uint32_t>(layout.tp_size, 1);
+  }
   rw.file = file;
   for (const TensorHash& t : w.tensors) {
     auto it = std::find_if(rw.tensors.begin(), rw.tensors.end(), [&](const TensorHash& x) { return x.name == t.name; });

@@ -45,6 +45,7 @@
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_reader.h"
 #include "crashreplay/formats/capture_records.h"
+#include "crashreplay/formats/config_file.h"
 #include "crashreplay/replay/engine.h"
 #include "crashreplay/replay/replay_session.h"
 
@@ -55,13 +56,31 @@ struct SnapshotOptions {
   uint64_t budget_bytes = 16ull << 20;  // the ring's byte budget (recorder.h)
 };
 
+// A run configured in a serving engine's words (`engine = "sglang"` in its
+// configuration file) is recorded in that engine's manifest form, as its
+// adapter writes it: the engine's settings under their own names, the
+// replay's toggles the settings do not give as crashreplay.NAME, the page
+// table unit, and the device (name, architecture, memory). Replay then reads
+// it through the same vocabulary as a capture from a real server.
+struct EngineIdentity {
+  std::string engine;                                     // "sglang", "vllm"
+  std::vector<std::pair<std::string, ConfigValue>> settings;  // as the file gives them
+  std::vector<std::string> own_toggles;                   // replay toggles to record as crashreplay.NAME
+  std::string device_name;
+  // The checkpoint's tensors: weight hashes are written in the engine's
+  // parameter layout (engine_weights.h), as its adapter hashes them.
+  const TensorSet* tensors = nullptr;
+};
+
 class CaptureRecorder : public StepObserver {
  public:
-  // Opens SESSION_DIR/rank-00000.crcap and writes the manifest.
+  // Opens SESSION_DIR/rank-00000.crcap and writes the manifest (the built-in
+  // engine's form, or `as`'s engine's).
   static absl::StatusOr<std::unique_ptr<CaptureRecorder>> Begin(const std::string& session_dir,
                                                                 const std::string& checkpoint_dir,
                                                                 const Config& config, const Model& model,
-                                                                const SnapshotOptions& snapshots = {});
+                                                                const SnapshotOptions& snapshots = {},
+                                                                const EngineIdentity* as = nullptr);
   void StateBeforeStep(const StepInput& input, const KvCache& kv) override;
   void BeforeStep(const StepInput& input) override;
   void AfterStep(const StepProgram& program) override;
