@@ -91,7 +91,7 @@ TEST_P(FastKernelsMatchWorkItems, EveryKernelOfEveryStep) {
   o.layers = 2;
   o.hidden = 64;
   o.intermediate = 128;
-  o.moe_intermediate = 32;
+  o.moe_intermediate = 64;
   o.experts = 8;
   o.vocab = 320;
   const Outcome ref = RunWith("reference", o, c.sets, 1);
