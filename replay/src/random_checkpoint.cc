@@ -157,9 +157,11 @@ class Generator {
         for (float v : w) amax = AbsMaxAccumulate(amax, v);
         const float scale = Fp8BlockScale(amax, 1e-12f, false);
         std::vector<uint8_t> q(out * in);
-        for (size_t i = 0; i < q.size(); ++i) q[i] = QuantFp8(w[i], scale);
-        t_[name] = Make(DType::kF8E4M3, {out, in}, q);
-        t_[base + ".weight_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
+        ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t i = r0 * in; i < r1 * in; ++i) q[i] = QuantFp8(w[i], scale);
+        });
+        Add(name, Make(DType::kF8E4M3, {out, in}, q));
+        Add(base + ".weight_scale", Make(DType::kF32, {}, std::vector<float>{scale}));
         return;
       }
       case QuantKind::kNvfp4: {
