@@ -37,7 +37,8 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
-typedef uint8_t u8x8 __attribute__((vector_size(8)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
 
 CR_SIMD_INLINE f32x8 Load8(const float* p) {
   f32x8 v;
@@ -81,10 +82,20 @@ CR_SIMD_INLINE f32x8 DecodeF16(const uint16_t* p) {
   return (f32x8)(sign | mag_bits);
 }
 
+// 8 bytes zero-extended to 32 bits. Through 16-bit lanes: GCC 12 lowers a
+// direct u8x8 -> u32x8 conversion to a scalar load per byte, this form to
+// vpmovzxbw + vpmovzxwd under AVX2 (fp8 weights ran ~6x slower than bf16).
+CR_SIMD_INLINE u32x8 WidenBytes8(const uint8_t* p) {
+  uint64_t q;
+  std::memcpy(&q, p, sizeof q);
+  const u8x16 b = (u8x16)(u64x2{q, 0});
+  const u8x16 z = {};
+  const u8x16 w = __builtin_shufflevector(b, z, 0, 16, 1, 16, 2, 16, 3, 16, 4, 16, 5, 16, 6, 16, 7, 16);
+  return __builtin_convertvector((u16x8)w, u32x8);
+}
+
 CR_SIMD_INLINE f32x8 DecodeE4m3(const uint8_t* p) {
-  u8x8 b8;
-  std::memcpy(&b8, p, sizeof b8);
-  const u32x8 b = __builtin_convertvector(b8, u32x8);
+  const u32x8 b = WidenBytes8(p);
   const u32x8 sign = (b & 0x80u) << 24;
   const u32x8 mag = b & 0x7fu;
   const u32x8 normal = (mag << 20) + (120u << 23);
