@@ -1,8 +1,10 @@
 // make-model's checkpoints (random_checkpoint.h) do not depend on the thread
 // count: every tensor, the calibrated NVFP4 input scales included, has the
-// same bytes on 1 and on several workers; and progress is reported.
+// same bytes on 1 and on several workers, and the bytes the generator wrote
+// before it ran on threads; and progress is reported.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -30,10 +32,24 @@ void ExpectSameTensors(const RandomCheckpoint& a, const RandomCheckpoint& b) {
   }
 }
 
+// XXH3-64 over every tensor (name, dtype, shape, bytes) in name order.
+uint64_t CheckpointDigest(const RandomCheckpoint& ck) {
+  std::string all;
+  for (const auto& [name, t] : ck.tensors) {
+    all += name;
+    all += '|' + std::to_string(static_cast<int>(t.dtype));
+    for (int64_t d : t.shape) all += ',' + std::to_string(d);
+    all.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  }
+  return XXH64Of(all.data(), all.size());
+}
+
 struct Case {
   const char* arch;
   const char* quant;
+  uint64_t digest;  // CheckpointDigest of the single-threaded generator's bytes
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << " " << c.quant; }
 
 class MakeModelThreads : public ::testing::TestWithParam<Case> {};
 
@@ -41,15 +57,24 @@ TEST_P(MakeModelThreads, SameBytesOnOneAndSeveralThreads) {
   MakeModelOptions o;
   o.arch = GetParam().arch;
   o.quant = GetParam().quant;
-  o.layers = 3;
-  o.hidden = 256;  // FP8: two 128-row blocks; tensors span several row chunks
-  o.intermediate = 384;
-  o.moe_intermediate = 64;
-  o.experts = 8;
+  o.layers = 2;  // deepseek_v3: one dense layer, one MoE layer
+  // Row chunks hold ~256K elements: at hidden 256 a chunk is 1024 rows, so
+  // the gate/up projections (2048 rows; mixtral's experts use these sizes,
+  // the other MoE ones 1152) and the embedding (1500 rows) are split across
+  // workers, and down_proj (256 rows of 2048 or 1152) in 128-row FP8 blocks.
+  o.hidden = 256;
+  o.intermediate = 2048;
+  o.moe_intermediate = 1152;
+  o.experts = 4;
   o.vocab = 1500;
   o.seed = 7;
   const RandomCheckpoint one = Generate(o, 1);
   ASSERT_FALSE(one.tensors.empty());
+  // The bytes the generator wrote before it ran on threads (its make-model
+  // output with these options and this build's compared equal file by file
+  // when the digests were taken): chunking the draws and blocks changed
+  // nothing.
+  EXPECT_EQ(CheckpointDigest(one), GetParam().digest) << std::hex << "0x" << CheckpointDigest(one);
   for (int threads : {2, 5}) {
     SCOPED_TRACE("threads=" + std::to_string(threads));
     ExpectSameTensors(one, Generate(o, threads));
@@ -57,9 +82,11 @@ TEST_P(MakeModelThreads, SameBytesOnOneAndSeveralThreads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryQuant, MakeModelThreads,
-                         ::testing::Values(Case{"llama", "bf16"}, Case{"qwen3", "fp8"},
-                                           Case{"deepseek_v3", "nvfp4"}, Case{"qwen3_moe", "nvfp4"},
-                                           Case{"mixtral", "mxfp4"}),
+                         ::testing::Values(Case{"llama", "bf16", 0xa0340984b3e58f4eull},
+                                           Case{"qwen3", "fp8", 0x964e7e430b9054bfull},
+                                           Case{"deepseek_v3", "nvfp4", 0xcbf64e333e70b1c5ull},
+                                           Case{"qwen3_moe", "nvfp4", 0xac2b3deb7b919f48ull},
+                                           Case{"mixtral", "mxfp4", 0x97a595d2ea5dffddull}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.arch) + "_" + i.param.quant;
                          });
