@@ -1,25 +1,37 @@
-"""Decode-step time on the CPU: crashreplay's engine beside PyTorch eager
-(Hugging Face transformers' modeling code) on the same checkpoint and thread
-count.
+"""Prefill and decode time on the CPU: crashreplay's engine beside PyTorch
+eager (Hugging Face transformers' modeling code) on the same checkpoint and
+thread count, and the MoE experts' weight-read rate beside the machine's
+memory bandwidth. One run, side by side.
 
     python3 bench/decode_vs_torch.py [--build build] [--threads 1,2]
         [--layers 8 --hidden 1024 --heads 16 --kv-heads 4 --head-dim 64
          --intermediate 2816 --vocab 32000] [--batch 1] [--prompt-len 128]
-        [--steps 32] [--model DIR]
+        [--steps 32] [--reps 3] [--fp32] [--no-moe] [--model DIR]
 
-Writes a random llama bf16 checkpoint with `crashreplay make-model` (or uses
---model), runs bench/decode_bench on it (the engine through Engine::Run:
-one prefill, then decode steps; each step timed from BeforeStep to
-AfterStep, program building and sampling included; and OpenBLAS sgemv over
-the same linears), then the same prompt through
-`AutoModelForCausalLM.from_pretrained` with a KV cache (use_cache), in
-float32 and in bfloat16, torch.set_num_threads(N), greedy, timing each
-forward call. Prints the median decode step (min in parentheses) side by
-side. Without torch/transformers installed (they are not part of CI) the
-PyTorch columns read "n/a".
+Dense part: writes a random llama bf16 checkpoint with `crashreplay
+make-model` (or uses --model) and runs, for each thread count,
+bench/decode_bench on it --reps times (the engine through Engine::Run: one
+prefill step, then decode steps, each timed from BeforeStep to AfterStep:
+building the step's program, every kernel with its checks and digests,
+sampling), then `AutoModelForCausalLM.from_pretrained(dtype=bfloat16)` on
+the same prompt with a KV cache, torch.set_num_threads(N): one untimed
+warm-up, then --reps prefills, each followed by the same number of greedy
+decode steps, every forward call timed. Prefill: median of the --reps
+prefills. Decode: median (and min) over every timed decode step. The ratio
+columns are torch / crashreplay, so > 1 means the engine is faster (the
+targets of issue 15: prefill >= 1.0, decode >= 1.5). --fp32 adds torch
+float32 as well.
 
-Figures only; nothing is asserted. The machine's load moves them: run it on
-an idle machine and compare columns of one run, not runs.
+MoE part: bench/cpu_kernels_bench --only experts (one MoE layer's routed
+experts at decode, top-8 of 64, hidden 2048, moe_intermediate 768, eight
+other experts each step so the weights come from DRAM): the routed experts'
+weight bytes read per second beside a read-only stream over 512 MiB on the
+same threads, which bounds a step that reads each byte once.
+
+Without torch/transformers installed (they are not part of CI) the PyTorch
+columns read "n/a". Figures only; nothing is asserted. The machine's load
+moves them: run it on an idle machine and compare columns of one run, not
+runs.
 """
 import argparse
 import json
@@ -48,35 +60,125 @@ def prompt_ids(batch, prompt_len, vocab):
     return [[(r * 131 + j * 17 + 1) % vocab for j in range(prompt_len)] for r in range(batch)]
 
 
-def torch_decode(model_dir, dtype_name, threads, batch, prompt_len, steps, vocab):
+def engine_times(bench, model, threads, a):
+    prefill, decode, decode_min = [], [], []
+    for _ in range(a.reps):
+        r = json.loads(sh(bench, model, "--threads", str(threads), "--batch", str(a.batch), "--prompt-len",
+                          str(a.prompt_len), "--steps", str(a.steps), "--json"))
+        prefill.append(r["prefill_ms"])
+        decode.append(r["decode_ms_p50"])
+        decode_min.append(r["decode_ms_min"])
+    return {"prefill_ms": statistics.median(prefill), "decode_ms_p50": statistics.median(decode),
+            "decode_ms_min": min(decode_min), "sgemv_ms": r.get("openblas_sgemv_ms_p50")}
+
+
+def torch_times(model_dir, dtype_name, threads, a, vocab):
     try:
         import torch
         import transformers
     except ImportError:
         return None
     torch.set_num_threads(threads)
-    dtype = getattr(torch, dtype_name)
     try:  # transformers >= 5.2x: no loading progress bars on stderr
         transformers.utils.logging.disable_progress_bar()
     except AttributeError:
         pass
-    m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype_name))
     m.eval()
-    ids = torch.tensor(prompt_ids(batch, prompt_len, vocab))
-    times = []
+    ids = torch.tensor(prompt_ids(a.batch, a.prompt_len, vocab))
+    prefill, decode = [], []
     with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = m(input_ids=ids, use_cache=True)
-        prefill = (time.perf_counter() - t0) * 1e3
-        past = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(steps):
+        for rep in range(a.reps + 1):  # rep 0: warm-up, not timed
             t0 = time.perf_counter()
-            out = m(input_ids=nxt, past_key_values=past, use_cache=True)
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            times.append((time.perf_counter() - t0) * 1e3)
+            out = m(input_ids=ids, use_cache=True)
+            if rep:
+                prefill.append((time.perf_counter() - t0) * 1e3)
             past = out.past_key_values
-    return {"prefill_ms": prefill, "decode_ms_p50": statistics.median(times), "decode_ms_min": min(times)}
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            for _ in range(a.steps if rep else 2):
+                t0 = time.perf_counter()
+                out = m(input_ids=nxt, past_key_values=past, use_cache=True)
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                if rep:
+                    decode.append((time.perf_counter() - t0) * 1e3)
+                past = out.past_key_values
+    return {"prefill_ms": statistics.median(prefill), "decode_ms_p50": statistics.median(decode),
+            "decode_ms_min": min(decode)}
+
+
+def dense(a, cli, bench, tmp):
+    model = a.model
+    if model is None:
+        model = os.path.join(tmp, "model")
+        sh(cli, "make-model", model, "--arch", "llama", "--quant", "bf16", "--layers", str(a.layers),
+           "--hidden", str(a.hidden), "--heads", str(a.heads), "--kv-heads", str(a.kv_heads),
+           "--head-dim", str(a.head_dim), "--intermediate", str(a.intermediate), "--vocab", str(a.vocab))
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    vocab = cfg["vocab_size"]
+    print(f"dense: {cfg.get('model_type')} bf16, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+          f"heads {cfg['num_attention_heads']}/{cfg.get('num_key_value_heads')}, intermediate "
+          f"{cfg['intermediate_size']}, vocab {vocab}; batch {a.batch}, prompt {a.prompt_len}, {a.steps} decode "
+          f"steps, {a.reps} reps")
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        have_torch = True
+    except ImportError:
+        have_torch = False
+        print("torch/transformers not installed: the PyTorch columns are n/a (pip install torch transformers)")
+
+    def num(v, fmt="{:.1f}"):
+        return "n/a" if v is None else fmt.format(v)
+
+    def ratio(t, o):
+        return "n/a" if t is None or o is None or o == 0 else f"{t / o:.2f}x"
+
+    print()
+    hdr = (f"{'threads':>7} | {'prefill ms: engine':>18} {'torch bf16':>10} {'torch/engine':>12} | "
+           f"{'decode ms: engine':>22} {'torch bf16':>16} {'torch/engine':>12} | {'sgemv':>6}")
+    if a.fp32:
+        hdr += f" | {'torch fp32 prefill / decode':>27}"
+    print(hdr)
+    rows = []
+    for t in [int(x) for x in a.threads.split(",")]:
+        ours = engine_times(bench, model, t, a)
+        bf16 = torch_times(model, "bfloat16", t, a, vocab) if have_torch else None
+        f32 = torch_times(model, "float32", t, a, vocab) if have_torch and a.fp32 else None
+        tb = bf16 or {}
+        line = (f"{t:>7} | {ours['prefill_ms']:>18.1f} {num(tb.get('prefill_ms')):>10} "
+                f"{ratio(tb.get('prefill_ms'), ours['prefill_ms']):>12} | "
+                f"{ours['decode_ms_p50']:>10.2f} ({ours['decode_ms_min']:.2f} min) "
+                f"{num(tb.get('decode_ms_p50'), '{:.2f}'):>7} ({num(tb.get('decode_ms_min'), '{:.2f}')}) "
+                f"{ratio(tb.get('decode_ms_p50'), ours['decode_ms_p50']):>12} | {num(ours['sgemv_ms'], '{:.2f}'):>6}")
+        if a.fp32:
+            ft = f32 or {}
+            line += f" | {num(ft.get('prefill_ms')):>13} / {num(ft.get('decode_ms_p50'), '{:.2f}')}"
+        print(line, flush=True)
+        rows.append({"threads": t, "engine": ours, "torch_bf16": bf16, "torch_fp32": f32})
+    print("engine: Engine::Run, every kernel checked and digested, fixed summation order (same bits at any thread")
+    print("count). torch: HF eager forward with a KV cache. sgemv: OpenBLAS over float32 copies of the decode step's")
+    print("projections and LM head alone (median ms). Decode: median (min) step.")
+    return rows
+
+
+def moe(a, kbench):
+    print()
+    print("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):")
+    print(f"{'threads':>7} {'format':>12} {'MB/step':>8} {'ms':>8} {'GB/s':>7} {'M params/s':>11} "
+          f"{'stream GB/s':>12} {'of stream':>10}")
+    rows = []
+    for t in [int(x) for x in a.threads.split(",")]:
+        r = json.loads(sh(kbench, "--only", "experts", "--no-reference", "--threads", str(t), "--json"))
+        for e in r["experts"]:
+            gbs = e["bytes"] / e["fast_ms"] * 1e-6
+            print(f"{t:>7} {e['format']:>12} {e['bytes'] * 1e-6:>8.2f} {e['fast_ms']:>8.3f} {gbs:>7.2f} "
+                  f"{e['params'] / e['fast_ms'] * 1e-3:>11.0f} {r['read_gbs']:>12.2f} "
+                  f"{gbs / r['read_gbs'] * 100:>9.0f}%", flush=True)
+        rows.append(r)
+    print("stream: a read-only pass over 512 MiB on the same threads; a decode step reads each routed weight byte")
+    print("once, so that rate is its bound. isa: " + rows[-1]["isa"])
+    return rows
 
 
 def main():
@@ -94,66 +196,21 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3, help="prefills (and decode runs) timed per column")
+    ap.add_argument("--fp32", action="store_true", help="add torch float32")
+    ap.add_argument("--no-moe", action="store_true", help="skip the MoE experts part")
     a = ap.parse_args()
     cli = os.path.join(a.build, "tools", "crashreplay")
     bench = os.path.join(a.build, "bench", "decode_bench")
-    for p in (cli, bench):
+    kbench = os.path.join(a.build, "bench", "cpu_kernels_bench")
+    for p in (cli, bench, kbench):
         if not os.path.exists(p):
             sys.exit(f"{p} not found: build first (bash scripts/build.sh)")
-
+    print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
-        model = a.model
-        if model is None:
-            model = os.path.join(tmp, "model")
-            sh(cli, "make-model", model, "--arch", "llama", "--quant", "bf16", "--layers", str(a.layers),
-               "--hidden", str(a.hidden), "--heads", str(a.heads), "--kv-heads", str(a.kv_heads),
-               "--head-dim", str(a.head_dim), "--intermediate", str(a.intermediate), "--vocab", str(a.vocab))
-        with open(os.path.join(model, "config.json")) as f:
-            cfg = json.load(f)
-        vocab = cfg["vocab_size"]
-        print(f"model: {cfg.get('model_type')} {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-              f"intermediate {cfg['intermediate_size']}, vocab {vocab}; batch {a.batch}, prompt {a.prompt_len}, "
-              f"{a.steps} decode steps; load average {os.getloadavg()[0]:.2f}")
-        have_torch = True
-        try:
-            import torch  # noqa: F401
-            import transformers  # noqa: F401
-        except ImportError:
-            have_torch = False
-            print("torch/transformers not installed: the PyTorch columns are n/a (pip install torch transformers)")
-
-        def cell(r, key="decode_ms_p50", lo="decode_ms_min"):
-            if r is None:
-                return f"{'n/a':>18}"
-            s = f"{r[key]:.2f}"
-            if lo and r.get(lo) is not None:
-                s += f" ({r[lo]:.2f})"
-            return f"{s:>18}"
-
-        print()
-        print("decode step, ms: median (min)")
-        print(f"{'threads':>7} {'crashreplay':>18} {'OpenBLAS sgemv':>18} {'torch fp32':>18} {'torch bf16':>18}"
-              f"   prefill ms: crashreplay / torch fp32 / torch bf16")
-        for t in [int(x) for x in a.threads.split(",")]:
-            ours = json.loads(sh(bench, model, "--threads", str(t), "--batch", str(a.batch), "--prompt-len",
-                                 str(a.prompt_len), "--steps", str(a.steps), "--json"))
-            blas = None
-            if ours.get("openblas_sgemv_ms_p50") is not None:
-                blas = {"decode_ms_p50": ours["openblas_sgemv_ms_p50"]}
-            f32 = bf16 = None
-            if have_torch:
-                f32 = torch_decode(model, "float32", t, a.batch, a.prompt_len, a.steps, vocab)
-                bf16 = torch_decode(model, "bfloat16", t, a.batch, a.prompt_len, a.steps, vocab)
-
-            def pf(r):
-                return "n/a" if r is None else f"{r['prefill_ms']:.0f}"
-
-            print(f"{t:>7} {cell(ours)} {cell(blas, lo=None)} {cell(f32)} {cell(bf16)}"
-                  f"   {pf(ours)} / {pf(f32)} / {pf(bf16)}")
-        print()
-        print("crashreplay: Engine::Run, every kernel checked and digested, fixed summation order (same bits at any")
-        print("thread count). OpenBLAS sgemv: the step's projections and LM head alone, on float32")
-        print("copies of the weights. torch: HF eager forward with a KV cache.")
+        dense(a, cli, bench, tmp)
+    if not a.no_moe:
+        moe(a, kbench)
 
 
 if __name__ == "__main__":

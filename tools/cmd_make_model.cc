@@ -1,6 +1,11 @@
-// `crashreplay make-model DIR --arch ARCH --quant Q [size options]`: writes a
-// small random checkpoint (config.json + safetensors) in real HF layouts.
+// `crashreplay make-model DIR --arch ARCH --quant Q [size options]
+// [--threads N]`: writes a random checkpoint (config.json + safetensors) in
+// real HF layouts, with progress on stderr (redrawn on a terminal, plain
+// lines otherwise).
 #include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "crashreplay/base/status_line.h"
 
 #include "command.h"
 #include "commands_decl.h"
@@ -35,12 +40,21 @@ int RunMakeModel(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   app.add_option("--rope-form", rope_form, "legacy (rope_theta/rope_scaling) | rope_parameters | both")
       ->check(CLI::IsMember({"legacy", "rope_parameters", "both"}));
+  o.threads = 0;
+  app.add_option("--threads", o.threads, "worker threads (0: one per core); never changes the bytes written")
+      ->check(CLI::Range(0, 256));
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  StatusLine progress = StatusLine::ForStderr("make-model");
+  o.progress = [&progress](std::string_view phase, int64_t done, int64_t total, int64_t bytes) {
+    progress.Update(phase, done, total, bytes > 0 ? absl::StrFormat("%.1f MB", static_cast<double>(bytes) * 1e-6) : "");
+  };
   auto ckpt = replay::GenerateRandomCheckpoint(o);
   if (!ckpt.ok()) return ReportError(ckpt.status());
   if (rope_form != "legacy") ckpt->spec.rope_parameters = ckpt->spec.rope_legacy;
   if (rope_form == "rope_parameters") ckpt->spec.rope_legacy.reset();
+  progress.Update("writing " + dir, 0, 0);
   if (absl::Status s = replay::WriteCheckpointDir(dir, ckpt->spec, ckpt->tensors); !s.ok()) return ReportError(s);
+  progress.Finish();
   size_t bytes = 0;
   for (const auto& [name, t] : ckpt->tensors) bytes += t.bytes.size();
   std::printf("wrote %s: %s %s, %zu tensors, %zu bytes\n", dir.c_str(), ckpt->spec.model_type.c_str(), o.quant.c_str(),

@@ -1,9 +1,13 @@
 // The CPU executor: ops run on a CpuPool in host memory, always kernel by
-// kernel (a fired check is reported by the Launch that ran it).
+// kernel (a fired check is reported by the Launch that ran it). Projections
+// and MoE experts go through the blocked SIMD launchers of cpu_kernels.h
+// (same bits as the work items); every other op, and an op those launchers
+// do not cover, runs its work items.
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "crashreplay/replay/cpu_kernels.h"
 #include "crashreplay/replay/cpu_pool.h"
 #include "crashreplay/replay/executor.h"
 #include "text_util.h"
@@ -21,7 +25,7 @@ float* ThreadScratch(int64_t n) {
 
 class CpuExecutor final : public Executor {
  public:
-  explicit CpuExecutor(int threads) : pool_(threads) {}
+  explicit CpuExecutor(int threads) : pool_(threads), isa_(DefaultCpuIsa()) {}
 
   std::string_view name() const override { return "cpu"; }
   ExecMode mode() const override { return ExecMode::kKernelByKernel; }
@@ -49,14 +53,17 @@ class CpuExecutor final : public Executor {
 
   absl::Status Launch(const Op& op, const LaunchTag& tag) override {
     const uint32_t seq = launches_++;
-    const KernelStatus st = std::visit(
-        [this](const auto& o) {
-          const int64_t scratch = ScratchFloats(o);
-          return pool_.Launch(Items(o), [&o, scratch](int64_t i, KernelStatus* s) {
-            RunItem(o, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s);
-          });
-        },
-        op);
+    KernelStatus st;
+    if (!LaunchFast(op, &st)) {
+      st = std::visit(
+          [this](const auto& o) {
+            const int64_t scratch = ScratchFloats(o);
+            return pool_.Launch(Items(o), [&o, scratch](int64_t i, KernelStatus* s) {
+              RunItem(o, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s);
+            });
+          },
+          op);
+    }
     if (!st.fired) return absl::OkStatus();
     ExecFault f;
     f.launch = seq;
@@ -73,7 +80,15 @@ class CpuExecutor final : public Executor {
   uint32_t launches() const override { return launches_; }
 
  private:
+  bool LaunchFast(const Op& op, KernelStatus* st) {
+    if (const auto* l = std::get_if<LinearOp>(&op)) return LaunchLinearFast(*l, pool_, isa_, st);
+    if (const auto* e = std::get_if<ExpertsOp>(&op)) return LaunchExpertsFast(*e, pool_, isa_, st);
+    if (const auto* s = std::get_if<SharedExpertOp>(&op)) return LaunchSharedExpertFast(*s, pool_, isa_, st);
+    return false;
+  }
+
   CpuPool pool_;
+  CpuIsa isa_;
   uint32_t launches_ = 0;
   std::optional<ExecFault> fault_;
 };

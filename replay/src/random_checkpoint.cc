@@ -1,7 +1,10 @@
 #include "crashreplay/replay/random_checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "crashreplay/base/status.h"
 #include "crashreplay/formats/block_quant.h"
@@ -9,6 +12,7 @@
 #include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
+#include "crashreplay/replay/cpu_pool.h"
 #include "crashreplay/replay/model.h"
 #include "crashreplay/replay/step.h"
 #include "text_util.h"
@@ -18,18 +22,39 @@ namespace {
 
 using text::Cat;
 
+int MakeModelThreads(const MakeModelOptions& o) {
+  if (o.threads > 0) return o.threads;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(hw, 1u, 256u));
+}
+
+// The k-th normal draw of the stream `seed` (Box-Muller on counters 2k and
+// 2k + 1): a pure function of (seed, k), so any slice of a tensor can be drawn
+// on any thread and the bytes never depend on the thread count.
+float NormalAt(uint64_t seed, uint64_t k) {
+  const uint64_t c = 2 * k;
+  const double u1 = (static_cast<double>(SplitMix64(seed ^ SplitMix64(c)) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(SplitMix64(seed ^ SplitMix64(c + 1)) >> 11) * 0x1.0p-53;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// The stream of draws, handed out in order: each tensor takes the next
+// `count` indices, exactly as drawing them one by one would.
 class Normal {
  public:
   explicit Normal(uint64_t seed) : seed_(seed) {}
-  float Next() {
-    const double u1 = (static_cast<double>(SplitMix64(seed_ ^ SplitMix64(counter_++)) >> 11) + 1.0) * 0x1.0p-53;
-    const double u2 = static_cast<double>(SplitMix64(seed_ ^ SplitMix64(counter_++)) >> 11) * 0x1.0p-53;
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  uint64_t seed() const { return seed_; }
+  // Reserves `count` draws; returns the first index.
+  uint64_t Take(int64_t count) {
+    const uint64_t first = next_;
+    next_ += static_cast<uint64_t>(count);
+    return first;
   }
+  float Next() { return NormalAt(seed_, next_++); }
 
  private:
   uint64_t seed_;
-  uint64_t counter_ = 0;
+  uint64_t next_ = 0;
 };
 
 template <typename T>
@@ -48,14 +73,37 @@ HostTensor Bf16(std::vector<int64_t> shape, const std::vector<float>& v) {
   return Make(DType::kBF16, std::move(shape), b);
 }
 
+HostTensor Empty(DType dt, std::vector<int64_t> shape, size_t bytes) {
+  HostTensor t;
+  t.dtype = dt;
+  t.shape = std::move(shape);
+  t.bytes.resize(bytes);
+  return t;
+}
+
+// Rows [r0, r1) of a matrix's slices, run on the pool: chunks of
+// `align`-row multiples (FP8 blocks are 128 rows), at least ~256K elements.
+void ForRowChunks(CpuPool& pool, int64_t rows, int64_t cols, int64_t align,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cols, 1));
+  chunk = (chunk + align - 1) / align * align;
+  const int64_t n = (rows + chunk - 1) / chunk;
+  pool.Launch(n, [&](int64_t i, KernelStatus*) { fn(i * chunk, std::min(rows, (i + 1) * chunk)); });
+}
+
 class Generator {
  public:
-  Generator(const MakeModelOptions& o, ModelSpec spec) : o_(o), spec_(std::move(spec)), rng_(o.seed) {}
+  Generator(const MakeModelOptions& o, ModelSpec spec, CpuPool* pool)
+      : o_(o), spec_(std::move(spec)), rng_(o.seed), pool_(pool) {}
 
+  // out x in weights of std 1/sqrt(in), drawn on the pool.
   std::vector<float> Matrix(int64_t out, int64_t in) {
     std::vector<float> w(out * in);
     const float s = 1.0f / std::sqrt(static_cast<float>(in));
-    for (auto& x : w) x = rng_.Next() * s;
+    const uint64_t first = rng_.Take(out * in), seed = rng_.seed();
+    ForRowChunks(*pool_, out, in, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * in; i < r1 * in; ++i) w[i] = NormalAt(seed, first + static_cast<uint64_t>(i)) * s;
+    });
     return w;
   }
   std::vector<float> Norm(int64_t n) {
@@ -64,29 +112,44 @@ class Generator {
     return w;
   }
 
-  // Adds `name` (+ its scale tensors) quantized as the checkpoint's linear layers are.
+  // Adds `name` (+ its scale tensors) quantized as the checkpoint's linear
+  // layers are, each row chunk on the pool (rows are independent; FP8 chunks
+  // hold whole 128-row blocks, NVFP4's global scale is the amax over all).
   void Linear(const std::string& name, int64_t out, int64_t in) {
     const std::vector<float> w = Matrix(out, in);
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    CpuPool& pool = *pool_;
     switch (spec_.quant) {
-      case QuantKind::kNone:
-        t_[name] = Bf16({out, in}, w);
+      case QuantKind::kNone: {
+        HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
+        uint8_t* dst = t.bytes.data();
+        ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t i = r0 * in; i < r1 * in; ++i) {
+            const uint16_t h = FloatToBf16(w[i]);
+            std::memcpy(dst + 2 * i, &h, 2);
+          }
+        });
+        Add(name, std::move(t));
         return;
+      }
       case QuantKind::kFp8Block: {
         const int64_t br = 128, bc = 128, sr = (out + br - 1) / br, sc = (in + bc - 1) / bc;
-        std::vector<float> amax(sr * sc, 0.0f);
-        for (int64_t r = 0; r < out; ++r)
-          for (int64_t c = 0; c < in; ++c) {
-            float& a = amax[(r / br) * sc + c / bc];
-            a = AbsMaxAccumulate(a, w[r * in + c]);
-          }
         std::vector<float> scale(sr * sc);
-        for (size_t i = 0; i < scale.size(); ++i) scale[i] = Fp8BlockScale(amax[i], 1e-12f, false);
         std::vector<uint8_t> q(out * in);
-        for (int64_t r = 0; r < out; ++r)
-          for (int64_t c = 0; c < in; ++c) q[r * in + c] = QuantFp8(w[r * in + c], scale[(r / br) * sc + c / bc]);
-        t_[name] = Make(DType::kF8E4M3, {out, in}, q);
-        t_[base + ".weight_scale_inv"] = Make(DType::kF32, {sr, sc}, scale);
+        ForRowChunks(pool, out, in, br, [&](int64_t r0, int64_t r1) {
+          std::vector<float> amax(sc);
+          for (int64_t rb = r0 / br; rb * br < r1; ++rb) {
+            std::fill(amax.begin(), amax.end(), 0.0f);
+            const int64_t e = std::min(out, (rb + 1) * br);
+            for (int64_t r = rb * br; r < e; ++r)
+              for (int64_t c = 0; c < in; ++c) amax[c / bc] = AbsMaxAccumulate(amax[c / bc], w[r * in + c]);
+            for (int64_t b = 0; b < sc; ++b) scale[rb * sc + b] = Fp8BlockScale(amax[b], 1e-12f, false);
+            for (int64_t r = rb * br; r < e; ++r)
+              for (int64_t c = 0; c < in; ++c) q[r * in + c] = QuantFp8(w[r * in + c], scale[rb * sc + c / bc]);
+          }
+        });
+        Add(name, Make(DType::kF8E4M3, {out, in}, q));
+        Add(base + ".weight_scale_inv", Make(DType::kF32, {sr, sc}, scale));
         return;
       }
       case QuantKind::kFp8Tensor: {  // ModelOpt FP8: one scale, amax / 448
@@ -94,41 +157,49 @@ class Generator {
         for (float v : w) amax = AbsMaxAccumulate(amax, v);
         const float scale = Fp8BlockScale(amax, 1e-12f, false);
         std::vector<uint8_t> q(out * in);
-        for (size_t i = 0; i < q.size(); ++i) q[i] = QuantFp8(w[i], scale);
-        t_[name] = Make(DType::kF8E4M3, {out, in}, q);
-        t_[base + ".weight_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
+        ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t i = r0 * in; i < r1 * in; ++i) q[i] = QuantFp8(w[i], scale);
+        });
+        Add(name, Make(DType::kF8E4M3, {out, in}, q));
+        Add(base + ".weight_scale", Make(DType::kF32, {}, std::vector<float>{scale}));
         return;
       }
       case QuantKind::kNvfp4: {
         const float global = Nvfp4GlobalScale(w);
         std::vector<uint8_t> scales(out * (in / 16)), packed(out * in / 2, 0);
-        for (int64_t r = 0; r < out; ++r)
-          for (int64_t b = 0; b < in / 16; ++b) {
-            float bmax = 0.0f;
-            for (int64_t c = b * 16; c < b * 16 + 16; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
-            const uint8_t s8 = Nvfp4BlockScale(bmax, global);
-            scales[r * (in / 16) + b] = s8;
-            for (int64_t c = b * 16; c < b * 16 + 16; ++c) SetNibble(packed.data(), r * in + c, QuantNvfp4(w[r * in + c], s8, global));
-          }
-        t_[name] = Make(DType::kU8, {out, in / 2}, packed);
-        t_[base + ".weight_scale"] = Make(DType::kF8E4M3, {out, in / 16}, scales);
-        t_[base + ".weight_scale_2"] = Make(DType::kF32, {}, std::vector<float>{global});
+        ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b = 0; b < in / 16; ++b) {
+              float bmax = 0.0f;
+              for (int64_t c = b * 16; c < b * 16 + 16; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
+              const uint8_t s8 = Nvfp4BlockScale(bmax, global);
+              scales[r * (in / 16) + b] = s8;
+              for (int64_t c = b * 16; c < b * 16 + 16; ++c)
+                SetNibble(packed.data(), r * in + c, QuantNvfp4(w[r * in + c], s8, global));
+            }
+        });
+        Add(name, Make(DType::kU8, {out, in / 2}, packed));
+        Add(base + ".weight_scale", Make(DType::kF8E4M3, {out, in / 16}, scales));
+        Add(base + ".weight_scale_2", Make(DType::kF32, {}, std::vector<float>{global}));
         // Placeholder until CalibrateInputScales measures the input's amax.
-        t_[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{1.0f});
+        Add(base + ".input_scale", Make(DType::kF32, {}, std::vector<float>{1.0f}));
         return;
       }
       case QuantKind::kMxfp4: {
         std::vector<uint8_t> scales(out * (in / 32)), packed(out * in / 2, 0);
-        for (int64_t r = 0; r < out; ++r)
-          for (int64_t b = 0; b < in / 32; ++b) {
-            float bmax = 0.0f;
-            for (int64_t c = b * 32; c < b * 32 + 32; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
-            const uint8_t s8 = Mxfp4BlockScale(bmax);
-            scales[r * (in / 32) + b] = s8;
-            for (int64_t c = b * 32; c < b * 32 + 32; ++c) SetNibble(packed.data(), r * in + c, QuantMxfp4(w[r * in + c], s8));
-          }
-        t_[name] = Make(DType::kU8, {out, in / 2}, packed);
-        t_[base + ".weight_scale"] = Make(DType::kU8, {out, in / 32}, scales);
+        ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b = 0; b < in / 32; ++b) {
+              float bmax = 0.0f;
+              for (int64_t c = b * 32; c < b * 32 + 32; ++c) bmax = AbsMaxAccumulate(bmax, w[r * in + c]);
+              const uint8_t s8 = Mxfp4BlockScale(bmax);
+              scales[r * (in / 32) + b] = s8;
+              for (int64_t c = b * 32; c < b * 32 + 32; ++c)
+                SetNibble(packed.data(), r * in + c, QuantMxfp4(w[r * in + c], s8));
+            }
+        });
+        Add(name, Make(DType::kU8, {out, in / 2}, packed));
+        Add(base + ".weight_scale", Make(DType::kU8, {out, in / 32}, scales));
         return;
       }
     }
@@ -137,18 +208,33 @@ class Generator {
   void Bias(const std::string& name, int64_t n) {
     std::vector<float> b(n);
     for (auto& x : b) x = 0.1f * rng_.Next();
-    t_[name] = Bf16({n}, b);
+    Add(name, Bf16({n}, b));
+  }
+
+  // A bf16 matrix converted on the pool.
+  HostTensor Bf16Matrix(int64_t out, int64_t in) {
+    const std::vector<float> w = Matrix(out, in);
+    HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
+    uint8_t* dst = t.bytes.data();
+    ForRowChunks(*pool_, out, in, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * in; i < r1 * in; ++i) {
+        const uint16_t h = FloatToBf16(w[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+    });
+    return t;
   }
 
   RandomCheckpoint Build() {
     const ModelSpec& s = spec_;
     const int64_t H = s.hidden, hd = s.head_dim;
-    t_["model.embed_tokens.weight"] = Bf16({s.vocab, H}, Matrix(s.vocab, H));
+    Report(0);
+    Add("model.embed_tokens.weight", Bf16Matrix(s.vocab, H));
     for (int64_t l = 0; l < s.layers; ++l) {
       const LayerNames n = NamesFor(s, l);
       const std::string a = n.prefix + "self_attn.";
-      t_[n.prefix + "input_layernorm.weight"] = Bf16({H}, Norm(H));
-      t_[n.prefix + "post_attention_layernorm.weight"] = Bf16({H}, Norm(H));
+      Add(n.prefix + "input_layernorm.weight", Bf16({H}, Norm(H)));
+      Add(n.prefix + "post_attention_layernorm.weight", Bf16({H}, Norm(H)));
       Linear(a + "q_proj.weight", s.heads * hd, H);
       Linear(a + "k_proj.weight", s.kv_heads * hd, H);
       Linear(a + "v_proj.weight", s.kv_heads * hd, H);
@@ -159,20 +245,21 @@ class Generator {
         Bias(a + "v_proj.bias", s.kv_heads * hd);
       }
       if (s.qk_norm) {
-        t_[a + "q_norm.weight"] = Bf16({hd}, Norm(hd));
-        t_[a + "k_norm.weight"] = Bf16({hd}, Norm(hd));
+        Add(a + "q_norm.weight", Bf16({hd}, Norm(hd)));
+        Add(a + "k_norm.weight", Bf16({hd}, Norm(hd)));
       }
       if (!s.layer_is_moe(l)) {
         Linear(n.prefix + "mlp.gate_proj.weight", s.intermediate, H);
         Linear(n.prefix + "mlp.up_proj.weight", s.intermediate, H);
         Linear(n.prefix + "mlp.down_proj.weight", H, s.intermediate);
+        Report(l + 1);
         continue;
       }
-      t_[n.router()] = Bf16({s.num_experts, H}, Matrix(s.num_experts, H));
+      Add(n.router(), Bf16Matrix(s.num_experts, H));
       if (s.scoring == "sigmoid") {
         std::vector<float> bias(s.num_experts);
         for (auto& x : bias) x = 0.05f * rng_.Next();
-        t_[n.bias()] = Make(DType::kF32, {s.num_experts}, bias);
+        Add(n.bias(), Make(DType::kF32, {s.num_experts}, bias));
       }
       for (int64_t j = 0; j < s.num_experts; ++j) {
         Linear(n.expert(j, "gate"), s.moe_intermediate, H);
@@ -185,17 +272,29 @@ class Generator {
         Linear(n.shared("up"), si, H);
         Linear(n.shared("down"), H, si);
       }
+      Report(l + 1);
     }
-    t_["model.norm.weight"] = Bf16({H}, Norm(H));
-    if (!s.tie_embeddings) t_["lm_head.weight"] = Bf16({s.vocab, H}, Matrix(s.vocab, H));
+    Add("model.norm.weight", Bf16({H}, Norm(H)));
+    if (!s.tie_embeddings) Add("lm_head.weight", Bf16Matrix(s.vocab, H));
+    Report(s.layers);
     return RandomCheckpoint{spec_, std::move(t_)};
   }
 
  private:
+  void Add(const std::string& name, HostTensor t) {
+    bytes_ += static_cast<int64_t>(t.bytes.size());
+    t_[name] = std::move(t);
+  }
+  void Report(int64_t layers_done) {
+    if (o_.progress) o_.progress("generating weights (layers)", layers_done, spec_.layers, bytes_);
+  }
+
   MakeModelOptions o_;
   ModelSpec spec_;
   Normal rng_;
+  CpuPool* pool_;
   TensorSet t_;
+  int64_t bytes_ = 0;
 };
 
 float BufferAmax(const Buffer* b) {
@@ -205,19 +304,31 @@ float BufferAmax(const Buffer* b) {
 }
 
 // amax of silu(gate x) * up x over every token of `x` ([tokens, hidden]), the
-// input of the expert's down projection, computed with the engine's kernel
-// bodies on the w4a16 path.
-float ExpertIntermediateAmax(const ExpertShard& e, const float* x, int64_t tokens, int64_t hidden) {
+// input of the expert's down projection, computed with the engine's kernels
+// on the w4a16 path: the gate and up projections run as LinearOps on the
+// executor (its threads, the fast CPU kernels: the bits of LinearElement),
+// then silu * up and the amax in token order.
+absl::StatusOr<float> ExpertIntermediateAmax(Executor& exec, const ExpertShard& e, const float* x, int64_t tokens,
+                                             int64_t hidden) {
   const int64_t mi = e.gate.w.rows;
-  std::vector<float> g(mi), u(mi), a(mi);
-  KernelStatus st;
+  std::vector<float> g(tokens * mi), u(tokens * mi), a(mi);
+  for (const auto& [shard, y] : {std::pair{&e.gate, &g}, std::pair{&e.up, &u}}) {
+    LinearShardView view;
+    view.w = shard->w;
+    LinearOp op;
+    op.shards = &view;
+    op.dot = DotKind::kDequant;
+    op.x = x;
+    op.y = y->data();
+    op.ranks = 1;
+    op.tokens = tokens;
+    op.rows = mi;
+    op.cols = hidden;
+    CR_RETURN_IF_ERROR(exec.Launch(op, LaunchTag{"calibration_expert", -1}));
+  }
   float m = 0.0f;
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < mi; ++i) {
-      g[i] = LinearElement(DotKind::kDequant, e.gate.w, x + t * hidden, i, t, &st);
-      u[i] = LinearElement(DotKind::kDequant, e.up.w, x + t * hidden, i, t, &st);
-    }
-    SiluMulRow(g.data(), u.data(), mi, a.data());
+    SiluMulRow(g.data() + t * mi, u.data() + t * mi, mi, a.data());
     for (float v : a) m = AbsMaxAccumulate(m, v);
   }
   return m;
@@ -231,7 +342,8 @@ float ExpertIntermediateAmax(const ExpertShard& e, const float* x, int64_t token
 // read the same activation (q/k/v, gate/up) get the same amax. Every expert
 // is calibrated on every token (not only the ones routed to it), so no
 // expert is left without a scale.
-absl::Status CalibrateInputScales(const ModelSpec& spec, uint64_t seed, TensorSet* tensors) {
+absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions& opts, TensorSet* tensors) {
+  const uint64_t seed = opts.seed;
   EngineConfig cfg;
   cfg.nvfp4_activation = Nvfp4Activation::kW4a16;
   CR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec, *tensors, cfg));
@@ -242,7 +354,8 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, uint64_t seed, TensorSe
   const int64_t n = static_cast<int64_t>(row.tokens.size());
   const int64_t pages = (n + cfg.page_size - 1) / cfg.page_size;
   for (int64_t p = 0; p < pages; ++p) row.page_table.push_back(static_cast<int32_t>(p));
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec, MakeExecutor("cpu", ExecMode::kKernelByKernel, 1));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec,
+                      MakeExecutor("cpu", ExecMode::kKernelByKernel, MakeModelThreads(opts)));
   CR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceModel> dm, DeviceModel::Upload(*model, exec.get()));
   CR_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, KvCache::Create(*model, cfg, pages, exec.get()));
   std::unique_ptr<StepProgram> program = StepProgram::Lower(*dm, cfg, kv.get(), in);
@@ -250,7 +363,10 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, uint64_t seed, TensorSe
   const int64_t L = spec.layers, H = spec.hidden;
   std::vector<float> qkv(L, 0.0f), o(L, 0.0f), mlp_in(L, 0.0f), down(L, 0.0f), shared_down(L, 0.0f);
   std::vector<std::vector<float>> expert_down(L);
+  const int64_t total = static_cast<int64_t>(prog.kernels().size());
+  int64_t done = 0;
   for (const KernelCall& k : prog.kernels()) {
+    if (opts.progress) opts.progress("calibrating input_scale (kernels)", done++, total, 0);
     if (prog.RunNext()) return absl::InternalError(Cat("make-model calibration failed in ", k.Label()));
     if (k.layer < 0) continue;
     const int64_t l = k.layer;
@@ -261,9 +377,15 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, uint64_t seed, TensorSe
     const Buffer* x = prog.buffer("x");
     mlp_in[l] = BufferAmax(x);
     const RankLayer& rl = model->layers[l].ranks[0];
-    for (const ExpertShard& e : rl.experts) expert_down[l].push_back(ExpertIntermediateAmax(e, x->f.data(), n, H));
-    if (rl.has_shared) shared_down[l] = ExpertIntermediateAmax(rl.shared, x->f.data(), n, H);
+    for (const ExpertShard& e : rl.experts) {
+      CR_ASSIGN_OR_RETURN(const float amax, ExpertIntermediateAmax(*exec, e, x->f.data(), n, H));
+      expert_down[l].push_back(amax);
+    }
+    if (rl.has_shared) {
+      CR_ASSIGN_OR_RETURN(shared_down[l], ExpertIntermediateAmax(*exec, rl.shared, x->f.data(), n, H));
+    }
   }
+  if (opts.progress) opts.progress("calibrating input_scale (kernels)", total, total, 0);
   auto set = [&](const std::string& base, float amax) {
     const float scale = std::max(amax, 1e-6f) / (kE2m1Max * kE4m3Max);
     (*tensors)[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
@@ -386,9 +508,10 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
                                             o.quant, " block of ", bc));
     }
   }
-  Generator g(o, s);
+  CpuPool pool(MakeModelThreads(o));
+  Generator g(o, s, &pool);
   RandomCheckpoint ck = g.Build();
-  if (s.quant == QuantKind::kNvfp4) CR_RETURN_IF_ERROR(CalibrateInputScales(ck.spec, o.seed, &ck.tensors));
+  if (s.quant == QuantKind::kNvfp4) CR_RETURN_IF_ERROR(CalibrateInputScales(ck.spec, o, &ck.tensors));
   return ck;
 }
 

@@ -10,10 +10,18 @@
 // calibrated `input_scale` per linear layer: the amax of the layer's input
 // over a calibration prompt (CalibrationTokens) run through the model with
 // bf16 activations, divided by 6 * 448, as ModelOpt calibrates them.
+//
+// Threads: every draw is a pure function of (seed, its index in the stream),
+// and every quantization block is computed from its own values, so tensors
+// are drawn and quantized in row chunks on `threads` workers, and the
+// calibration runs on a CPU executor with as many; the bytes are the same on
+// any thread count (random_checkpoint_test checks it).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,6 +46,12 @@ struct MakeModelOptions {
   int64_t topk_group = 2;
   int64_t vocab = 320;
   uint64_t seed = 1;
+  // Worker threads (<= 0: one per core). Never changes the bytes.
+  int threads = 1;
+  // Progress of the long phases, called on the calling thread: `done` of
+  // `total` units of `phase`, `bytes` of tensors generated so far. Empty:
+  // silent.
+  std::function<void(std::string_view phase, int64_t done, int64_t total, int64_t bytes)> progress;
 };
 
 struct RandomCheckpoint {

@@ -1,0 +1,395 @@
+// cpu_kernels_bench: the fast CPU launchers (replay/cpu_kernels.h) beside the
+// work items they replace, OpenBLAS, and the machine's memory bandwidth.
+//
+//   cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time]
+//                     [--only linear|experts] [--json]
+//
+// --cpu-time times the process's CPU time (all threads) instead of wall
+// time: on a loaded machine, what the code costs rather than what the
+// scheduler gave it. The figures in docs/replay.md are wall time.
+// Linear: the projections of the llama bench/decode_vs_torch.py writes
+// (hidden 1024, GQA 16/4 x 64, intermediate 2816; per layer q, k, v, o,
+// gate, up, down) in bf16, for 1 token (a decode step) and 128 tokens (a
+// prefill): ms for one layer's seven projections with the work items
+// (ops.h RunItem on the CpuPool: what the CPU executor ran before), the
+// generic and AVX2 fast kernels, and OpenBLAS sgemm over float32 copies
+// (cblas_sgemm, same threads; OpenBLAS picks its own summation order, which
+// is why the engine does not call it: docs/replay.md).
+//
+// Experts: one MoE layer's routed experts at decode (1 token, top-8 of 64
+// experts, hidden 2048, moe_intermediate 768; each step routes to 8 other
+// experts, so the weights come from DRAM) in NVFP4 (w4a4 and w4a16), FP8
+// block and bf16. Figures: bytes of the routed experts' weights (values and
+// scales) per second, and params per second, beside a read-only stream and
+// memcpy over 512 MiB on the same threads. A step reads each routed weight
+// byte once, so the stream rate is its bound.
+//
+// Figures only; nothing here is asserted. Medians of --reps runs (default 7).
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <ctime>
+#include <vector>
+
+#include "crashreplay/formats/block_quant.h"
+#include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/cpu_kernels.h"
+#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/ops.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+using namespace crashreplay;
+using namespace crashreplay::replay;
+using Clock = std::chrono::steady_clock;
+
+bool g_cpu_time = false;  // --cpu-time: process CPU time instead of wall time
+
+double NowMs() {
+  if (g_cpu_time) {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+  }
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
+template <typename Fn>
+double MedianMs(int reps, Fn fn) {
+  fn();  // warm-up
+  std::vector<double> v;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = NowMs();
+    fn();
+    v.push_back(NowMs() - t0);
+  }
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+float* ThreadScratch(int64_t n) {
+  thread_local std::vector<float> s;
+  if (static_cast<int64_t>(s.size()) < n) s.resize(static_cast<size_t>(n));
+  return s.data();
+}
+
+// The CPU executor's launch: the fast path for `isa`, the work items for
+// kReference (or an op the fast path does not cover).
+template <typename Op>
+void Launch(const Op& op, CpuPool& pool, CpuIsa isa) {
+  KernelStatus st;
+  bool fast = false;
+  if constexpr (std::is_same_v<Op, LinearOp>) fast = LaunchLinearFast(op, pool, isa, &st);
+  if constexpr (std::is_same_v<Op, ExpertsOp>) fast = LaunchExpertsFast(op, pool, isa, &st);
+  if (fast) return;
+  if (isa != CpuIsa::kReference) {
+    std::fprintf(stderr, "cpu_kernels_bench: the fast path did not take an op\n");
+    std::exit(1);
+  }
+  const int64_t scratch = ScratchFloats(op);
+  pool.Launch(Items(op), [&](int64_t i, KernelStatus* s) { RunItem(op, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s); });
+}
+
+std::vector<float> Normal(int64_t n, uint32_t seed, float scale) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// ---- weights -------------------------------------------------------------
+
+struct Weight {
+  std::vector<uint8_t> data, scales;
+  QWeight w;
+  size_t bytes() const { return data.size() + scales.size(); }
+};
+
+Weight MakeBf16(int64_t rows, int64_t cols, uint32_t seed) {
+  Weight t;
+  const std::vector<float> f = Normal(rows * cols, seed, 1.0f / std::sqrt(static_cast<float>(cols)));
+  t.data.resize(f.size() * 2);
+  for (size_t i = 0; i < f.size(); ++i) {
+    const uint16_t h = FloatToBf16(f[i]);
+    std::memcpy(t.data.data() + 2 * i, &h, 2);
+  }
+  t.w = QWeight{WFormat::kBF16, SFormat::kNone, t.data.data(), rows, cols, nullptr, 1, 1, 0, 1.0f};
+  return t;
+}
+
+Weight MakeFp8(int64_t rows, int64_t cols, uint32_t seed) {
+  Weight t;
+  std::mt19937 g(seed);
+  t.data.resize(rows * cols);
+  for (auto& b : t.data) {
+    b = static_cast<uint8_t>(g());
+    if ((b & 0x7f) == 0x7f) b = 0x30;
+  }
+  const int64_t sc = (cols + 127) / 128, sr = (rows + 127) / 128;
+  t.scales.resize(sr * sc * 4);
+  for (int64_t i = 0; i < sr * sc; ++i) {
+    const float s = 0.001f * (1 + i % 7);
+    std::memcpy(t.scales.data() + 4 * i, &s, 4);
+  }
+  t.w = QWeight{WFormat::kE4m3, SFormat::kF32, t.data.data(), rows, cols, t.scales.data(), 128, 128, sc, 1.0f};
+  return t;
+}
+
+Weight MakeNvfp4(int64_t rows, int64_t cols, uint32_t seed, bool w4a4, float act_scale) {
+  Weight t;
+  std::mt19937 g(seed);
+  t.data.resize(rows * cols / 2);
+  for (auto& b : t.data) b = static_cast<uint8_t>(g());
+  t.scales.resize(rows * cols / 16);
+  for (auto& b : t.scales) b = static_cast<uint8_t>(0x28 + g() % 24);
+  t.w = QWeight{WFormat::kE2m1, SFormat::kE4m3, t.data.data(), rows, cols, t.scales.data(), 1, 16, cols / 16, 0.01f};
+  t.w.act_fp4 = w4a4;
+  t.w.act_scale = act_scale;
+  return t;
+}
+
+// ---- linear ----------------------------------------------------------------
+
+struct LinearFigures {
+  double ref_ms = 0, generic_ms = 0, avx2_ms = 0, blas_ms = 0, gflop = 0;
+};
+
+bool g_reference = true;
+std::string g_only;  // --only linear|experts  // --no-reference: skip the (slow) work-item timings
+
+LinearFigures BenchLayer(int64_t tokens, CpuPool& pool, int threads, int reps) {
+  const int64_t H = 1024, qd = 1024, kvd = 256, I = 2816;
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {I, H}, {I, H}, {H, I}};
+  std::vector<Weight> ws;
+  std::vector<std::vector<float>> f32;
+  std::vector<LinearShardView> views(7);
+  LinearFigures fig;
+  for (int i = 0; i < 7; ++i) {
+    ws.push_back(MakeBf16(shapes[i].rows, shapes[i].cols, 10 + i));
+    views[i].w = ws.back().w;
+    std::vector<float> f(shapes[i].rows * shapes[i].cols);
+    for (size_t e = 0; e < f.size(); ++e) {
+      uint16_t h;
+      std::memcpy(&h, ws.back().data.data() + 2 * e, 2);
+      f[e] = Bf16ToFloat(h);
+    }
+    f32.push_back(std::move(f));
+    fig.gflop += 2.0 * static_cast<double>(shapes[i].rows * shapes[i].cols * tokens) * 1e-9;
+  }
+  const std::vector<float> x = Normal(tokens * I, 3, 1.0f);
+  std::vector<float> y(tokens * I);
+  auto run = [&](CpuIsa isa) {
+    for (int i = 0; i < 7; ++i) {
+      LinearOp op;
+      op.shards = &views[i];
+      op.x = x.data();
+      op.y = y.data();
+      op.ranks = 1;
+      op.tokens = tokens;
+      op.rows = shapes[i].rows;
+      op.cols = shapes[i].cols;
+      Launch(op, pool, isa);
+    }
+  };
+  if (g_reference) fig.ref_ms = MedianMs(std::max(1, reps / 3), [&] { run(CpuIsa::kReference); });
+  fig.generic_ms = MedianMs(reps, [&] { run(CpuIsa::kGeneric); });
+  fig.avx2_ms = CpuIsaSupported(CpuIsa::kAvx2) ? MedianMs(reps, [&] { run(CpuIsa::kAvx2); }) : 0;
+  openblas_set_num_threads(threads);
+  fig.blas_ms = MedianMs(reps, [&] {
+    for (int i = 0; i < 7; ++i) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(shapes[i].rows),
+                  static_cast<int>(shapes[i].cols), 1.0f, x.data(), static_cast<int>(shapes[i].cols), f32[i].data(),
+                  static_cast<int>(shapes[i].cols), 0.0f, y.data(), static_cast<int>(shapes[i].rows));
+    }
+  });
+  return fig;
+}
+
+// ---- experts ---------------------------------------------------------------
+
+struct MoeFigures {
+  std::string name;
+  double ref_ms = 0, fast_ms = 0, bytes_per_step = 0, params_per_step = 0;
+};
+
+MoeFigures BenchExperts(const std::string& name, CpuPool& pool, CpuIsa isa, int reps) {
+  const int64_t E = 64, K = 8, H = 2048, mi = 768;
+  const bool nvfp4 = name.rfind("nvfp4", 0) == 0, w4a4 = name == "nvfp4 w4a4";
+  const float in_scale = 0.004f, mid_scale = 0.002f;
+  std::vector<Weight> store;
+  store.reserve(3 * E);
+  std::vector<ExpertView> experts(E);
+  auto make = [&](int64_t rows, int64_t cols, uint32_t seed, float act) {
+    if (nvfp4) store.push_back(MakeNvfp4(rows, cols, seed, w4a4, act));
+    else if (name == "fp8 block") store.push_back(MakeFp8(rows, cols, seed));
+    else store.push_back(MakeBf16(rows, cols, seed));
+    return store.back().w;
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    experts[e].gate = make(mi, H, static_cast<uint32_t>(3 * e), in_scale);
+    experts[e].up = make(mi, H, static_cast<uint32_t>(3 * e + 1), in_scale);
+    experts[e].down = make(H, mi, static_cast<uint32_t>(3 * e + 2), mid_scale);
+  }
+  const std::vector<float> x = Normal(H, 1, 1.0f);
+  std::vector<uint8_t> xq(Nvfp4ActValueBytes(H)), xs(Nvfp4ActScaleBytes(H));
+  KernelStatus st;
+  QuantizeNvfp4ActRow(x.data(), H, in_scale, xq.data(), xs.data(), 0, &st);
+  const int32_t count = static_cast<int32_t>(E);
+  const int64_t begin = 0;
+  std::vector<int32_t> ids(K);
+  std::vector<float> weights(K, 1.0f / K), out(H);
+  ExpertsOp op;
+  op.experts = experts.data();
+  op.local_count = &count;
+  op.expert_begin = &begin;
+  op.x = x.data();
+  op.xq = w4a4 ? xq.data() : nullptr;
+  op.xq_scales = w4a4 ? xs.data() : nullptr;
+  op.ids = ids.data();
+  op.weights = weights.data();
+  op.partial = out.data();
+  op.ranks = op.tokens = 1;
+  op.hidden = H;
+  op.k = K;
+  op.stride = E;
+  op.inter = mi;
+  int64_t step = 0;
+  auto route = [&] {  // 8 other experts each step, in a fixed cycle
+    for (int64_t k = 0; k < K; ++k) ids[k] = static_cast<int32_t>((step * K + k * 7) % E);
+    ++step;
+  };
+  MoeFigures f;
+  f.name = name;
+  f.bytes_per_step = 3.0 * K * static_cast<double>(store[0].bytes());
+  f.params_per_step = 3.0 * K * static_cast<double>(mi * H);
+  if (g_reference) f.ref_ms = MedianMs(std::max(1, reps / 3), [&] { route(); Launch(op, pool, CpuIsa::kReference); });
+  f.fast_ms = MedianMs(reps, [&] { route(); Launch(op, pool, isa); });
+  return f;
+}
+
+// Read-only stream and memcpy over 512 MiB split across the pool's threads.
+void Bandwidth(CpuPool& pool, int reps, double* read_gbs, double* copy_gbs) {
+  const size_t n = size_t{512} << 20;
+  std::vector<uint64_t> a(n / 8, 1), b(n / 8, 0);
+  std::vector<uint64_t> sums(static_cast<size_t>(pool.threads()) * 8);
+  const int64_t parts = pool.threads();
+  const double read_ms = MedianMs(reps, [&] {
+    pool.Launch(parts, [&](int64_t p, KernelStatus*) {
+      const size_t lo = a.size() * p / parts, hi = a.size() * (p + 1) / parts;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = lo; i + 4 <= hi; i += 4) {
+        s0 += a[i];
+        s1 += a[i + 1];
+        s2 += a[i + 2];
+        s3 += a[i + 3];
+      }
+      sums[p * 8] = s0 + s1 + s2 + s3;
+    });
+  });
+  const double copy_ms = MedianMs(reps, [&] {
+    pool.Launch(parts, [&](int64_t p, KernelStatus*) {
+      const size_t lo = a.size() * p / parts, hi = a.size() * (p + 1) / parts;
+      std::memcpy(b.data() + lo, a.data() + lo, (hi - lo) * 8);
+    });
+  });
+  *read_gbs = static_cast<double>(n) / read_ms * 1e-6;
+  *copy_gbs = static_cast<double>(n) / copy_ms * 1e-6;  // bytes copied (each read once and written once)
+}
+
+int Usage(const char* msg) {
+  std::fprintf(stderr, "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only linear|experts] [--json]\n", msg);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 1, reps = 7;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--no-reference") {
+      g_reference = false;
+    } else if (a == "--only" && i + 1 < argc) {
+      g_only = argv[++i];
+      if (g_only != "linear" && g_only != "experts") return Usage("--only takes linear or experts");
+    } else if (a == "--cpu-time") {
+      g_cpu_time = true;
+    } else if ((a == "--threads" || a == "--reps") && i + 1 < argc) {
+      const int v = std::atoi(argv[++i]);
+      if (v < 1) return Usage((a + ": expected a positive integer").c_str());
+      (a == "--threads" ? threads : reps) = v;
+    } else {
+      return Usage(("unknown argument " + a).c_str());
+    }
+  }
+  CpuPool pool(threads);
+  const CpuIsa best = CpuIsaSupported(CpuIsa::kAvx2) ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
+  LinearFigures dec, pre;
+  if (g_only != "experts") {
+    dec = BenchLayer(1, pool, threads, reps * 4);
+    pre = BenchLayer(128, pool, threads, reps);
+  }
+  double read_gbs = 0, copy_gbs = 0;
+  Bandwidth(pool, reps, &read_gbs, &copy_gbs);
+  std::vector<MoeFigures> moe;
+  if (g_only != "linear") {
+    for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "fp8 block", "bf16"}) {
+      moe.push_back(BenchExperts(name, pool, best, reps * 3));
+    }
+  }
+  if (json) {
+    auto lin = [](const LinearFigures& f) {
+      char b[256];
+      std::snprintf(b, sizeof b, "{\"reference_ms\":%.3f,\"generic_ms\":%.3f,\"avx2_ms\":%.3f,\"openblas_ms\":%.3f,\"gflop\":%.4f}",
+                    f.ref_ms, f.generic_ms, f.avx2_ms, f.blas_ms, f.gflop);
+      return std::string(b);
+    };
+    std::printf("{\"threads\":%d,\"isa\":\"%s\",\"linear_decode\":%s,\"linear_prefill\":%s,\"read_gbs\":%.2f,"
+                "\"memcpy_gbs\":%.2f,\"experts\":[",
+                threads, CpuIsaName(best), lin(dec).c_str(), lin(pre).c_str(), read_gbs, copy_gbs);
+    for (size_t i = 0; i < moe.size(); ++i) {
+      const MoeFigures& m = moe[i];
+      std::printf("%s{\"format\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
+                  i ? "," : "", m.name.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  std::printf("cpu_kernels_bench: %d thread(s), fast kernels: %s\n", threads, CpuIsaName(best));
+  std::printf("one llama layer's 7 bf16 projections (hidden 1024, intermediate 2816), ms (GFLOP/s):\n");
+  std::printf("  %-16s %16s %16s %16s %16s\n", "", "work items", "generic", "avx2", "OpenBLAS sgemm");
+  for (const auto& [label, f] : {std::pair<const char*, const LinearFigures&>{"1 token", dec}, {"128 tokens", pre}}) {
+    auto cell = [&](double ms) {
+      char b[32];
+      if (ms <= 0) return std::string("n/a");
+      std::snprintf(b, sizeof b, "%.3f (%.1f)", ms, f.gflop / ms * 1e3);
+      return std::string(b);
+    };
+    std::printf("  %-16s %16s %16s %16s %16s\n", label, cell(f.ref_ms).c_str(), cell(f.generic_ms).c_str(),
+                cell(f.avx2_ms).c_str(), cell(f.blas_ms).c_str());
+  }
+  std::printf("memory: read-only stream %.2f GB/s, memcpy %.2f GB/s copied\n", read_gbs, copy_gbs);
+  std::printf("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):\n");
+  std::printf("  %-12s %10s %14s %14s %12s %12s\n", "format", "MB/step", "work items", "fast", "GB/s", "M params/s");
+  for (const MoeFigures& m : moe) {
+    std::printf("  %-12s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.bytes_per_step * 1e-6,
+                m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6, m.params_per_step / m.fast_ms * 1e-3);
+  }
+  return 0;
+}

@@ -1,0 +1,591 @@
+// The fast CPU launchers (cpu_kernels.h) give the bits of the work items
+// (ops.h RunItem, i.e. LinearElement / LinearElementQ / ExpertMlp) for every
+// weight format, dot variant, odd shape and tail, both instruction sets this
+// CPU runs, and 1 or 2 threads; and they leave to the work items what they
+// do not cover, a failing UE8M0 scale among it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_dot.h"
+#include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/cpu_kernels.h"
+#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/ops.h"
+
+namespace crashreplay::replay {
+namespace {
+
+enum class Fmt { kF32, kBF16, kF16, kFp8, kNvfp4, kNvfp4F32Scales, kMxfp4 };
+
+const char* FmtName(Fmt f) {
+  switch (f) {
+    case Fmt::kF32: return "f32";
+    case Fmt::kBF16: return "bf16";
+    case Fmt::kF16: return "f16";
+    case Fmt::kFp8: return "fp8_block128";
+    case Fmt::kNvfp4: return "nvfp4";
+    case Fmt::kNvfp4F32Scales: return "nvfp4_fp32_scales";
+    case Fmt::kMxfp4: return "mxfp4";
+  }
+  return "?";
+}
+const Fmt kAllFmts[] = {Fmt::kF32, Fmt::kBF16, Fmt::kF16, Fmt::kFp8, Fmt::kNvfp4, Fmt::kNvfp4F32Scales, Fmt::kMxfp4};
+const DotKind kAllKinds[] = {DotKind::kDequant, DotKind::kFused, DotKind::kUe8m0};
+const char* KindName(DotKind k) { return k == DotKind::kDequant ? "dequant" : k == DotKind::kFused ? "fused" : "ue8m0"; }
+bool IsFp4(Fmt f) { return f == Fmt::kNvfp4 || f == Fmt::kNvfp4F32Scales || f == Fmt::kMxfp4; }
+
+std::vector<CpuIsa> Isas() {
+  std::vector<CpuIsa> v{CpuIsa::kGeneric};
+  if (CpuIsaSupported(CpuIsa::kAvx2)) v.push_back(CpuIsa::kAvx2);
+  return v;
+}
+
+// A weight with its storage. pow2: every scale a power of two (so that the
+// UE8M0 variants pass their check). specials: NaN, Inf, -0 and subnormal
+// codes among the values.
+struct TestWeight {
+  std::vector<uint8_t> data, scales;
+  QWeight w;
+};
+
+TestWeight MakeWeight(Fmt f, int64_t rows, int64_t cols, uint32_t seed, bool pow2, bool specials) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  TestWeight t;
+  QWeight& w = t.w;
+  w.rows = rows;
+  w.cols = cols;
+  const int64_t n = rows * cols;
+  auto special = [&](int64_t i) { return specials && (i % 37 == 5 || i % 101 == 7); };
+  // Scale specials (NaN, the e8m0 subnormal) would fail the UE8M0 check.
+  auto special_scale = [&](int64_t i) { return !pow2 && special(i); };
+  switch (f) {
+    case Fmt::kF32: {
+      w.format = WFormat::kF32;
+      t.data.resize(n * 4);
+      const float sp[] = {NAN, INFINITY, -INFINITY, -0.0f, 1e-40f, -3e-39f};
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = special(i) ? sp[g() % 6] : nd(g);
+        std::memcpy(t.data.data() + 4 * i, &v, 4);
+      }
+      break;
+    }
+    case Fmt::kBF16:
+    case Fmt::kF16: {
+      w.format = f == Fmt::kBF16 ? WFormat::kBF16 : WFormat::kF16;
+      t.data.resize(n * 2);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = special(i) ? static_cast<uint16_t>(g())
+                                      : (f == Fmt::kBF16 ? FloatToBf16(nd(g)) : FloatToFp16(nd(g)));
+        std::memcpy(t.data.data() + 2 * i, &h, 2);
+      }
+      break;
+    }
+    case Fmt::kFp8: {
+      w.format = WFormat::kE4m3;
+      w.scale_format = SFormat::kF32;
+      w.block_rows = w.block_cols = 128;
+      t.data.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        uint8_t b = static_cast<uint8_t>(g());
+        if (!special(i) && (b & 0x7f) == 0x7f) b = 0x3c;
+        t.data[i] = b;
+      }
+      w.scale_cols = (cols + 127) / 128;
+      const int64_t ns = ((rows + 127) / 128) * w.scale_cols;
+      t.scales.resize(ns * 4);
+      for (int64_t i = 0; i < ns; ++i) {
+        const float s = pow2 ? std::ldexp(1.0f, -static_cast<int>(g() % 8)) : 0.001f + 0.01f * (g() % 100);
+        std::memcpy(t.scales.data() + 4 * i, &s, 4);
+      }
+      break;
+    }
+    case Fmt::kNvfp4:
+    case Fmt::kNvfp4F32Scales:
+    case Fmt::kMxfp4: {
+      w.format = WFormat::kE2m1;
+      const bool mx = f == Fmt::kMxfp4, f32s = f == Fmt::kNvfp4F32Scales;
+      w.scale_format = mx ? SFormat::kE8m0 : f32s ? SFormat::kF32 : SFormat::kE4m3;
+      w.block_rows = 1;
+      w.block_cols = mx ? 32 : 16;
+      w.global_scale = mx ? 1.0f : pow2 ? 0.25f : 0.37f;
+      t.data.resize((n + 1) / 2);
+      for (auto& b : t.data) b = static_cast<uint8_t>(g());
+      w.scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+      const int64_t ns = rows * w.scale_cols;
+      t.scales.resize(ns * (f32s ? 4 : 1));
+      for (int64_t i = 0; i < ns; ++i) {
+        if (mx) {
+          t.scales[i] = special_scale(i) ? (i % 2 ? 0xff : 0x00) : static_cast<uint8_t>(118 + g() % 12);
+        } else if (f32s) {
+          const float s = pow2 ? std::ldexp(1.0f, -static_cast<int>(g() % 6)) : 0.05f + 0.01f * (g() % 50);
+          std::memcpy(t.scales.data() + 4 * i, &s, 4);
+        } else {
+          // e4m3 codes 0x20..0x5f; powers of two have a zero mantissa.
+          uint8_t c = static_cast<uint8_t>(0x20 + g() % 0x40);
+          if (pow2) c &= 0xf8;
+          if (special_scale(i)) c = i % 2 ? 0x7f : 0x01;
+          t.scales[i] = c;
+        }
+      }
+      break;
+    }
+  }
+  w.data = t.data.data();
+  w.scales = t.scales.empty() ? nullptr : t.scales.data();
+  return t;
+}
+
+std::vector<float> RandomFloats(int64_t n, uint32_t seed, bool specials) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  const float sp[] = {NAN, INFINITY, -0.0f, 0.0f};
+  for (int64_t i = 0; i < n; ++i) v[i] = specials && i % 53 == 11 ? sp[g() % 4] : nd(g);
+  return v;
+}
+
+// Rows of x quantized as ActQuantOp does, with input_scale `scale`.
+struct QuantRows {
+  std::vector<uint8_t> values, scales;
+};
+QuantRows Quantize(const std::vector<float>& x, int64_t rows, int64_t cols, float scale) {
+  QuantRows q;
+  q.values.resize(rows * Nvfp4ActValueBytes(cols));
+  q.scales.resize(rows * Nvfp4ActScaleBytes(cols));
+  KernelStatus st;
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeNvfp4ActRow(x.data() + r * cols, cols, scale, q.values.data() + r * Nvfp4ActValueBytes(cols),
+                        q.scales.data() + r * Nvfp4ActScaleBytes(cols), r, &st);
+  }
+  EXPECT_FALSE(st.fired);
+  return q;
+}
+
+// The work items, one thread: the definition of right.
+template <typename Op>
+KernelStatus RunReference(const Op& op) {
+  KernelStatus st;
+  std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op) + 1));
+  for (int64_t i = 0; i < Items(op) && !st.fired; ++i) RunItem(op, i, scratch.data(), &st);
+  return st;
+}
+
+// Index of the first element whose bits differ, or -1. A NaN matches any
+// NaN: when two NaNs meet in an addition, x86 returns the first operand's
+// and the compiler may commute a + b, so which sign and payload come out is
+// not fixed by the C++ source, in the scalar kernel bodies either (the
+// reference built in another translation unit can differ the same way).
+// Every other value, -0 and Inf included, must match bit for bit.
+int64_t FirstDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (FloatBits(a[i]) != FloatBits(b[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+std::string Show(const std::vector<float>& ref, const std::vector<float>& got, int64_t i) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "element %lld: reference %a (0x%08x), fast %a (0x%08x)", static_cast<long long>(i),
+                ref[i], FloatBits(ref[i]), got[i], FloatBits(got[i]));
+  return buf;
+}
+
+// ---- vector primitives ------------------------------------------------------
+
+TEST(CpuKernels, DecodersMatchTheScalarConversionForEveryCode) {
+  std::vector<uint16_t> all16(65536 + 8);
+  for (uint32_t i = 0; i < 65536; ++i) all16[i] = static_cast<uint16_t>(i);
+  std::vector<uint8_t> all8(256 + 8);
+  for (uint32_t i = 0; i < 256; ++i) all8[i] = static_cast<uint8_t>(i);
+  float round_in[8] = {}, lanes_in[64] = {}, out[24];
+  for (CpuIsa isa : Isas()) {
+    SCOPED_TRACE(CpuIsaName(isa));
+    for (int64_t i0 = 0; i0 < 65536; i0 += 8) {
+      cpu::VectorPrimitivesForTest(WFormat::kBF16, all16.data(), i0, round_in, lanes_in, out, isa);
+      for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[j]), FloatBits(Bf16ToFloat(all16[i0 + j]))) << i0 + j;
+      cpu::VectorPrimitivesForTest(WFormat::kF16, all16.data(), i0, round_in, lanes_in, out, isa);
+      for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[j]), FloatBits(Fp16ToFloat(all16[i0 + j]))) << i0 + j;
+    }
+    for (int64_t i0 = 0; i0 < 256; i0 += 8) {
+      cpu::VectorPrimitivesForTest(WFormat::kE4m3, all8.data(), i0, round_in, lanes_in, out, isa);
+      for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[j]), FloatBits(E4m3ToFloat(all8[i0 + j]))) << i0 + j;
+    }
+    // e2m1: every byte holds two codes; 512 nibbles cover each pair.
+    for (int64_t i0 = 0; i0 < 512; i0 += 8) {
+      cpu::VectorPrimitivesForTest(WFormat::kE2m1, all8.data(), i0, round_in, lanes_in, out, isa);
+      for (int j = 0; j < 8; ++j) {
+        ASSERT_EQ(FloatBits(out[j]), FloatBits(E2m1ToFloat(GetNibble(all8.data(), i0 + j)))) << i0 + j;
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, Bf16RoundingAndLaneTreeMatchTheScalarCode) {
+  std::mt19937 g(7);
+  const uint32_t edge[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xff800001u,
+                           0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x00008000u, 0x00018000u, 0x7fffffffu};
+  std::vector<float> in;
+  for (uint32_t e : edge) in.push_back(BitsToFloat(e));
+  for (int i = 0; i < 20000; ++i) in.push_back(BitsToFloat(g()));
+  while (in.size() % 64 != 0) in.push_back(1.0f);
+  uint16_t dummy[8] = {};
+  float out[24];
+  for (CpuIsa isa : Isas()) {
+    SCOPED_TRACE(CpuIsaName(isa));
+    for (size_t k = 0; k + 64 <= in.size(); k += 64) {
+      cpu::VectorPrimitivesForTest(WFormat::kBF16, dummy, 0, &in[k], &in[k], out, isa);
+      for (int j = 0; j < 8; ++j) {
+        ASSERT_EQ(FloatBits(out[8 + j]), FloatBits(Bf16ToFloat(FloatToBf16(in[k + j])))) << FloatBits(in[k + j]);
+        ASSERT_EQ(FloatBits(out[16 + j]), FloatBits(LaneSum8(&in[k + 8 * j])));
+      }
+    }
+    // Values where the order of the additions shows.
+    float lanes[64];
+    for (int j = 0; j < 64; ++j) lanes[j] = (j % 3 == 0 ? 1e8f : j % 3 == 1 ? -1e8f : 1.5f) * (1 + j);
+    cpu::VectorPrimitivesForTest(WFormat::kBF16, dummy, 0, in.data(), lanes, out, isa);
+    for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[16 + j]), FloatBits(LaneSum8(&lanes[8 * j])));
+  }
+}
+
+// ---- LinearOp -------------------------------------------------------------
+
+struct LinearCase {
+  Fmt fmt;
+  DotKind kind;
+  bool q;           // w4a4 input
+  int64_t ranks, tokens, rows, cols;
+  bool per_rank;    // x is [ranks, tokens, cols]
+  bool bias;
+  bool specials;
+};
+
+std::string Describe(const LinearCase& c) {
+  return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") + " ranks=" +
+         std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) + " rows=" + std::to_string(c.rows) +
+         " cols=" + std::to_string(c.cols) + (c.per_rank ? " x_per_rank" : "") + (c.bias ? " bias" : "") +
+         (c.specials ? " specials" : "");
+}
+
+// Runs the case through the work items and through the fast launcher for
+// every ISA and thread count; every run must give the reference's bits.
+void CheckLinear(const LinearCase& c) {
+  SCOPED_TRACE(Describe(c));
+  const bool pow2 = c.kind == DotKind::kUe8m0;
+  std::vector<TestWeight> weights;
+  std::vector<std::vector<float>> biases;
+  std::vector<LinearShardView> shards(c.ranks);
+  for (int64_t r = 0; r < c.ranks; ++r) {
+    weights.push_back(MakeWeight(c.fmt, c.rows, c.cols, 100 + r, pow2, c.specials));
+    biases.push_back(RandomFloats(c.rows, 200 + r, false));
+  }
+  const int64_t x_rows = c.per_rank ? c.ranks * c.tokens : c.tokens;
+  const std::vector<float> x = RandomFloats(x_rows * c.cols, 300, c.specials);
+  const float act_scale = 0.0021f;
+  QuantRows xq;
+  if (c.q) xq = Quantize(x, x_rows, c.cols, act_scale);
+  for (int64_t r = 0; r < c.ranks; ++r) {
+    shards[r].w = weights[r].w;
+    shards[r].w.act_fp4 = c.q;
+    shards[r].w.act_scale = act_scale * (1 + r);
+    shards[r].bias = c.bias ? biases[r].data() : nullptr;
+  }
+  LinearOp op;
+  op.shards = shards.data();
+  op.dot = c.kind;
+  op.x = x.data();
+  op.xq = c.q ? xq.values.data() : nullptr;
+  op.xq_scales = c.q ? xq.scales.data() : nullptr;
+  op.x_per_rank = c.per_rank;
+  op.ranks = c.ranks;
+  op.tokens = c.tokens;
+  op.rows = c.rows;
+  op.cols = c.cols;
+  std::vector<float> ref(c.ranks * c.tokens * c.rows, -7.0f);
+  op.y = ref.data();
+  ASSERT_FALSE(RunReference(op).fired);
+  for (CpuIsa isa : Isas()) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(CpuIsaName(isa)) + " threads=" + std::to_string(threads));
+      CpuPool pool(threads);
+      std::vector<float> got(ref.size(), -7.0f);
+      op.y = got.data();
+      KernelStatus st;
+      ASSERT_TRUE(LaunchLinearFast(op, pool, isa, &st));
+      EXPECT_FALSE(st.fired);
+      const int64_t d = FirstDiff(ref, got);
+      ASSERT_EQ(d, -1) << Show(ref, got, d);
+    }
+  }
+}
+
+TEST(CpuKernels, LinearMatchesTheWorkItemsForEveryFormatAndVariant) {
+  // Shapes: single rows and tails of the 3- and 4-row tiles, columns that
+  // end mid-group, mid-block and span several 512-column chunks; token
+  // counts on both sides of the direct/packed switch and of the 4-token tile.
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{1, 32}, {7, 48}, {50, 80}, {13, 264}, {5, 1056}};
+  const int64_t token_counts[] = {1, 2, 3, 5, 9};
+  int cases = 0;
+  for (Fmt f : kAllFmts) {
+    for (DotKind k : kAllKinds) {
+      for (bool q : {false, true}) {
+        if (q && !IsFp4(f)) continue;
+        for (const Shape& s : shapes) {
+          for (int64_t t : token_counts) {
+            CheckLinear({f, k, q, 1, t, s.rows, s.cols, false, cases % 2 == 0, false});
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 300);
+}
+
+TEST(CpuKernels, LinearOddWidthsRanksAndSpecialValues) {
+  for (Fmt f : {Fmt::kF32, Fmt::kBF16, Fmt::kF16, Fmt::kFp8}) {
+    for (DotKind k : kAllKinds) {
+      for (int64_t cols : {1, 7, 13, 131, 523}) {
+        for (int64_t t : {1, 2, 4, 6}) CheckLinear({f, k, false, 2, t, 11, cols, t % 2 == 0, true, true});
+      }
+    }
+  }
+  for (Fmt f : {Fmt::kNvfp4, Fmt::kMxfp4, Fmt::kNvfp4F32Scales}) {
+    for (DotKind k : kAllKinds) {
+      for (bool q : {false, true}) {
+        for (int64_t t : {1, 2, 5}) CheckLinear({f, k, q, 2, t, 9, 96, t == 2, true, true});
+        CheckLinear({f, k, q, 1, 3, 9, 38, false, false, true});  // e2m1 row ends mid-group, mid-block
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, LinearManyTokensSpanSeveralTokenChunks) {
+  CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 1, 200, 7, 600, false, true, false});
+  CheckLinear({Fmt::kFp8, DotKind::kFused, false, 1, 197, 4, 1030, false, false, false});
+  CheckLinear({Fmt::kNvfp4, DotKind::kFused, true, 1, 195, 5, 544, false, false, false});
+}
+
+TEST(CpuKernels, AFailingUe8m0ScaleLeavesTheOpToTheWorkItems) {
+  // Fp8 block scales that are not powers of two: the reference fires
+  // ue8m0_scale_layout; the fast launcher must not run (nor write) at all.
+  const TestWeight tw = MakeWeight(Fmt::kFp8, 20, 256, 1, /*pow2=*/false, false);
+  LinearShardView shard;
+  shard.w = tw.w;
+  const std::vector<float> x = RandomFloats(3 * 256, 2, false);
+  LinearOp op;
+  op.shards = &shard;
+  op.dot = DotKind::kUe8m0;
+  op.x = x.data();
+  op.ranks = 1;
+  op.tokens = 3;
+  op.rows = 20;
+  op.cols = 256;
+  std::vector<float> y(60, -7.0f);
+  op.y = y.data();
+  for (CpuIsa isa : Isas()) {
+    CpuPool pool(2);
+    KernelStatus st;
+    EXPECT_FALSE(LaunchLinearFast(op, pool, isa, &st));
+    for (float v : y) ASSERT_EQ(v, -7.0f);
+  }
+  const KernelStatus ref = RunReference(op);
+  EXPECT_TRUE(ref.fired);
+  EXPECT_EQ(ref.check, Check::kUe8m0ScaleLayout);
+  // The same weight under the fused variant reads the scales as they are.
+  op.dot = DotKind::kFused;
+  CpuPool pool(1);
+  KernelStatus st;
+  EXPECT_TRUE(LaunchLinearFast(op, pool, DefaultCpuIsa() == CpuIsa::kReference ? CpuIsa::kGeneric : DefaultCpuIsa(),
+                               &st));
+}
+
+TEST(CpuKernels, ReferenceIsaRunsNothing) {
+  const TestWeight tw = MakeWeight(Fmt::kBF16, 4, 16, 1, false, false);
+  LinearShardView shard;
+  shard.w = tw.w;
+  const std::vector<float> x = RandomFloats(16, 2, false);
+  std::vector<float> y(4, -7.0f);
+  LinearOp op;
+  op.shards = &shard;
+  op.x = x.data();
+  op.y = y.data();
+  op.ranks = 1;
+  op.tokens = 1;
+  op.rows = 4;
+  op.cols = 16;
+  CpuPool pool(1);
+  KernelStatus st;
+  EXPECT_FALSE(LaunchLinearFast(op, pool, CpuIsa::kReference, &st));
+  for (float v : y) EXPECT_EQ(v, -7.0f);
+}
+
+// ---- ExpertsOp / SharedExpertOp --------------------------------------------
+
+struct MoeCase {
+  Fmt fmt;
+  DotKind kind;
+  bool q;
+  int64_t ranks, tokens, hidden, inter;
+};
+
+std::string Describe(const MoeCase& c) {
+  return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") + " ranks=" +
+         std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) + " hidden=" + std::to_string(c.hidden) +
+         " inter=" + std::to_string(c.inter);
+}
+
+void CheckMoe(const MoeCase& c) {
+  SCOPED_TRACE(Describe(c));
+  constexpr int64_t kLocal = 3, kK = 2;
+  const bool pow2 = c.kind == DotKind::kUe8m0;
+  const int64_t R = c.ranks, T = c.tokens, H = c.hidden, mi = c.inter;
+  std::vector<TestWeight> store;
+  store.reserve(3 * (R * kLocal + R));
+  auto expert = [&](uint32_t seed, float in_scale, float mid_scale) {
+    ExpertView e;
+    store.push_back(MakeWeight(c.fmt, mi, H, seed, pow2, false));
+    e.gate = store.back().w;
+    store.push_back(MakeWeight(c.fmt, mi, H, seed + 1, pow2, false));
+    e.up = store.back().w;
+    store.push_back(MakeWeight(c.fmt, H, mi, seed + 2, pow2, false));
+    e.down = store.back().w;
+    for (QWeight* w : {&e.gate, &e.up, &e.down}) w->act_fp4 = c.q;
+    e.gate.act_scale = e.up.act_scale = in_scale;
+    e.down.act_scale = mid_scale;
+    return e;
+  };
+  std::vector<ExpertView> experts, shared;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < kLocal; ++j) {
+      experts.push_back(expert(static_cast<uint32_t>(10 * (r * kLocal + j)), 0.0009f * (1 + j), 0.0004f * (2 + j)));
+    }
+    shared.push_back(expert(static_cast<uint32_t>(1000 + 10 * r), 0.0011f, 0.0003f));
+  }
+  std::vector<int32_t> count(R, kLocal);
+  std::vector<int64_t> begin(R);
+  for (int64_t r = 0; r < R; ++r) begin[r] = r * kLocal;
+  // Ids over every rank's experts plus one no rank holds.
+  std::mt19937 g(5);
+  std::vector<int32_t> ids(T * kK);
+  for (auto& id : ids) id = static_cast<int32_t>(g() % (R * kLocal + 1));
+  const std::vector<float> weights = RandomFloats(T * kK, 6, false);
+  const std::vector<float> x = RandomFloats(T * H, 7, false);
+  QuantRows xq;
+  if (c.q) xq = Quantize(x, T, H, experts[0].gate.act_scale);
+
+  ExpertsOp ex;
+  ex.experts = experts.data();
+  ex.local_count = count.data();
+  ex.expert_begin = begin.data();
+  ex.x = x.data();
+  ex.xq = c.q ? xq.values.data() : nullptr;
+  ex.xq_scales = c.q ? xq.scales.data() : nullptr;
+  ex.ids = ids.data();
+  ex.weights = weights.data();
+  ex.ranks = R;
+  ex.tokens = T;
+  ex.hidden = H;
+  ex.k = kK;
+  ex.stride = kLocal;
+  ex.inter = mi;
+  ex.dot = c.kind;
+  SharedExpertOp se;
+  se.shared = shared.data();
+  se.x = ex.x;
+  se.xq = ex.xq;
+  se.xq_scales = ex.xq_scales;
+  se.ranks = R;
+  se.tokens = T;
+  se.hidden = H;
+  se.inter = mi;
+  se.dot = c.kind;
+
+  // The shared expert adds to what the routed experts left.
+  const std::vector<float> start = RandomFloats(R * T * H, 8, false);
+  std::vector<float> ref_ex(R * T * H, -7.0f), ref_se = start;
+  ex.partial = ref_ex.data();
+  se.partial = ref_se.data();
+  ASSERT_FALSE(RunReference(ex).fired);
+  ASSERT_FALSE(RunReference(se).fired);
+  for (CpuIsa isa : Isas()) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(CpuIsaName(isa)) + " threads=" + std::to_string(threads));
+      CpuPool pool(threads);
+      std::vector<float> got_ex(ref_ex.size(), -7.0f), got_se = start;
+      ex.partial = got_ex.data();
+      se.partial = got_se.data();
+      KernelStatus st;
+      ASSERT_TRUE(LaunchExpertsFast(ex, pool, isa, &st));
+      EXPECT_FALSE(st.fired);
+      ASSERT_TRUE(LaunchSharedExpertFast(se, pool, isa, &st));
+      EXPECT_FALSE(st.fired);
+      int64_t d = FirstDiff(ref_ex, got_ex);
+      ASSERT_EQ(d, -1) << "experts " << Show(ref_ex, got_ex, d);
+      d = FirstDiff(ref_se, got_se);
+      ASSERT_EQ(d, -1) << "shared expert " << Show(ref_se, got_se, d);
+    }
+  }
+}
+
+TEST(CpuKernels, ExpertsMatchExpertMlpForEveryFormatAndVariant) {
+  for (Fmt f : kAllFmts) {
+    for (DotKind k : kAllKinds) {
+      for (bool q : {false, true}) {
+        if (q && !IsFp4(f)) continue;
+        for (int64_t t : {1, 2, 7}) CheckMoe({f, k, q, t == 2 ? 2 : 1, t, 64, 48});
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, ExpertsOddSizesAndManyTokens) {
+  CheckMoe({Fmt::kBF16, DotKind::kDequant, false, 2, 5, 40, 24});
+  CheckMoe({Fmt::kF32, DotKind::kFused, false, 1, 3, 13, 7});
+  CheckMoe({Fmt::kNvfp4, DotKind::kDequant, true, 1, 40, 64, 40});
+  CheckMoe({Fmt::kFp8, DotKind::kUe8m0, false, 2, 30, 136, 72});
+}
+
+TEST(CpuKernels, ExpertsWithAnInvalidInputScaleLeaveTheOpToTheWorkItems) {
+  const TestWeight gw = MakeWeight(Fmt::kNvfp4, 32, 32, 1, false, false);
+  const TestWeight uw = MakeWeight(Fmt::kNvfp4, 32, 32, 2, false, false);
+  const TestWeight dw = MakeWeight(Fmt::kNvfp4, 32, 32, 3, false, false);
+  ExpertView e{gw.w, uw.w, dw.w};
+  e.down.act_fp4 = true;
+  e.down.act_scale = 0.0f;  // the quantization check fails on it
+  const int32_t count = 1, id = 0;
+  const int64_t begin = 0;
+  const float weight = 1.0f;
+  const std::vector<float> x = RandomFloats(32, 1, false);
+  std::vector<float> out(32, -7.0f);
+  ExpertsOp ex;
+  ex.experts = &e;
+  ex.local_count = &count;
+  ex.expert_begin = &begin;
+  ex.x = x.data();
+  ex.ids = &id;
+  ex.weights = &weight;
+  ex.partial = out.data();
+  ex.ranks = ex.tokens = ex.k = ex.stride = 1;
+  ex.hidden = ex.inter = 32;
+  CpuPool pool(1);
+  KernelStatus st;
+  EXPECT_FALSE(LaunchExpertsFast(ex, pool, CpuIsa::kGeneric, &st));
+  for (float v : out) ASSERT_EQ(v, -7.0f);
+  const KernelStatus ref = RunReference(ex);
+  EXPECT_TRUE(ref.fired);
+  EXPECT_EQ(ref.check, Check::kNvfp4InputScale);
+}
+
+}  // namespace
+}  // namespace crashreplay::replay
