@@ -6,6 +6,7 @@
 #include "crashreplay/formats/sharding.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/model.h"
+#include "model_builder_internal.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -72,7 +73,7 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
   SetViews(s);
 }
 
-class Builder {
+class Builder : public WeightSource {
  public:
   Builder(const ModelSpec& spec, const TensorSet& t, const EngineConfig& cfg) : spec_(spec), t_(t), cfg_(cfg) {
     tp_ = cfg.tp_size;
@@ -103,7 +104,7 @@ class Builder {
   }
 
   // Loads rank `rank`'s shard of `base`.weight with its scales and bias.
-  absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) {
+  absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) override {
     const std::string name = base + ".weight";
     CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, name));
     if (w->shape.size() != 2) return absl::InvalidArgumentError(Cat("tensor '", name, "' is not 2-D"));
@@ -218,7 +219,7 @@ class Builder {
     return out;
   }
 
-  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) {
+  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) override {
     CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
     for (int r = 0; r < tp_; ++r) CR_RETURN_IF_ERROR(Shard(name, *t, r).status());
     std::vector<float> v(n);
@@ -240,7 +241,7 @@ class Builder {
   // The input_scale that the NVFP4 layers `bases` quantize their (shared)
   // input with under w4a4: the max over them, NaN-propagating, as engines
   // take it for fused q/k/v and gate/up and for an MoE layer's experts.
-  absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) {
+  absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) override {
     float m = 0.0f;
     for (size_t i = 0; i < bases.size(); ++i) {
       const std::string name = bases[i] + ".input_scale";
