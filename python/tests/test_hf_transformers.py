@@ -109,11 +109,11 @@ def test_checkpoint_written_by_transformers_matches(case, fresh_dir, tmp_path):
         ("qwen3", "bf16"),
         ("qwen3_moe", "bf16"),
         ("mixtral", "bf16"),
-        ("deepseek_v3", "bf16"),
+        ("glm4_moe", "bf16"),
         ("llama", "fp8"),
         ("qwen3", "nvfp4"),
         ("qwen3_moe", "mxfp4"),
-        ("deepseek_v3", "nvfp4"),
+        ("glm4_moe", "nvfp4"),
     ],
 )
 def test_make_model_checkpoint_matches_hf_transformers(tmp_path, arch, quant):

@@ -295,8 +295,10 @@ absl::Status SetActivationScales(Builder& b, const ModelSpec& spec, const LayerN
   };
   const std::string a = n.prefix + "self_attn.";
   for (RankLayer& rl : layer->ranks) {
-    CR_RETURN_IF_ERROR(group({&rl.q, &rl.k, &rl.v}, {a + "q_proj", a + "k_proj", a + "v_proj"}));
-    CR_RETURN_IF_ERROR(group({&rl.o}, {a + "o_proj"}));
+    if (!spec.mla.enabled()) {  // MLA: LoadMlaAttention sets its own groups
+      CR_RETURN_IF_ERROR(group({&rl.q, &rl.k, &rl.v}, {a + "q_proj", a + "k_proj", a + "v_proj"}));
+      CR_RETURN_IF_ERROR(group({&rl.o}, {a + "o_proj"}));
+    }
     if (!layer->moe) {
       CR_RETURN_IF_ERROR(group({&rl.gate, &rl.up}, {n.prefix + "mlp.gate_proj", n.prefix + "mlp.up_proj"}));
       CR_RETURN_IF_ERROR(group({&rl.down}, {n.prefix + "mlp.down_proj"}));
@@ -413,10 +415,12 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
     const std::string a = n.prefix + "self_attn.";
     for (int r = 0; r < tp; ++r) {
       RankLayer rl;
-      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
-      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
-      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
-      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
+      if (!spec.mla.enabled()) {  // MLA attention: LoadMlaAttention below
+        CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
+      }
       auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
       if (!layer.moe) {
         CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", r));
@@ -444,6 +448,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
       }
       layer.ranks.push_back(std::move(rl));
     }
+    if (spec.mla.enabled()) CR_RETURN_IF_ERROR(LoadMlaAttention(b, spec, cfg, l, &layer));
     // A weight-only checkpoint (W4A16_NVFP4) has no input_scale to quantize with.
     if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4 && !spec.quant_weight_only) {
       CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));

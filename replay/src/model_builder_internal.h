@@ -26,4 +26,11 @@ class WeightSource {
   virtual absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) = 0;
 };
 
+// mla_builder.cc: the MLA attention (and DSA indexer) weights of layer `l`:
+// every rank's q (q_b_proj or q_proj), kv_b and o shards into
+// layer->ranks[r] (which must exist), and the replicated parts into
+// layer->mla. Under w4a4 the NVFP4 ones get their activation scales.
+absl::Status LoadMlaAttention(WeightSource& b, const ModelSpec& spec, const EngineConfig& cfg, int64_t l,
+                              Layer* layer);
+
 }  // namespace crashreplay::replay

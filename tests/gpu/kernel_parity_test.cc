@@ -107,9 +107,9 @@ INSTANTIATE_TEST_SUITE_P(
                            {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
                             "sampling_backend=threshold"},
                            0.8f},
-                      Case{"deepseek_mxfp4_ue8m0_fused", "deepseek_v3", "mxfp4",
+                      Case{"glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4",
                            {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}, 0.8f},
-                      Case{"deepseek_nvfp4_tp2_expert", "deepseek_v3", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
+                      Case{"glm4_moe_nvfp4_tp2_expert", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
                            0.8f},
                       Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f}),
     [](const auto& info) { return info.param.name; });
@@ -117,7 +117,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CudaDeterminism, ReplayTwiceAndAcrossModesGivesTheSameBits) {
   CR_REQUIRE_CUDA_DEVICE();
   MakeModelOptions o;
-  o.arch = "deepseek_v3";
+  o.arch = "glm4_moe";
   o.quant = "nvfp4";
   auto run = RecordRun(o, {"tp_size=2", "attention_backend=flashdecode"}, 4, 0.8f);
   ASSERT_TRUE(run.engine);
