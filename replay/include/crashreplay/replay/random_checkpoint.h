@@ -55,7 +55,7 @@ struct MakeModelOptions {
   int64_t qk_rope_head_dim = 64;
   int64_t v_head_dim = 32;
   // DSA indexer (deepseek_v32, glm_moe_dsa).
-  int64_t index_n_heads = 4;
+  int64_t index_n_heads = 16;  // few heads make exact-zero score ties (every relu 0) common
   int64_t index_head_dim = 64;
   int64_t index_topk = 64;
   // glm_moe_dsa: per layer 'F' (runs its indexer) or 'S' (reuses the last
