@@ -114,6 +114,9 @@ def test_checkpoint_written_by_transformers_matches(case, fresh_dir, tmp_path):
         ("qwen3", "nvfp4"),
         ("qwen3_moe", "mxfp4"),
         ("glm4_moe", "nvfp4"),
+        ("deepseek_v3", "fp8"),
+        ("deepseek_v32", "bf16"),
+        ("glm_moe_dsa", "nvfp4"),
     ],
 )
 def test_make_model_checkpoint_matches_hf_transformers(tmp_path, arch, quant):
