@@ -277,6 +277,7 @@ std::optional<Fault> StepProgram::RunNext() {
   rec.label = k.Label();
   rec.name = k.name;
   rec.layer = k.layer;
+  rec.checks = KernelChecks(k);
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s;
   for (const Op& op : k.ops) {
@@ -330,7 +331,7 @@ nlohmann::json KernelRecordToJson(const KernelRecord& r) {
                         {"numel", r.numel},     {"nan_count", r.nan},       {"inf_count", r.inf},
                         {"digest", r.digest.Hex()}, {"max_abs", r.max_abs}, {"min", r.min},
                         {"max", r.max},         {"mean_abs", r.mean_abs},   {"micros", r.micros},
-                        {"failed", r.failed}};
+                        {"failed", r.failed},   {"checks", r.checks}};
 }
 
 std::vector<int32_t> StepProgram::SampledTokens() const {

@@ -164,7 +164,12 @@ struct KernelRecord {
   Hash128 digest;  // of all output buffers' bytes, in output order (watcher on)
   double micros = 0;
   bool failed = false;
+  std::vector<std::string> checks;  // KernelChecks of the kernel
 };
+
+// The names of the checks (kernels/check.h) kernel `k`'s ops can fire with
+// their parameters, in first-seen order (replay/src/kernel_checks.cc).
+std::vector<std::string> KernelChecks(const KernelCall& k);
 
 nlohmann::json KernelRecordToJson(const KernelRecord& r);
 
