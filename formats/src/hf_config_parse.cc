@@ -105,14 +105,13 @@ absl::Status ParseQwenMoe(const JsonFields& f, bool local_experts_alias, const Q
 // DeepSeek-style MoE keys, over the family's defaults already in `c`. Both
 // DeepseekV3Config and Glm4MoeConfig (transformers 5) alias
 // num_local_experts -> n_routed_experts and num_mtp_layers ->
-// num_nextn_predict_layers.
+// num_nextn_predict_layers (`mtp_alias`); DeepseekV32Config and
+// GlmMoeDsaConfig alias num_local_experts, take num_experts too (their
+// __post_init__), and have no num_mtp_layers.
 absl::Status ParseDeepseekMoe(const JsonFields& f, bool mtp_alias, ModelConfig* c) {
-  CR_RETURN_IF_ERROR(f.IntAlias({"n_routed_experts", "num_local_experts"}, &c->num_experts));
-  if (!mtp_alias) {
-    // DeepseekV32Config and GlmMoeDsaConfig also take num_experts (their
-    // __post_init__), and have no num_mtp_layers alias.
-    CR_RETURN_IF_ERROR(f.IntAlias({"n_routed_experts", "num_experts"}, &c->num_experts));
-  }
+  CR_RETURN_IF_ERROR(mtp_alias ? f.IntAlias({"n_routed_experts", "num_local_experts"}, &c->num_experts)
+                               : f.IntAlias({"n_routed_experts", "num_local_experts", "num_experts"},
+                                            &c->num_experts));
   CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
   CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size));
   CR_RETURN_IF_ERROR(f.Int("n_shared_experts", &c->n_shared_experts));

@@ -131,6 +131,9 @@ TEST(HfConfigMlaTest, AliasesAsEachClassDefinesThem) {
   auto v32 = Parse(R"({"model_type": "deepseek_v32", "num_local_experts": 16})");
   ASSERT_TRUE(v32.ok()) << v32.status();
   EXPECT_EQ(v32->num_experts, 16);
+  auto clash = Parse(R"({"model_type": "deepseek_v32", "num_local_experts": 16, "num_experts": 8})");
+  ASSERT_FALSE(clash.ok());
+  EXPECT_THAT(std::string(clash.status().message()), HasSubstr("they name the same setting"));
 }
 
 TEST(HfConfigMlaTest, InconsistentIndexerKeysAreNamed) {
