@@ -60,6 +60,7 @@ class Case:
     edit: str = ""                # "legacy": config.json rewritten as transformers 4.x writes it;
                                   # "both_forms": a rope_scaling and rope_theta added beside rope_parameters
     quant: str = ""               # ModelOpt config name, e.g. NVFP4_DEFAULT_CFG
+    quant_exclude: tuple = ()     # module globs ModelOpt leaves unquantized (its exclude_modules)
     engine_sets: tuple = ()       # --set the engine needs to compute what the reference does
     note: str = ""
 
@@ -138,6 +139,12 @@ CASES = [
          dict(MLA, **DSA, num_hidden_layers=3, n_group=1, topk_group=1, indexer_types=["full", "shared", "full"],
               rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
          note="GLM-5: DSA with a layer reusing the previous top-k, interleaved indexer rope"),
+    Case("glm_moe_dsa_nvfp4", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+         dict(MLA, **DSA, hidden_size=64, intermediate_size=48, n_group=1, topk_group=1,
+              indexer_types=["full", "shared"], rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+         quant="NVFP4_DEFAULT_CFG", quant_exclude=("*self_attn*", "*shared_experts*"),
+         engine_sets=("nvfp4_activation=w4a16",),
+         note="GLM-5 NVFP4 as ModelOpt exports it with attention, indexer and shared experts excluded"),
     Case("llama_nvfp4", "LlamaConfig", "LlamaForCausalLM", dict(SMALL),
          quant="NVFP4_DEFAULT_CFG", engine_sets=("nvfp4_activation=w4a16",),
          note="ModelOpt NVFP4 (W4A4 checkpoint, compared as W4A16: the reference does not quantize activations)"),
@@ -326,7 +333,11 @@ def write_case(case, out_dir, seed=1234):
                 for row in calib:
                     m(row[None])
 
-        model = mtq.quantize(model, getattr(mtq, case.quant), loop)
+        qcfg = getattr(mtq, case.quant)
+        if case.quant_exclude:
+            qcfg = dict(qcfg, quant_cfg=list(qcfg["quant_cfg"]) +
+                        [{"quantizer_name": p, "enable": False} for p in case.quant_exclude])
+        model = mtq.quantize(model, qcfg, loop)
         export_hf_checkpoint(model, export_dir=d)
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(d, extra)):
