@@ -249,7 +249,7 @@ int RunDemo(int argc, char** argv) {
   }
 
   // 1. The checkpoint.
-  auto made = Exec({self, "make-model", model, "--arch", "deepseek_v3", "--quant", "nvfp4", "--layers", "3",
+  auto made = Exec({self, "make-model", model, "--arch", "glm4_moe", "--quant", "nvfp4", "--layers", "3",
                     "--heads", "8", "--kv-heads", "2", "--intermediate", "128", "--moe-intermediate", "128",
                     "--experts", "16", "--experts-per-tok", "4", "--shared-experts", "1", "--n-group", "4",
                     "--topk-group", "2"});

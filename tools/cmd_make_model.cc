@@ -21,8 +21,11 @@ int RunMakeModel(int argc, char** argv) {
   replay::MakeModelOptions o;
   std::string rope_form = "legacy";
   app.add_option("DIR", dir, "output directory")->required();
-  app.add_option("--arch", o.arch, "llama | qwen3 | qwen3_moe | mixtral | deepseek_v3 (GLM-4.5 layout)")
-      ->check(CLI::IsMember({"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe"}));
+  app.add_option("--arch", o.arch,
+                 "llama | qwen3 | qwen3_moe | mixtral | glm4_moe (GQA + DeepSeek-V3 routing) | deepseek_v3 (MLA) | "
+                 "deepseek_v32 | glm_moe_dsa (MLA + DSA indexer)")
+      ->check(CLI::IsMember({"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "deepseek_v32",
+                             "glm_moe_dsa"}));
   app.add_option("--quant", o.quant, "bf16 | fp8 | nvfp4 | mxfp4")->check(CLI::IsMember({"bf16", "fp8", "nvfp4", "mxfp4"}));
   app.add_option("--layers", o.layers)->check(CLI::Range(1, 1024));
   app.add_option("--hidden", o.hidden)->check(CLI::Range(16, 1 << 16));
@@ -38,6 +41,20 @@ int RunMakeModel(int argc, char** argv) {
   app.add_option("--topk-group", o.topk_group)->check(CLI::Range(1, 64));
   app.add_option("--vocab", o.vocab, "vocabulary size (>= 256 for the byte-level tokenizer)")->check(CLI::Range(2, 1 << 20));
   app.add_option("--seed", o.seed);
+  app.add_option("--q-lora-rank", o.q_lora_rank, "MLA: q latent width (0: q_proj, deepseek_v3 only)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--kv-lora-rank", o.kv_lora_rank, "MLA: KV latent width (512 for FlashMLA's kernels)")
+      ->check(CLI::Range(2, 1 << 16));
+  app.add_option("--qk-nope-head-dim", o.qk_nope_head_dim)->check(CLI::Range(1, 1024));
+  app.add_option("--qk-rope-head-dim", o.qk_rope_head_dim, "MLA: rotary dims (64 for FlashMLA's kernels)")
+      ->check(CLI::Range(2, 1024));
+  app.add_option("--v-head-dim", o.v_head_dim)->check(CLI::Range(1, 1024));
+  app.add_option("--index-n-heads", o.index_n_heads, "DSA indexer heads")->check(CLI::Range(1, 1024));
+  app.add_option("--index-head-dim", o.index_head_dim, "DSA indexer head dim (>= qk rope dims)")
+      ->check(CLI::Range(2, 1024));
+  app.add_option("--index-topk", o.index_topk, "DSA: positions each query attends to")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--index-pattern", o.index_pattern,
+                 "glm_moe_dsa: one letter a layer, F (own indexer) or S (reuse the last top-k)");
   app.add_option("--rope-form", rope_form, "legacy (rope_theta/rope_scaling) | rope_parameters | both")
       ->check(CLI::IsMember({"legacy", "rope_parameters", "both"}));
   o.threads = 0;

@@ -48,10 +48,19 @@ std::string_view QuantMethodName(QuantMethod m) {
   return "none";
 }
 
+bool ModelConfig::IsIndexerLayer(int layer) const {
+  if (!UsesDsa() || layer < 0 || layer >= num_hidden_layers) return false;
+  if (indexer_types.empty()) return true;
+  return static_cast<size_t>(layer) < indexer_types.size() && indexer_types[layer] == "full";
+}
+
 bool ModelConfig::IsMoeLayer(int layer) const {
   if (num_experts <= 0 || layer < 0 || layer >= num_hidden_layers) return false;
   const std::optional<HfFamily> family = HfFamilyOf(model_type);
   if (!family) return false;
+  if (!mlp_layer_types.empty()) {
+    return static_cast<size_t>(layer) < mlp_layer_types.size() && mlp_layer_types[layer] == "sparse";
+  }
   if (IsDeepseekStyle(*family)) {
     return layer >= first_k_dense_replace && layer % std::max<int64_t>(moe_layer_freq, 1) == 0;
   }

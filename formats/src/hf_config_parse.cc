@@ -1,5 +1,6 @@
 // ParseHfConfig: config.json -> ModelConfig. The rope and quantization
 // parts live in hf_rope_parse.cc and hf_quant_config.cc.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -46,7 +47,7 @@ absl::Status ParseCommon(const JsonFields& f, const HfFamilyInfo& fam, ModelConf
   CR_RETURN_IF_ERROR(f.String("torch_dtype", &c->torch_dtype));
   if (c->torch_dtype.empty()) CR_RETURN_IF_ERROR(f.String("dtype", &c->torch_dtype));
 
-  if (fam.family == HfFamily::kDeepseekV3) return absl::OkStatus();  // head_dim comes from MLA
+  if (IsMla(fam.family)) return absl::OkStatus();  // head_dim comes from MLA
   if (f.Has("head_dim")) {
     CR_RETURN_IF_ERROR(f.Int("head_dim", &c->head_dim));
   } else if (fam.head_dim > 0 && !f.IsNull("head_dim")) {
@@ -104,9 +105,13 @@ absl::Status ParseQwenMoe(const JsonFields& f, bool local_experts_alias, const Q
 // DeepSeek-style MoE keys, over the family's defaults already in `c`. Both
 // DeepseekV3Config and Glm4MoeConfig (transformers 5) alias
 // num_local_experts -> n_routed_experts and num_mtp_layers ->
-// num_nextn_predict_layers.
-absl::Status ParseDeepseekMoe(const JsonFields& f, ModelConfig* c) {
-  CR_RETURN_IF_ERROR(f.IntAlias({"n_routed_experts", "num_local_experts"}, &c->num_experts));
+// num_nextn_predict_layers (`mtp_alias`); DeepseekV32Config and
+// GlmMoeDsaConfig alias num_local_experts, take num_experts too (their
+// __post_init__), and have no num_mtp_layers.
+absl::Status ParseDeepseekMoe(const JsonFields& f, bool mtp_alias, ModelConfig* c) {
+  CR_RETURN_IF_ERROR(mtp_alias ? f.IntAlias({"n_routed_experts", "num_local_experts"}, &c->num_experts)
+                               : f.IntAlias({"n_routed_experts", "num_local_experts", "num_experts"},
+                                            &c->num_experts));
   CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
   CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size));
   CR_RETURN_IF_ERROR(f.Int("n_shared_experts", &c->n_shared_experts));
@@ -118,8 +123,84 @@ absl::Status ParseDeepseekMoe(const JsonFields& f, ModelConfig* c) {
   CR_RETURN_IF_ERROR(f.Double("routed_scaling_factor", &c->routed_scaling_factor));
   CR_RETURN_IF_ERROR(f.Int("first_k_dense_replace", &c->first_k_dense_replace));
   CR_RETURN_IF_ERROR(f.Int("moe_layer_freq", &c->moe_layer_freq));
-  CR_RETURN_IF_ERROR(
-      f.IntAlias({"num_nextn_predict_layers", "num_mtp_layers"}, &c->num_nextn_predict_layers));
+  if (mtp_alias) {
+    return f.IntAlias({"num_nextn_predict_layers", "num_mtp_layers"}, &c->num_nextn_predict_layers);
+  }
+  return f.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers);
+}
+
+// The defaults of one MLA config class.
+struct MlaDefaults {
+  int64_t experts, moe_intermediate, n_group, topk_group, first_k_dense;
+  int64_t q_lora_rank, qk_nope_head_dim, v_head_dim;
+  int64_t index_n_heads, index_head_dim, index_topk;  // 0: no indexer
+};
+
+// MLA keys (and the indexer's, for the DSA classes) over the class's
+// defaults; every MLA class routes like DeepSeek-V3 (sigmoid scores with a
+// correction bias, noaux_tc) without keys saying so.
+absl::Status ParseMla(const JsonFields& f, const MlaDefaults& d, ModelConfig* c) {
+  c->num_experts = d.experts;
+  c->num_experts_per_tok = 8;
+  c->moe_intermediate_size = d.moe_intermediate;
+  c->n_shared_experts = 1;
+  c->scoring_func = "sigmoid";
+  c->topk_method = "noaux_tc";
+  c->n_group = d.n_group;
+  c->topk_group = d.topk_group;
+  c->norm_topk_prob = true;
+  c->routed_scaling_factor = 2.5;
+  c->first_k_dense_replace = d.first_k_dense;
+  c->q_lora_rank = d.q_lora_rank;
+  c->kv_lora_rank = 512;
+  c->qk_nope_head_dim = d.qk_nope_head_dim;
+  c->qk_rope_head_dim = 64;
+  c->v_head_dim = d.v_head_dim;
+  CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+  c->attention_out_bias = c->attention_bias;
+  if (f.IsNull("q_lora_rank")) c->q_lora_rank = 0;  // null: q is not compressed
+  CR_RETURN_IF_ERROR(f.Int("q_lora_rank", &c->q_lora_rank));
+  CR_RETURN_IF_ERROR(f.Int("kv_lora_rank", &c->kv_lora_rank));
+  CR_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &c->qk_nope_head_dim));
+  CR_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &c->qk_rope_head_dim));
+  CR_RETURN_IF_ERROR(f.Int("v_head_dim", &c->v_head_dim));
+  c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+  if (d.index_topk == 0) return absl::OkStatus();
+  c->index_n_heads = d.index_n_heads;
+  c->index_head_dim = d.index_head_dim;
+  c->index_topk = d.index_topk;
+  CR_RETURN_IF_ERROR(f.Int("index_n_heads", &c->index_n_heads));
+  CR_RETURN_IF_ERROR(f.Int("index_head_dim", &c->index_head_dim));
+  return f.Int("index_topk", &c->index_topk);
+}
+
+// glm_moe_dsa's indexer_types, or (as GlmMoeDsaConfig.__post_init__ derives
+// it) index_topk_pattern ("FSS..." or a list), or index_topk_freq (default
+// 1) with index_skip_topk_offset (default 2): layer i is full when
+// max(i - offset + 1, 0) % freq == 0.
+absl::Status ParseIndexerTypes(const JsonFields& f, ModelConfig* c) {
+  if (f.Has("indexer_types") && !f.IsNull("indexer_types")) return f.StringList("indexer_types", &c->indexer_types);
+  if (f.Has("index_topk_pattern") && !f.IsNull("index_topk_pattern")) {
+    if (f.Get("index_topk_pattern")->is_string()) {
+      std::string pattern;
+      CR_RETURN_IF_ERROR(f.String("index_topk_pattern", &pattern));
+      for (char ch : pattern) {
+        if (ch != 'F' && ch != 'S') {
+          return f.Invalid("index_topk_pattern", absl::StrCat("has '", std::string(1, ch), "'; expected F or S"));
+        }
+        c->indexer_types.push_back(ch == 'F' ? "full" : "shared");
+      }
+      return absl::OkStatus();
+    }
+    return f.StringList("index_topk_pattern", &c->indexer_types);
+  }
+  int64_t freq = 1, offset = 2;
+  CR_RETURN_IF_ERROR(f.Int("index_topk_freq", &freq));
+  CR_RETURN_IF_ERROR(f.Int("index_skip_topk_offset", &offset));
+  freq = std::max<int64_t>(freq, 1);
+  for (int64_t i = 0; i < c->num_hidden_layers; ++i) {
+    c->indexer_types.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
   return absl::OkStatus();
 }
 
@@ -164,33 +245,23 @@ absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
       return absl::OkStatus();
     case HfFamily::kDeepseekV3:
       // DeepseekV3Config's defaults (transformers 5; 4.x's are the same).
-      c->num_experts = 256;
-      c->num_experts_per_tok = 8;
-      c->moe_intermediate_size = 2048;
-      c->n_shared_experts = 1;
-      c->scoring_func = "sigmoid";
-      c->topk_method = "noaux_tc";
-      c->n_group = 8;
-      c->topk_group = 4;
-      c->norm_topk_prob = true;
-      c->routed_scaling_factor = 2.5;
-      c->first_k_dense_replace = 3;
+      CR_RETURN_IF_ERROR(ParseMla(f, {256, 2048, 8, 4, 3, 1536, 128, 128, 0, 0, 0}, c));
       c->num_nextn_predict_layers = 1;
-      c->q_lora_rank = 1536;
-      c->kv_lora_rank = 512;
-      c->qk_nope_head_dim = 128;
-      c->qk_rope_head_dim = 64;
-      c->v_head_dim = 128;
-      CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
-      c->attention_out_bias = c->attention_bias;
-      if (f.IsNull("q_lora_rank")) c->q_lora_rank = 0;  // null: q is not compressed
-      CR_RETURN_IF_ERROR(f.Int("q_lora_rank", &c->q_lora_rank));
-      CR_RETURN_IF_ERROR(f.Int("kv_lora_rank", &c->kv_lora_rank));
-      CR_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &c->qk_nope_head_dim));
-      CR_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &c->qk_rope_head_dim));
-      CR_RETURN_IF_ERROR(f.Int("v_head_dim", &c->v_head_dim));
-      c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
-      return ParseDeepseekMoe(f, c);
+      CR_RETURN_IF_ERROR(f.Bool("rope_interleave", &c->rope_interleave));
+      return ParseDeepseekMoe(f, /*mtp_alias=*/true, c);
+    case HfFamily::kDeepseekV32:
+      // DeepseekV32Config (transformers 5): DeepSeek-V3's MLA and routing
+      // plus the indexer; interleaved RoPE always (no rope_interleave key).
+      CR_RETURN_IF_ERROR(ParseMla(f, {256, 2048, 8, 4, 3, 1536, 128, 128, 64, 128, 2048}, c));
+      CR_RETURN_IF_ERROR(ParseDeepseekMoe(f, /*mtp_alias=*/false, c));
+      return f.StringList("mlp_layer_types", &c->mlp_layer_types);
+    case HfFamily::kGlmMoeDsa:
+      // GlmMoeDsaConfig (transformers 5): GLM-5. One expert group, wider
+      // heads, and layers that reuse an earlier layer's top-k.
+      CR_RETURN_IF_ERROR(ParseMla(f, {256, 2048, 1, 1, 3, 2048, 192, 256, 32, 128, 2048}, c));
+      CR_RETURN_IF_ERROR(ParseDeepseekMoe(f, /*mtp_alias=*/false, c));
+      CR_RETURN_IF_ERROR(f.StringList("mlp_layer_types", &c->mlp_layer_types));
+      return ParseIndexerTypes(f, c);
     case HfFamily::kGlm4Moe:
       // Glm4MoeConfig's defaults; GLM-4.5 routes like DeepSeek-V3 (sigmoid,
       // noaux_tc) without keys saying so.
@@ -205,7 +276,7 @@ absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
       c->num_nextn_predict_layers = 1;
       CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));  // q/k/v only
       CR_RETURN_IF_ERROR(f.Bool("use_qk_norm", &c->qk_norm));
-      return ParseDeepseekMoe(f, c);
+      return ParseDeepseekMoe(f, /*mtp_alias=*/true, c);
   }
   return absl::OkStatus();
 }
@@ -246,8 +317,34 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
     CR_RETURN_IF_ERROR(Require(id >= 0, f, "eos_token_id", "must not be negative"));
   }
 
-  if (c.UsesMla() || family == HfFamily::kDeepseekV3) {
+  if (c.UsesMla() || IsMla(family)) {
     CR_RETURN_IF_ERROR(Require(c.kv_lora_rank > 0, f, "kv_lora_rank", "must be positive"));
+    if (IsDsa(family)) {
+      // The DSA classes always build q_a_proj: the indexer reads the q latent.
+      CR_RETURN_IF_ERROR(Require(c.q_lora_rank > 0, f, "q_lora_rank",
+                                 "must be positive (the DSA indexer reads the q latent)"));
+      CR_RETURN_IF_ERROR(Require(c.index_n_heads > 0, f, "index_n_heads", "must be positive"));
+      CR_RETURN_IF_ERROR(Require(c.index_topk > 0, f, "index_topk", "must be positive"));
+      CR_RETURN_IF_ERROR(Require(c.index_head_dim >= c.qk_rope_head_dim, f, "index_head_dim",
+                                 absl::StrCat("(", c.index_head_dim, ") must hold the qk_rope_head_dim (",
+                                              c.qk_rope_head_dim, ") rotary dims")));
+    }
+    const auto per_layer = [&](const char* key, const std::vector<std::string>& v, const char* a,
+                               const char* b) -> absl::Status {
+      if (v.empty()) return absl::OkStatus();
+      CR_RETURN_IF_ERROR(Require(static_cast<int64_t>(v.size()) == c.num_hidden_layers, f, key,
+                                 absl::StrCat("has ", v.size(), " entries for num_hidden_layers ",
+                                              c.num_hidden_layers)));
+      for (const std::string& e : v) {
+        CR_RETURN_IF_ERROR(
+            Require(e == a || e == b, f, key, absl::StrCat("has '", e, "'; expected '", a, "' or '", b, "'")));
+      }
+      return absl::OkStatus();
+    };
+    CR_RETURN_IF_ERROR(per_layer("mlp_layer_types", c.mlp_layer_types, "dense", "sparse"));
+    CR_RETURN_IF_ERROR(per_layer("indexer_types", c.indexer_types, "full", "shared"));
+    CR_RETURN_IF_ERROR(Require(c.indexer_types.empty() || c.indexer_types[0] == "full", f, "indexer_types",
+                               "starts with 'shared', but layer 0 has no earlier layer's top-k to reuse"));
     CR_RETURN_IF_ERROR(Require(c.q_lora_rank >= 0, f, "q_lora_rank", "must not be negative"));
     CR_RETURN_IF_ERROR(
         Require(c.qk_nope_head_dim > 0, f, "qk_nope_head_dim", "must be positive"));

@@ -180,7 +180,7 @@ std::string HfConfigToJson(const ModelConfig& c) {
   if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
 
   const std::optional<HfFamily> family = HfFamilyOf(c.model_type);
-  if (family && *family != HfFamily::kDeepseekV3) j["head_dim"] = c.head_dim;
+  if (family && !IsMla(*family)) j["head_dim"] = c.head_dim;
   if (family) {
     switch (*family) {
       case HfFamily::kLlama:
@@ -212,13 +212,24 @@ std::string HfConfigToJson(const ModelConfig& c) {
         if (*family == HfFamily::kQwen3Moe) WriteQwenMoe(c, "num_local_experts", &j);
         break;
       case HfFamily::kDeepseekV3:
+      case HfFamily::kDeepseekV32:
+      case HfFamily::kGlmMoeDsa:
         j["attention_bias"] = c.attention_bias;
         j["q_lora_rank"] = OrNull(c.q_lora_rank);
         j["kv_lora_rank"] = c.kv_lora_rank;
         j["qk_nope_head_dim"] = c.qk_nope_head_dim;
         j["qk_rope_head_dim"] = c.qk_rope_head_dim;
         j["v_head_dim"] = c.v_head_dim;
-        WriteDeepseekMoe(c, /*always_routing_keys=*/true, &j);
+        WriteDeepseekMoe(c, /*always_routing_keys=*/*family == HfFamily::kDeepseekV3, &j);
+        if (*family == HfFamily::kDeepseekV3) {
+          j["rope_interleave"] = c.rope_interleave;
+          break;
+        }
+        j["index_n_heads"] = c.index_n_heads;
+        j["index_head_dim"] = c.index_head_dim;
+        j["index_topk"] = c.index_topk;
+        if (!c.mlp_layer_types.empty()) j["mlp_layer_types"] = c.mlp_layer_types;
+        if (*family == HfFamily::kGlmMoeDsa && !c.indexer_types.empty()) j["indexer_types"] = c.indexer_types;
         break;
       case HfFamily::kGlm4Moe:
         j["attention_bias"] = c.attention_bias;

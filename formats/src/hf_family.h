@@ -23,6 +23,8 @@ enum class HfFamily {
   kQwen3Moe,
   kMixtral,
   kDeepseekV3,
+  kDeepseekV32,
+  kGlmMoeDsa,
   kGlm4Moe,
 };
 
@@ -61,6 +63,11 @@ inline constexpr HfFamilyInfo kFamilies[] = {
     {"mixtral", HfFamily::kMixtral, 32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 1e6, 1.0, 1, 2},
     // DeepSeek-V3's head_dim is its MLA's (qk_nope_head_dim + qk_rope_head_dim).
     {"deepseek_v3", HfFamily::kDeepseekV3, 129280, 7168, 18432, 61, 128, 128, 0, 4096, 1e-6, 1e4, 1.0, 0, 1},
+    // DeepseekV32Config and GlmMoeDsaConfig (transformers 5 only): MLA with
+    // the DSA indexer; their head_dim field is overwritten with
+    // qk_rope_head_dim in __post_init__, like DeepSeek-V3's.
+    {"deepseek_v32", HfFamily::kDeepseekV32, 129280, 7168, 18432, 61, 128, 128, 0, 163840, 1e-6, 1e4, 1.0, 0, 1},
+    {"glm_moe_dsa", HfFamily::kGlmMoeDsa, 154880, 6144, 12288, 78, 64, 64, 0, 202752, 1e-5, 1e4, 1.0, 0, 1},
     // Glm4MoeConfig has no head_dim field either; partial_rotary_factor 0.5.
     {"glm4_moe", HfFamily::kGlm4Moe, 151552, 4096, 10944, 46, 96, 8, 0, 131072, 1e-5, 1e4, 0.5, -1, -1},
 };
@@ -79,13 +86,21 @@ inline std::optional<HfFamily> HfFamilyOf(std::string_view model_type) {
 }
 
 inline constexpr std::string_view kSupportedModelTypes =
-    "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v3, glm4_moe";
+    "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v3, deepseek_v32, glm_moe_dsa, "
+    "glm4_moe";
 
 // DeepSeek-style MoE layout: first_k_dense_replace dense layers, then MoE
 // every moe_layer_freq-th layer, shared experts counted by n_shared_experts.
 inline bool IsDeepseekStyle(HfFamily f) {
-  return f == HfFamily::kDeepseekV3 || f == HfFamily::kGlm4Moe;
+  return f == HfFamily::kDeepseekV3 || f == HfFamily::kDeepseekV32 || f == HfFamily::kGlmMoeDsa ||
+         f == HfFamily::kGlm4Moe;
 }
+// Multi-head latent attention (DeepSeek-V3 and its DSA descendants).
+inline bool IsMla(HfFamily f) {
+  return f == HfFamily::kDeepseekV3 || f == HfFamily::kDeepseekV32 || f == HfFamily::kGlmMoeDsa;
+}
+// DeepSeek Sparse Attention: MLA plus the lightning indexer.
+inline bool IsDsa(HfFamily f) { return f == HfFamily::kDeepseekV32 || f == HfFamily::kGlmMoeDsa; }
 // Qwen-style MoE layout: decoder_sparse_step and mlp_only_layers.
 inline bool IsQwenMoe(HfFamily f) { return f == HfFamily::kQwen2Moe || f == HfFamily::kQwen3Moe; }
 

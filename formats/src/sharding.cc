@@ -30,6 +30,10 @@ enum class Linear { kNone, kColumn, kRow, kKv };
 
 Linear LinearKind(std::string_view name) {
   if (Contains(name, ".q_proj.")) return Linear::kColumn;
+  // MLA: q_b_proj and kv_b_proj are split by heads; q_a_proj,
+  // kv_a_proj_with_mqa and the DSA indexer (indexer.wq_b/wk/weights_proj)
+  // are replicated, as sglang and DeepSeek's reference shard them.
+  if (Contains(name, ".q_b_proj.") || Contains(name, ".kv_b_proj.")) return Linear::kColumn;
   if (Contains(name, ".k_proj.") || Contains(name, ".v_proj.")) return Linear::kKv;
   if (Contains(name, ".o_proj.")) return Linear::kRow;
   if (Contains(name, ".gate_proj.") || Contains(name, ".up_proj.")) return Linear::kColumn;

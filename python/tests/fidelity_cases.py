@@ -60,12 +60,27 @@ class Case:
     edit: str = ""                # "legacy": config.json rewritten as transformers 4.x writes it;
                                   # "both_forms": a rope_scaling and rope_theta added beside rope_parameters
     quant: str = ""               # ModelOpt config name, e.g. NVFP4_DEFAULT_CFG
+    quant_exclude: tuple = ()     # module globs ModelOpt leaves unquantized (its exclude_modules)
     engine_sets: tuple = ()       # --set the engine needs to compute what the reference does
     note: str = ""
 
 
 SMALL = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
              intermediate_size=48, vocab_size=128, max_position_embeddings=256)
+
+# MLA (DeepSeek-V3 / V3.2, GLM-5) at odd widths: 3 heads, nope 16 + rope 8,
+# v 12, q latent 24, KV latent 32; DeepSeek routing over 4 experts.
+MLA = dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3, num_hidden_layers=2, intermediate_size=40,
+           vocab_size=128, max_position_embeddings=256, n_routed_experts=4, num_experts_per_tok=2,
+           moe_intermediate_size=16, n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=24,
+           kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, routed_scaling_factor=1.5)
+# The DSA indexer: 16 heads of 32, top-8 (the sequences here reach 20 tokens).
+# With few heads, relu leaves many keys at exactly 0, and torch.topk breaks
+# such ties in no specified order: 16 heads make an all-zero score rare.
+DSA = dict(index_n_heads=16, index_head_dim=32, index_topk=8)
+# DeepSeek-V3's YaRN (factor 40 over the original context), scaled down.
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
 
 CASES = [
     Case("llama_llama3_rope", "LlamaConfig", "LlamaForCausalLM",
@@ -108,6 +123,28 @@ CASES = [
               topk_group=1, routed_scaling_factor=1.5, first_k_dense_replace=1, attention_bias=True,
               use_qk_norm=True, n_shared_experts=1),
          note="no head_dim key (hidden/heads), partial rotary 0.5, sigmoid grouped routing with bias"),
+    Case("deepseek_v3_yarn", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+         dict(MLA, max_position_embeddings=2560, rope_parameters=DEEPSEEK_YARN),
+         note="MLA with q_lora, interleaved rope, DeepSeek's YaRN (mscale_all_dim scales the softmax)"),
+    Case("deepseek_v3_qproj_fp32", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+         dict(MLA, q_lora_rank=None, rope_interleave=False, num_hidden_layers=1, first_k_dense_replace=0,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 64, "mscale": 0.707, "mscale_all_dim": 1.0}),
+         dtype="float32", edit="legacy",
+         note="q_proj (q_lora_rank null), rotate-half rope, YaRN attention factor != 1, 4.x keys, fp32"),
+    Case("deepseek_v32", "DeepseekV32Config", "DeepseekV32ForCausalLM",
+         dict(MLA, **DSA, max_position_embeddings=2560, rope_parameters=DEEPSEEK_YARN),
+         dtype="float32", note="DSA: indexer top-8 of up to 20 tokens, half-split indexer rope, YaRN, fp32"),
+    Case("glm_moe_dsa", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+         dict(MLA, **DSA, num_hidden_layers=3, n_group=1, topk_group=1, indexer_types=["full", "shared", "full"],
+              rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+         note="GLM-5: DSA with a layer reusing the previous top-k, interleaved indexer rope"),
+    Case("glm_moe_dsa_nvfp4", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+         dict(MLA, **DSA, hidden_size=64, intermediate_size=48, n_group=1, topk_group=1,
+              indexer_types=["full", "shared"], rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+         quant="NVFP4_DEFAULT_CFG", quant_exclude=("*self_attn*", "*shared_experts*"),
+         engine_sets=("nvfp4_activation=w4a16",),
+         note="GLM-5 NVFP4 as ModelOpt exports it with attention, indexer and shared experts excluded"),
     Case("llama_nvfp4", "LlamaConfig", "LlamaForCausalLM", dict(SMALL),
          quant="NVFP4_DEFAULT_CFG", engine_sets=("nvfp4_activation=w4a16",),
          note="ModelOpt NVFP4 (W4A4 checkpoint, compared as W4A16: the reference does not quantize activations)"),
@@ -151,6 +188,8 @@ def _legacy_config(path, torch_dtype):
     c["rope_theta"] = rp.pop("rope_theta")
     if "partial_rotary_factor" in rp:
         c["partial_rotary_factor"] = rp.pop("partial_rotary_factor")
+    if c.get("model_type") == "deepseek_v3" and rp.get("rope_type") != "default":
+        rp["type"] = rp.pop("rope_type")  # DeepSeek-V3's own config.json names it "type"
     c["rope_scaling"] = None if rp.get("rope_type") == "default" else rp
     if c.get("model_type") in ("qwen3_moe", "qwen2_moe") and "num_local_experts" in c:
         c["num_experts"] = c.pop("num_local_experts")
@@ -232,6 +271,7 @@ def _reference(model_dir, state_dict, torch, transformers):
     model.eval()
 
     original = cu.Cache.update
+    original_indexer = cu.Cache.update_indexer
 
     def run(round_kv, forced=None):
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -240,7 +280,13 @@ def _reference(model_dir, state_dict, torch, transformers):
                 value_states = value_states.to(torch.bfloat16).to(torch.float32)
             return original(self, key_states, value_states, layer_idx, *args, **kwargs)
 
+        def update_indexer(self, key_states, layer_idx, *args, **kwargs):
+            if round_kv:  # the engine's bf16 index-key cache
+                key_states = key_states.to(torch.bfloat16).to(torch.float32)
+            return original_indexer(self, key_states, layer_idx, *args, **kwargs)
+
         cu.Cache.update = update
+        cu.Cache.update_indexer = update_indexer
         try:
             cache = cu.DynamicCache(config=model.config)
             ids = torch.tensor([PROMPT])
@@ -256,6 +302,7 @@ def _reference(model_dir, state_dict, torch, transformers):
             return tokens, torch.stack(rows)
         finally:
             cu.Cache.update = original
+            cu.Cache.update_indexer = original_indexer
 
     tokens, logits = run(True)
     _, logits_fp32kv = run(False, forced=tokens)
@@ -286,7 +333,11 @@ def write_case(case, out_dir, seed=1234):
                 for row in calib:
                     m(row[None])
 
-        model = mtq.quantize(model, getattr(mtq, case.quant), loop)
+        qcfg = getattr(mtq, case.quant)
+        if case.quant_exclude:
+            qcfg = dict(qcfg, quant_cfg=list(qcfg["quant_cfg"]) +
+                        [{"quantizer_name": p, "enable": False} for p in case.quant_exclude])
+        model = mtq.quantize(model, qcfg, loop)
         export_hf_checkpoint(model, export_dir=d)
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(d, extra)):

@@ -3,7 +3,10 @@ float32, used to check crashreplay's engine where torch is not installed.
 
 Architectures (transformers 5 modeling code): LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-MixtralForCausalLM, Glm4MoeForCausalLM. It follows transformers, not
+MixtralForCausalLM, Glm4MoeForCausalLM, and the MLA models
+DeepseekV3ForCausalLM, DeepseekV32ForCausalLM and GlmMoeDsaForCausalLM
+(multi-head latent attention; DeepSeek Sparse Attention's indexer as
+transformers computes it: bf16/fp32 scores, no Hadamard rotation or fp8). It follows transformers, not
 crashreplay: config.json is read with transformers' rules (config class
 defaults per model_type, attribute_map aliases, RoPE from a non-null
 rope_scaling else rope_parameters else rope_theta), safetensors with its own
@@ -11,7 +14,8 @@ parser, and quantized weights are decoded with the formats' definitions
 (ModelOpt NVFP4 / FP8 / fp8_pb_wo, block FP8, MXFP4) into float32. It
 recomputes the whole sequence for every call. The one deliberate deviation
 from HF: K and V are rounded to bf16 after RoPE (as they enter the engine's
-bf16 KV cache); pass round_kv=False for HF as shipped.
+bf16 KV cache; for MLA the normed latent and the rotated shared key, and the
+indexer's keys); pass round_kv=False for HF as shipped.
 
 Checked against transformers itself in CI: test_fidelity.py runs it on the
 checkpoints transformers wrote (tests/data/fidelity) and compares with
@@ -34,6 +38,19 @@ FAMILY = {
     "qwen3_moe": dict(head_dim=0, kv=4, theta=1e4, partial=1.0),
     "mixtral": dict(head_dim=0, kv=8, theta=1e6, partial=1.0),
     "glm4_moe": dict(head_dim=0, kv=8, theta=1e4, partial=0.5),
+    "deepseek_v3": dict(head_dim=0, kv=0, theta=1e4, partial=1.0),
+    "deepseek_v32": dict(head_dim=0, kv=0, theta=1e4, partial=1.0),
+    "glm_moe_dsa": dict(head_dim=0, kv=0, theta=1e4, partial=1.0),
+}
+MLA_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+# The MLA classes' defaults (DeepseekV3Config, DeepseekV32Config, GlmMoeDsaConfig).
+MLA_DEFAULTS = {
+    "deepseek_v3": dict(q_lora_rank=1536, qk_nope_head_dim=128, v_head_dim=128, n_group=8, topk_group=4,
+                        first_k_dense_replace=3),
+    "deepseek_v32": dict(q_lora_rank=1536, qk_nope_head_dim=128, v_head_dim=128, n_group=8, topk_group=4,
+                         first_k_dense_replace=3, index_n_heads=64, index_head_dim=128, index_topk=2048),
+    "glm_moe_dsa": dict(q_lora_rank=2048, qk_nope_head_dim=192, v_head_dim=256, n_group=1, topk_group=1,
+                        first_k_dense_replace=3, index_n_heads=32, index_head_dim=128, index_topk=2048),
 }
 
 
@@ -162,7 +179,23 @@ class Config:
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads") or fam["kv"] or self.heads
         self.head_dim = c.get("head_dim") or fam["head_dim"] or self.hidden // self.heads
-        self.eps = c.get("rms_norm_eps", 1e-5 if self.model_type in ("mixtral", "glm4_moe") else 1e-6)
+        self.eps = c.get("rms_norm_eps", 1e-5 if self.model_type in ("mixtral", "glm4_moe", "glm_moe_dsa") else 1e-6)
+        self.mla = self.model_type in MLA_TYPES
+        if self.mla:
+            d = MLA_DEFAULTS[self.model_type]
+            self.q_lora = c.get("q_lora_rank", d["q_lora_rank"]) or 0  # null: q_proj
+            self.kv_lora = c.get("kv_lora_rank", 512)
+            self.nope = c.get("qk_nope_head_dim", d["qk_nope_head_dim"])
+            self.rope_dim = c.get("qk_rope_head_dim", 64)
+            self.v_dim = c.get("v_head_dim", d["v_head_dim"])
+            # deepseek_v3 reads rope_interleave; the DSA classes always interleave.
+            self.interleave = c.get("rope_interleave", True) if self.model_type == "deepseek_v3" else True
+            self.head_dim = self.rope_dim  # what RoPE's frequencies span (the config's head_dim)
+            self.index_topk = c.get("index_topk", d.get("index_topk", 0))
+            self.index_heads = c.get("index_n_heads", d.get("index_n_heads", 0))
+            self.index_dim = c.get("index_head_dim", d.get("index_head_dim", 0))
+            types = c.get("indexer_types") if self.model_type == "glm_moe_dsa" else None
+            self.index_full = [t == "full" for t in types] if types else [True] * c["num_hidden_layers"]
         self.layers = c["num_hidden_layers"]
         self.max_pos = c["max_position_embeddings"]
         self.qk_norm = self.model_type in ("qwen3", "qwen3_moe") or c.get("use_qk_norm", False)
@@ -196,6 +229,10 @@ class Config:
             return (layer + 1) % c.get("decoder_sparse_step", 1) == 0
         if mt == "glm4_moe":
             return layer >= c.get("first_k_dense_replace", 1)
+        if mt in MLA_TYPES:
+            if mt != "deepseek_v3" and c.get("mlp_layer_types"):
+                return c["mlp_layer_types"][layer] == "sparse"
+            return layer >= c.get("first_k_dense_replace", MLA_DEFAULTS[mt]["first_k_dense_replace"])
         return False
 
 
@@ -261,6 +298,89 @@ def apply_rope(x, positions, freqs, dim, scale):
     return out
 
 
+def apply_rope_interleaved(x, positions, freqs, scale):
+    """transformers' apply_rotary_pos_emb_interleave: pairs (2i, 2i+1) rotate by
+    frequency i; the result is laid out [even outputs | odd outputs]."""
+    ang = positions[:, None].astype(np.float32) * freqs[None, :]
+    cos, sin = (np.cos(ang) * scale)[:, None, :], (np.sin(ang) * scale)[:, None, :]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
+
+
+def _softmax_rows(s):
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return s / s.sum(-1, keepdims=True)
+
+
+def _indexer(cfg, t, x, q_latent, pos, freqs, scale, round_kv):
+    """DeepseekV32Indexer / GlmMoeDsaIndexer: [T, T] boolean, True at the
+    keys each query's top-k selects (causal positions only compete)."""
+    a = "indexer."
+    T, nh, d, r = x.shape[0], cfg.index_heads, cfg.index_dim, cfg.rope_dim
+    q = (q_latent @ t[a + "wq_b.weight"].T).reshape(T, nh, d)
+    k = x @ t[a + "wk.weight"].T
+    mu = k.mean(-1, keepdims=True)
+    var = ((k - mu) ** 2).mean(-1, keepdims=True)
+    k = ((k - mu) / np.sqrt(var + np.float32(1e-6)) * t[a + "k_norm.weight"] + t[a + "k_norm.bias"])[:, None, :]
+    if cfg.model_type == "glm_moe_dsa":  # interleaved; DeepSeek-V3.2's indexer rotates half-split
+        q = np.concatenate([apply_rope_interleaved(q[..., :r], pos, freqs, scale), q[..., r:]], axis=-1)
+        k = np.concatenate([apply_rope_interleaved(k[..., :r], pos, freqs, scale), k[..., r:]], axis=-1)
+    else:
+        q = apply_rope(q, pos, freqs, r, scale)
+        k = apply_rope(k, pos, freqs, r, scale)
+    k = k[:, 0, :]
+    if round_kv:
+        k = round_bf16(k)
+    scores = np.maximum(np.einsum("shd,td->sht", q, k) * np.float32(d ** -0.5), 0)
+    w = (x @ t[a + "weights_proj.weight"].T) * np.float32(nh ** -0.5)
+    index = np.einsum("sh,sht->st", w, scores)
+    index = np.where(np.tril(np.ones((T, T), dtype=bool)), index, -np.inf)
+    keep = np.zeros((T, T), dtype=bool)
+    for i in range(T):
+        order = sorted(range(i + 1), key=lambda j: (-index[i, j], j))[: cfg.index_topk]
+        keep[i, order] = True
+    return keep
+
+
+def _mla(cfg, t, a, x, pos, freqs, scale, round_kv, selected):
+    """DeepseekV3Attention (+ the DSA mask `selected`); returns (output, the
+    q latent for the indexer)."""
+    T, nh, nope, r, vd = x.shape[0], cfg.heads, cfg.nope, cfg.rope_dim, cfg.v_dim
+    q_latent = None
+    if cfg.q_lora:
+        q_latent = rms_norm(_linear(t, a + "q_a_proj", x), t[a + "q_a_layernorm.weight"], 1e-6)
+        q = _linear(t, a + "q_b_proj", q_latent)
+    else:
+        q = _linear(t, a + "q_proj", x)
+    q = q.reshape(T, nh, nope + r)
+    kva = _linear(t, a + "kv_a_proj_with_mqa", x)
+    latent = rms_norm(kva[:, :cfg.kv_lora], t[a + "kv_a_layernorm.weight"], 1e-6)
+    k_rot = kva[:, None, cfg.kv_lora:]
+    if cfg.interleave:
+        q_rot, k_rot = apply_rope_interleaved(q[..., nope:], pos, freqs, scale), apply_rope_interleaved(
+            k_rot, pos, freqs, scale)
+    else:
+        q_rot, k_rot = apply_rope(q[..., nope:], pos, freqs, r, scale), apply_rope(k_rot, pos, freqs, r, scale)
+    if round_kv:
+        latent, k_rot = round_bf16(latent), round_bf16(k_rot)
+    kv = _linear(t, a + "kv_b_proj", latent).reshape(T, nh, nope + vd)
+    q = np.concatenate([q[..., :nope], q_rot], axis=-1)
+    k = np.concatenate([kv[..., :nope], np.broadcast_to(k_rot, (T, nh, r))], axis=-1)
+    v = kv[..., nope:]
+    rp = cfg.rope
+    softmax_scale = (nope + r) ** -0.5
+    if rp["rope_type"] != "default" and rp.get("mscale_all_dim"):
+        m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0 if rp["factor"] > 1 else 1.0
+        softmax_scale *= m * m
+    mask = np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)
+    if selected is not None:
+        mask = np.where(selected, mask, -np.inf).astype(np.float32)
+    att = np.zeros((T, nh, vd), dtype=np.float32)
+    for i in range(nh):
+        att[:, i, :] = _softmax_rows(q[:, i, :] @ k[:, i, :].T * np.float32(softmax_scale) + mask) @ v[:, i, :]
+    return _linear(t, a + "o_proj", att.reshape(T, nh * vd)), q_latent
+
+
 def silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -283,13 +403,14 @@ def _moe(cfg, t, p, x):
     logits = x @ t[pre + "gate.weight"].T
     out = np.zeros_like(x)
     for i in range(x.shape[0]):
-        if mt == "glm4_moe":
+        if mt == "glm4_moe" or mt in MLA_TYPES:
             scores = 1.0 / (1.0 + np.exp(-logits[i].astype(np.float32)))
             choice = scores + t.get(pre + "gate.e_score_correction_bias", np.zeros_like(scores))
-            groups = c.get("n_group", 1)
+            groups = c.get("n_group", MLA_DEFAULTS.get(mt, {}).get("n_group", 1))
             per = len(scores) // groups
             gscore = [np.sort(choice[g * per:(g + 1) * per])[-2:].sum() for g in range(groups)]
-            keep = sorted(range(groups), key=lambda g: (-gscore[g], g))[: c.get("topk_group", 1)]
+            keep = sorted(range(groups), key=lambda g: (-gscore[g], g))[
+                : c.get("topk_group", MLA_DEFAULTS.get(mt, {}).get("topk_group", 1))]
             masked = np.full_like(choice, -np.inf)
             for g in keep:
                 masked[g * per:(g + 1) * per] = choice[g * per:(g + 1) * per]
@@ -297,7 +418,7 @@ def _moe(cfg, t, p, x):
             w = scores[order]
             if c.get("norm_topk_prob", True):
                 w = w / (w.sum() + 1e-20)
-            w = w * c.get("routed_scaling_factor", 1.0)
+            w = w * c.get("routed_scaling_factor", 2.5 if mt in MLA_TYPES else 1.0)
         else:
             probs = np.exp(logits[i] - logits[i].max())
             probs /= probs.sum()
@@ -312,7 +433,7 @@ def _moe(cfg, t, p, x):
                 out[i] += we * (h @ t[q + "w2.weight"].T)
             else:
                 out[i] += we * _mlp(t, pre + f"experts.{e}.", x[i][None])[0]
-    if mt == "glm4_moe" and c.get("n_shared_experts", 1) > 0:
+    if (mt == "glm4_moe" or mt in MLA_TYPES) and c.get("n_shared_experts", 1) > 0:
         out = out + _mlp(t, pre + "shared_experts.", x)
     return out
 
@@ -326,10 +447,21 @@ def forward(config, t, tokens, round_kv=True):
     pos = np.arange(T)
     h = t["model.embed_tokens.weight"][np.array(tokens)].astype(np.float32)
     mask = np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)
+    selected = None
     for l in range(cfg.layers):
         p = f"model.layers.{l}."
         a = p + "self_attn."
         x = rms_norm(h, t[p + "input_layernorm.weight"], cfg.eps)
+        if cfg.mla:
+            if cfg.index_topk and cfg.index_full[l]:
+                q_latent = rms_norm(_linear(t, a + "q_a_proj", x), t[a + "q_a_layernorm.weight"], 1e-6)
+                sub = {k[len(a):]: v for k, v in t.items() if k.startswith(a + "indexer.")}
+                selected = _indexer(cfg, sub, x, q_latent, pos, freqs, rscale, round_kv)
+            out, _ = _mla(cfg, t, a, x, pos, freqs, rscale, round_kv, selected if cfg.index_topk else None)
+            h = h + out
+            x = rms_norm(h, t[p + "post_attention_layernorm.weight"], cfg.eps)
+            h = h + (_moe(cfg, t, p, x) if cfg.is_moe_layer(l) else _mlp(t, p + "mlp.", x))
+            continue
         q = _linear(t, a + "q_proj", x).reshape(T, nh, hd)
         k = _linear(t, a + "k_proj", x).reshape(T, nkv, hd)
         v = _linear(t, a + "v_proj", x).reshape(T, nkv, hd)

@@ -36,7 +36,7 @@ def test_head_dim_absent_from_a_glm4_moe_config_is_a_mismatch_naming_the_tensor(
     # Weights with head_dim 32 (4 heads x 32 = 128 rows), a config without
     # head_dim: transformers' Glm4MoeConfig derives hidden/heads = 16.
     model = str(tmp_path / "m")
-    assert run("make-model", model, "--arch", "deepseek_v3", "--head-dim", "32").returncode == 0
+    assert run("make-model", model, "--arch", "glm4_moe", "--head-dim", "32").returncode == 0
     edit_config(model, head_dim=None)
     r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
     assert r.returncode == EXIT_DATA_ERROR, r.stderr
@@ -63,14 +63,33 @@ def test_unknown_model_type_is_unsupported(tmp_path):
     assert "model_type 'gpt_oss' is not supported (supported: llama, mistral" in r.stderr
 
 
-def test_mla_and_dynamic_rope_are_unsupported(tmp_path):
+def test_dynamic_rope_and_mla_with_attention_biases_are_unsupported(tmp_path):
     model = str(tmp_path / "m")
     shutil.copytree(os.path.join(FIDELITY, "llama_llama3_rope"), model)
     edit_config(model, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
     r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
     assert r.returncode == EXIT_UNSUPPORTED, r.stderr
     assert "unsupported model: " in r.stderr and "RoPE type 'dynamic' is not implemented" in r.stderr
-    edit_config(model, model_type="deepseek_v3", rope_parameters=None, first_k_dense_replace=1)
-    r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
+    mla = str(tmp_path / "mla")
+    assert run("make-model", mla, "--arch", "deepseek_v3").returncode == 0
+    edit_config(mla, attention_bias=True)
+    r = run("run", mla, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
     assert r.returncode == EXIT_UNSUPPORTED, r.stderr
-    assert "multi-head latent attention" in r.stderr
+    assert "unsupported model: " in r.stderr and "deepseek_v3 with attention_bias true" in r.stderr
+
+
+def test_mla_weights_are_checked_against_the_config(tmp_path):
+    # kv_lora_rank says 256, the latent projection holds 512 + 64 rows.
+    model = str(tmp_path / "m")
+    assert run("make-model", model, "--arch", "glm_moe_dsa").returncode == 0
+    edit_config(model, kv_lora_rank=256)
+    r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
+    assert r.returncode == EXIT_DATA_ERROR, r.stderr
+    assert ("tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape [576, 64], config.json "
+            "(glm_moe_dsa) implies [320, 64] (kv_lora_rank 256 + qk_rope_head_dim 64 x hidden_size 64)") in r.stderr
+    # The indexer's query projection against index_n_heads x index_head_dim.
+    edit_config(model, kv_lora_rank=512, indexer_types=["full", "full"], index_head_dim=128)
+    r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
+    assert r.returncode == EXIT_DATA_ERROR, r.stderr
+    assert "'model.layers.0.self_attn.indexer.wq_b.weight' has shape [1024, 96]" in r.stderr
+    assert "index_n_heads 16 x index_head_dim 128" in r.stderr

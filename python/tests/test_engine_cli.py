@@ -20,7 +20,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def glm(tmp_path_factory):
     d = tmp_path_factory.mktemp("glm") / "model"
-    r = run("make-model", d, "--arch", "deepseek_v3", "--quant", "nvfp4", "--heads", 8, "--kv-heads", 2,
+    r = run("make-model", d, "--arch", "glm4_moe", "--quant", "nvfp4", "--heads", 8, "--kv-heads", 2,
             "--moe-intermediate", 128, "--intermediate", 128, "--layers", 3, "--experts", 16,
             "--experts-per-tok", 4, "--n-group", 4, "--topk-group", 2)
     assert r.returncode == 0, r.stderr

@@ -19,7 +19,17 @@ bf16 as they enter the cache (the engine's KV cache stores bf16):
    runs as nvfp4_activation=w4a16: the reference does not quantize activations.
 
 Tolerance (fidelity_cases.ATOL/RTOL): |engine - hf| <= 2e-4 + 2e-4 |hf| on
-every logit, greedy tokens equal.
+every logit, greedy tokens equal. Except make-model's MLA checkpoints
+(deepseek_v3, deepseek_v32, glm_moe_dsa): 5e-3 + 5e-3 |hf|. Their latent is
+512 wide per token, and one latent element whose float32 value sits on a
+bf16 rounding midpoint rounds the other way in the engine (its RMSNorm sums
+in 8 lanes; the value differs from transformers' in the 5th ulp): in
+`make-model --arch deepseek_v3 --seed 11` (bf16) on this prompt, layer 0's
+element (token 0, column 306) does exactly that, and that single bf16 step
+moves the logits by up to 3.4e-3 (measured from the
+engine's per-kernel dump against the numpy transcription). The absorbed
+DSA decode with fp8 weights adds kv_b_proj's bf16 rounding (~3e-3, see
+test_reference_logits.py).
 """
 import os
 import subprocess
@@ -75,9 +85,15 @@ def dequantize(tensors):
     return out
 
 
-def check(case, logits, tokens, want_tokens, want_logits):
+MLA_ARCHS = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+
+
+def check(case, logits, tokens, want_tokens, want_logits, tol=None):
     assert tokens == [int(t) for t in want_tokens], f"{case}: greedy tokens {tokens} vs transformers {list(want_tokens)}"
-    excess, worst = fc.excess(logits, want_logits.numpy() if hasattr(want_logits, "numpy") else want_logits)
+    want = want_logits.numpy() if hasattr(want_logits, "numpy") else want_logits
+    excess, worst = fc.excess(logits, want)
+    if tol is not None:
+        excess = float((abs(logits.astype("float64") - want) - (tol + tol * abs(want))).max())
     assert excess <= 0, f"{case}: max |engine - transformers| = {worst:.3g}"
     print(f"{case}: max |engine - transformers| = {worst:.3g}")
 
@@ -109,11 +125,14 @@ def test_checkpoint_written_by_transformers_matches(case, fresh_dir, tmp_path):
         ("qwen3", "bf16"),
         ("qwen3_moe", "bf16"),
         ("mixtral", "bf16"),
-        ("deepseek_v3", "bf16"),
+        ("glm4_moe", "bf16"),
         ("llama", "fp8"),
         ("qwen3", "nvfp4"),
         ("qwen3_moe", "mxfp4"),
-        ("deepseek_v3", "nvfp4"),
+        ("glm4_moe", "nvfp4"),
+        ("deepseek_v3", "fp8"),
+        ("deepseek_v32", "bf16"),
+        ("glm_moe_dsa", "nvfp4"),
     ],
 )
 def test_make_model_checkpoint_matches_hf_transformers(tmp_path, arch, quant):
@@ -129,4 +148,4 @@ def test_make_model_checkpoint_matches_hf_transformers(tmp_path, arch, quant):
     tokens, logits, _ = fc._reference(str(model), dequantize(tensors), torch, transformers)
     sets = ["nvfp4_activation=w4a16"] if quant == "nvfp4" else []
     got, got_tokens, _, _ = fc.run_engine_on(BIN, str(model), fc.PROMPT, fc.STEPS, str(tmp_path / "dump"), sets)
-    check(f"{arch}/{quant}", got, got_tokens, tokens, logits)
+    check(f"{arch}/{quant}", got, got_tokens, tokens, logits, 5e-3 if arch in MLA_ARCHS else None)

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 BIN = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
-ARCHS = ["llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"]
+ARCHS = ["llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"]
 QUANTS = ["bf16", "fp8", "nvfp4", "mxfp4"]
 
 
@@ -43,7 +43,7 @@ def test_every_step_reproduces(tmp_path, arch, quant):
 def failing_capture(tmp_path_factory):
     d = tmp_path_factory.mktemp("fail")
     model, cap = d / "m", d / "cap"
-    assert run("make-model", model, "--arch", "deepseek_v3", "--quant", "nvfp4").returncode == 0
+    assert run("make-model", model, "--arch", "glm4_moe", "--quant", "nvfp4").returncode == 0
     r = run("run", model, "--prompt", "Say hello in one sentence", "--max-new-tokens", 4,
             "--set", "attention_backend=paged64", "--record", cap)
     assert r.returncode == 1

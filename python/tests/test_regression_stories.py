@@ -43,6 +43,75 @@ def bisect_json(*args):
 
 
 @pytest.fixture(scope="module")
+def glm5_nvfp4(tmp_path_factory):
+    """A tiny glm_moe_dsa ModelOpt NVFP4 checkpoint: routed experts NVFP4;
+    attention, indexer and shared experts bf16 and in the exclude list."""
+    d = tmp_path_factory.mktemp("stories") / "glm5_nvfp4"
+    r = run("make-model", str(d), "--arch", "glm_moe_dsa", "--quant", "nvfp4")
+    assert r.returncode == 0, r.stderr
+    ignore = json.loads((d / "config.json").read_text())["quantization_config"]["ignore"]
+    assert "model.layers.*.mlp.shared_experts*" in ignore
+    return str(d)
+
+
+# An RTX PRO 6000 (sm_120, 96 GB) with the tiny model's weights at GLM-5's
+# share of it: 1426944 bytes / (0.58 * 96e9) = 2.5628e-5. JIT DeepGEMM off
+# (the 2026 workaround for its UE8M0 scales on SM120; tested elsewhere).
+SM120 = ['attention_backend = "dsa"', 'dsa_prefill_backend = "triton"', 'kv_cache_dtype = "fp8_e4m3"',
+         "page_size = 64", "mem_fraction_static = 0.85", "cuda_graph_max_bs = 16",
+         'env.SGLANG_ENABLE_JIT_DEEPGEMM = "0"', 'crashreplay.device_arch = "sm_120"',
+         "crashreplay.device_memory_gb = 96", "crashreplay.device_memory_scale = 2.5628e-5"]
+RTX_PRO_6000 = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def record(model, config, session):
+    return run("run", model, "--config", config, "--prompt", "say hello", "--max-new-tokens", "3", "--record",
+               session, "--device-name", RTX_PRO_6000)
+
+
+def test_a_shared_experts_fusion_fails_loading_a_checkpoint_that_keeps_them_bf16(tmp_path, glm5_nvfp4):
+    good = write(tmp_path / "good.toml", [*SM120, 'dsa_decode_backend = "triton"',
+                                          "disable_shared_experts_fusion = true"])
+    bad = write(tmp_path / "bad.toml", [*SM120, 'dsa_decode_backend = "triton"',
+                                        "disable_shared_experts_fusion = false"])
+    session = str(tmp_path / "session")
+    r = record(glm5_nvfp4, bad, session)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED error/load/shared_experts_fusion/shared_expert_stored_like_routed" in r.stdout, r.stdout
+    assert "must match the size of tensor b" in r.stdout
+    assert record(glm5_nvfp4, good, str(tmp_path / "good_session")).returncode == 0
+    replay = json.loads(run("replay", session, "--json").stdout)
+    assert replay["weights"].startswith("verified") and "sglang layout" in replay["weights"], replay["weights"]
+    assert replay["fault"]["signature"] == {"class": "other", "stage": "load", "kernel": "shared_experts_fusion",
+                                            "check": "shared_expert_stored_like_routed"}
+    j = bisect_json(session, "--good", good, "--bad", bad)
+    assert j["culprit"] == {"disable_shared_experts_fusion": False}, j["culprit"]
+    assert j["target_signature"]["stage"] == "load"
+
+
+def test_b_a_dsa_decode_backend_without_sm120_kernels_fails_unsupported_arch_on_an_sm120_capture(tmp_path,
+                                                                                                  glm5_nvfp4):
+    good = write(tmp_path / "good.toml", [*SM120, 'dsa_decode_backend = "triton"',
+                                          "disable_shared_experts_fusion = true"])
+    bad = write(tmp_path / "bad.toml", [*SM120, 'dsa_decode_backend = "flashmla_kv"',
+                                        "disable_shared_experts_fusion = true"])
+    session = str(tmp_path / "session")
+    r = record(glm5_nvfp4, bad, session)
+    assert r.returncode == 1
+    assert "FAILED unsupported_arch/decode/attention/flashmla_sparse_on_sm_120" in r.stdout, r.stdout
+    assert "Unsupported architecture for sparse decode fwd" in r.stdout
+    replay = json.loads(run("replay", session, "--json").stdout)
+    assert replay["outcome"] == "failed" and replay["config"]["device_arch"] == "sm_120"
+    assert replay["fault"]["signature"]["class"] == "unsupported_arch"
+    # The same capture replayed as if on a Hopper: FlashMLA has code there.
+    hopper = json.loads(run("replay", session, "--json", "--set", "device_arch=sm_90").stdout)
+    assert hopper.get("fault", {}).get("signature", {}).get("class") != "unsupported_arch", hopper.get("fault")
+    j = bisect_json(session, "--good", good, "--bad", bad)
+    assert j["culprit"] == {"dsa_decode_backend": "flashmla_kv"}, j["culprit"]
+    assert j["target_signature"]["class"] == "unsupported_arch" and j["target_signature"]["stage"] == "decode"
+
+
+@pytest.fixture(scope="module")
 def glm4_nvfp4(tmp_path_factory):
     d = tmp_path_factory.mktemp("stories") / "glm4_nvfp4"
     r = run("make-model", str(d), "--arch", "glm4_moe", "--quant", "nvfp4")

@@ -105,7 +105,7 @@ def test_unwritable_dump_directory_is_a_data_error_naming_it(greedy, tmp_path):
 
 def test_faulting_step_dumps_up_to_the_faulting_kernel(tmp_path):
     model, cap, out = tmp_path / "m", tmp_path / "cap", tmp_path / "d"
-    assert run("make-model", model, "--arch", "deepseek_v3", "--quant", "nvfp4").returncode == 0
+    assert run("make-model", model, "--arch", "glm4_moe", "--quant", "nvfp4").returncode == 0
     r = run("run", model, "--prompt", "Say hello in one sentence", "--max-new-tokens", 4,
             "--set", "attention_backend=paged64", "--record", cap)
     assert r.returncode == 1

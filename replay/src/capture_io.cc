@@ -143,10 +143,15 @@ void CaptureRecorder::StateBeforeStep(const StepInput& in, const KvCache& kv) {
   const std::vector<int64_t> pages_shape = {static_cast<int64_t>(s.pages.size())};
   std::vector<capture::TensorView> views;
   views.push_back(capture::TensorView{"state.rows", DType::kI64, rows_shape, s.rows.data(), s.rows.size() * 8});
+  std::vector<std::string> names;
+  names.reserve(s.pools.size());
+  for (const StatePool& p : s.pools) names.push_back("kv." + p.name);
   if (!s.pages.empty()) {
     views.push_back(capture::TensorView{"kv.pages", DType::kI32, pages_shape, s.pages.data(), s.pages.size() * 4});
-    views.push_back(capture::TensorView{"kv.k", s.kv_dtype, s.kv_shape, s.k.data(), s.k.size()});
-    views.push_back(capture::TensorView{"kv.v", s.kv_dtype, s.kv_shape, s.v.data(), s.v.size()});
+    for (size_t i = 0; i < s.pools.size(); ++i) {
+      const StatePool& p = s.pools[i];
+      views.push_back(capture::TensorView{names[i], p.dtype, p.shape, p.bytes.data(), p.bytes.size()});
+    }
   }
   status_ = recorder_->SubmitSnapshot(static_cast<uint64_t>(in.step), views);
 }
@@ -586,18 +591,23 @@ absl::StatusOr<StepState> LoadStepState(const LoadedCapture& cap, int64_t step) 
   }
   s.pages.resize(pages.bytes.size() / 4);
   std::memcpy(s.pages.data(), pages.bytes.data(), pages.bytes.size());
-  CR_ASSIGN_OR_RETURN(SnapshotTensor k, ReadSnapshotTensor(*cap.reader, rec, where, "kv.k", true));
-  CR_ASSIGN_OR_RETURN(SnapshotTensor v, ReadSnapshotTensor(*cap.reader, rec, where, "kv.v", true));
-  if (k.dtype != v.dtype || k.shape != v.shape || k.shape.size() != 5 ||
-      k.shape[1] != static_cast<int64_t>(s.pages.size())) {
-    return absl::DataLossError(Cat(where, ": tensors 'kv.k' and 'kv.v' do not agree with each other and 'kv.pages'"));
+  // Every kv.<pool> tensor, in the order the engine wrote them (KvCache::pools).
+  for (const TensorDescriptor& t : rec.tensors) {
+    if (t.name.rfind("kv.", 0) != 0 || t.name == "kv.pages") continue;
+    CR_ASSIGN_OR_RETURN(SnapshotTensor pool, ReadSnapshotTensor(*cap.reader, rec, where, t.name, true));
+    if (pool.shape.size() < 3 || pool.shape[1] != static_cast<int64_t>(s.pages.size())) {
+      return absl::DataLossError(Cat(where, ": tensor '", t.name, "' is not [planes, ", s.pages.size(),
+                                     " pages, ...] as 'kv.pages' says"));
+    }
+    StatePool p;
+    p.name = t.name.substr(3);
+    p.dtype = pool.dtype;
+    p.shape = pool.shape;
+    p.bytes.resize(pool.bytes.size());
+    std::memcpy(p.bytes.data(), pool.bytes.data(), pool.bytes.size());
+    s.pools.push_back(std::move(p));
   }
-  s.kv_dtype = k.dtype;
-  s.kv_shape = k.shape;
-  s.k.resize(k.bytes.size());
-  std::memcpy(s.k.data(), k.bytes.data(), k.bytes.size());
-  s.v.resize(v.bytes.size());
-  std::memcpy(s.v.data(), v.bytes.data(), v.bytes.size());
+  if (s.pools.empty()) return absl::DataLossError(Cat(where, ": 'kv.pages' has no cache tensors with it"));
   return s;
 }
 

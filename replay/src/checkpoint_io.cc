@@ -75,11 +75,6 @@ absl::Status CheckRopeImplemented(const ModelConfig& c) {
 absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
   ModelSpec s;
   s.model_type = c.model_type;
-  if (c.UsesMla()) {
-    return UnsupportedModelError(Cat(c.source, ": ", c.model_type,
-                                     " uses multi-head latent attention (kv_lora_rank ", c.kv_lora_rank,
-                                     "), which the engine does not implement yet; it runs GQA models"));
-  }
   if (c.shared_expert_intermediate_size > 0) {
     return UnsupportedModelError(Cat(c.source,
                                      ": qwen2_moe's gated shared expert (shared_expert_intermediate_size ",
@@ -112,6 +107,37 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
     s.rope_scaling_wins = c.rope_legacy->scaling_object;
   }
   if (!c.rope_parameters && !c.rope_legacy) s.rope_legacy = ToRopeSpec(c.rope);  // no RoPE key: the defaults
+  if (c.UsesMla()) {
+    if (c.attention_bias) {
+      return UnsupportedModelError(Cat(c.source, ": ", c.model_type,
+                                       " with attention_bias true (biases on MLA's q_a/kv_a/o projections) is not "
+                                       "implemented; released DeepSeek and GLM MLA models have none"));
+    }
+    MlaSpec& m = s.mla;
+    m.q_lora_rank = c.q_lora_rank;
+    m.kv_lora_rank = c.kv_lora_rank;
+    m.qk_nope_head_dim = c.qk_nope_head_dim;
+    m.qk_rope_head_dim = c.qk_rope_head_dim;
+    m.v_head_dim = c.v_head_dim;
+    m.rope_interleave = c.rope_interleave;
+    // Every head reads the one shared latent; transformers' head_dim is the
+    // rope part, which is what RoPE's frequencies are computed over.
+    s.kv_heads = s.heads;
+    s.head_dim = c.qk_rope_head_dim;
+    if (c.UsesDsa()) {
+      m.index_n_heads = c.index_n_heads;
+      m.index_head_dim = c.index_head_dim;
+      m.index_topk = c.index_topk;
+      // DeepSeek-V3.2's indexer rotates half-split, GLM-5's interleaved
+      // (transformers' DeepseekV32Indexer / GlmMoeDsaIndexer).
+      m.index_rope_interleave = c.model_type == "glm_moe_dsa";
+      if (!c.indexer_types.empty()) {
+        for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+          m.index_full_layers.push_back(c.IsIndexerLayer(static_cast<int>(l)) ? 1 : 0);
+        }
+      }
+    }
+  }
   if (c.IsMoe()) {
     s.num_experts = c.num_experts;
     s.experts_per_tok = c.num_experts_per_tok;
@@ -159,7 +185,8 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
   static const std::map<std::string, std::string> kArch = {
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
-      {"glm4_moe", "Glm4MoeForCausalLM"}};
+      {"glm4_moe", "Glm4MoeForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"},
+      {"deepseek_v32", "DeepseekV32ForCausalLM"}, {"glm_moe_dsa", "GlmMoeDsaForCausalLM"}};
   if (kArch.count(s.model_type)) c.architectures = {kArch.at(s.model_type)};
   c.hidden_size = s.hidden;
   c.intermediate_size = s.intermediate;
@@ -177,6 +204,22 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
   c.qk_norm = s.qk_norm;
   c.sliding_window = s.sliding_window;
   c.torch_dtype = "bfloat16";
+  if (s.mla.enabled()) {
+    const MlaSpec& m = s.mla;
+    c.q_lora_rank = m.q_lora_rank;
+    c.kv_lora_rank = m.kv_lora_rank;
+    c.qk_nope_head_dim = m.qk_nope_head_dim;
+    c.qk_rope_head_dim = m.qk_rope_head_dim;
+    c.v_head_dim = m.v_head_dim;
+    c.rope_interleave = m.rope_interleave;
+    c.head_dim = m.qk_head_dim();
+    if (m.dsa()) {
+      c.index_n_heads = m.index_n_heads;
+      c.index_head_dim = m.index_head_dim;
+      c.index_topk = m.index_topk;
+      for (uint8_t full : m.index_full_layers) c.indexer_types.push_back(full ? "full" : "shared");
+    }
+  }
   if (s.rope_parameters) c.rope_parameters = ToRopeConfig(*s.rope_parameters, RopeForm::kRopeParameters, s.partial_rotary_factor);
   if (s.rope_legacy) {
     c.rope_legacy = ToRopeConfig(*s.rope_legacy, RopeForm::kLegacy, s.partial_rotary_factor);
@@ -229,6 +272,7 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
       c.quant.ignore = {"lm_head", "model.layers.*.mlp.gate"};
       break;
   }
+  if (!s.quant_ignore.empty()) c.quant.ignore = s.quant_ignore;
   return c;
 }
 

@@ -91,6 +91,22 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::Upload(const Model& m,
     CR_ASSIGN_OR_RETURN(lv.k, ranks(&RankLayer::k));
     CR_ASSIGN_OR_RETURN(lv.v, ranks(&RankLayer::v));
     CR_ASSIGN_OR_RETURN(lv.o, ranks(&RankLayer::o));
+    CR_ASSIGN_OR_RETURN(lv.kv_b, ranks(&RankLayer::kv_b));
+    auto one = [&](const LinearShard& s) -> absl::StatusOr<const LinearShardView*> {
+      if (s.data.empty()) return static_cast<const LinearShardView*>(nullptr);
+      CR_ASSIGN_OR_RETURN(LinearShardView v, dm->Shard(s));
+      return dm->Ranks({v});
+    };
+    const MlaLayer& ml = L.mla;
+    CR_ASSIGN_OR_RETURN(lv.q_a, one(ml.q_a));
+    CR_ASSIGN_OR_RETURN(lv.kv_a, one(ml.kv_a));
+    CR_ASSIGN_OR_RETURN(lv.q_a_norm, dm->Floats(ml.q_a_norm));
+    CR_ASSIGN_OR_RETURN(lv.kv_a_norm, dm->Floats(ml.kv_a_norm));
+    CR_ASSIGN_OR_RETURN(lv.index_wq_b, one(ml.index_wq_b));
+    CR_ASSIGN_OR_RETURN(lv.index_wk, one(ml.index_wk));
+    CR_ASSIGN_OR_RETURN(lv.index_weights, one(ml.index_weights));
+    CR_ASSIGN_OR_RETURN(lv.index_k_norm, dm->Floats(ml.index_k_norm));
+    CR_ASSIGN_OR_RETURN(lv.index_k_norm_bias, dm->Floats(ml.index_k_norm_bias));
     lv.moe = L.moe;
     if (!L.moe) {
       CR_ASSIGN_OR_RETURN(lv.gate, ranks(&RankLayer::gate));

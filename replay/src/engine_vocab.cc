@@ -90,12 +90,30 @@ const std::vector<VocabRow>& Rows() {
       {"sglang", KEY, "fa3", {{TOGGLE, "fa3_sparse"}}, "FlashAttention 3 over the selected tokens, SM80..SM90"},  \
       {"sglang", KEY, "tilelang", {{TOGGLE, "tilelang"}}, "TileLang sparse MLA (169984 B shared memory)"},      \
       {"sglang", KEY, "trtllm", {{TOGGLE, "trtllm_gen_sparse"}}, "TensorRT-LLM gen sparse MLA, SM100 family"},  \
-      {"sglang", KEY, "aiter", {{TOGGLE, "aiter_sparse"}}, "AMD AITER (ROCm only)"}
+      {"sglang", KEY, "aiter", {{TOGGLE, "aiter_sparse"}}, "AMD AITER (ROCm only)"},                            \
+      {"sglang", KEY, "triton", {{TOGGLE, "triton_sparse"}}, "Triton sparse MLA (portable)"}
       CR_DSA_ROWS("nsa_prefill_backend", "dsa_prefill_kernel"),
       CR_DSA_ROWS("nsa_decode_backend", "dsa_kernel"),
       CR_DSA_ROWS("dsa_prefill_backend", "dsa_prefill_kernel"),
       CR_DSA_ROWS("dsa_decode_backend", "dsa_kernel"),
 #undef CR_DSA_ROWS
+      // The decode arithmetic: FlashMLA's kernels walk the selection in tiles
+      // of 64 with bf16 operands (dsa_decode = tiled64); the others as the
+      // reference.
+      {"sglang", "nsa_decode_backend", "flashmla_kv", {{"dsa_decode", "tiled64"}}, ""},
+      {"sglang", "nsa_decode_backend", "flashmla_sparse", {{"dsa_decode", "tiled64"}}, ""},
+      {"sglang", "nsa_decode_backend", "flashmla_auto", {{"dsa_decode", "tiled64"}}, ""},
+      {"sglang", "nsa_decode_backend", "fa3", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "nsa_decode_backend", "tilelang", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "nsa_decode_backend", "trtllm", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "dsa_decode_backend", "flashmla_kv", {{"dsa_decode", "tiled64"}}, ""},
+      {"sglang", "dsa_decode_backend", "flashmla_sparse", {{"dsa_decode", "tiled64"}}, ""},
+      {"sglang", "dsa_decode_backend", "flashmla_auto", {{"dsa_decode", "tiled64"}}, ""},
+      {"sglang", "dsa_decode_backend", "fa3", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "dsa_decode_backend", "tilelang", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "dsa_decode_backend", "trtllm", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "dsa_decode_backend", "triton", {{"dsa_decode", "reference"}}, ""},
+      {"sglang", "nsa_decode_backend", "triton", {{"dsa_decode", "reference"}}, ""},
       // ---- sglang: MoE ----
       {"sglang", "moe_runner_backend", "auto", {}, "chosen by sglang at run time; the replay keeps moe_backend"},
       {"sglang", "moe_runner_backend", "deep_gemm",
@@ -276,6 +294,9 @@ absl::Status ApplyEngineSettings(std::string_view engine, const EngineSettings& 
       }
     }
   }
+  // Both engines run MLA decode over the latent cache with W_UK folded into
+  // the query (sglang's forward_absorb, vLLM's MLA backends): the absorbed form.
+  if (absl::Status s = set("mla_decode", "absorbed", "MLA decode (always the absorbed form)"); !s.ok()) return s;
   // sglang's DeepGEMM scale decision (layers/deep_gemm_wrapper/configurer.py):
   // DEEPGEMM_SCALE_UE8M0 = ENABLE_JIT_DEEPGEMM and the device is SM100 or
   // SM120/121; ENABLE_JIT_DEEPGEMM = SGLANG_ENABLE_JIT_DEEPGEMM (older

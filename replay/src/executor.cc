@@ -30,6 +30,14 @@ const char* OpKindName(OpKind k) {
     case OpKind::kProcessLogits: return "logits_processor";
     case OpKind::kSample: return "sampler";
     case OpKind::kActQuant: return "nvfp4_act_quant";
+    case OpKind::kLatentWrite: return "mla_latent_write";
+    case OpKind::kLatentGather: return "mla_latent_gather";
+    case OpKind::kMlaAttention: return "mla_attention_expanded";
+    case OpKind::kMlaQAbsorb: return "mla_q_absorb";
+    case OpKind::kLatentAttention: return "mla_latent_attention";
+    case OpKind::kMlaVUp: return "mla_v_up";
+    case OpKind::kIndexKWrite: return "dsa_index_k_write";
+    case OpKind::kIndexer: return "dsa_indexer_topk";
     case OpKind::kCount: break;
   }
   return "unknown";

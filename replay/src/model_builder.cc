@@ -6,6 +6,7 @@
 #include "crashreplay/formats/sharding.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/model.h"
+#include "model_builder_internal.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -78,7 +79,7 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
   SetViews(s);
 }
 
-class Builder {
+class Builder : public WeightSource {
  public:
   Builder(const ModelSpec& spec, const TensorSet& t, const EngineConfig& cfg) : spec_(spec), t_(t), cfg_(cfg) {
     tp_ = cfg.tp_size;
@@ -109,7 +110,7 @@ class Builder {
   }
 
   // Loads rank `rank`'s shard of `base`.weight with its scales and bias.
-  absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) {
+  absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) override {
     const std::string name = base + ".weight";
     CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, name));
     if (w->shape.size() != 2) return absl::InvalidArgumentError(Cat("tensor '", name, "' is not 2-D"));
@@ -225,7 +226,7 @@ class Builder {
     return out;
   }
 
-  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) {
+  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) override {
     CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
     for (int r = 0; r < tp_; ++r) CR_RETURN_IF_ERROR(Shard(name, *t, r).status());
     std::vector<float> v(n);
@@ -247,7 +248,7 @@ class Builder {
   // The input_scale that the NVFP4 layers `bases` quantize their (shared)
   // input with under w4a4: the max over them, NaN-propagating, as engines
   // take it for fused q/k/v and gate/up and for an MoE layer's experts.
-  absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) {
+  absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) override {
     float m = 0.0f;
     for (size_t i = 0; i < bases.size(); ++i) {
       const std::string name = bases[i] + ".input_scale";
@@ -301,8 +302,10 @@ absl::Status SetActivationScales(Builder& b, const ModelSpec& spec, const LayerN
   };
   const std::string a = n.prefix + "self_attn.";
   for (RankLayer& rl : layer->ranks) {
-    CR_RETURN_IF_ERROR(group({&rl.q, &rl.k, &rl.v}, {a + "q_proj", a + "k_proj", a + "v_proj"}));
-    CR_RETURN_IF_ERROR(group({&rl.o}, {a + "o_proj"}));
+    if (!spec.mla.enabled()) {  // MLA: LoadMlaAttention sets its own groups
+      CR_RETURN_IF_ERROR(group({&rl.q, &rl.k, &rl.v}, {a + "q_proj", a + "k_proj", a + "v_proj"}));
+      CR_RETURN_IF_ERROR(group({&rl.o}, {a + "o_proj"}));
+    }
     if (!layer->moe) {
       CR_RETURN_IF_ERROR(group({&rl.gate, &rl.up}, {n.prefix + "mlp.gate_proj", n.prefix + "mlp.up_proj"}));
       CR_RETURN_IF_ERROR(group({&rl.down}, {n.prefix + "mlp.down_proj"}));
@@ -419,10 +422,12 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
     const std::string a = n.prefix + "self_attn.";
     for (int r = 0; r < tp; ++r) {
       RankLayer rl;
-      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
-      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
-      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
-      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
+      if (!spec.mla.enabled()) {  // MLA attention: LoadMlaAttention below
+        CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
+        CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
+      }
       auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
       if (!layer.moe) {
         CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", r));
@@ -450,6 +455,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
       }
       layer.ranks.push_back(std::move(rl));
     }
+    if (spec.mla.enabled()) CR_RETURN_IF_ERROR(LoadMlaAttention(b, spec, cfg, l, &layer));
     // A weight-only checkpoint (W4A16_NVFP4) has no input_scale to quantize with.
     if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4 && !spec.quant_weight_only) {
       CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));

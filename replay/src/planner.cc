@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "crashreplay/replay/kernels/indexer.h"
+#include "crashreplay/replay/kernels/mla.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -19,9 +21,39 @@ std::vector<int> GraphBatchSizes(int max_bs) {
   return out;
 }
 
+uint64_t KvBytesPerToken(const Model& m, const EngineConfig& c) {
+  const ModelSpec& s = m.spec;
+  const bool fp8 = c.kv_cache_dtype == KvCacheDType::kFp8E4m3;
+  if (!s.mla.enabled()) {
+    return static_cast<uint64_t>(s.layers) * 2 * m.kv_heads_local * s.head_dim * (fp8 ? 1 : 2);
+  }
+  // Every rank holds the whole latent of every layer, and the index keys of
+  // the layers that run their own indexer.
+  const MlaSpec& mla = s.mla;
+  uint64_t bytes = static_cast<uint64_t>(s.layers) *
+                   static_cast<uint64_t>(LatentTokenBytes(fp8, static_cast<int32_t>(mla.kv_lora_rank),
+                                                          static_cast<int32_t>(mla.qk_rope_head_dim)));
+  for (int64_t l = 0; l < s.layers; ++l) {
+    if (mla.layer_has_indexer(l)) {
+      bytes += static_cast<uint64_t>(
+          IndexPageBytes(c.index_cache_dtype == KvCacheDType::kFp8E4m3, 1, mla.index_head_dim));
+    }
+  }
+  return bytes;
+}
+
 uint64_t ActivationBytesPerToken(const Model& m) {
   const ModelSpec& s = m.spec;
-  const int64_t q = m.heads_local * s.head_dim, kv = m.kv_heads_local * s.head_dim;
+  int64_t q = m.heads_local * s.head_dim, kv = m.kv_heads_local * s.head_dim;
+  if (s.mla.enabled()) {
+    // q, the absorbed q and its latent output, attn; kv_a and q_a; the
+    // expanded K/V of one position; the indexer's q, k, weights and top-k.
+    const MlaSpec& a = s.mla;
+    const int64_t kva = a.kv_lora_rank + a.qk_rope_head_dim;
+    q = m.heads_local * (a.qk_head_dim() + kva + a.kv_lora_rank + a.v_head_dim) / 2;
+    kv = (kva + a.q_lora_rank + m.heads_local * (a.qk_nope_head_dim + a.v_head_dim) +
+          a.index_n_heads * (a.index_head_dim + 1) + a.index_head_dim + a.index_topk) / 2;
+  }
   int64_t mlp = 3 * m.intermediate_local;
   if (s.is_moe()) {
     mlp = std::max<int64_t>(mlp, 3 * m.moe_intermediate_local * s.experts_per_tok + s.num_experts * 2);
@@ -38,8 +70,7 @@ MemoryPlan PlanMemory(const Model& m, const EngineConfig& c) {
   p.capacity = static_cast<uint64_t>(std::llround(c.device_memory_gb * 1e9 * scale));
   p.static_budget = static_cast<uint64_t>(std::floor(static_cast<double>(p.capacity) * c.mem_fraction_static));
   p.weights = *std::max_element(m.rank_weight_bytes.begin(), m.rank_weight_bytes.end());
-  const uint64_t elem = c.kv_cache_dtype == KvCacheDType::kFp8E4m3 ? 1 : 2;
-  p.kv_bytes_per_token = static_cast<uint64_t>(m.spec.layers) * 2 * m.kv_heads_local * m.spec.head_dim * elem;
+  p.kv_bytes_per_token = KvBytesPerToken(m, c);
   p.page_bytes = p.kv_bytes_per_token * static_cast<uint64_t>(c.page_size);
   p.dynamic_budget = p.capacity - p.static_budget;
   const double per_token = static_cast<double>(ActivationBytesPerToken(m));

@@ -8,6 +8,7 @@
 
 #include "crashreplay/base/status.h"
 #include "crashreplay/formats/block_quant.h"
+#include "crashreplay/formats/hf_config.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/router.h"
@@ -112,6 +113,16 @@ class Generator {
     return w;
   }
 
+  // Whether the checkpoint quantizes module `base` (the ignore list, and
+  // DeepSeek's bf16 indexer weights_proj in FP8 checkpoints).
+  bool Quantized(const std::string& base) const {
+    if (spec_.quant == QuantKind::kFp8Block) return base.find("indexer.weights_proj") == std::string::npos;
+    QuantConfig q;
+    q.method = QuantMethod::kNvfp4;
+    q.ignore = spec_.quant_ignore;
+    return q.IsQuantized(base);
+  }
+
   // Adds `name` (+ its scale tensors) quantized as the checkpoint's linear
   // layers are, each row chunk on the pool (rows are independent; FP8 chunks
   // hold whole 128-row blocks, NVFP4's global scale is the amax over all).
@@ -119,7 +130,7 @@ class Generator {
     const std::vector<float> w = Matrix(out, in);
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
     CpuPool& pool = *pool_;
-    switch (spec_.quant) {
+    switch (Quantized(base) ? spec_.quant : QuantKind::kNone) {
       case QuantKind::kNone: {
         HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
         uint8_t* dst = t.bytes.data();
@@ -205,6 +216,31 @@ class Generator {
     }
   }
 
+  // MLA attention in transformers' names and layouts (DeepseekV3Attention,
+  // DeepseekV32Indexer).
+  void MlaAttention(const std::string& a, int64_t l) {
+    const ModelSpec& s = spec_;
+    const MlaSpec& m = s.mla;
+    const int64_t H = s.hidden;
+    if (m.q_lora_rank > 0) {
+      Linear(a + "q_a_proj.weight", m.q_lora_rank, H);
+      Add(a + "q_a_layernorm.weight", Bf16({m.q_lora_rank}, Norm(m.q_lora_rank)));
+      Linear(a + "q_b_proj.weight", s.heads * m.qk_head_dim(), m.q_lora_rank);
+    } else {
+      Linear(a + "q_proj.weight", s.heads * m.qk_head_dim(), H);
+    }
+    Linear(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, H);
+    Add(a + "kv_a_layernorm.weight", Bf16({m.kv_lora_rank}, Norm(m.kv_lora_rank)));
+    Linear(a + "kv_b_proj.weight", s.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank);
+    Linear(a + "o_proj.weight", H, s.heads * m.v_head_dim);
+    if (!m.layer_has_indexer(l)) return;
+    Linear(a + "indexer.wq_b.weight", m.index_n_heads * m.index_head_dim, m.q_lora_rank);
+    Linear(a + "indexer.wk.weight", m.index_head_dim, H);
+    Linear(a + "indexer.weights_proj.weight", m.index_n_heads, H);
+    Add(a + "indexer.k_norm.weight", Bf16({m.index_head_dim}, Norm(m.index_head_dim)));
+    Bias(a + "indexer.k_norm.bias", m.index_head_dim);
+  }
+
   void Bias(const std::string& name, int64_t n) {
     std::vector<float> b(n);
     for (auto& x : b) x = 0.1f * rng_.Next();
@@ -235,11 +271,15 @@ class Generator {
       const std::string a = n.prefix + "self_attn.";
       Add(n.prefix + "input_layernorm.weight", Bf16({H}, Norm(H)));
       Add(n.prefix + "post_attention_layernorm.weight", Bf16({H}, Norm(H)));
-      Linear(a + "q_proj.weight", s.heads * hd, H);
-      Linear(a + "k_proj.weight", s.kv_heads * hd, H);
-      Linear(a + "v_proj.weight", s.kv_heads * hd, H);
-      Linear(a + "o_proj.weight", H, s.heads * hd);
-      if (s.attention_bias) {
+      if (s.mla.enabled()) {
+        MlaAttention(a, l);
+      } else {
+        Linear(a + "q_proj.weight", s.heads * hd, H);
+        Linear(a + "k_proj.weight", s.kv_heads * hd, H);
+        Linear(a + "v_proj.weight", s.kv_heads * hd, H);
+        Linear(a + "o_proj.weight", H, s.heads * hd);
+      }
+      if (s.attention_bias && !s.mla.enabled()) {
         Bias(a + "q_proj.bias", s.heads * hd);
         Bias(a + "k_proj.bias", s.kv_heads * hd);
         Bias(a + "v_proj.bias", s.kv_heads * hd);
@@ -370,6 +410,7 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
     if (prog.RunNext()) return absl::InternalError(Cat("make-model calibration failed in ", k.Label()));
     if (k.layer < 0) continue;
     const int64_t l = k.layer;
+    // MLA's attention and the indexer stay bf16 in NVFP4 checkpoints (Generator::Quantized).
     if (k.name == "input_norm") qkv[l] = BufferAmax(prog.buffer("x"));
     if (k.name == "attention") o[l] = BufferAmax(prog.buffer("attn"));
     if (k.name == "silu_mul") down[l] = BufferAmax(prog.buffer("act"));
@@ -387,6 +428,7 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
   }
   if (opts.progress) opts.progress("calibrating input_scale (kernels)", total, total, 0);
   auto set = [&](const std::string& base, float amax) {
+    if (!tensors->count(base + ".weight_scale_2")) return;  // not NVFP4 (excluded, or MLA's attention)
     const float scale = std::max(amax, 1e-6f) / (kE2m1Max * kE4m3Max);
     (*tensors)[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
   };
@@ -460,9 +502,67 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
     s.moe_intermediate = o.arch == "mixtral" ? o.intermediate : o.moe_intermediate;
     s.norm_topk_prob = true;
     rope.theta = o.arch == "mixtral" ? 1000000.0 : 1000000.0;
-  } else if (o.arch == "deepseek_v3" || o.arch == "glm4_moe") {
-    // DeepSeek-V3-style routing with GQA attention: the GLM-4.5 (glm4_moe)
-    // layout. MLA attention is not implemented.
+  } else if (o.arch == "deepseek_v3" || o.arch == "deepseek_v32" || o.arch == "glm_moe_dsa") {
+    // MLA (+ the DSA indexer for deepseek_v32 and glm_moe_dsa) with
+    // DeepSeek-V3 routing: sigmoid scores, correction bias, grouped top-k,
+    // one shared expert, a dense first layer.
+    s.model_type = o.arch;
+    s.kv_heads = s.heads;
+    s.num_experts = o.experts;
+    s.experts_per_tok = o.experts_per_tok;
+    s.moe_intermediate = o.moe_intermediate;
+    s.n_shared_experts = o.n_shared_experts;
+    s.scoring = "sigmoid";
+    s.n_group = o.arch == "glm_moe_dsa" ? 1 : o.n_group;
+    s.topk_group = o.arch == "glm_moe_dsa" ? 1 : o.topk_group;
+    s.routed_scaling_factor = 2.5;
+    s.norm_topk_prob = true;
+    s.first_k_dense = 1;
+    MlaSpec& m = s.mla;
+    m.q_lora_rank = o.q_lora_rank;
+    m.kv_lora_rank = o.kv_lora_rank;
+    m.qk_nope_head_dim = o.qk_nope_head_dim;
+    m.qk_rope_head_dim = o.qk_rope_head_dim;
+    m.v_head_dim = o.v_head_dim;
+    m.rope_interleave = true;
+    // transformers sets head_dim to the rope part: RoPE reads it.
+    s.head_dim = m.qk_rope_head_dim;
+    if (o.arch != "deepseek_v3") {
+      if (m.q_lora_rank <= 0) return absl::InvalidArgumentError(Cat("make-model: ", o.arch, " needs --q-lora-rank > 0"));
+      m.index_n_heads = o.index_n_heads;
+      m.index_head_dim = o.index_head_dim;
+      m.index_topk = o.index_topk;
+      m.index_rope_interleave = o.arch == "glm_moe_dsa";
+      for (char ch : o.index_pattern) {
+        if (ch != 'F' && ch != 'S') {
+          return absl::InvalidArgumentError(Cat("make-model: --index-pattern takes F and S, not '", ch, "'"));
+        }
+        m.index_full_layers.push_back(ch == 'F');
+      }
+      if (!o.index_pattern.empty() && static_cast<int64_t>(o.index_pattern.size()) != s.layers) {
+        return absl::InvalidArgumentError(Cat("make-model: --index-pattern has ", o.index_pattern.size(),
+                                              " letters for ", s.layers, " layers"));
+      }
+      if (m.index_head_dim < m.qk_rope_head_dim) {
+        return absl::InvalidArgumentError("make-model: --index-head-dim must hold the qk rope dims");
+      }
+    }
+    if (o.arch == "glm_moe_dsa") {
+      s.rms_eps = 1e-5;
+      rope.theta = 1000000.0;
+    } else {
+      // DeepSeek's YaRN (mscale = mscale_all_dim = 1: the softmax scale
+      // grows by yarn_get_mscale(factor)^2, cos/sin stay unscaled).
+      rope.type = "yarn";
+      rope.factor = 4.0;
+      rope.original_max_position = 256;
+      rope.beta_fast = 32.0;
+      rope.beta_slow = 1.0;
+      rope.mscale = 1.0;
+      rope.mscale_all_dim = 1.0;
+    }
+  } else if (o.arch == "glm4_moe") {
+    // GLM-4.5: DeepSeek-V3-style routing with GQA attention.
     s.model_type = "glm4_moe";
     s.attention_bias = true;
     s.partial_rotary_factor = 0.5;
@@ -478,7 +578,8 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
     s.first_k_dense = 1;
   } else {
     return absl::InvalidArgumentError(
-        Cat("make-model: unknown --arch '", o.arch, "' (llama, qwen3, qwen3_moe, mixtral, deepseek_v3)"));
+        Cat("make-model: unknown --arch '", o.arch,
+            "' (llama, qwen3, qwen3_moe, mixtral, glm4_moe, deepseek_v3, deepseek_v32, glm_moe_dsa)"));
   }
   s.rope_legacy = rope;
   if (o.quant == "bf16") {
@@ -495,6 +596,12 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
   } else {
     return absl::InvalidArgumentError(Cat("make-model: unknown --quant '", o.quant, "' (bf16, fp8, nvfp4, mxfp4)"));
   }
+  if ((s.quant == QuantKind::kNvfp4 || s.quant == QuantKind::kMxfp4) && s.mla.enabled()) {
+    // As ModelOpt's GLM-5 NVFP4 exports: routed experts and dense MLPs in
+    // fp4; attention (and the indexer), shared experts, router, lm_head bf16.
+    s.quant_ignore = {"lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.shared_experts*",
+                      "model.layers.*.mlp.gate"};
+  }
   if (s.heads % s.kv_heads != 0) {
     return absl::InvalidArgumentError(Cat("make-model: --heads ", s.heads, " is not a multiple of --kv-heads ", s.kv_heads));
   }
@@ -502,7 +609,8 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
     return absl::InvalidArgumentError("make-model: experts must split evenly into --n-group groups, topk-group <= n-group");
   }
   const int64_t bc = s.quant_block_cols;
-  for (int64_t in : {s.hidden, s.heads * s.head_dim, s.intermediate, s.is_moe() ? s.moe_intermediate : bc}) {
+  const int64_t attn_in = s.mla.enabled() ? bc : s.heads * s.head_dim;  // MLA attention stays bf16 in fp4
+  for (int64_t in : {s.hidden, attn_in, s.intermediate, s.is_moe() ? s.moe_intermediate : bc}) {
     if (s.quant != QuantKind::kFp8Block && in % bc != 0) {
       return absl::InvalidArgumentError(Cat("make-model: input dimension ", in, " is not a multiple of the ",
                                             o.quant, " block of ", bc));

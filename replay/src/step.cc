@@ -18,62 +18,103 @@ const char* ForwardModeName(ForwardMode m) { return m == ForwardMode::kPrefill ?
 
 // ---- KvCache -------------------------------------------------------------------
 
+absl::StatusOr<uint8_t*> KvCache::NewPlane(Pool* pool) {
+  const size_t bytes = static_cast<size_t>(pages_) * pool->page_bytes;
+  CR_ASSIGN_OR_RETURN(void* p, mem_.Alloc(bytes));
+  CR_RETURN_IF_ERROR(mem_.exec()->Fill(p, 0, bytes));
+  pool->planes.push_back(static_cast<uint8_t*>(p));
+  return static_cast<uint8_t*>(p);
+}
+
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const Model& m, const EngineConfig& c, int64_t pages,
                                                          Executor* exec) {
   std::unique_ptr<KvCache> kv(new KvCache(exec));
   kv->pages_ = pages;
   kv->page_size_ = c.page_size;
   kv->fp8_ = c.kv_cache_dtype == KvCacheDType::kFp8E4m3;
-  kv->kv_heads_ = m.kv_heads_local;
-  kv->head_dim_ = m.spec.head_dim;
-  const size_t bytes = static_cast<size_t>(pages) * kv->page_bytes();
-  for (int64_t l = 0; l < m.spec.layers; ++l) {
-    std::vector<KvPoolView> views;
-    for (int r = 0; r < m.tp; ++r) {
-      CR_ASSIGN_OR_RETURN(void* k, kv->mem_.Alloc(bytes));
-      CR_ASSIGN_OR_RETURN(void* v, kv->mem_.Alloc(bytes));
-      CR_RETURN_IF_ERROR(exec->Fill(k, 0, bytes));
-      CR_RETURN_IF_ERROR(exec->Fill(v, 0, bytes));
-      kv->k_.push_back(static_cast<uint8_t*>(k));
-      kv->v_.push_back(static_cast<uint8_t*>(v));
-      views.push_back(KvPoolView{k, v, kv->fp8_, pages, static_cast<int32_t>(c.page_size),
-                                 static_cast<int32_t>(kv->kv_heads_), static_cast<int32_t>(kv->head_dim_)});
+  const int32_t ps = static_cast<int32_t>(c.page_size);
+  const MlaSpec& mla = m.spec.mla;
+  if (!mla.enabled()) {
+    const int64_t heads = m.kv_heads_local, hd = m.spec.head_dim;
+    const DType dt = kv->fp8_ ? DType::kF8E4M3 : DType::kBF16;
+    const size_t pb = static_cast<size_t>(ps) * heads * hd * (kv->fp8_ ? 1 : 2);
+    kv->pools_ = {Pool{"k", dt, {ps, heads, hd}, pb, {}}, Pool{"v", dt, {ps, heads, hd}, pb, {}}};
+    for (int64_t l = 0; l < m.spec.layers; ++l) {
+      std::vector<KvPoolView> views;
+      for (int r = 0; r < m.tp; ++r) {
+        CR_ASSIGN_OR_RETURN(uint8_t * k, kv->NewPlane(&kv->pools_[0]));
+        CR_ASSIGN_OR_RETURN(uint8_t * v, kv->NewPlane(&kv->pools_[1]));
+        views.push_back(KvPoolView{k, v, kv->fp8_, pages, ps, static_cast<int32_t>(heads), static_cast<int32_t>(hd)});
+      }
+      CR_ASSIGN_OR_RETURN(KvPoolView * p, kv->mem_.Copy(views));
+      kv->views_.push_back(p);
     }
-    CR_ASSIGN_OR_RETURN(KvPoolView * p, kv->mem_.Copy(views));
-    kv->views_.push_back(p);
+    return kv;
+  }
+  const int32_t lora = static_cast<int32_t>(mla.kv_lora_rank), rope = static_cast<int32_t>(mla.qk_rope_head_dim);
+  const int32_t tb = LatentTokenBytes(kv->fp8_, lora, rope);
+  Pool latent{"latent", kv->fp8_ ? DType::kU8 : DType::kBF16, {ps, kv->fp8_ ? tb : lora + rope},
+              static_cast<size_t>(ps) * tb, {}};
+  kv->pools_.push_back(std::move(latent));
+  const bool index_fp8 = c.index_cache_dtype == KvCacheDType::kFp8E4m3;
+  const int32_t idim = static_cast<int32_t>(mla.index_head_dim);
+  if (mla.dsa()) {
+    const int64_t ipb = IndexPageBytes(index_fp8, ps, idim);
+    Pool index{"index_k", index_fp8 ? DType::kU8 : DType::kBF16,
+               index_fp8 ? std::vector<int64_t>{ipb} : std::vector<int64_t>{ps, idim}, static_cast<size_t>(ipb), {}};
+    kv->pools_.push_back(std::move(index));
+  }
+  for (int64_t l = 0; l < m.spec.layers; ++l) {
+    std::vector<LatentPoolView> views;
+    for (int r = 0; r < m.tp; ++r) {
+      CR_ASSIGN_OR_RETURN(uint8_t * p, kv->NewPlane(&kv->pools_[0]));
+      views.push_back(LatentPoolView{p, kv->fp8_, pages, ps, lora, rope, tb});
+    }
+    CR_ASSIGN_OR_RETURN(LatentPoolView * lv, kv->mem_.Copy(views));
+    kv->latent_views_.push_back(lv);
+    if (!mla.dsa()) continue;
+    if (!mla.layer_has_indexer(l)) {
+      kv->index_views_.push_back(nullptr);
+      continue;
+    }
+    std::vector<IndexPoolView> iv;
+    for (int r = 0; r < m.tp; ++r) {
+      CR_ASSIGN_OR_RETURN(uint8_t * p, kv->NewPlane(&kv->pools_[1]));
+      iv.push_back(IndexPoolView{p, index_fp8, pages, ps, idim});
+    }
+    CR_ASSIGN_OR_RETURN(IndexPoolView * ip, kv->mem_.Copy(iv));
+    kv->index_views_.push_back(ip);
   }
   return kv;
 }
 
-size_t KvCache::page_bytes() const {
-  return static_cast<size_t>(page_size_) * kv_heads_ * head_dim_ * (fp8_ ? 1 : 2);
-}
-
-absl::Status KvCache::CopyPages(const std::vector<int32_t>& pages, std::vector<uint8_t>* k,
-                                std::vector<uint8_t>* v) const {
-  const size_t pb = page_bytes();
-  k->resize(k_.size() * pages.size() * pb);
-  v->resize(v_.size() * pages.size() * pb);
+absl::Status KvCache::CopyPages(const std::vector<int32_t>& pages, std::vector<std::vector<uint8_t>>* out) const {
+  out->clear();
   Executor* exec = mem_.exec();
-  for (size_t plane = 0; plane < k_.size(); ++plane) {
-    for (size_t i = 0; i < pages.size(); ++i) {
-      const size_t dst = (plane * pages.size() + i) * pb, src = static_cast<size_t>(pages[i]) * pb;
-      CR_RETURN_IF_ERROR(exec->CopyToHost(k->data() + dst, k_[plane] + src, pb));
-      CR_RETURN_IF_ERROR(exec->CopyToHost(v->data() + dst, v_[plane] + src, pb));
+  for (const Pool& pool : pools_) {
+    const size_t pb = pool.page_bytes;
+    std::vector<uint8_t> bytes(pool.planes.size() * pages.size() * pb);
+    for (size_t plane = 0; plane < pool.planes.size(); ++plane) {
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const size_t dst = (plane * pages.size() + i) * pb, src = static_cast<size_t>(pages[i]) * pb;
+        CR_RETURN_IF_ERROR(exec->CopyToHost(bytes.data() + dst, pool.planes[plane] + src, pb));
+      }
     }
+    out->push_back(std::move(bytes));
   }
   return absl::OkStatus();
 }
 
-absl::Status KvCache::WritePages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& k,
-                                 const std::vector<uint8_t>& v) {
-  const size_t pb = page_bytes();
+absl::Status KvCache::WritePages(const std::vector<int32_t>& pages, const std::vector<std::vector<uint8_t>>& in) {
   Executor* exec = mem_.exec();
-  for (size_t plane = 0; plane < k_.size(); ++plane) {
-    for (size_t i = 0; i < pages.size(); ++i) {
-      const size_t src = (plane * pages.size() + i) * pb, dst = static_cast<size_t>(pages[i]) * pb;
-      CR_RETURN_IF_ERROR(exec->CopyToDevice(k_[plane] + dst, k.data() + src, pb));
-      CR_RETURN_IF_ERROR(exec->CopyToDevice(v_[plane] + dst, v.data() + src, pb));
+  for (size_t k = 0; k < pools_.size(); ++k) {
+    const Pool& pool = pools_[k];
+    const size_t pb = pool.page_bytes;
+    for (size_t plane = 0; plane < pool.planes.size(); ++plane) {
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const size_t src = (plane * pages.size() + i) * pb, dst = static_cast<size_t>(pages[i]) * pb;
+        CR_RETURN_IF_ERROR(exec->CopyToDevice(pool.planes[plane] + dst, in[k].data() + src, pb));
+      }
     }
   }
   return absl::OkStatus();
@@ -85,7 +126,7 @@ std::unique_ptr<StepProgram> StepProgram::Lower(const DeviceModel& model, const 
                                                 StepInput input) {
   std::unique_ptr<StepProgram> p(new StepProgram(model.exec(), std::move(input)));
   absl::Status s = p->Build(model, config, kv);
-  if (s.ok()) p->NameLibraries(config);
+  if (s.ok()) p->NameLibraries(config, model.model().spec);
   if (!s.ok()) {
     p->kernels_.clear();
     p->status_ = s;
@@ -233,12 +274,15 @@ Fault StepProgram::DeviceFault(const KernelCall& k, const absl::Status& s) {
 
 // Which library kernel each of the step's kernels stands for (the kernel
 // toggles), so RunNext can refuse one its library has no code for.
-void StepProgram::NameLibraries(const EngineConfig& cfg) {
+void StepProgram::NameLibraries(const EngineConfig& cfg, const ModelSpec& spec) {
   const bool decode = input_.mode == ForwardMode::kDecode;
+  const bool dsa = spec.mla.dsa();  // attention over the indexer's selection
   arch_ = cfg.device_arch;
   for (KernelCall& k : kernels_) {
     std::string_view lib = "any";
-    if (k.name == "attention") lib = decode ? cfg.attention_kernel : cfg.prefill_attention_kernel;
+    if (k.name == "attention" && dsa) lib = decode ? cfg.dsa_kernel : cfg.dsa_prefill_kernel;
+    if (k.name == "attention" && !dsa) lib = decode ? cfg.attention_kernel : cfg.prefill_attention_kernel;
+    if (k.name == "indexer") lib = cfg.indexer_kernel;
     if (k.name == "experts") lib = cfg.moe_kernel;
     if (lib != "any") k.library = std::string(lib);
   }
@@ -270,6 +314,7 @@ std::optional<Fault> StepProgram::RunNext() {
   rec.label = k.Label();
   rec.name = k.name;
   rec.layer = k.layer;
+  rec.checks = KernelChecks(k);
   if (std::optional<Fault> f = ArchFault(k)) {
     rec.failed = true;
     status_ = absl::FailedPreconditionError(f->message);
@@ -331,7 +376,7 @@ nlohmann::json KernelRecordToJson(const KernelRecord& r) {
                         {"numel", r.numel},     {"nan_count", r.nan},       {"inf_count", r.inf},
                         {"digest", r.digest.Hex()}, {"max_abs", r.max_abs}, {"min", r.min},
                         {"max", r.max},         {"mean_abs", r.mean_abs},   {"micros", r.micros},
-                        {"failed", r.failed}};
+                        {"failed", r.failed},   {"checks", r.checks}};
 }
 
 std::vector<int32_t> StepProgram::SampledTokens() const {

@@ -6,6 +6,7 @@
 
 #include "crashreplay/base/status.h"
 #include "crashreplay/replay/step.h"
+#include "step_lower_internal.h"
 
 namespace crashreplay::replay {
 
@@ -15,8 +16,7 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
   const StepInput& in = input_;
   const int N = m.tp;
   const int64_t R = static_cast<int64_t>(in.rows.size());
-  const int64_t H = s.hidden, hd = s.head_dim;
-  const int64_t qd = m.heads_local * hd, kvd = m.kv_heads_local * hd;
+  const int64_t H = s.hidden;
   const float eps = static_cast<float>(s.rms_eps);
 
   // The batch layout: tokens in row order, each row's page table.
@@ -60,8 +60,7 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
 
   const int64_t il = std::max<int64_t>(m.intermediate_local, 1);
   const std::vector<std::pair<std::string, std::vector<int64_t>>> floats = {
-      {"hidden", {T, H}},    {"x", {T, H}},       {"q", {N, T, qd}},    {"k", {N, T, kvd}},
-      {"v", {N, T, kvd}},    {"attn", {N, T, qd}}, {"partial", {N, T, H}}, {"gate", {N, T, il}},
+      {"hidden", {T, H}},    {"x", {T, H}},       {"partial", {N, T, H}}, {"gate", {N, T, il}},
       {"up", {N, T, il}},    {"act", {N, T, il}}, {"last_hidden", {R, H}}, {"logits_local", {N, R, m.vocab_local}},
       {"logits", {R, s.vocab}}, {"probs", {R, s.vocab}}};
   for (const auto& [name, shape] : floats) CR_RETURN_IF_ERROR(Alloc(name, shape).status());
@@ -72,60 +71,17 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
   }
   CR_RETURN_IF_ERROR(Alloc("next_tokens", {R}, true).status());
 
+  const Lowering c{dm, cfg, kv, batch, N, T, R, max_len, in.mode == ForwardMode::kDecode, eps, &input_};
   auto linear = [&](const LinearShardView* shards, DotKind dot, const std::string& x, bool per_rank,
                     const std::string& y, int64_t tokens, int64_t rows, int64_t cols, const std::string& fp4 = "") {
-    LinearOp op;
-    op.shards = shards;
-    op.dot = dot;
-    op.x = F(x);
-    if (!fp4.empty()) {
-      op.xq = U8(fp4);
-      op.xq_scales = U8(fp4 + "_scale");
-    }
-    op.x_per_rank = per_rank;
-    op.y = F(y);
-    op.ranks = N;
-    op.tokens = tokens;
-    op.rows = rows;
-    op.cols = cols;
-    return op;
+    return MakeLinear(c, shards, dot, x, per_rank, y, tokens, rows, cols, fp4);
   };
   auto norm = [&](const std::string& x, const float* w, const std::string& out, int64_t rows, int64_t n) {
-    RmsNormOp op;
-    op.x = F(x);
-    op.w = w;
-    op.out = F(out);
-    op.rows = rows;
-    op.n = n;
-    op.eps = eps;
-    return op;
+    return MakeNorm(c, x, w, out, rows, n);
   };
-  // w4a4: a kernel quantizing `x` ([rows, cols], rows = ranks * tpr when
-  // tpr > 0) into `out` and `out`_scale with the input_scale of `first`'s
-  // group (the layers reading the same input share it); "" when the group's
-  // input is not quantized.
   auto act_quant = [&](const std::string& name, int layer, const LinearShard* first, const std::string& x,
-                       int64_t rows, int64_t cols, int64_t tpr, const std::string& out) -> absl::StatusOr<std::string> {
-    if (first == nullptr || !first->w.act_fp4) return std::string();
-    const std::string scales = out + "_scale";
-    if (bufs_.find(out) == bufs_.end()) {
-      std::vector<int64_t> lead{rows};
-      if (tpr > 0) lead = {rows / tpr, tpr};
-      std::vector<int64_t> vshape = lead, sshape = lead;
-      vshape.push_back(Nvfp4ActValueBytes(cols));
-      sshape.push_back(Nvfp4ActScaleBytes(cols));
-      CR_RETURN_IF_ERROR(Alloc(out, vshape, false, true).status());
-      CR_RETURN_IF_ERROR(Alloc(scales, sshape, false, true).status());
-    }
-    ActQuantOp op;
-    op.x = F(x);
-    op.values = U8(out);
-    op.scales = U8(scales);
-    op.rows = rows;
-    op.cols = cols;
-    op.input_scale = first->w.act_scale;
-    Add(name, layer, {out, scales}, tpr, {op});
-    return out;
+                       int64_t rows, int64_t cols, int64_t tpr, const std::string& out) {
+    return ActQuant(name, layer, first, x, rows, cols, tpr, out);
   };
   auto reduce = [&] {
     ReduceOp op;
@@ -142,58 +98,12 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
   emb.out = F("hidden");
   emb.n_tokens = T;
   Add("embedding", -1, {"hidden"}, 0, {emb});
-  const bool decode = in.mode == ForwardMode::kDecode;
   for (int64_t l = 0; l < s.layers; ++l) {
     const DeviceModel::LayerViews& L = dm.layers()[l];
     const RankLayer& host = m.layers[l].ranks[0];
     const int li = static_cast<int>(l);
     Add("input_norm", li, {"x"}, 0, {norm("hidden", L.input_norm, "x", T, H)});
-    CR_ASSIGN_OR_RETURN(const std::string qkv_fp4, act_quant("qkv_act_quant", li, &host.q, "x", T, H, 0, "x_fp4"));
-    Add("q_proj", li, {"q"}, T, {linear(L.q, m.dense_dot, "x", false, "q", T, qd, H, qkv_fp4)});
-    Add("k_proj", li, {"k"}, T, {linear(L.k, m.dense_dot, "x", false, "k", T, kvd, H, qkv_fp4)});
-    Add("v_proj", li, {"v"}, T, {linear(L.v, m.dense_dot, "x", false, "v", T, kvd, H, qkv_fp4)});
-    if (s.qk_norm) {
-      Add("qk_norm", li, {"q", "k"}, T,
-          {norm("q", L.q_norm, "q", N * T * m.heads_local, hd), norm("k", L.k_norm, "k", N * T * m.kv_heads_local, hd)});
-    }
-    auto rope = [&](const std::string& x, int64_t heads) {
-      RopeOp op;
-      op.x = F(x);
-      op.positions = I("positions");
-      op.inv_freq = dm.inv_freq();
-      op.rows = N * T;
-      op.tokens = T;
-      op.heads = heads;
-      op.head_dim = hd;
-      op.rotary_dim = m.rope.rotary_dim;
-      op.mscale = m.rope.mscale;
-      return op;
-    };
-    Add("rope", li, {"q", "k"}, T, {rope("q", m.heads_local), rope("k", m.kv_heads_local)});
-    KvWriteOp kw;
-    kw.views = kv->views(l);
-    kw.k = F("k");
-    kw.v = F("v");
-    kw.batch = batch;
-    kw.ranks = N;
-    kw.kvd = kvd;
-    Add("kv_write", li, {}, T, {kw});
-    AttentionOp at;
-    at.views = kv->views(l);
-    at.q = F("q");
-    at.out = F("attn");
-    at.batch = batch;
-    at.backend = static_cast<int32_t>(decode ? cfg.attention_backend : AttentionBackend::kReference);
-    at.ranks = N;
-    at.heads = m.heads_local;
-    at.group = m.heads_local / m.kv_heads_local;
-    at.head_dim = hd;
-    at.max_len = max_len;
-    at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    Add("attention", li, {"attn"}, T, {at});
-    CR_ASSIGN_OR_RETURN(const std::string o_fp4,
-                        act_quant("o_act_quant", li, &host.o, "attn", N * T, qd, T, "attn_fp4"));
-    Add("o_proj", li, {"partial"}, T, {linear(L.o, m.dense_dot, "attn", true, "partial", T, H, qd, o_fp4)});
+    CR_RETURN_IF_ERROR(s.mla.enabled() ? LowerMlaAttention(c, l) : LowerGqaAttention(c, l));
     Add("attn_all_reduce", li, {"hidden"}, 0, {reduce()});
     Add("post_attention_norm", li, {"x"}, 0, {norm("hidden", L.post_norm, "x", T, H)});
     if (!L.moe) {
@@ -312,6 +222,137 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
   sa.rows = R;
   sa.vocab = static_cast<int32_t>(s.vocab);
   Add("sampler", -1, {"next_tokens"}, 0, {sa});
+  return absl::OkStatus();
+}
+
+
+absl::Status StepProgram::Ensure(const std::string& name, std::vector<int64_t> shape, bool is_int) {
+  if (bufs_.count(name)) return absl::OkStatus();
+  return Alloc(name, std::move(shape), is_int).status();
+}
+
+LinearOp StepProgram::MakeLinear(const Lowering& c, const LinearShardView* shards, DotKind dot, const std::string& x,
+                                 bool per_rank, const std::string& y, int64_t tokens, int64_t rows, int64_t cols,
+                                 const std::string& fp4, int ranks) {
+  LinearOp op;
+  op.shards = shards;
+  op.dot = dot;
+  op.x = F(x);
+  if (!fp4.empty()) {
+    op.xq = U8(fp4);
+    op.xq_scales = U8(fp4 + "_scale");
+  }
+  op.x_per_rank = per_rank;
+  op.y = F(y);
+  op.ranks = ranks > 0 ? ranks : c.ranks;
+  op.tokens = tokens;
+  op.rows = rows;
+  op.cols = cols;
+  return op;
+}
+
+RmsNormOp StepProgram::MakeNorm(const Lowering& c, const std::string& x, const float* w, const std::string& out,
+                                int64_t rows, int64_t n) {
+  RmsNormOp op;
+  op.x = F(x);
+  op.w = w;
+  op.out = F(out);
+  op.rows = rows;
+  op.n = n;
+  op.eps = c.eps;
+  return op;
+}
+
+// w4a4: a kernel quantizing `x` ([rows, cols], rows = ranks * tpr when
+// tpr > 0) into `out` and `out`_scale with the input_scale of `first`'s
+// group (the layers reading the same input share it); "" when the group's
+// input is not quantized.
+absl::StatusOr<std::string> StepProgram::ActQuant(const std::string& name, int layer, const LinearShard* first,
+                                                  const std::string& x, int64_t rows, int64_t cols, int64_t tpr,
+                                                  const std::string& out) {
+  if (first == nullptr || !first->w.act_fp4) return std::string();
+  const std::string scales = out + "_scale";
+  if (bufs_.find(out) == bufs_.end()) {
+    std::vector<int64_t> lead{rows};
+    if (tpr > 0) lead = {rows / tpr, tpr};
+    std::vector<int64_t> vshape = lead, sshape = lead;
+    vshape.push_back(Nvfp4ActValueBytes(cols));
+    sshape.push_back(Nvfp4ActScaleBytes(cols));
+    CR_RETURN_IF_ERROR(Alloc(out, vshape, false, true).status());
+    CR_RETURN_IF_ERROR(Alloc(scales, sshape, false, true).status());
+  }
+  ActQuantOp op;
+  op.x = F(x);
+  op.values = U8(out);
+  op.scales = U8(scales);
+  op.rows = rows;
+  op.cols = cols;
+  op.input_scale = first->w.act_scale;
+  Add(name, layer, {out, scales}, tpr, {op});
+  return out;
+}
+
+// GQA attention of one layer: q/k/v projections (+ bias), qk-norm, RoPE, the
+// K/V write into the paged cache, attention, o_proj into the rank partials.
+absl::Status StepProgram::LowerGqaAttention(const Lowering& c, int64_t l) {
+  const Model& m = c.dm.model();
+  const ModelSpec& s = m.spec;
+  const DeviceModel::LayerViews& L = c.dm.layers()[l];
+  const RankLayer& host = m.layers[l].ranks[0];
+  const int li = static_cast<int>(l);
+  const int N = c.ranks;
+  const int64_t T = c.tokens, H = s.hidden, hd = s.head_dim;
+  const int64_t qd = m.heads_local * hd, kvd = m.kv_heads_local * hd;
+  CR_RETURN_IF_ERROR(Ensure("q", {N, T, qd}));
+  CR_RETURN_IF_ERROR(Ensure("k", {N, T, kvd}));
+  CR_RETURN_IF_ERROR(Ensure("v", {N, T, kvd}));
+  CR_RETURN_IF_ERROR(Ensure("attn", {N, T, qd}));
+  CR_ASSIGN_OR_RETURN(const std::string qkv_fp4, ActQuant("qkv_act_quant", li, &host.q, "x", T, H, 0, "x_fp4"));
+  Add("q_proj", li, {"q"}, T, {MakeLinear(c, L.q, m.dense_dot, "x", false, "q", T, qd, H, qkv_fp4)});
+  Add("k_proj", li, {"k"}, T, {MakeLinear(c, L.k, m.dense_dot, "x", false, "k", T, kvd, H, qkv_fp4)});
+  Add("v_proj", li, {"v"}, T, {MakeLinear(c, L.v, m.dense_dot, "x", false, "v", T, kvd, H, qkv_fp4)});
+  if (s.qk_norm) {
+    Add("qk_norm", li, {"q", "k"}, T,
+        {MakeNorm(c, "q", L.q_norm, "q", N * T * m.heads_local, hd),
+         MakeNorm(c, "k", L.k_norm, "k", N * T * m.kv_heads_local, hd)});
+  }
+  auto rope = [&](const std::string& x, int64_t heads) {
+    RopeOp op;
+    op.x = F(x);
+    op.positions = I("positions");
+    op.inv_freq = c.dm.inv_freq();
+    op.rows = N * T;
+    op.tokens = T;
+    op.heads = heads;
+    op.head_dim = hd;
+    op.rotary_dim = m.rope.rotary_dim;
+    op.mscale = m.rope.mscale;
+    return op;
+  };
+  Add("rope", li, {"q", "k"}, T, {rope("q", m.heads_local), rope("k", m.kv_heads_local)});
+  KvWriteOp kw;
+  kw.views = c.kv->views(l);
+  kw.k = F("k");
+  kw.v = F("v");
+  kw.batch = c.batch;
+  kw.ranks = N;
+  kw.kvd = kvd;
+  Add("kv_write", li, {}, T, {kw});
+  AttentionOp at;
+  at.views = c.kv->views(l);
+  at.q = F("q");
+  at.out = F("attn");
+  at.batch = c.batch;
+  at.backend = static_cast<int32_t>(c.decode ? c.cfg.attention_backend : AttentionBackend::kReference);
+  at.ranks = N;
+  at.heads = m.heads_local;
+  at.group = m.heads_local / m.kv_heads_local;
+  at.head_dim = hd;
+  at.max_len = c.max_len;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Add("attention", li, {"attn"}, T, {at});
+  CR_ASSIGN_OR_RETURN(const std::string o_fp4, ActQuant("o_act_quant", li, &host.o, "attn", N * T, qd, T, "attn_fp4"));
+  Add("o_proj", li, {"partial"}, T, {MakeLinear(c, L.o, m.dense_dot, "attn", true, "partial", T, H, qd, o_fp4)});
   return absl::OkStatus();
 }
 

@@ -39,11 +39,19 @@ absl::StatusOr<StepState> CaptureState(const StepInput& in, const KvCache& kv) {
     s.rows.push_back(row.start_pos);
   }
   s.pages = StatePages(in, kv.page_size());
-  s.kv_dtype = kv.fp8() ? DType::kF8E4M3 : DType::kBF16;
-  if (!s.pages.empty()) {
-    s.kv_shape = {kv.planes(), static_cast<int64_t>(s.pages.size()), kv.page_size(), kv.kv_heads(), kv.head_dim()};
-    absl::Status st = kv.CopyPages(s.pages, &s.k, &s.v);
-    if (!st.ok()) return st;
+  if (s.pages.empty()) return s;
+  std::vector<std::vector<uint8_t>> bytes;
+  absl::Status st = kv.CopyPages(s.pages, &bytes);
+  if (!st.ok()) return st;
+  for (size_t i = 0; i < kv.pools().size(); ++i) {
+    const KvCache::Pool& p = kv.pools()[i];
+    StatePool sp;
+    sp.name = p.name;
+    sp.dtype = p.dtype;
+    sp.shape = {static_cast<int64_t>(p.planes.size()), static_cast<int64_t>(s.pages.size())};
+    sp.shape.insert(sp.shape.end(), p.page_shape.begin(), p.page_shape.end());
+    sp.bytes = std::move(bytes[i]);
+    s.pools.push_back(std::move(sp));
   }
   return s;
 }
@@ -71,19 +79,32 @@ absl::Status RestoreState(const StepState& s, const StepInput& in, KvCache* kv) 
       return absl::InvalidArgumentError(Cat(where, ": page ", p, " is outside the KV pool of ", kv->pages(), " pages"));
     }
   }
-  const DType want = kv->fp8() ? DType::kF8E4M3 : DType::kBF16;
-  const std::vector<int64_t> shape = {kv->planes(), static_cast<int64_t>(need.size()), kv->page_size(), kv->kv_heads(),
-                                      kv->head_dim()};
-  if (s.kv_dtype != want || s.kv_shape != shape) {
-    return absl::InvalidArgumentError(Cat(where, ": KV tensors are ", DTypeName(s.kv_dtype), " ", ShapeText(s.kv_shape),
-                                          ", this engine's cache needs ", DTypeName(want), " ", ShapeText(shape)));
+  std::string have, want;
+  for (const StatePool& p : s.pools) have += Cat(have.empty() ? "" : ", ", "kv.", p.name);
+  for (const KvCache::Pool& p : kv->pools()) want += Cat(want.empty() ? "" : ", ", "kv.", p.name);
+  if (have != want) {
+    return absl::InvalidArgumentError(
+        Cat(where, ": holds the cache tensors {", have, "}, this engine's cache has {", want, "}"));
   }
-  const size_t bytes = kv->page_bytes() * need.size() * static_cast<size_t>(kv->planes());
-  if (s.k.size() != bytes || s.v.size() != bytes) {
-    return absl::InvalidArgumentError(Cat(where, ": KV tensors hold ", s.k.size(), " and ", s.v.size(),
-                                          " bytes, the shape needs ", bytes));
+  std::vector<std::vector<uint8_t>> bytes;
+  for (size_t i = 0; i < s.pools.size(); ++i) {
+    const StatePool& sp = s.pools[i];
+    const KvCache::Pool& p = kv->pools()[i];
+    std::vector<int64_t> shape = {static_cast<int64_t>(p.planes.size()), static_cast<int64_t>(need.size())};
+    shape.insert(shape.end(), p.page_shape.begin(), p.page_shape.end());
+    if (sp.dtype != p.dtype || sp.shape != shape) {
+      return absl::InvalidArgumentError(Cat(where, ": KV tensor 'kv.", sp.name, "' is ", DTypeName(sp.dtype), " ",
+                                            ShapeText(sp.shape), ", this engine's cache needs ", DTypeName(p.dtype),
+                                            " ", ShapeText(shape)));
+    }
+    const size_t want_bytes = p.page_bytes * need.size() * p.planes.size();
+    if (sp.bytes.size() != want_bytes) {
+      return absl::InvalidArgumentError(Cat(where, ": KV tensor 'kv.", sp.name, "' holds ", sp.bytes.size(),
+                                            " bytes, the shape needs ", want_bytes));
+    }
+    bytes.push_back(sp.bytes);
   }
-  return kv->WritePages(need, s.k, s.v);
+  return kv->WritePages(need, bytes);
 }
 
 }  // namespace crashreplay::replay

@@ -54,7 +54,24 @@ const std::vector<ToggleSpec>& Table() {
        "a ModelOpt NVFP4 checkpoint with on Blackwell) or w4a16 (bf16 activations against dequantized "
        "fp4 weights, as a weight-only kernel such as vLLM's Marlin fallback on older GPUs)"},
       {"kv_cache_dtype", ToggleType::kEnum, {"bf16", "fp8_e4m3"}, 0, 0, "bf16",
-       "element type of the paged KV cache (fp8_e4m3 with scale 1)"},
+       "element type of the paged KV cache: GQA K/V as e4m3 with scale 1; for MLA models (deepseek_v3, "
+       "deepseek_v32, glm_moe_dsa) fp8_e4m3 is FlashMLA's FP8 latent layout, e4m3 latent in 128-value tiles "
+       "with one fp32 scale each plus the bf16 rope part (656 bytes a token for 512 + 64)"},
+      {"mla_decode", ToggleType::kEnum, {"naive", "absorbed"}, 0, 0, "naive",
+       "decode attention of dense MLA models (deepseek_v3): naive (cached latents expanded by kv_b_proj into "
+       "per-head K and V, fp32 two-pass softmax; the form engines run for prefill) or absorbed (W_UK folded "
+       "into q, attention over the 576-wide latent in 64-token pages with online softmax and bf16 operands, "
+       "W_UV after: FlashMLA's dense decode; preconditions page_size == 64, kv_lora_rank + qk_rope_head_dim "
+       "== 576, kv_lora_rank == 512). Prefill always uses naive."},
+      {"dsa_decode", ToggleType::kEnum, {"reference", "tiled64"}, 0, 0, "reference",
+       "decode attention of DSA models (deepseek_v32, glm_moe_dsa) over the indexer's top-k, on the latent "
+       "(absorbed): reference (two-pass softmax over the top-k in order, fp32) or tiled64 (FlashMLA's sparse "
+       "decode: tiles of 64 indices, online softmax, bf16 operands; preconditions 576 / 512 as mla_decode, "
+       "heads per rank <= 128, index_topk a multiple of 64). Prefill is the expanded form over the top-k."},
+      {"index_cache_dtype", ToggleType::kEnum, {"bf16", "fp8_e4m3"}, 0, 0, "bf16",
+       "the DSA indexer's key cache and score arithmetic: bf16 (bf16 keys, fp32 queries: transformers) or "
+       "fp8_e4m3 (q and k Hadamard-rotated, e4m3 with a power-of-two scale per vector, relu(q8 . k8) weighted "
+       "and scaled: DeepSeek's reference and sglang's indexer; needs index_head_dim a power of two <= 128)"},
       {"page_size", ToggleType::kInt, {}, 1, 1024, "16", "tokens per KV-cache page"},
       {"mem_fraction_static", ToggleType::kFloat, {}, 0.05, 1.0, "0.88",
        "fraction of the device's memory for weights and the KV pool; the rest holds activations "
@@ -367,6 +384,9 @@ EngineConfig ResolveConfig(const Config& c) {
                                            : ScaleFormat::kCheckpoint;
   e.nvfp4_activation = c.Enum("nvfp4_activation") == "w4a16" ? Nvfp4Activation::kW4a16 : Nvfp4Activation::kW4a4;
   e.kv_cache_dtype = c.Enum("kv_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
+  e.mla_decode = c.Enum("mla_decode") == "absorbed" ? MlaDecode::kAbsorbed : MlaDecode::kNaive;
+  e.dsa_decode = c.Enum("dsa_decode") == "tiled64" ? DsaDecode::kTiled64 : DsaDecode::kReference;
+  e.index_cache_dtype = c.Enum("index_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
   e.page_size = static_cast<int>(c.Int("page_size"));
   e.mem_fraction_static = c.Float("mem_fraction_static");
   e.cuda_graph_max_bs = static_cast<int>(c.Int("cuda_graph_max_bs"));

@@ -70,10 +70,14 @@ class Checker {
       const std::string a = n.prefix + "self_attn.";
       CR_RETURN_IF_ERROR(Float(n.prefix + "input_layernorm.weight", {H}, Hw));
       CR_RETURN_IF_ERROR(Float(n.prefix + "post_attention_layernorm.weight", {H}, Hw));
-      CR_RETURN_IF_ERROR(Linear(a + "q_proj", s_.heads * hd, H, s_.attention_bias, q_rows, Hw));
-      CR_RETURN_IF_ERROR(Linear(a + "k_proj", s_.kv_heads * hd, H, s_.attention_bias, kv_rows, Hw));
-      CR_RETURN_IF_ERROR(Linear(a + "v_proj", s_.kv_heads * hd, H, s_.attention_bias, kv_rows, Hw));
-      CR_RETURN_IF_ERROR(Linear(a + "o_proj", H, s_.heads * hd, s_.attention_out_bias, Hw, q_rows));
+      if (s_.mla.enabled()) {
+        CR_RETURN_IF_ERROR(MlaAttention(a, l));
+      } else {
+        CR_RETURN_IF_ERROR(Linear(a + "q_proj", s_.heads * hd, H, s_.attention_bias, q_rows, Hw));
+        CR_RETURN_IF_ERROR(Linear(a + "k_proj", s_.kv_heads * hd, H, s_.attention_bias, kv_rows, Hw));
+        CR_RETURN_IF_ERROR(Linear(a + "v_proj", s_.kv_heads * hd, H, s_.attention_bias, kv_rows, Hw));
+        CR_RETURN_IF_ERROR(Linear(a + "o_proj", H, s_.heads * hd, s_.attention_out_bias, Hw, q_rows));
+      }
       if (s_.qk_norm) {
         CR_RETURN_IF_ERROR(Float(a + "q_norm.weight", {hd}, Cat("head_dim ", hd)));
         CR_RETURN_IF_ERROR(Float(a + "k_norm.weight", {hd}, Cat("head_dim ", hd)));
@@ -119,6 +123,47 @@ class Checker {
   std::vector<std::string> notes;
 
  private:
+  // MLA attention (transformers' DeepseekV3Attention) and, on layers that
+  // run one, the DSA indexer (DeepseekV32Indexer). attention_bias gives
+  // q_a_proj, kv_a_proj_with_mqa (and q_proj) and o_proj a bias, never
+  // q_b_proj or kv_b_proj.
+  absl::Status MlaAttention(const std::string& a, int64_t l) {
+    const MlaSpec& m = s_.mla;
+    const int64_t H = s_.hidden, qk = m.qk_head_dim();
+    const bool bias = s_.attention_bias;
+    const std::string Hw = Cat("hidden_size ", H);
+    const std::string Q = Cat("num_attention_heads ", s_.heads, " x (qk_nope_head_dim ", m.qk_nope_head_dim,
+                              " + qk_rope_head_dim ", m.qk_rope_head_dim, ")");
+    if (m.q_lora_rank > 0) {
+      const std::string R = Cat("q_lora_rank ", m.q_lora_rank);
+      CR_RETURN_IF_ERROR(Linear(a + "q_a_proj", m.q_lora_rank, H, bias, R, Hw));
+      CR_RETURN_IF_ERROR(Float(a + "q_a_layernorm.weight", {m.q_lora_rank}, R));
+      CR_RETURN_IF_ERROR(Linear(a + "q_b_proj", s_.heads * qk, m.q_lora_rank, false, Q, R));
+    } else {
+      CR_RETURN_IF_ERROR(Linear(a + "q_proj", s_.heads * qk, H, bias, Q, Hw));
+    }
+    const std::string KVA = Cat("kv_lora_rank ", m.kv_lora_rank, " + qk_rope_head_dim ", m.qk_rope_head_dim);
+    const std::string R = Cat("kv_lora_rank ", m.kv_lora_rank);
+    CR_RETURN_IF_ERROR(Linear(a + "kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, H, bias, KVA, Hw));
+    CR_RETURN_IF_ERROR(Float(a + "kv_a_layernorm.weight", {m.kv_lora_rank}, R));
+    CR_RETURN_IF_ERROR(Linear(a + "kv_b_proj", s_.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
+                              false,
+                              Cat("num_attention_heads ", s_.heads, " x (qk_nope_head_dim ", m.qk_nope_head_dim,
+                                  " + v_head_dim ", m.v_head_dim, ")"),
+                              R));
+    const std::string O = Cat("num_attention_heads ", s_.heads, " x v_head_dim ", m.v_head_dim);
+    CR_RETURN_IF_ERROR(Linear(a + "o_proj", H, s_.heads * m.v_head_dim, bias, Hw, O));
+    if (!m.layer_has_indexer(l)) return absl::OkStatus();
+    const std::string x = a + "indexer.";
+    const std::string D = Cat("index_head_dim ", m.index_head_dim);
+    CR_RETURN_IF_ERROR(Linear(x + "wq_b", m.index_n_heads * m.index_head_dim, m.q_lora_rank, false,
+                              Cat("index_n_heads ", m.index_n_heads, " x ", D), Cat("q_lora_rank ", m.q_lora_rank)));
+    CR_RETURN_IF_ERROR(Linear(x + "wk", m.index_head_dim, H, false, D, Hw));
+    CR_RETURN_IF_ERROR(Float(x + "k_norm.weight", {m.index_head_dim}, D));
+    CR_RETURN_IF_ERROR(Float(x + "k_norm.bias", {m.index_head_dim}, D));
+    return Linear(x + "weights_proj", m.index_n_heads, H, false, Cat("index_n_heads ", m.index_n_heads), Hw);
+  }
+
   absl::Status Missing(const std::string& name, const std::string& why) {
     std::string hint;
     // transformers 5 holds experts fused in memory ([E, 2I, H] gate_up_proj);

@@ -16,7 +16,7 @@ check() {  # description, then a command that must succeed
 }
 field() { python3 -c "import json,sys; j=json.load(open('$1')); print(eval('j$2'))"; }
 
-"$BIN" make-model "$W/m" --arch deepseek_v3 --quant nvfp4 >/dev/null || { echo "FAIL make-model"; exit 1; }
+"$BIN" make-model "$W/m" --arch glm4_moe --quant nvfp4 >/dev/null || { echo "FAIL make-model"; exit 1; }
 "$BIN" run "$W/m" --prompt "Say hello in one sentence" --max-new-tokens 4 --temperature 0.8 \
   --set device=cuda --set tp_size=2 --record "$W/cuda" --json >"$W/run_cuda.json"
 check "run --set device=cuda exits 0" test $? -eq 0

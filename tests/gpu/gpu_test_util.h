@@ -56,7 +56,13 @@ inline bool ExactKernel(const std::string& name) {
                         "attn_all_reduce", "mlp_all_reduce", "moe_all_reduce", "router", "lm_head",
                         "logits_all_gather", "kv_write", "input_norm", "post_attention_norm", "final_norm",
                         "qkv_act_quant", "o_act_quant", "gate_up_act_quant", "down_act_quant",
-                        "experts_act_quant", "shared_expert_act_quant"}) {
+                        "experts_act_quant", "shared_expert_act_quant",
+                        // MLA / DSA: projections, norms, the latent's moves, the
+                        // absorption matmuls and the indexer's integer top-k
+                        // carry no transcendental function.
+                        "q_a_proj", "q_b_proj", "kv_a_proj", "q_a_norm", "kv_a_norm", "latent_gather", "kv_b_proj",
+                        "q_absorb", "v_up", "indexer_q_proj", "indexer_k_proj", "indexer_k_norm",
+                        "indexer_weights_proj", "indexer", "qkv_a_act_quant"}) {
     if (name == k) return true;
   }
   return false;

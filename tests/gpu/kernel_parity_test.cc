@@ -107,17 +107,24 @@ INSTANTIATE_TEST_SUITE_P(
                            {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
                             "sampling_backend=threshold"},
                            0.8f},
-                      Case{"deepseek_mxfp4_ue8m0_fused", "deepseek_v3", "mxfp4",
+                      Case{"glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4",
                            {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}, 0.8f},
-                      Case{"deepseek_nvfp4_tp2_expert", "deepseek_v3", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
+                      Case{"glm4_moe_nvfp4_tp2_expert", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
                            0.8f},
-                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f}),
+                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
+                      Case{"deepseek_v3_fp8_absorbed_fp8kv", "deepseek_v3", "fp8",
+                           {"page_size=64", "mla_decode=absorbed", "kv_cache_dtype=fp8_e4m3"}, 0.8f},
+                      Case{"deepseek_v32_bf16_naive_reference", "deepseek_v32", "bf16", {}, 0.0f},
+                      Case{"glm_moe_dsa_nvfp4_tiled64_fp8_tp2", "glm_moe_dsa", "nvfp4",
+                           {"page_size=64", "dsa_decode=tiled64", "kv_cache_dtype=fp8_e4m3",
+                            "index_cache_dtype=fp8_e4m3", "tp_size=2"},
+                           0.8f}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CudaDeterminism, ReplayTwiceAndAcrossModesGivesTheSameBits) {
   CR_REQUIRE_CUDA_DEVICE();
   MakeModelOptions o;
-  o.arch = "deepseek_v3";
+  o.arch = "glm4_moe";
   o.quant = "nvfp4";
   auto run = RecordRun(o, {"tp_size=2", "attention_backend=flashdecode"}, 4, 0.8f);
   ASSERT_TRUE(run.engine);

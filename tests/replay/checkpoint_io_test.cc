@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "crashreplay/replay/checkpoint_io.h"
 #include "engine_test_util.h"
 
@@ -18,7 +19,7 @@ std::string TempDir(const std::string& name) {
 }
 
 TEST(CheckpointIo, EveryArchRoundTripsThroughDisk) {
-  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
+  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"}) {
     for (const char* quant : {"bf16", "fp8", "nvfp4", "mxfp4"}) {
       MakeModelOptions o;
       o.arch = arch;
@@ -100,15 +101,47 @@ TEST(CheckpointIo, DisagreeingRopeFormsResolveAsTransformers5AndSaySo) {
   EXPECT_TRUE(ChooseRope(s, RopeConfig::kLegacy).note.empty());
 }
 
-TEST(CheckpointIo, MlaModelIsRefusedByName) {
+TEST(CheckpointIo, MlaConfigBecomesTheEnginesMlaSpecAndBack) {
+  // GLM-5's shape (GlmMoeDsaConfig's defaults) with ModelOpt NVFP4 and an
+  // indexer on layers 0-2 and every fourth after.
+  std::string types;
+  for (int l = 0; l < 78; ++l) {
+    types += absl::StrCat(l ? ", " : "", l < 3 || (l - 2) % 4 == 0 ? "\"full\"" : "\"shared\"");
+  }
+  auto c = ParseHfConfig(absl::StrCat(R"({"model_type": "glm_moe_dsa", "indexer_types": [)", types,
+                             R"(], "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                 "group_size": 16, "ignore": ["lm_head", "model.layers.*.self_attn*"]}})"),
+                         "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto s = ModelSpecFromHfConfig(*c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->mla.kv_lora_rank, 512);
+  EXPECT_EQ(s->mla.q_lora_rank, 2048);
+  EXPECT_EQ(s->mla.qk_head_dim(), 256);
+  EXPECT_EQ(s->head_dim, 64);  // RoPE spans the rope part, as transformers' head_dim
+  EXPECT_EQ(s->kv_heads, 64);
+  EXPECT_TRUE(s->mla.dsa());
+  EXPECT_TRUE(s->mla.index_rope_interleave);  // GLM-5's indexer; DeepSeek-V3.2's is half-split
+  EXPECT_TRUE(s->mla.layer_has_indexer(2));
+  EXPECT_FALSE(s->mla.layer_has_indexer(3));
+  EXPECT_EQ(s->quant, QuantKind::kNvfp4);
+  const ModelConfig back = HfConfigFromModelSpec(*s);
+  EXPECT_EQ(back.architectures, std::vector<std::string>{"GlmMoeDsaForCausalLM"});
+  EXPECT_EQ(back.indexer_types, c->indexer_types);
+  EXPECT_EQ(back.index_n_heads, 32);
+  EXPECT_EQ(back.head_dim, 256);
+}
+
+TEST(CheckpointIo, MlaWithAttentionBiasIsRefusedByName) {
   ModelConfig c;
   c.model_type = "deepseek_v3";
   c.source = "x/config.json";
   c.kv_lora_rank = 512;
+  c.attention_bias = true;
   auto s = ModelSpecFromHfConfig(c);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(IsUnsupportedModel(s.status()));
-  EXPECT_NE(std::string(s.status().message()).find("multi-head latent attention"), std::string::npos);
+  EXPECT_NE(std::string(s.status().message()).find("attention_bias true"), std::string::npos);
 }
 
 TEST(CheckpointIo, ActivationOtherThanSiluIsRefused) {

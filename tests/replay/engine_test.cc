@@ -38,7 +38,7 @@ TEST_P(EveryArchAndQuant, GeneratesWithFiniteLogitsAndNoFault) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EveryArchAndQuant,
-                         ::testing::Combine(::testing::Values("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"),
+                         ::testing::Combine(::testing::Values("llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"),
                                             ::testing::Values("bf16", "fp8", "nvfp4", "mxfp4")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
@@ -49,7 +49,7 @@ std::vector<Hash128> Digests(const RunResult& r) {
 }
 
 TEST(EngineDeterminism, RepeatRunsAndThreadCountsGiveSameBits) {
-  for (const char* arch : {"llama", "deepseek_v3"}) {
+  for (const char* arch : {"llama", "glm4_moe"}) {
     auto e1 = MakeEngine(Opts(arch, "nvfp4"), {"tp_size=2"}, 1);
     auto e2 = MakeEngine(Opts(arch, "nvfp4"), {"tp_size=2"}, 2);
     RunResult a = e1->Run(TwoRequests(4, 0.8f));
@@ -79,7 +79,7 @@ TEST(EngineTensorParallel, EmulatedRanksMatchOneRankWithinTolerance) {
 }
 
 TEST(EngineFaults, Paged64WithSmallPagesPrefillsThenFailsInDecodeAttention) {
-  auto e = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"attention_backend=paged64", "page_size=16"});
+  auto e = MakeEngine(Opts("glm4_moe", "nvfp4"), {"attention_backend=paged64", "page_size=16"});
   RunResult r = e->Run(TwoRequests(3));
   ASSERT_TRUE(r.fault);
   EXPECT_EQ(r.fault->Signature(), "assert/decode/attention/page_size_is_64");
@@ -87,13 +87,13 @@ TEST(EngineFaults, Paged64WithSmallPagesPrefillsThenFailsInDecodeAttention) {
   EXPECT_EQ(r.fault->layer, 0);
   EXPECT_EQ(r.fault->index, 16);
   EXPECT_EQ(r.steps.size(), 2u);
-  auto ok = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"attention_backend=paged64", "page_size=64"});
+  auto ok = MakeEngine(Opts("glm4_moe", "nvfp4"), {"attention_backend=paged64", "page_size=64"});
   RunResult g = ok->Run(TwoRequests(3));
   EXPECT_FALSE(g.fault) << g.fault->message;
 }
 
 TEST(EngineFaults, Ue8m0KernelRejectsNvfp4ScalesButAcceptsMxfp4AndRequantized) {
-  auto e = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"scale_format=ue8m0"});
+  auto e = MakeEngine(Opts("glm4_moe", "nvfp4"), {"scale_format=ue8m0"});
   RunResult r = e->Run(TwoRequests(2));
   ASSERT_TRUE(r.fault);
   EXPECT_EQ(r.fault->Signature(), "assert/prefill/q_proj/ue8m0_scale_layout");
@@ -102,7 +102,7 @@ TEST(EngineFaults, Ue8m0KernelRejectsNvfp4ScalesButAcceptsMxfp4AndRequantized) {
   std::memcpy(&bits, &v, 4);
   EXPECT_NE(bits & 0x807fffffu, 0u) << "the reported scale really has mantissa bits";
   for (auto [quant, fmt] : {std::pair{"mxfp4", "ue8m0"}, std::pair{"nvfp4", "ue8m0_requant"}, std::pair{"fp8", "ue8m0_requant"}}) {
-    auto ok = MakeEngine(Opts("deepseek_v3", quant), {std::string("scale_format=") + fmt});
+    auto ok = MakeEngine(Opts("glm4_moe", quant), {std::string("scale_format=") + fmt});
     RunResult g = ok->Run(TwoRequests(2));
     EXPECT_FALSE(g.fault) << quant << " " << fmt << ": " << g.fault->message;
   }
@@ -121,20 +121,20 @@ TEST(EngineFaults, TokenOutsideVocabularyFailsInEmbedding) {
 
 TEST(EnginePlanner, HighMemFractionLeavesNoRoomForGraphs) {
   // Scale an 80 GB card so this model's weights take about 70% of it.
-  auto probe = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"tp_size=2"});
+  auto probe = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2"});
   const double weights = static_cast<double>(probe->plan().weights);
   const std::string scale = "device_memory_scale=" + std::to_string(weights / 0.7 / 80e9);
-  auto bad = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.95",
+  auto bad = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.95",
                                                         "cuda_graph_max_bs=64"});
   RunResult r = bad->Run(TwoRequests(2));
   ASSERT_TRUE(r.fault);
   EXPECT_EQ(r.fault->Signature(), "oom/graph_capture/memory_planner/graph_memory_fits");
   EXPECT_TRUE(r.steps.empty());
-  auto good = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.88",
+  auto good = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.88",
                                                          "cuda_graph_max_bs=64"});
   EXPECT_FALSE(good->plan().fault) << good->plan().ToJson().dump();
   EXPECT_GT(good->plan().pool_pages, 0);
-  auto no_weights_room = MakeEngine(Opts("deepseek_v3", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.5"});
+  auto no_weights_room = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.5"});
   ASSERT_TRUE(no_weights_room->plan().fault);
   EXPECT_EQ(no_weights_room->plan().fault->stage, "load");
 }

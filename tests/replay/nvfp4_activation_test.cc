@@ -64,10 +64,10 @@ TEST(Nvfp4Activation, DefaultIsW4a4AsServingEnginesRunModelOptNvfp4) {
 }
 
 TEST(Nvfp4Activation, QuantizationIsItsOwnKernelBeforeEveryNvfp4GemmGroup) {
-  // deepseek_v3 layout: layer 0 dense, layer 1 MoE with a shared expert.
-  auto w4a4 = MakeEngine(Opts("deepseek_v3"), {});
-  auto w4a16 = MakeEngine(Opts("deepseek_v3"), {"nvfp4_activation=w4a16"});
-  auto bf16 = MakeEngine(Opts("deepseek_v3", "bf16"), {});
+  // glm4_moe layout: layer 0 dense, layer 1 MoE with a shared expert.
+  auto w4a4 = MakeEngine(Opts("glm4_moe"), {});
+  auto w4a16 = MakeEngine(Opts("glm4_moe"), {"nvfp4_activation=w4a16"});
+  auto bf16 = MakeEngine(Opts("glm4_moe", "bf16"), {});
   ASSERT_TRUE(w4a4 && w4a16 && bf16);
   const StepInput in = OnePrompt({72, 105, 33});
   const std::vector<std::string> l = Labels(*w4a4->Prepare(in));
@@ -103,7 +103,7 @@ TEST(Nvfp4Activation, QuantizationIsItsOwnKernelBeforeEveryNvfp4GemmGroup) {
 }
 
 TEST(Nvfp4Activation, EveryArchRunsUnderBothSettingsAndBothGemmBackends) {
-  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
+  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"}) {
     std::vector<Hash128> w4a4_digest;
     for (const char* act : {"w4a4", "w4a16"}) {
       for (const char* gemm : {"dequant_matmul", "fused_blockscaled"}) {
@@ -124,7 +124,7 @@ TEST(Nvfp4Activation, EveryArchRunsUnderBothSettingsAndBothGemmBackends) {
 }
 
 TEST(Nvfp4Activation, W4a4IsBitwiseDeterministicAcrossRunsAndThreads) {
-  for (const char* arch : {"llama", "deepseek_v3"}) {
+  for (const char* arch : {"llama", "glm4_moe"}) {
     for (const char* gemm : {"dequant_matmul", "fused_blockscaled"}) {
       const std::vector<std::string> sets = {"tp_size=2", std::string("gemm_backend=") + gemm,
                                              std::string("moe_backend=") + gemm};
@@ -172,7 +172,7 @@ void RunThrough(StepProgram* p, const std::string& label) {
 // (bound 0.5, observed 0.15-0.26).
 TEST(Nvfp4Activation, W4a4StaysCloseToW4a16) {
   const std::vector<int32_t> prompt = {'T', 'h', 'e', ' ', 'q', 'u', 'i', 'c', 'k', ' ', 'b', 'r', 'o', 'w', 'n'};
-  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
+  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"}) {
     auto a16 = MakeEngine(Opts(arch), {"nvfp4_activation=w4a16"});
     auto a4 = MakeEngine(Opts(arch), {});
     auto a4f = MakeEngine(Opts(arch), {"gemm_backend=fused_blockscaled", "moe_backend=fused_blockscaled"});
@@ -276,7 +276,7 @@ float Amax(const Buffer* b) {
 }
 
 TEST(Nvfp4Activation, MakeModelCalibratesInputScaleFromTheInputsAmax) {
-  for (const char* arch : {"llama", "deepseek_v3"}) {
+  for (const char* arch : {"llama", "glm4_moe"}) {
     MakeModelOptions o = Opts(arch);
     o.seed = 3;
     auto ck = GenerateRandomCheckpoint(o);

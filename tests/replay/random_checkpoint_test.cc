@@ -57,7 +57,7 @@ TEST_P(MakeModelThreads, SameBytesOnOneAndSeveralThreads) {
   MakeModelOptions o;
   o.arch = GetParam().arch;
   o.quant = GetParam().quant;
-  o.layers = 2;  // deepseek_v3: one dense layer, one MoE layer
+  o.layers = 2;  // glm4_moe: one dense layer, one MoE layer
   // Row chunks hold ~256K elements: at hidden 256 a chunk is 1024 rows, so
   // the gate/up projections (2048 rows; mixtral's experts use these sizes,
   // the other MoE ones 1152) and the embedding (1500 rows) are split across
@@ -84,7 +84,7 @@ TEST_P(MakeModelThreads, SameBytesOnOneAndSeveralThreads) {
 INSTANTIATE_TEST_SUITE_P(EveryQuant, MakeModelThreads,
                          ::testing::Values(Case{"llama", "bf16", 0xa0340984b3e58f4eull},
                                            Case{"qwen3", "fp8", 0x964e7e430b9054bfull},
-                                           Case{"deepseek_v3", "nvfp4", 0xcbf64e333e70b1c5ull},
+                                           Case{"glm4_moe", "nvfp4", 0xcbf64e333e70b1c5ull},
                                            Case{"qwen3_moe", "nvfp4", 0xac2b3deb7b919f48ull},
                                            Case{"mixtral", "mxfp4", 0x97a595d2ea5dffddull}),
                          [](const ::testing::TestParamInfo<Case>& i) {

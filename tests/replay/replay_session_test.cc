@@ -26,7 +26,7 @@ std::vector<RecordedStep> Record(const MakeModelOptions& o, const std::vector<st
 
 MakeModelOptions Glm() {
   MakeModelOptions o;
-  o.arch = "deepseek_v3";
+  o.arch = "glm4_moe";
   o.quant = "nvfp4";
   return o;
 }

@@ -23,7 +23,7 @@ using testing::TwoRequests;
 
 MakeModelOptions Glm() {
   MakeModelOptions o;
-  o.arch = "deepseek_v3";
+  o.arch = "glm4_moe";
   o.quant = "nvfp4";
   return o;
 }
@@ -42,7 +42,7 @@ class SnapshotStart : public ::testing::Test {
   // Runs two requests under `sets` with the capture recorder (keeping
   // `keep` snapshots) and loads the capture back.
   LoadedCapture RecordCapture(const std::vector<std::string>& sets, uint32_t keep, int64_t max_new = 4) {
-    auto e = MakeEngine(Glm(), sets);
+    auto e = MakeEngine(model_, sets);
     Config c = Config::Defaults();
     for (const std::string& s : sets) EXPECT_TRUE(c.ApplySetFlag(s).ok());
     SnapshotOptions so;
@@ -58,11 +58,11 @@ class SnapshotStart : public ::testing::Test {
 
   // Replays `step` both ways on fresh engines and demands the same bits.
   void ExpectBothStartsAgree(const LoadedCapture& cap, const std::vector<std::string>& sets, int64_t step) {
-    auto full = MakeEngine(Glm(), sets);
+    auto full = MakeEngine(model_, sets);
     const ReplayReport a = ReplayStep(*full, cap.steps, step);
     EXPECT_EQ(a.start, "re-executed");
 
-    auto fresh = MakeEngine(Glm(), sets);
+    auto fresh = MakeEngine(model_, sets);
     auto state = LoadStepState(cap, step);
     ASSERT_TRUE(state.ok()) << state.status();
     ASSERT_TRUE(fresh->RestoreState(*state, cap.steps[step].input).ok());
@@ -87,6 +87,7 @@ class SnapshotStart : public ::testing::Test {
   }
 
   std::string dir_;
+  MakeModelOptions model_ = Glm();
 };
 
 TEST_F(SnapshotStart, EveryKeptStepReplaysTheSameBitsFromItsSnapshot) {
@@ -101,6 +102,36 @@ TEST_F(SnapshotStart, EveryKeptStepReplaysTheSameBitsFromItsSnapshot) {
     // Decode steps read earlier tokens' pages; the prefill reads none.
     EXPECT_EQ(state->pages.empty(), step == 0) << "step " << step;
   }
+}
+
+// GLM-5's layout: the snapshot holds the latent pages (FlashMLA's fp8
+// layout here) and the index-key pages of the layers that run an indexer.
+TEST_F(SnapshotStart, MlaLatentAndIndexKeyPagesReplayTheSameBits) {
+  model_.arch = "glm_moe_dsa";
+  model_.layers = 3;
+  model_.index_pattern = "FSF";
+  model_.index_topk = 64;
+  const std::vector<std::string> sets = {"kv_cache_dtype=fp8_e4m3", "index_cache_dtype=fp8_e4m3", "page_size=64",
+                                         "dsa_decode=tiled64"};
+  const LoadedCapture cap = RecordCapture(sets, 16);
+  ASSERT_EQ(cap.steps.size(), 4u);
+  auto state = LoadStepState(cap, 2);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->pools.size(), 2u);
+  EXPECT_EQ(state->pools[0].name, "latent");
+  EXPECT_EQ(state->pools[0].dtype, DType::kU8);
+  const std::vector<int64_t> latent = {3, static_cast<int64_t>(state->pages.size()), 64, 656};
+  EXPECT_EQ(state->pools[0].shape, latent);  // 3 layers x tp 1, 656 bytes a token
+  EXPECT_EQ(state->pools[1].name, "index_k");
+  const std::vector<int64_t> index = {2, static_cast<int64_t>(state->pages.size()), 64 * (64 + 4)};
+  EXPECT_EQ(state->pools[1].shape, index);  // the two 'F' layers: e4m3 keys then fp32 scales
+  for (int64_t step = 0; step < 4; ++step) ExpectBothStartsAgree(cap, sets, step);
+  // A GQA engine's cache does not take it.
+  model_ = Glm();
+  auto gqa = MakeEngine(model_, {});
+  const absl::Status s = gqa->RestoreState(*state, cap.steps[2].input);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("kv.latent, kv.index_k"), std::string::npos) << s;
 }
 
 TEST_F(SnapshotStart, TheRingKeepsTheLastSteps) {

@@ -27,7 +27,7 @@ using testing::TwoRequests;
 
 MakeModelOptions Glm() {
   MakeModelOptions o;
-  o.arch = "deepseek_v3";
+  o.arch = "glm4_moe";
   o.quant = "nvfp4";
   return o;
 }

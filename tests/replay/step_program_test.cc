@@ -63,14 +63,14 @@ INSTANTIATE_TEST_SUITE_P(
                            {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
                             "sampling_backend=threshold"},
                            0.8f},
-                      Case{"deepseek_mxfp4_ue8m0_fused", "deepseek_v3", "mxfp4",
+                      Case{"glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4",
                            {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}, 0.8f},
-                      Case{"deepseek_nvfp4_tp2_expert_parallel", "deepseek_v3", "nvfp4",
+                      Case{"glm4_moe_nvfp4_tp2_expert_parallel", "glm4_moe", "nvfp4",
                            {"tp_size=2", "moe_parallel=expert"}, 0.8f},
                       Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
                       Case{"llama_nvfp4_w4a4_fused_tp2", "llama", "nvfp4",
                            {"gemm_backend=fused_blockscaled", "tp_size=2"}, 0.0f},
-                      Case{"deepseek_nvfp4_w4a4_requant_fused_moe", "deepseek_v3", "nvfp4",
+                      Case{"glm4_moe_nvfp4_w4a4_requant_fused_moe", "glm4_moe", "nvfp4",
                            {"scale_format=ue8m0_requant", "moe_backend=fused_blockscaled"}, 0.8f},
                       Case{"qwen3_moe_nvfp4_w4a16", "qwen3_moe", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f}),
     [](const auto& info) { return info.param.name; });
@@ -146,7 +146,7 @@ TEST(StepFaults, ARankedKernelNamesTheRankAndTheTokenOnIt) {
 
 TEST(StepOnCpu, WeightsAreReadInPlaceNotCopied) {
   MakeModelOptions o;
-  o.arch = "deepseek_v3";
+  o.arch = "glm4_moe";
   o.quant = "nvfp4";
   auto e = testing::MakeEngine(o, {"tp_size=2"});
   ASSERT_TRUE(e);

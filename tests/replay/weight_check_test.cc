@@ -44,7 +44,8 @@ absl::Status Check(Fixture& f, std::vector<std::string>* notes = nullptr) {
 }
 
 TEST(WeightCheck, EveryMakeModelCheckpointPasses) {
-  for (const char* arch : {"llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"}) {
+  for (const char* arch :
+       {"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa"}) {
     for (const char* quant : {"bf16", "fp8", "nvfp4", "mxfp4"}) {
       SCOPED_TRACE(std::string(arch) + "/" + quant);
       Fixture f = Make(arch, quant);
@@ -60,7 +61,7 @@ TEST(WeightCheck, EveryMakeModelCheckpointPasses) {
 TEST(WeightCheck, HeadDimThatDisagreesWithTheWeightsNamesTensorAndShapes) {
   // The case: a config whose head_dim does not match the weights (a
   // glm4_moe config without head_dim read with the wrong default) must not run.
-  Fixture f = Make("deepseek_v3");  // the GLM-4.5 layout: hidden 64, 4 heads of 16
+  Fixture f = Make("glm4_moe");  // hidden 64, 4 heads of 16
   f.spec.head_dim = 32;
   absl::Status s = Check(f);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
@@ -134,7 +135,7 @@ TEST(WeightCheck, UnexpectedBiasAndExtraLayersAreMismatches) {
 }
 
 TEST(WeightCheck, TensorsTheConfigDoesNotImplyAreDroppedWithANote) {
-  Fixture f = Make("deepseek_v3");
+  Fixture f = Make("glm4_moe");
   f.config.num_nextn_predict_layers = 1;
   f.tensors["model.layers.2.eh_proj.weight"] = f.tensors["model.norm.weight"];  // an MTP layer
   f.tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = HostTensor{DType::kF32, {8}, std::vector<uint8_t>(32)};
@@ -145,6 +146,44 @@ TEST(WeightCheck, TensorsTheConfigDoesNotImplyAreDroppedWithANote) {
   EXPECT_THAT(notes[1], HasSubstr("model.layers.0.self_attn.rotary_emb.inv_freq"));
   EXPECT_EQ(f.tensors.count("model.layers.2.eh_proj.weight"), 0u);
   EXPECT_EQ(f.tensors.count("model.layers.0.self_attn.rotary_emb.inv_freq"), 0u);
+}
+
+TEST(WeightCheck, MlaShapesComeFromTheLatentAndIndexerKeys) {
+  Fixture f = Make("deepseek_v32");  // latent 512 + rope 64, q latent 96, 4 heads of 32 + 64
+  f.spec.mla.v_head_dim = 16;
+  EXPECT_THAT(std::string(Check(f).message()),
+              HasSubstr("'model.layers.0.self_attn.kv_b_proj.weight' has shape [256, 512], config.json "
+                        "(deepseek_v32) implies [192, 512] (num_attention_heads 4 x (qk_nope_head_dim 32 + "
+                        "v_head_dim 16) x kv_lora_rank 512)"));
+  Fixture g = Make("glm_moe_dsa");
+  g.spec.mla.index_head_dim = 32;
+  EXPECT_THAT(std::string(Check(g).message()),
+              HasSubstr("'model.layers.0.self_attn.indexer.wq_b.weight' has shape [1024, 96], config.json "
+                        "(glm_moe_dsa) implies [512, 96] (index_n_heads 16 x index_head_dim 32 x q_lora_rank 96)"));
+  Fixture h = Make("deepseek_v3");
+  h.tensors.erase("model.layers.1.self_attn.kv_a_layernorm.weight");
+  absl::Status s = Check(h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no tensor 'model.layers.1.self_attn.kv_a_layernorm.weight'"));
+}
+
+TEST(WeightCheck, GlmSharedIndexerLayersHaveNoIndexerTensors) {
+  MakeModelOptions o;
+  o.arch = "glm_moe_dsa";
+  o.index_pattern = "FS";
+  auto ck = GenerateRandomCheckpoint(o);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  Fixture f;
+  f.config = HfConfigFromModelSpec(ck->spec);
+  f.spec = *ModelSpecFromHfConfig(f.config);
+  f.tensors = std::move(ck->tensors);
+  EXPECT_EQ(f.tensors.count("model.layers.1.self_attn.indexer.wk.weight"), 0u);
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Check(f, &notes).ok());
+  EXPECT_TRUE(notes.empty());
+  // The same tensors read with every layer "full": layer 1's indexer is missing.
+  f.spec.mla.index_full_layers.clear();
+  EXPECT_THAT(std::string(Check(f).message()), HasSubstr("no tensor 'model.layers.1.self_attn.indexer.wq_b.weight'"));
 }
 
 TEST(WeightCheck, TiedEmbeddingsWithTheirOwnLmHeadSaySo) {

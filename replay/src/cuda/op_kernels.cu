@@ -91,6 +91,14 @@ CR_DEFINE_ENQUEUE(GatherLogitsOp)
 CR_DEFINE_ENQUEUE(ProcessLogitsOp)
 CR_DEFINE_ENQUEUE(SampleOp)
 CR_DEFINE_ENQUEUE(ActQuantOp)
+CR_DEFINE_ENQUEUE(LatentWriteOp)
+CR_DEFINE_ENQUEUE(LatentGatherOp)
+CR_DEFINE_ENQUEUE(MlaAttentionOp)
+CR_DEFINE_ENQUEUE(MlaQAbsorbOp)
+CR_DEFINE_ENQUEUE(LatentAttentionOp)
+CR_DEFINE_ENQUEUE(MlaVUpOp)
+CR_DEFINE_ENQUEUE(IndexKWriteOp)
+CR_DEFINE_ENQUEUE(IndexerOp)
 #undef CR_DEFINE_ENQUEUE
 
 }  // namespace crashreplay::replay::cuda

@@ -1,6 +1,6 @@
 // What an inference engine needs from a Hugging Face `config.json`, for the
-// llama, mistral, qwen2, qwen2_moe, qwen3, mixtral, qwen3_moe, deepseek_v3
-// and glm4_moe model types, plus quantization (FP8 block, ModelOpt NVFP4,
+// llama, mistral, qwen2, qwen2_moe, qwen3, mixtral, qwen3_moe, deepseek_v3,
+// deepseek_v32, glm_moe_dsa and glm4_moe model types, plus quantization (FP8 block, ModelOpt NVFP4,
 // MXFP4).
 //
 // Every family's spellings are normalised into one ModelConfig, accepting
@@ -172,18 +172,38 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;    // qwen MoE: layer i is MoE if (i + 1) % step == 0
   std::vector<int64_t> mlp_only_layers;  // qwen MoE: dense layers
 
-  // Multi-head latent attention (deepseek_v3); kv_lora_rank == 0: no MLA.
+  // Multi-head latent attention (deepseek_v3, deepseek_v32, glm_moe_dsa);
+  // kv_lora_rank == 0: no MLA. head_dim is qk_nope_head_dim + qk_rope_head_dim.
   int64_t q_lora_rank = 0;  // 0: q is not low-rank compressed
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+  // The rope part's pairs are (2i, 2i+1) (deepseek_v3's rope_interleave,
+  // default true; always so in deepseek_v32 and glm_moe_dsa) or (i, i + d/2).
+  bool rope_interleave = true;
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers
+  // DeepSeek Sparse Attention's indexer (deepseek_v32, glm_moe_dsa);
+  // index_topk == 0: dense attention.
+  int64_t index_n_heads = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;
+  // Per layer "full" (runs its indexer) or "shared" (reuses the last full
+  // layer's top-k): glm_moe_dsa's indexer_types, or what its
+  // index_topk_pattern / index_topk_freq / index_skip_topk_offset expand to.
+  // Empty: every layer full.
+  std::vector<std::string> indexer_types;
+  // Per layer "dense" or "sparse" (MoE): deepseek_v32's and glm_moe_dsa's
+  // mlp_layer_types; empty: first_k_dense_replace decides.
+  std::vector<std::string> mlp_layer_types;
 
   QuantConfig quant;
 
   bool IsMoe() const { return num_experts > 0; }
   bool UsesMla() const { return kv_lora_rank > 0; }
+  bool UsesDsa() const { return UsesMla() && index_topk > 0; }
+  // Whether decoder layer `layer` runs its own DSA indexer.
+  bool IsIndexerLayer(int layer) const;
   // Whether decoder layer `layer` (0-based) has a routed-expert MLP.
   bool IsMoeLayer(int layer) const;
 

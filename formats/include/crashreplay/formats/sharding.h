@@ -6,7 +6,8 @@
 // The rules (by HF tensor name, any architecture replay knows):
 //   column parallel, split along dim 0 (output rows):
 //     *.q_proj.*, *.gate_proj.*, *.up_proj.*, experts' gate/up (w1/w3),
-//     shared experts' gate/up, lm_head.*;
+//     shared experts' gate/up, lm_head.*, MLA's *.q_b_proj.* and
+//     *.kv_b_proj.* (heads);
 //     *.k_proj.*, *.v_proj.*: split in KV-head units; with fewer KV heads
 //     than ranks, rank r holds head floor(r * kv_heads / tp) (replicated).
 //   row parallel, split along dim 1 (input columns):
@@ -14,7 +15,9 @@
 //   expert parallel (moe_parallel = expert): routed experts' tensors are
 //     whole and owned by rank floor(expert / (num_experts / tp)).
 //   replicated: everything else (embeddings, norms, router gate,
-//     e_score_correction_bias, scalar scales such as weight_scale_2).
+//     e_score_correction_bias, scalar scales such as weight_scale_2, MLA's
+//     q_a_proj and kv_a_proj_with_mqa, the DSA indexer's wq_b, wk,
+//     weights_proj and k_norm).
 // The same rule applies to a weight's companion tensors (weight_scale,
 // weight_scale_inv, bias): a 2-D scale is split along the same dimension in
 // the same number of equal parts; 1-D tensors (bias) of a column split are

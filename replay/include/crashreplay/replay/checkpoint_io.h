@@ -9,7 +9,8 @@
 // (weight_check.h) before anything is built from it.
 //
 // Errors: NotFound for a missing directory/file/tensor; Unimplemented marked
-// IsUnsupportedModel for a model the engine cannot run (MLA attention,
+// IsUnsupportedModel for a model the engine cannot run (MLA with attention
+// biases,
 // qwen2_moe's gated shared expert, longrope/dynamic RoPE, an activation
 // other than SiLU); DataLoss for tensors that disagree with the config;
 // InvalidArgument/DataLoss from the readers.

@@ -75,6 +75,13 @@ class DeviceModel {
     bool has_shared = false;
     const ExpertView* shared = nullptr;  // [ranks]
     int64_t shared_inter = 0;
+    // MLA: kv_b_proj per rank; the replicated projections as one-element
+    // arrays (they run once, for every rank); null where the model has none.
+    const LinearShardView* kv_b = nullptr;  // [ranks]
+    const LinearShardView *q_a = nullptr, *kv_a = nullptr;
+    const float *q_a_norm = nullptr, *kv_a_norm = nullptr;
+    const LinearShardView *index_wq_b = nullptr, *index_wk = nullptr, *index_weights = nullptr;
+    const float *index_k_norm = nullptr, *index_k_norm_bias = nullptr;
   };
 
   const Model& model() const { return *model_; }

@@ -37,7 +37,8 @@ namespace crashreplay::replay {
 
 using Op = std::variant<EmbeddingOp, RmsNormOp, LinearOp, RopeOp, KvWriteOp, AttentionOp, SiluMulOp, ReduceOp,
                         RouterOp, TopKOp, ExpertsOp, SharedExpertOp, GatherLogitsOp, ProcessLogitsOp, SampleOp,
-                        ActQuantOp>;
+                        ActQuantOp, LatentWriteOp, LatentGatherOp, MlaAttentionOp, MlaQAbsorbOp, LatentAttentionOp,
+                        MlaVUpOp, IndexKWriteOp, IndexerOp>;
 
 OpKind KindOf(const Op& op);
 

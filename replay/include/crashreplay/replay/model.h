@@ -51,7 +51,10 @@ struct ExpertShard {
 };
 
 struct RankLayer {
+  // GQA: q/k/v/o_proj. MLA: q is q_b_proj (or q_proj without q_lora), o is
+  // o_proj, k and v are empty and kv_b is kv_b_proj, all split by heads.
   LinearShard q, k, v, o;
+  LinearShard kv_b;
   LinearShard gate, up, down;       // dense MLP
   std::vector<ExpertShard> experts; // moe: local experts (all, sliced, in tensor mode)
   int64_t expert_begin = 0;         // global id of experts[0]
@@ -59,8 +62,19 @@ struct RankLayer {
   ExpertShard shared;
 };
 
+// MLA's and the DSA indexer's weights that every rank holds whole (they are
+// computed once per token: q_a_proj and kv_a_proj_with_mqa, the indexer).
+struct MlaLayer {
+  LinearShard q_a, kv_a;                     // q_a empty without q_lora
+  std::vector<float> q_a_norm, kv_a_norm;
+  bool has_indexer = false;                  // DSA layer running its own indexer
+  LinearShard index_wq_b, index_wk, index_weights;
+  std::vector<float> index_k_norm, index_k_norm_bias;
+};
+
 struct Layer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
+  MlaLayer mla;
   bool moe = false;
   LinearShard router;               // [experts, hidden], replicated
   std::vector<float> correction_bias;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "crashreplay/formats/dtype.h"
+#include "crashreplay/replay/mla_spec.h"
 
 namespace crashreplay::replay {
 
@@ -46,7 +47,7 @@ std::string DescribeRope(const RopeSpec& rope);
 enum class QuantKind { kNone, kFp8Block, kNvfp4, kMxfp4, kFp8Tensor };
 
 struct ModelSpec {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe | deepseek_v3 | deepseek_v32 | glm_moe_dsa
   int64_t hidden = 0;
   int64_t layers = 0;
   int64_t heads = 0;
@@ -98,6 +99,13 @@ struct ModelSpec {
   // Weight-only ModelOpt formats (W4A16_NVFP4, fp8_pb_wo): no input_scale;
   // NVFP4 layers never quantize their input, whatever nvfp4_activation says.
   bool quant_weight_only = false;
+  // Modules the quantization leaves unquantized (the config's ignore /
+  // exclude_modules globs, as formats/hf_config.h reads them); empty: the
+  // writer's default list.
+  std::vector<std::string> quant_ignore;
+  // Multi-head latent attention and the DSA indexer (deepseek_v3,
+  // deepseek_v32, glm_moe_dsa); mla.enabled() false for GQA models.
+  MlaSpec mla;
 
   bool is_moe() const { return num_experts > 0; }
   bool layer_is_moe(int64_t layer) const {

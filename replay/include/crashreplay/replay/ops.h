@@ -24,7 +24,9 @@
 #include "crashreplay/replay/kernels/check.h"
 #include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/expert.h"
+#include "crashreplay/replay/kernels/indexer.h"
 #include "crashreplay/replay/kernels/linear.h"
+#include "crashreplay/replay/kernels/mla.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
 
@@ -33,7 +35,9 @@ namespace crashreplay::replay {
 // Stable ids, recorded by the CUDA fault buffer.
 enum class OpKind : uint32_t {
   kEmbedding, kRmsNorm, kLinear, kRope, kKvWrite, kAttention, kSiluMul, kReduce,
-  kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kActQuant, kCount,
+  kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kActQuant,
+  kLatentWrite, kLatentGather, kMlaAttention, kMlaQAbsorb, kLatentAttention, kMlaVUp, kIndexKWrite, kIndexer,
+  kCount,
 };
 const char* OpKindName(OpKind k);
 
@@ -46,10 +50,11 @@ struct BatchView {
   int64_t tokens = 0;
 };
 
-CR_HD PageTableRow RowTable(const BatchView& b, int64_t t) {
-  const int32_t r = b.token_row[t];
+CR_HD PageTableRow RowTableOf(const BatchView& b, int64_t r) {
   return PageTableRow{b.page_tables + b.table_offset[r], b.table_offset[r + 1] - b.table_offset[r]};
 }
+
+CR_HD PageTableRow RowTable(const BatchView& b, int64_t t) { return RowTableOf(b, b.token_row[t]); }
 
 struct LinearShardView {
   QWeight w;
@@ -68,14 +73,18 @@ struct EmbeddingOp {
   int64_t n_tokens = 0;
 };
 
-// out[r] = RMSNorm(x[gather ? gather[r] : r]) over rows of n elements.
+// out[r] = RMSNorm(x[gather ? gather[r] : r]) over rows of n elements, rows
+// `stride` floats apart (0: n), so a norm can cover the head of wider rows
+// (MLA's kv_a_layernorm over the latent part of [c | k_rot]). With `bias`
+// set it is a LayerNorm (the DSA indexer's key norm) instead.
 struct RmsNormOp {
   static constexpr OpKind kKind = OpKind::kRmsNorm;
   const float* x = nullptr;
   const float* w = nullptr;
+  const float* bias = nullptr;
   float* out = nullptr;
   const int32_t* gather = nullptr;
-  int64_t rows = 0, n = 0;
+  int64_t rows = 0, n = 0, stride = 0;
   float eps = 1e-6f;
 };
 
@@ -106,14 +115,17 @@ struct LinearOp {
   int64_t ranks = 0, tokens = 0, rows = 0, cols = 0;
 };
 
-// Rotates `heads` heads of head_dim in every row [ranks * tokens] of x.
+// Rotates `heads` heads of head_dim in every row [ranks * tokens] of x: the
+// rotary_dim values from `rot_offset` of each head (MLA: the rope part after
+// the nope dims), rotate-half or interleaved pairs.
 struct RopeOp {
   static constexpr OpKind kKind = OpKind::kRope;
   float* x = nullptr;
   const int32_t* positions = nullptr;
   const float* inv_freq = nullptr;
-  int64_t rows = 0, tokens = 0, heads = 0, head_dim = 0, rotary_dim = 0;
+  int64_t rows = 0, tokens = 0, heads = 0, head_dim = 0, rotary_dim = 0, rot_offset = 0;
   float mscale = 1.0f;
+  bool interleaved = false;
 };
 
 struct KvWriteOp {
@@ -230,6 +242,101 @@ struct SampleOp {
   int32_t vocab = 0;
 };
 
+// ---- MLA and DSA ops (kernels/mla.h, kernels/indexer.h) ---------------------
+
+// kv_a = [c | k_rot] of every token ([tokens, kv_lora + rope], c normed, k_rot
+// rotated) into every rank's latent cache (each rank holds the whole latent).
+struct LatentWriteOp {
+  static constexpr OpKind kKind = OpKind::kLatentWrite;
+  const LatentPoolView* views = nullptr;  // [ranks]
+  const float* kv_a = nullptr;
+  BatchView batch;
+  int64_t ranks = 0;
+};
+
+// The latents of n gathered positions (position pos[s] of row row[s]) out of
+// each rank's cache: c [ranks, n, kv_lora], rot [ranks, n, rope].
+struct LatentGatherOp {
+  static constexpr OpKind kKind = OpKind::kLatentGather;
+  const LatentPoolView* views = nullptr;  // [ranks]
+  BatchView batch;
+  const int32_t* row = nullptr;  // [n]
+  const int32_t* pos = nullptr;  // [n]
+  float* c = nullptr;
+  float* rot = nullptr;
+  int64_t ranks = 0, n = 0, kv_lora = 0, rope = 0;
+};
+
+// Expanded ("naive") MLA attention: per (rank, token, head) over the token's
+// row's gathered positions (row_begin[row] + j for position j), dense or over
+// the indexer's top-k (topk set: [ranks, tokens, topk_width]).
+struct MlaAttentionOp {
+  static constexpr OpKind kKind = OpKind::kMlaAttention;
+  const float* q = nullptr;    // [ranks, tokens, heads * (nope + rope)]
+  const float* kv = nullptr;   // [ranks, n, heads * (nope + v)]
+  const float* rot = nullptr;  // [ranks, n, rope]
+  const int32_t* row_begin = nullptr;  // [rows]
+  const int32_t* topk = nullptr;
+  float* out = nullptr;        // [ranks, tokens, heads * v]
+  BatchView batch;
+  int64_t ranks = 0, n = 0, heads = 0, nope = 0, rope = 0, v_dim = 0, topk_width = 0, max_len = 0;
+  float scale = 1.0f;
+};
+
+// The absorbed query: q576 [ranks, tokens, heads, kv_lora + rope].
+struct MlaQAbsorbOp {
+  static constexpr OpKind kKind = OpKind::kMlaQAbsorb;
+  const LinearShardView* kv_b = nullptr;  // [ranks]
+  const float* q = nullptr;               // [ranks, tokens, heads * (nope + rope)]
+  float* q576 = nullptr;
+  int64_t ranks = 0, tokens = 0, heads = 0, nope = 0, rope = 0, v_dim = 0, kv_lora = 0;
+};
+
+// Latent (absorbed) attention: out [ranks, tokens, heads, kv_lora].
+struct LatentAttentionOp {
+  static constexpr OpKind kKind = OpKind::kLatentAttention;
+  const LatentPoolView* views = nullptr;  // [ranks]
+  const float* q576 = nullptr;
+  const int32_t* topk = nullptr;          // sparse variants: [ranks, tokens, topk_width]
+  float* out = nullptr;
+  BatchView batch;
+  int32_t variant = 0;                    // LatentAttention
+  int64_t ranks = 0, heads = 0, kv_lora = 0, rope = 0, topk_width = 0, max_len = 0;
+  float scale = 1.0f;
+};
+
+// W_UV: out[rank, token, h * v + e] = kv_b row (h * (nope + v) + nope + e) .
+// o_lat[rank, token, h].
+struct MlaVUpOp {
+  static constexpr OpKind kKind = OpKind::kMlaVUp;
+  const LinearShardView* kv_b = nullptr;  // [ranks]
+  const float* o_lat = nullptr;           // [ranks, tokens, heads * kv_lora]
+  float* out = nullptr;                   // [ranks, tokens, heads * v]
+  DotKind dot = DotKind::kDequant;
+  int64_t ranks = 0, tokens = 0, heads = 0, nope = 0, v_dim = 0, kv_lora = 0;
+};
+
+// The index keys k [tokens, dim] into every rank's index-key cache.
+struct IndexKWriteOp {
+  static constexpr OpKind kKind = OpKind::kIndexKWrite;
+  const IndexPoolView* views = nullptr;  // [ranks]
+  const float* k = nullptr;
+  BatchView batch;
+  int64_t ranks = 0, dim = 0;
+};
+
+// The lightning indexer's top-k of every token on every rank:
+// ids [ranks, tokens, topk].
+struct IndexerOp {
+  static constexpr OpKind kKind = OpKind::kIndexer;
+  const IndexPoolView* views = nullptr;  // [ranks]
+  const float* q = nullptr;              // [tokens, heads * dim]
+  const float* w = nullptr;              // [tokens, heads]
+  int32_t* ids = nullptr;
+  BatchView batch;
+  int64_t ranks = 0, heads = 0, dim = 0, topk = 0, max_len = 0;
+};
+
 // ---- work items ------------------------------------------------------------
 // Items(op): how many; ScratchFloats(op): per-item scratch the launcher gives;
 // RunItem(op, i, scratch, st): compute item i.
@@ -244,7 +351,12 @@ CR_HD int64_t Items(const RmsNormOp& o) { return o.rows; }
 CR_HD int64_t ScratchFloats(const RmsNormOp&) { return 0; }
 CR_HD void RunItem(const RmsNormOp& o, int64_t r, float*, KernelStatus*) {
   const int64_t src = o.gather != nullptr ? o.gather[r] : r;
-  RmsNormRow(o.x + src * o.n, o.w, o.n, o.eps, o.out + r * o.n);
+  const int64_t stride = o.stride > 0 ? o.stride : o.n;
+  if (o.bias != nullptr) {
+    LayerNormRow(o.x + src * stride, o.w, o.bias, o.n, o.eps, o.out + r * stride);
+  } else {
+    RmsNormRow(o.x + src * stride, o.w, o.n, o.eps, o.out + r * stride);
+  }
 }
 
 CR_HD int64_t Items(const ActQuantOp& o) { return o.rows; }
@@ -286,7 +398,12 @@ CR_HD int64_t Items(const RopeOp& o) { return o.rows * o.heads; }
 CR_HD int64_t ScratchFloats(const RopeOp&) { return 0; }
 CR_HD void RunItem(const RopeOp& o, int64_t i, float*, KernelStatus*) {
   const int64_t rt = i / o.heads, h = i % o.heads;
-  RopeHead(o.x + (rt * o.heads + h) * o.head_dim, o.rotary_dim, o.positions[rt % o.tokens], o.inv_freq, o.mscale);
+  float* x = o.x + (rt * o.heads + h) * o.head_dim + o.rot_offset;
+  if (o.interleaved) {
+    RopeHeadInterleaved(x, o.rotary_dim, o.positions[rt % o.tokens], o.inv_freq, o.mscale);
+  } else {
+    RopeHead(x, o.rotary_dim, o.positions[rt % o.tokens], o.inv_freq, o.mscale);
+  }
 }
 
 CR_HD int64_t Items(const KvWriteOp& o) { return o.ranks * o.batch.tokens; }
@@ -401,6 +518,80 @@ CR_HD void RunItem(const SampleOp& o, int64_t r, float*, KernelStatus* st) {
     const float u = CounterUniform(sp.seed, static_cast<uint64_t>(o.request_id[r]), o.sample_offset[r]);
     o.next[r] = SampleRow(o.probs + r * o.vocab, o.vocab, u, r, st);
   }
+}
+
+CR_HD int64_t Items(const LatentWriteOp& o) { return o.ranks * o.batch.tokens; }
+CR_HD int64_t ScratchFloats(const LatentWriteOp&) { return 0; }
+CR_HD void RunItem(const LatentWriteOp& o, int64_t rt, float*, KernelStatus* st) {
+  const int64_t r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  const LatentPoolView& v = o.views[r];
+  const float* row = o.kv_a + t * (v.kv_lora + v.rope);
+  LatentWriteToken(v, RowTable(o.batch, t), o.batch.positions[t], row, row + v.kv_lora, rt, st);
+}
+
+CR_HD int64_t Items(const LatentGatherOp& o) { return o.ranks * o.n; }
+CR_HD int64_t ScratchFloats(const LatentGatherOp& o) { return o.kv_lora + o.rope; }
+CR_HD void RunItem(const LatentGatherOp& o, int64_t i, float* scratch, KernelStatus* st) {
+  const int64_t r = i / o.n, s = i % o.n;
+  LatentGatherRow(o.views[r], RowTableOf(o.batch, o.row[s]), o.pos[s], o.c + i * o.kv_lora, o.rot + i * o.rope,
+                  scratch, i, st);
+}
+
+CR_HD int64_t Items(const MlaAttentionOp& o) { return o.ranks * o.batch.tokens * o.heads; }
+CR_HD int64_t ScratchFloats(const MlaAttentionOp& o) { return o.topk_width > o.max_len ? o.topk_width : o.max_len; }
+CR_HD void RunItem(const MlaAttentionOp& o, int64_t i, float* scratch, KernelStatus* st) {
+  const int64_t rt = i / o.heads, h = i % o.heads, r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  const int64_t qk = o.nope + o.rope, kvw = o.heads * (o.nope + o.v_dim);
+  const int64_t begin = o.row_begin[o.batch.token_row[t]];
+  const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  const int32_t* ids = o.topk != nullptr ? o.topk + rt * o.topk_width : nullptr;
+  MlaAttendExpanded(o.q + (rt * o.heads + h) * qk, o.kv + (r * o.n + begin) * kvw, o.rot + (r * o.n + begin) * o.rope,
+                    kvw, h, o.nope, o.rope, o.v_dim, len, ids, o.topk_width, o.scale,
+                    o.out + (rt * o.heads + h) * o.v_dim, scratch, rt, st);
+}
+
+CR_HD int64_t Items(const MlaQAbsorbOp& o) { return o.ranks * o.tokens * o.heads; }
+CR_HD int64_t ScratchFloats(const MlaQAbsorbOp&) { return 0; }
+CR_HD void RunItem(const MlaQAbsorbOp& o, int64_t i, float*, KernelStatus*) {
+  const int64_t rt = i / o.heads, h = i % o.heads;
+  MlaQAbsorb(o.kv_b[rt / o.tokens].w, o.q + (rt * o.heads + h) * (o.nope + o.rope), h, o.nope, o.rope, o.v_dim,
+             o.q576 + i * (o.kv_lora + o.rope));
+}
+
+CR_HD int64_t Items(const LatentAttentionOp& o) { return o.ranks * o.batch.tokens * o.heads; }
+CR_HD int64_t ScratchFloats(const LatentAttentionOp& o) {
+  return LatentScratchFloats(o.kv_lora, o.rope, o.topk_width > o.max_len ? o.topk_width : o.max_len);
+}
+CR_HD void RunItem(const LatentAttentionOp& o, int64_t i, float* scratch, KernelStatus* st) {
+  const int64_t rt = i / o.heads, r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  const int32_t* ids = o.topk != nullptr ? o.topk + rt * o.topk_width : nullptr;
+  MlaAttendLatent(static_cast<LatentAttention>(o.variant), o.views[r], RowTable(o.batch, t),
+                  o.q576 + i * (o.kv_lora + o.rope), len, ids, o.topk_width, o.heads, o.scale, o.out + i * o.kv_lora,
+                  scratch, rt, st);
+}
+
+CR_HD int64_t Items(const MlaVUpOp& o) { return o.ranks * o.tokens * o.heads * o.v_dim; }
+CR_HD int64_t ScratchFloats(const MlaVUpOp&) { return 0; }
+CR_HD void RunItem(const MlaVUpOp& o, int64_t i, float*, KernelStatus* st) {
+  const int64_t rth = i / o.v_dim, e = i % o.v_dim, rt = rth / o.heads, h = rth % o.heads;
+  const QWeight& w = o.kv_b[rt / o.tokens].w;
+  o.out[i] = LinearElement(o.dot, w, o.o_lat + rth * o.kv_lora, h * (o.nope + o.v_dim) + o.nope + e, rt, st);
+}
+
+CR_HD int64_t Items(const IndexKWriteOp& o) { return o.ranks * o.batch.tokens; }
+CR_HD int64_t ScratchFloats(const IndexKWriteOp& o) { return o.dim; }
+CR_HD void RunItem(const IndexKWriteOp& o, int64_t rt, float* scratch, KernelStatus* st) {
+  const int64_t r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  IndexKWriteToken(o.views[r], RowTable(o.batch, t), o.batch.positions[t], o.k + t * o.dim, scratch, rt, st);
+}
+
+CR_HD int64_t Items(const IndexerOp& o) { return o.ranks * o.batch.tokens; }
+CR_HD int64_t ScratchFloats(const IndexerOp& o) { return IndexerScratchFloats(o.max_len, o.heads, o.dim, o.topk); }
+CR_HD void RunItem(const IndexerOp& o, int64_t rt, float* scratch, KernelStatus* st) {
+  const int64_t r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  IndexerTopK(o.views[r], RowTable(o.batch, t), o.batch.positions[t], o.q + t * o.heads * o.dim, o.w + t * o.heads,
+              o.heads, o.topk, o.ids + rt * o.topk, scratch, rt, st);
 }
 
 }  // namespace crashreplay::replay

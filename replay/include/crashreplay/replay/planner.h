@@ -6,6 +6,7 @@
 //   static     = capacity * mem_fraction_static      weights + KV pool
 //   weights    = the largest rank's shard bytes
 //   kv_pool    = static - weights;  pages = floor(kv_pool / page_bytes)
+//                page_bytes = KvBytesPerToken * page_size
 //   dynamic    = capacity - static                   activations + CUDA graphs
 //   workspace  = (kRuntimeBytes + act_per_token * kPrefillChunkTokens) * s
 //   graphs     = (kGraphBytesPerSeq * max_bs + kPerGraphBytes * graphs
@@ -47,7 +48,7 @@ struct MemoryPlan {
   uint64_t capacity = 0;
   uint64_t static_budget = 0;
   uint64_t weights = 0;
-  uint64_t kv_bytes_per_token = 0;  // one rank, all layers, K and V
+  uint64_t kv_bytes_per_token = 0;  // one rank, all layers (KvBytesPerToken)
   uint64_t page_bytes = 0;
   int64_t pool_pages = 0;
   uint64_t dynamic_budget = 0;
@@ -62,6 +63,12 @@ struct MemoryPlan {
 // The decode batch sizes captured as graphs for a given maximum (sglang's
 // schedule: 1, 2, 4, 8, then every 8 up to the maximum).
 std::vector<int> GraphBatchSizes(int max_bs);
+
+// KV-cache bytes one token takes on one rank, all layers: GQA K and V of the
+// rank's KV heads; MLA the whole latent (kv_lora_rank + qk_rope_head_dim,
+// bf16 or the fp8 layout) plus the DSA index key of every layer with its
+// own indexer (index_head_dim bf16, or e4m3 + one fp32 scale).
+uint64_t KvBytesPerToken(const Model& model, const EngineConfig& config);
 
 // Activation bytes one token needs in one forward pass on one rank.
 uint64_t ActivationBytesPerToken(const Model& model);

@@ -16,6 +16,12 @@
 // are drawn and quantized in row chunks on `threads` workers, and the
 // calibration runs on a CPU executor with as many; the bytes are the same on
 // any thread count (random_checkpoint_test checks it).
+//
+// MLA models are quantized as their real checkpoints are: FP8 blocks on
+// every linear but the indexer's weights_proj (DeepSeek-V3/V3.2); NVFP4 on
+// the routed experts and dense MLPs only, with attention (and the indexer),
+// the shared experts, the router and lm_head in bf16 and listed in the
+// quantization config's ignore list (ModelOpt's GLM-5 NVFP4 exports).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +36,10 @@
 namespace crashreplay::replay {
 
 struct MakeModelOptions {
-  std::string arch = "llama";  // llama | qwen3 | qwen3_moe | mixtral | deepseek_v3 (GLM-4.5 style, GQA)
+  // llama | qwen3 | qwen3_moe | mixtral | glm4_moe (GLM-4.5: DeepSeek-V3
+  // routing with GQA attention) | deepseek_v3 (MLA) | deepseek_v32 and
+  // glm_moe_dsa (MLA + DSA indexer).
+  std::string arch = "llama";
   std::string quant = "bf16";  // bf16 | fp8 | nvfp4 | mxfp4
   int64_t layers = 2;
   int64_t hidden = 64;
@@ -52,6 +61,21 @@ struct MakeModelOptions {
   // `total` units of `phase`, `bytes` of tensors generated so far. Empty:
   // silent.
   std::function<void(std::string_view phase, int64_t done, int64_t total, int64_t bytes)> progress;
+  // MLA (deepseek_v3, deepseek_v32, glm_moe_dsa): every head has a KV head
+  // (kv_heads is ignored). The defaults are FlashMLA-shaped (512 + 64), so
+  // the absorbed and tiled decode kernels' preconditions hold.
+  int64_t q_lora_rank = 96;  // 0: q_proj (deepseek_v3 only)
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 32;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 32;
+  // DSA indexer (deepseek_v32, glm_moe_dsa).
+  int64_t index_n_heads = 16;  // few heads make exact-zero score ties (every relu 0) common
+  int64_t index_head_dim = 64;
+  int64_t index_topk = 64;
+  // glm_moe_dsa: per layer 'F' (runs its indexer) or 'S' (reuses the last
+  // one's top-k), transformers' index_topk_pattern; empty: all 'F'.
+  std::string index_pattern;
 };
 
 struct RandomCheckpoint {

@@ -33,11 +33,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "crashreplay/formats/dtype.h"
 #include "crashreplay/formats/hash.h"
 #include "crashreplay/replay/device_model.h"
 #include "crashreplay/replay/executor.h"
 #include "crashreplay/replay/fault.h"
 #include "crashreplay/replay/kernels/attention.h"
+#include "crashreplay/replay/kernels/indexer.h"
+#include "crashreplay/replay/kernels/mla.h"
 #include "crashreplay/replay/kernels/sampling.h"
 #include "crashreplay/replay/model.h"
 #include "crashreplay/replay/toggles.h"
@@ -64,36 +67,63 @@ struct StepInput {
 };
 
 // The paged KV cache of every layer and rank, in an executor's memory
-// (zero-filled). Plane `layer * tp + rank` holds one layer of one rank.
+// (zero-filled), as one or more pools of pages. Every pool of a plane has
+// the same pages: page p of the pool holds positions p's tokens, so one page
+// table addresses them all. Plane `layer * tp + rank` holds one layer of one
+// rank. The pools by model:
+//   GQA        "k", "v"   [page_size, kv_heads_per_rank, head_dim] bf16 or e4m3;
+//   MLA        "latent"   [page_size, kv_lora_rank + qk_rope_head_dim] bf16, or
+//                         [page_size, 656]-style bytes under fp8 (kernels/mla.h);
+//                         every rank holds the whole latent (heads are split,
+//                         the latent is not);
+//   DSA        "index_k"  the indexer's keys, only in layers that run their own
+//                         indexer (planes = those layers * tp), bf16
+//                         [page_size, index_head_dim] or fp8 pages of bytes
+//                         (kernels/indexer.h).
 class KvCache {
  public:
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const Model& model, const EngineConfig& config,
                                                          int64_t pages, Executor* exec);
-  // [ranks] views of one layer, in executor memory (what the ops read).
-  const KvPoolView* views(int64_t layer) const { return views_[layer]; }
+  // One pool, as the snapshot reads and writes it.
+  struct Pool {
+    std::string name;                 // "k", "v", "latent", "index_k"
+    DType dtype = DType::kBF16;       // element type of `page_shape` (U8 for byte layouts)
+    std::vector<int64_t> page_shape;  // one page of one plane
+    size_t page_bytes = 0;
+    std::vector<uint8_t*> planes;     // executor memory, [pages * page_bytes] each
+  };
+
+  // [ranks] views of one layer, in executor memory (what the ops read):
+  // GQA models' K/V, MLA models' latent, DSA layers' index keys (null where
+  // the layer has none).
+  const KvPoolView* views(int64_t layer) const { return views_.empty() ? nullptr : views_[layer]; }
+  const LatentPoolView* latent_views(int64_t layer) const {
+    return latent_views_.empty() ? nullptr : latent_views_[layer];
+  }
+  const IndexPoolView* index_views(int64_t layer) const {
+    return index_views_.empty() ? nullptr : index_views_[layer];
+  }
   int64_t pages() const { return pages_; }
   int page_size() const { return page_size_; }
   bool fp8() const { return fp8_; }
-  int64_t kv_heads() const { return kv_heads_; }
-  int64_t head_dim() const { return head_dim_; }
-  int64_t planes() const { return static_cast<int64_t>(k_.size()); }
-  size_t page_bytes() const;  // one page of one plane
-  // K and V of `pages` in every plane, plane-major then page order
-  // (step_state.h's layout). Page ids must be < pages().
-  absl::Status CopyPages(const std::vector<int32_t>& pages, std::vector<uint8_t>* k, std::vector<uint8_t>* v) const;
+  const std::vector<Pool>& pools() const { return pools_; }
+  // The bytes of `pages` of every pool (plane-major, then page order; the
+  // snapshot layout), one vector per pool. Page ids must be < pages().
+  absl::Status CopyPages(const std::vector<int32_t>& pages, std::vector<std::vector<uint8_t>>* out) const;
   // The inverse of CopyPages; the caller checked ids and sizes.
-  absl::Status WritePages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& k,
-                          const std::vector<uint8_t>& v);
+  absl::Status WritePages(const std::vector<int32_t>& pages, const std::vector<std::vector<uint8_t>>& in);
 
  private:
   explicit KvCache(Executor* exec) : mem_(exec) {}
+  absl::StatusOr<uint8_t*> NewPlane(Pool* pool);
   ExecMemory mem_;
   int64_t pages_ = 0;
   int page_size_ = 16;
   bool fp8_ = false;
-  int64_t kv_heads_ = 0, head_dim_ = 0;
-  std::vector<uint8_t*> k_, v_;  // [layer * tp + rank], executor memory
+  std::vector<Pool> pools_;
   std::vector<const KvPoolView*> views_;
+  std::vector<const LatentPoolView*> latent_views_;
+  std::vector<const IndexPoolView*> index_views_;
 };
 
 // The host mirror of an activation buffer, as of the last kernel that wrote
@@ -135,7 +165,12 @@ struct KernelRecord {
   Hash128 digest;  // of all output buffers' bytes, in output order (watcher on)
   double micros = 0;
   bool failed = false;
+  std::vector<std::string> checks;  // KernelChecks of the kernel
 };
+
+// The names of the checks (kernels/check.h) kernel `k`'s ops can fire with
+// their parameters, in first-seen order (replay/src/kernel_checks.cc).
+std::vector<std::string> KernelChecks(const KernelCall& k);
 
 nlohmann::json KernelRecordToJson(const KernelRecord& r);
 
@@ -202,8 +237,21 @@ class StepProgram {
   };
   explicit StepProgram(Executor* exec, StepInput input) : exec_(exec), mem_(exec), input_(std::move(input)) {}
   absl::Status Build(const DeviceModel& dm, const EngineConfig& cfg, KvCache* kv);  // step_lower.cc
-  void NameLibraries(const EngineConfig& cfg);
+  void NameLibraries(const EngineConfig& cfg, const ModelSpec& spec);
   std::optional<Fault> ArchFault(const KernelCall& k) const;
+  // The lowering's pieces (step_lower.cc; MLA/DSA attention in step_lower_mla.cc).
+  struct Lowering;  // step_lower_internal.h
+  LinearOp MakeLinear(const Lowering& c, const LinearShardView* shards, DotKind dot, const std::string& x,
+                      bool per_rank, const std::string& y, int64_t tokens, int64_t rows, int64_t cols,
+                      const std::string& fp4 = "", int ranks = 0);
+  RmsNormOp MakeNorm(const Lowering& c, const std::string& x, const float* w, const std::string& out, int64_t rows,
+                     int64_t n);
+  absl::StatusOr<std::string> ActQuant(const std::string& name, int layer, const LinearShard* first,
+                                       const std::string& x, int64_t rows, int64_t cols, int64_t tpr,
+                                       const std::string& out);
+  absl::Status Ensure(const std::string& name, std::vector<int64_t> shape, bool is_int = false);
+  absl::Status LowerGqaAttention(const Lowering& c, int64_t layer);
+  absl::Status LowerMlaAttention(const Lowering& c, int64_t layer);
   absl::StatusOr<Buf*> Alloc(const std::string& name, std::vector<int64_t> shape, bool is_int = false,
                              bool is_bytes = false);
   float* F(const std::string& name) { return static_cast<float*>(bufs_[name].p); }

@@ -17,15 +17,25 @@
 //   "state.rows"  I64 [rows, 2]: request id and start_pos of each row, to
 //                 check that a snapshot belongs to the step's batch;
 //   "kv.pages"    I32 [n]: the pool pages, ascending;
-//   "kv.k", "kv.v"  BF16 or F8_E4M3 (the kv_cache_dtype)
-//                 [layers * tp, n, page_size, kv_heads_per_rank, head_dim],
-//                 plane l * tp + r is layer l of rank r;
-// the kv.* tensors are left out when n == 0.
+//   "kv.<pool>"   one tensor per pool of the cache (KvCache::pools()),
+//                 [planes, n, <page shape>] in the pool's dtype, plane-major
+//                 then page order:
+//     kv.k, kv.v      GQA: BF16 or F8_E4M3 [layers * tp, n, page_size,
+//                     kv_heads_per_rank, head_dim], plane l * tp + r;
+//     kv.latent       MLA: BF16 [layers * tp, n, page_size, kv_lora + rope],
+//                     or U8 [layers * tp, n, page_size, token_bytes] for the
+//                     fp8 latent layout (kernels/mla.h);
+//     kv.index_k      DSA: BF16 [indexer layers * tp, n, page_size,
+//                     index_head_dim] or U8 [.., n, page_bytes] (fp8);
+//                     planes of the layers that run their own indexer only;
+// the kv.* tensors are left out when n == 0. Captures from before MLA hold
+// kv.k and kv.v, which are the GQA cache's pools: they read as before.
 //
 // Thread-compatible value types and pure functions over a KvCache.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,13 +44,19 @@
 
 namespace crashreplay::replay {
 
+// One pool's pages ("k", "v", "latent", "index_k"): tensor kv.<name>.
+struct StatePool {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;  // [planes, n, page shape...]
+  std::vector<uint8_t> bytes;
+};
+
 struct StepState {
   int64_t step = -1;
   std::vector<int64_t> rows;  // request id, start_pos; per row
   std::vector<int32_t> pages;
-  DType kv_dtype = DType::kBF16;
-  std::vector<int64_t> kv_shape;  // empty when pages is
-  std::vector<uint8_t> k, v;
+  std::vector<StatePool> pools;  // empty when pages is
 };
 
 // The pages whose contents `in` reads and does not write, ascending.

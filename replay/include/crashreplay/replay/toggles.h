@@ -99,6 +99,8 @@ enum class GemmBackend { kDequantMatmul, kFusedBlockScaled };
 enum class ScaleFormat { kCheckpoint, kFp32, kUe8m0Requant, kUe8m0, kDeepGemmUe8m0 };
 enum class Nvfp4Activation { kW4a4, kW4a16 };
 enum class KvCacheDType { kBf16, kFp8E4m3 };
+enum class MlaDecode { kNaive, kAbsorbed };
+enum class DsaDecode { kReference, kTiled64 };
 enum class SamplingBackend { kSorted, kThreshold };
 enum class RopeConfig { kCheckpoint, kLegacy, kRopeParameters };
 enum class MoeParallel { kTensor, kExpert };
@@ -110,6 +112,9 @@ struct EngineConfig {
   ScaleFormat scale_format = ScaleFormat::kCheckpoint;
   Nvfp4Activation nvfp4_activation = Nvfp4Activation::kW4a4;
   KvCacheDType kv_cache_dtype = KvCacheDType::kBf16;
+  MlaDecode mla_decode = MlaDecode::kNaive;
+  DsaDecode dsa_decode = DsaDecode::kReference;
+  KvCacheDType index_cache_dtype = KvCacheDType::kBf16;
   int page_size = 16;
   double mem_fraction_static = 0.88;
   int cuda_graph_max_bs = 32;

@@ -58,19 +58,25 @@ CR_HD void KvStore(const KvPoolView& kv, void* base, int64_t i, float x) {
   }
 }
 
-// Resolves position -> pool page through the table with both checks; -1 on failure.
-CR_HD int64_t ResolvePage(const KvPoolView& kv, PageTableRow row, int64_t logical, int64_t item,
-                          KernelStatus* st) {
+// Resolves logical page -> pool page through the table with both checks
+// (position within the table, page within a pool of `pool_pages`); -1 on failure.
+CR_HD int64_t ResolvePoolPage(int64_t pool_pages, PageTableRow row, int64_t logical, int64_t item,
+                              KernelStatus* st) {
   if (logical < 0 || logical >= row.width) {
     Fail(st, Check::kPositionInTable, item, logical, static_cast<double>(row.width));
     return -1;
   }
   const int32_t page = row.pages[logical];
-  if (page < 0 || page >= kv.pages) {
-    Fail(st, Check::kPageInPool, item, page, static_cast<double>(kv.pages));
+  if (page < 0 || page >= pool_pages) {
+    Fail(st, Check::kPageInPool, item, page, static_cast<double>(pool_pages));
     return -1;
   }
   return page;
+}
+
+CR_HD int64_t ResolvePage(const KvPoolView& kv, PageTableRow row, int64_t logical, int64_t item,
+                          KernelStatus* st) {
+  return ResolvePoolPage(kv.pages, row, logical, item, st);
 }
 
 // Writes one token's K and V ([kv_heads * head_dim] each) at position `pos`.

@@ -28,6 +28,12 @@ enum class Check : uint32_t {
   kProbNonNegative,     // sampling: probabilities >= 0
   kProbSumPositive,     // sampling: probabilities sum to > 0
   kNvfp4InputScale,     // NVFP4 activation quantization: input_scale finite and > 0
+  kMlaHeadDim576,       // FlashMLA (absorbed MLA): q/k head dim kv_lora_rank + qk_rope_head_dim == 576
+  kMlaVHeadDim512,      // FlashMLA (absorbed MLA): v head dim kv_lora_rank == 512
+  kSparseMlaHeads,      // FlashMLA sparse decode: heads per rank, padded to 64, is 64 or 128
+  kTopkMultipleOf64,    // FlashMLA sparse decode: index_topk is whole 64-index tiles
+  kTopkIndexInSequence, // sparse attention: a top-k index is -1 (none) or a position of the sequence
+  kIndexHeadDim,        // FP8 indexer: index_head_dim a power of two <= 128 (Hadamard, one scale a key)
   kNumChecks,
 };
 
@@ -46,6 +52,12 @@ CR_HD const char* CheckName(Check c) {
     case Check::kProbNonNegative: return "probs_non_negative";
     case Check::kProbSumPositive: return "probs_sum_positive";
     case Check::kNvfp4InputScale: return "nvfp4_input_scale_valid";
+    case Check::kMlaHeadDim576: return "mla_head_dim_576";
+    case Check::kMlaVHeadDim512: return "mla_v_head_dim_512";
+    case Check::kSparseMlaHeads: return "sparse_mla_heads_supported";
+    case Check::kTopkMultipleOf64: return "topk_multiple_of_64";
+    case Check::kTopkIndexInSequence: return "topk_index_in_sequence";
+    case Check::kIndexHeadDim: return "index_head_dim_supported";
     default: return "unknown";
   }
 }

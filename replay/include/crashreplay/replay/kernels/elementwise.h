@@ -51,6 +51,23 @@ CR_HD void RopeHead(float* x, int64_t rotary_dim, int64_t pos, const float* inv_
   }
 }
 
+// The same rotation with DeepSeek's interleaved pairing (2i, 2i + 1), pair i
+// rotated by inv_freq[i] (transformers' apply_rotary_pos_emb_interleave, which
+// writes the rotated pairs de-interleaved; the pairs' values are the same, so
+// q . k is too).
+CR_HD void RopeHeadInterleaved(float* x, int64_t rotary_dim, int64_t pos, const float* inv_freq, float mscale) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    const float c = cosf(angle) * mscale;
+    const float s = sinf(angle) * mscale;
+    const float a = x[2 * i];
+    const float b = x[2 * i + 1];
+    x[2 * i] = a * c - b * s;
+    x[2 * i + 1] = b * c + a * s;
+  }
+}
+
 CR_HD float Silu(float g) { return g / (1.0f + expf(-g)); }
 
 // out[i] = silu(gate[i]) * up[i]
