@@ -1,16 +1,20 @@
 // `crashreplay demo [--out DIR] [--json]`: the README's first command. Tells
-// the Blackwell crash story end to end with the real machinery:
-//   1. `make-model`: a small GLM-style NVFP4 MoE checkpoint;
-//   2. launch 1 (`run --config configs/demo/launch1_oom.toml`): OOM at graph
+// the seed's crash story end to end with the real machinery, in sglang's words:
+//   1. `make-model`: a tiny GLM-5 (glm_moe_dsa: MLA + DSA indexer) ModelOpt
+//      NVFP4 checkpoint with the real exclude list;
+//   2. launch 1 (`run --config configs/demo/launch1_oom.toml`, sglang server
+//      arguments on a recorded RTX PRO 6000, sm_120, 96 GB): OOM at graph
 //      capture, from the memory planner's arithmetic;
 //   3. launch 2 (`run --config configs/demo/launch2_assert.toml`): starts,
-//      prefills, fails in decode with the paged decode kernel's precondition;
+//      prefills, fails in decode: the DSA decode backend's kernel has no
+//      sm_120 code (kernel_archs.cc);
 //   4. `replay` of launch 2's capture: the failing step kernel by kernel, and
 //      the same recorded step under the conservative configuration;
 //   5. one bisection per failing launch against configs/demo/conservative.toml
 //      (RunBisect; each trial is a `crashreplay run` process), the first bad
 //      kernel from replays of the capture, and the HTML reports.
-// Launches and the capture carry `--record`. Every step execs this binary's
+// Launches carry `--record`, which writes sglang's manifest form (the same
+// path a capture from the sglang adapter takes). Every step execs this binary's
 // own subcommands or calls the bisect library as `crashreplay bisect` does.
 // Nothing here decides a failure: the configuration files and the engine do.
 #include <unistd.h>
@@ -45,6 +49,7 @@ namespace crashreplay::tools {
 namespace {
 
 constexpr char kPrompt[] = "Say hello in one sentence";
+constexpr char kDevice[] = "NVIDIA RTX PRO 6000 Blackwell Server Edition";  // the recorded device's name
 constexpr int kMaxNewTokens = 8;
 
 std::string SelfExe() {
@@ -75,7 +80,8 @@ absl::StatusOr<Launch> RunLaunch(const std::string& self, const std::string& mod
   std::filesystem::remove_all(record, ignored);  // a rerun records afresh
   CR_ASSIGN_OR_RETURN(bisect::ProcessResult p,
                       Exec({self, "run", model, "--config", config, "--prompt", kPrompt, "--max-new-tokens",
-                            std::to_string(kMaxNewTokens), "--record", record, "--json"}));
+                            std::to_string(kMaxNewTokens), "--record", record, "--device-name", kDevice,
+                            "--json"}));
   Launch l;
   l.capture = record;
   l.config_path = config;
@@ -220,9 +226,10 @@ std::string CulpritText(const nlohmann::json& culprit) {
 
 int RunDemo(int argc, char** argv) {
   CLI::App app(
-      "End-to-end demo: build a small GLM-style NVFP4 MoE, launch it with the failing session's two "
-      "configurations (OOM at graph capture, then an assert in decode), replay the failing step kernel by "
-      "kernel, and bisect both failures against a conservative configuration.",
+      "End-to-end demo: build a tiny GLM-5 (glm_moe_dsa) NVFP4 checkpoint, launch it with the failing "
+      "session's two sglang configurations on a recorded RTX PRO 6000 (sm_120): OOM at graph capture, then a "
+      "decode failure; replay the failing step kernel by kernel, and bisect both against a conservative "
+      "configuration.",
       "demo");
   std::string out_dir = "demo-out";
   std::string configs = std::string(CRASHREPLAY_SOURCE_DIR) + "/configs/demo";
@@ -249,16 +256,18 @@ int RunDemo(int argc, char** argv) {
   }
 
   // 1. The checkpoint.
-  auto made = Exec({self, "make-model", model, "--arch", "glm4_moe", "--quant", "nvfp4", "--layers", "3",
-                    "--heads", "8", "--kv-heads", "2", "--intermediate", "128", "--moe-intermediate", "128",
-                    "--experts", "16", "--experts-per-tok", "4", "--shared-experts", "1", "--n-group", "4",
-                    "--topk-group", "2"});
+  auto made = Exec({self, "make-model", model, "--arch", "glm_moe_dsa", "--quant", "nvfp4", "--layers", "3",
+                    "--heads", "8", "--intermediate", "256", "--moe-intermediate", "128", "--experts", "16",
+                    "--experts-per-tok", "4", "--shared-experts", "1", "--n-group", "4", "--topk-group", "2"});
   if (!made.ok()) return ReportError(made.status());
   if (!made->exited || made->exit_code != 0) {
     return ReportError(absl::InternalError(absl::StrCat("make-model failed: ", made->stderr_tail)));
   }
   say("== 1. model: " + std::string(absl::StripTrailingAsciiWhitespace(made->stdout_text)));
-  say("   (GLM-4.5 layout: NVFP4 ModelOpt weights, 3 layers, 16 routed experts + 1 shared, top-4 of 4 groups)");
+  say("   (GLM-5 layout, glm_moe_dsa: MLA with a 512+64 latent and the DSA lightning indexer; ModelOpt NVFP4 "
+      "routed experts, attention, indexer and shared experts bf16 in its exclude list; 3 layers, 16 routed "
+      "experts + 1 shared, top-4 of 4 groups)");
+  say(std::string("   recorded device: ") + kDevice + " (sm_120, 96 GB), 8 ranks");
 
   // 2-3. The two launches of the failing session.
   auto l1 = RunLaunch(self, model, launch1, out_dir + "/launch1");

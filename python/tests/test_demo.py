@@ -1,18 +1,19 @@
 """`crashreplay demo --json`: the end-to-end story's conclusions.
 
 The expectations are derived from the demo's configuration files
-(configs/demo/*.toml) and the mechanism behind each failure:
+(configs/demo/*.toml, sglang server arguments and environment on a recorded
+RTX PRO 6000, sm_120) and the mechanism behind each failure:
 
-* launch1_oom.toml differs from conservative.toml in mem_fraction_static and
-  cuda_graph_max_bs. The memory planner's graph-capture check fails only when
-  the static fraction leaves too little dynamic memory AND the graphs up to
-  the larger batch need more than that: each change alone fits (the file's
-  comment gives the arithmetic), so the culprit is exactly both changes.
-* launch2_assert.toml differs in more toggles, but only attention_backend =
-  paged64 carries a precondition the cache breaks (page_size == 64; both files
-  use 16-token pages), and it only runs in decode (prefill uses the reference
-  kernel). The culprit is exactly {attention_backend: paged64}; the memory
-  changes at 0.88 fit and the fused GEMM has no check that fires.
+* launch1_oom.toml differs from conservative.toml in mem_fraction_static,
+  cuda_graph_max_bs and the DSA decode backend. The memory planner's
+  graph-capture check fails only when the static fraction leaves too little
+  dynamic memory AND the graphs up to the larger batch need more than that
+  (each change alone fits); the decode backend never runs, since the server
+  dies before serving. The culprit is exactly the two memory changes.
+* launch2_assert.toml differs in the same keys, but at 0.88 the memory fits;
+  the first decode step runs flashmla_kv's kernel, FlashMLA's sparse decode,
+  which has no sm_120 code (replay/src/kernel_archs.cc): unsupported_arch.
+  The culprit is exactly {dsa_decode_backend: flashmla_kv}.
 """
 import json
 import os
@@ -56,27 +57,27 @@ def test_the_oom_is_found_at_graph_capture_with_both_memory_changes_as_culprit(d
     result, _, _ = demo
     good, bad = load("conservative.toml"), load("launch1_oom.toml")
     expected = diff(good, bad)
-    assert set(expected) == {"mem_fraction_static", "cuda_graph_max_bs"}  # what the files say
+    assert set(expected) == {"mem_fraction_static", "cuda_graph_max_bs", "dsa_decode_backend"}  # what the files say
     f = finding(result, "graph_capture")
     assert f["signature"] == {"class": "oom", "stage": "graph_capture", "kernel": "memory_planner",
                               "check": "graph_memory_fits"}
-    assert f["culprit"] == expected
+    assert f["culprit"] == {k: expected[k] for k in ("mem_fraction_static", "cuda_graph_max_bs")}
     assert f["culprit_minimal"] is True
     assert f["first_bad_kernel"]["kernel"] == "memory_planner"
     assert result["launches"]["launch1"]["exit_code"] == 1
 
 
-def test_the_assert_is_found_in_decode_with_the_paged_kernel_as_culprit(demo):
+def test_the_decode_failure_is_the_dsa_decode_kernel_without_sm120_code(demo):
     result, _, _ = demo
     good, bad = load("conservative.toml"), load("launch2_assert.toml")
     changes = diff(good, bad)
-    assert good["page_size"] != 64 and bad["page_size"] != 64  # the precondition is broken in both
-    assert "attention_backend" in changes and len(changes) > 1  # the bisector has something to isolate
+    assert bad["crashreplay"]["device_arch"] == "sm_120" and bad["dsa_decode_backend"] == "flashmla_kv"
+    assert "dsa_decode_backend" in changes and len(changes) > 1  # the bisector has something to isolate
     f = finding(result, "decode")
-    assert f["signature"] == {"class": "device_assert", "stage": "decode", "kernel": "attention",
-                              "check": "page_size_is_64"}
-    assert f["culprit"] == {"attention_backend": changes["attention_backend"]}
-    # The failing step ran the attention kernel of layer 0 and stopped there.
+    assert f["signature"] == {"class": "unsupported_arch", "stage": "decode", "kernel": "attention",
+                              "check": "flashmla_sparse_on_sm_120"}
+    assert f["culprit"] == {"dsa_decode_backend": "flashmla_kv"}
+    # The failing step ran up to the attention kernel of layer 0 and stopped there.
     assert f["first_bad_kernel"]["kernel"] == "L0.attention"
     steps = result["launches"]["launch2"]["steps"]
     assert [s["mode"] for s in steps] == ["prefill", "decode"]
@@ -88,14 +89,16 @@ def test_the_two_failures_are_different_bugs(demo):
     assert len(result["findings"]) == 2
 
 
-def test_replay_of_the_failing_step_reproduces_the_assert_kernel_by_kernel(demo):
+def test_replay_of_the_failing_step_reproduces_the_failure_kernel_by_kernel(demo):
     result, _, _ = demo
     rep = result["replay"]
-    # `replay` reports a check that fires as "failed", and says it is the recorded one.
+    # `replay` reports the step failing again, and says it is the recorded failure.
     assert rep["outcome"] == "failed" and rep["matches_recorded_failure"] is True
-    assert rep["weights"] == "verified"
+    # The capture is in sglang's manifest form: weights verified in sglang's layout on all 8 ranks.
+    assert rep["weights"].startswith("verified") and "of 8 ranks (sglang layout)" in rep["weights"], rep["weights"]
+    assert rep["config"]["device_arch"] == "sm_120" and rep["config"]["dsa_kernel"] == "flashmla_sparse"
     assert rep["fault"]["signature"]["kernel"] == "attention" and rep["fault"]["layer"] == 0
-    assert rep["fault"]["signature"]["check"] == "page_size_is_64" and rep["fault"]["index"] == 16
+    assert rep["fault"]["signature"]["check"] == "flashmla_sparse_on_sm_120" and rep["fault"]["value"] == 120
     assert rep["kernels_run"] > 1
     assert rep["first_bad_kernel_vs_conservative"]["kernel"] == "L0.attention"
     trace = json.loads(pathlib.Path(rep["trace"]).read_text())
@@ -120,32 +123,33 @@ def test_html_reports_are_written_and_self_contained(demo):
 
 
 def test_culprits_follow_edited_configuration_files(tmp_path):
-    """The failures come from the files, not from the demo: give the
-    conservative configuration 64-token pages and the assert needs two changes
-    together (the paged kernel AND the 16-token pages of launch 2)."""
+    """The failures come from the files, not from the demo: turn JIT DeepGEMM
+    back on in launch 2 (sglang's default) and on sm_120 it reads the NVFP4
+    checkpoint's e4m3 scales as UE8M0; the UE8M0 kernel's layout check fires in
+    the first prefill, before the decode backend ever runs, and the culprit
+    moves to the environment variable."""
     configs = tmp_path / "configs"
     configs.mkdir()
     for name in ("launch1_oom.toml", "launch2_assert.toml", "conservative.toml"):
         text = (CONFIGS / name).read_text()
-        if name == "conservative.toml":
-            text = re.sub(r"(?m)^page_size = 16$", "page_size = 64", text)
+        if name == "launch2_assert.toml":
+            text = re.sub(r'(?m)^env.SGLANG_ENABLE_JIT_DEEPGEMM = "0"$', 'env.SGLANG_ENABLE_JIT_DEEPGEMM = "1"', text)
         (configs / name).write_text(text)
     r = subprocess.run([BIN, "demo", "--json", "--out", str(tmp_path / "out"), "--configs", str(configs)],
                        capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
-    launch2 = load("launch2_assert.toml")
-    f = finding(result, "decode")
-    assert f["culprit"] == {"attention_backend": launch2["attention_backend"], "page_size": launch2["page_size"]}
-    assert f["first_bad_kernel"]["kernel"] == "L0.attention"
-    assert finding(result, "graph_capture")["culprit"] == diff(load("conservative.toml"), load("launch1_oom.toml"))
+    f = finding(result, "prefill")
+    assert f["signature"]["class"] == "device_assert" and f["signature"]["check"] == "ue8m0_scale_layout"
+    assert f["culprit"] == {"env.SGLANG_ENABLE_JIT_DEEPGEMM": "1"}
+    assert finding(result, "graph_capture")["culprit"] == {"mem_fraction_static": 0.95, "cuda_graph_max_bs": 64}
 
 
 def test_bisecting_the_recorded_capture_replays_the_step_and_finds_the_same_culprit(demo):
     # `crashreplay bisect CAPTURE`: every trial replays launch 2's recorded
-    # decode step under its configuration. The conservative file's GEMM path
-    # changes the digests (the replay is `diverged`, every check passing), which
-    # must count as good; the culprit is the paged kernel, as with `run` trials.
+    # decode step, a capture in sglang's manifest form, under the trial's
+    # configuration in sglang's words; the culprit is the decode backend, as
+    # with `run` trials.
     _, out, _ = demo
     (out / "bisect-capture").mkdir(exist_ok=True)
     r = subprocess.run([BIN, "bisect", str(out / "launch2"), "--good", str(CONFIGS / "conservative.toml"),
@@ -154,9 +158,9 @@ def test_bisecting_the_recorded_capture_replays_the_step_and_finds_the_same_culp
                        capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["culprit"] == {"attention_backend": "paged64"}
+    assert report["culprit"] == {"dsa_decode_backend": "flashmla_kv"}
     sig = report["target_signature"]
     assert (sig["class"], sig["stage"], sig["kernel"], sig["check"]) == \
-        ("device_assert", "decode", "attention", "page_size_is_64")
+        ("unsupported_arch", "decode", "attention", "flashmla_sparse_on_sm_120")
     assert report["first_bad_kernel"]["kernel"] == "L0.attention"
     assert "replay" in report["reproduce"]
