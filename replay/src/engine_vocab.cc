@@ -145,6 +145,8 @@ const std::vector<VocabRow>& Rows() {
       {"sglang", "mem_fraction_static", "*", {{"mem_fraction_static", "$"}}, "weights + KV pool share of memory"},
       {"sglang", "max_total_tokens", "*", {{"max_total_tokens", "$"}}, "KV pool cap in tokens"},
       {"sglang", "max_running_requests", "*", {{"max_running_requests", "$"}}, "batch size cap"},
+      {"sglang", "scheduler.max_running_requests", "*", {{"max_running_requests", "$"}},
+       "the cap the scheduler settled on at run time (recorded by the adapter; wins over the argument)"},
       {"sglang", "cuda_graph_max_bs", "*", {{"cuda_graph_max_bs", "$"}}, "largest captured batch"},
       {"sglang", "cuda_graph_max_bs_decode", "*", {{"cuda_graph_max_bs", "$"}},
        "largest captured decode batch (wins over cuda_graph_max_bs)"},
@@ -251,7 +253,17 @@ absl::Status ApplyEngineSettings(std::string_view engine, const EngineSettings& 
   for (const auto& [k, v] : given) {
     if (!known.count(k)) continue;
     if (Unset(v)) {
-      result->notes.push_back(Cat(engine, " left ", k, " unset (decided at run time); the replay keeps its value"));
+      // Unset means "inherit" for a backend (decode_attention_backend falls
+      // back to attention_backend) and "no cap" for max_total_tokens, as the
+      // replay's defaults do; a number the engine sizes at run time
+      // (mem_fraction_static, cuda_graph_max_bs, ...) is worth a note.
+      const bool sized_at_run_time =
+          k != "max_total_tokens" && !given.count("scheduler." + k) && std::any_of(Rows().begin(), Rows().end(), [&](const VocabRow& r) {
+            return r.engine == engine && r.key == k && r.value == "*" && !r.sets.empty();
+          });
+      if (sized_at_run_time) {
+        result->notes.push_back(Cat(engine, " left ", k, " unset (decided at run time); the replay keeps its value"));
+      }
       continue;
     }
     const std::string cv = Canonical(v);
