@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <fstream>
 #include <sstream>
 
@@ -277,7 +278,9 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir) {
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(dir));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> opened, Checkpoint::Open(dir));
+  // The tensors view the mapped shards; the last of them to go unmaps them.
+  const std::shared_ptr<const Checkpoint> ck = std::move(opened);
   if (ck->config_path().empty()) return absl::NotFoundError(Cat(dir, ": no config.json"));
   LoadedCheckpoint out;
   CR_ASSIGN_OR_RETURN(out.config, LoadHfConfig(ck->config_path()));
@@ -288,7 +291,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir) {
     HostTensor h;
     h.dtype = t->info->dtype;
     h.shape = t->info->shape;
-    h.bytes.assign(reinterpret_cast<const uint8_t*>(data.data()), reinterpret_cast<const uint8_t*>(data.data()) + data.size());
+    h.bytes = TensorBytes::View({reinterpret_cast<const uint8_t*>(data.data()), data.size()}, ck);
     out.tensors.emplace(name, std::move(h));
   }
   CR_RETURN_IF_ERROR(CheckWeights(out.config, out.spec, dir, &out.tensors, &out.notes));

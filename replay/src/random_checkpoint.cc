@@ -64,7 +64,7 @@ HostTensor Make(DType dt, std::vector<int64_t> shape, const std::vector<T>& v) {
   t.dtype = dt;
   t.shape = std::move(shape);
   t.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  std::memcpy(t.bytes.mutable_data(), v.data(), t.bytes.size());
   return t;
 }
 
@@ -133,7 +133,7 @@ class Generator {
     switch (Quantized(base) ? spec_.quant : QuantKind::kNone) {
       case QuantKind::kNone: {
         HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
-        uint8_t* dst = t.bytes.data();
+        uint8_t* dst = t.bytes.mutable_data();
         ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
           for (int64_t i = r0 * in; i < r1 * in; ++i) {
             const uint16_t h = FloatToBf16(w[i]);
@@ -251,7 +251,7 @@ class Generator {
   HostTensor Bf16Matrix(int64_t out, int64_t in) {
     const std::vector<float> w = Matrix(out, in);
     HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
-    uint8_t* dst = t.bytes.data();
+    uint8_t* dst = t.bytes.mutable_data();
     ForRowChunks(*pool_, out, in, 1, [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0 * in; i < r1 * in; ++i) {
         const uint16_t h = FloatToBf16(w[i]);

@@ -177,7 +177,7 @@ TEST(ShardHashes, MatchTheSameCheckpointAndNameTheTamperedTensor) {
   c.scale_format = ScaleFormat::kUe8m0Requant;  // scale conversion does not change what is hashed
   auto b = BuildModel(ck->spec, ck->tensors, c);
   EXPECT_TRUE(VerifyShardHashes(**b, recorded).ok());
-  ck->tensors["model.layers.1.self_attn.o_proj.weight"].bytes[20] ^= 1;  // packed byte 20 = columns 40, 41: rank 1's half
+  ck->tensors["model.layers.1.self_attn.o_proj.weight"].bytes.mutable_data()[20] ^= 1;  // packed byte 20 = columns 40, 41: rank 1's half
   auto t = BuildModel(ck->spec, ck->tensors, c);
   absl::Status s = VerifyShardHashes(**t, recorded);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);

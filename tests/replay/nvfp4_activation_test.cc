@@ -197,7 +197,7 @@ TEST(Nvfp4Activation, W4a4StaysCloseToW4a16) {
 
 void SetScalar(TensorSet& t, const std::string& name, float v) {
   ASSERT_TRUE(t.count(name)) << name;
-  std::memcpy(t[name].bytes.data(), &v, 4);
+  std::memcpy(t[name].bytes.mutable_data(), &v, 4);
 }
 
 TEST(Nvfp4Activation, BrokenInputScaleFaultsInTheQuantizationKernelThatReadsIt) {

@@ -19,6 +19,7 @@
 
 #include "crashreplay/formats/dtype.h"
 #include "crashreplay/replay/mla_spec.h"
+#include "crashreplay/replay/tensor_bytes.h"
 
 namespace crashreplay::replay {
 
@@ -115,10 +116,12 @@ struct ModelSpec {
   }
 };
 
+// A loaded checkpoint's tensors view the mapped files (see tensor_bytes.h);
+// tensors made in memory own their bytes.
 struct HostTensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
+  TensorBytes bytes;
 };
 
 using TensorSet = std::map<std::string, HostTensor>;
