@@ -56,6 +56,9 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
   for (int64_t i = 0; i < sr; ++i)
     for (int64_t j = 0; j < w.scale_cols; ++j) f[i * w.scale_cols + j] = ScaleAt(w, i * w.block_rows, j * w.block_cols);
   if (fmt == ScaleFormat::kUe8m0Requant) {
+    // The one transform that rewrites a weight: a view becomes a copy here.
+    uint8_t* data = s->data.mutable_data();
+    w.data = data;
     std::vector<float> pow2(f.size());
     for (size_t i = 0; i < f.size(); ++i) pow2[i] = f[i] == 0.0f ? 0.0f : E8m0ToFloat(FloatToUe8m0Ceil(f[i]));
     for (int64_t r = 0; r < w.rows; ++r) {
@@ -65,15 +68,16 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
         const float v = RawAt(w, r, c) * f[si] / pow2[si];
         const int64_t i = r * w.cols + c;
         if (w.format == WFormat::kE4m3) {
-          s->data[i] = FloatToE4m3(v);
+          data[i] = FloatToE4m3(v);
         } else if (w.format == WFormat::kE2m1) {
-          SetNibble(s->data.data(), static_cast<uint64_t>(i), FloatToE2m1(v));
+          SetNibble(data, static_cast<uint64_t>(i), FloatToE2m1(v));
         }
       }
     }
     f = pow2;
   }
-  s->scales.assign(reinterpret_cast<const uint8_t*>(f.data()), reinterpret_cast<const uint8_t*>(f.data() + f.size()));
+  s->scales = std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(f.data()),
+                                   reinterpret_cast<const uint8_t*>(f.data() + f.size()));
   w.scale_format = SFormat::kF32;
   w.global_scale = 1.0f;
   SetViews(s);
@@ -89,18 +93,25 @@ class Builder : public WeightSource {
   }
 
   // The rank's shard of one tensor, cut by the shared sharding rules
-  // (formats/sharding.h) and hashed as the capture side hashes it.
-  absl::StatusOr<std::vector<uint8_t>> Shard(const std::string& name, const HostTensor& t, int rank,
+  // (formats/sharding.h) and hashed as the capture side hashes it. A shard
+  // that is one contiguous run of a mapped tensor (whole, or whole rows)
+  // views the mapping; a column split, or a tensor made in memory, is copied.
+  absl::StatusOr<TensorBytes> Shard(const std::string& name, const HostTensor& t, int rank,
                                              ShardSpec* spec_out = nullptr, ShardBlock* block_out = nullptr) {
     const ShardSpec spec = ShardingRuleFor(name, t.shape, tp_, rank, sharding_);
     CR_ASSIGN_OR_RETURN(ShardBlock b, ShardBlockFor(name, spec, t.shape, t.bytes.size()));
     if (spec.kind == ShardKind::kOwned) b.held = spec.owner == rank;  // whole tensor, one owner
-    std::vector<uint8_t> out;
+    TensorBytes out;
     if (b.held) {
-      out.resize(b.bytes());
       const uint64_t w = b.col_byte_end - b.col_byte_begin;
-      for (int64_t r = b.row_begin; r < b.row_end; ++r) {
-        std::memcpy(out.data() + (r - b.row_begin) * w, t.bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
+      if (t.bytes.is_view() && w == b.row_bytes) {
+        out = TensorBytes::View({t.bytes.data() + b.row_begin * b.row_bytes, b.bytes()}, t.bytes.owner());
+      } else {
+        std::vector<uint8_t> copy(b.bytes());
+        for (int64_t r = b.row_begin; r < b.row_end; ++r) {
+          std::memcpy(copy.data() + (r - b.row_begin) * w, t.bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
+        }
+        out = std::move(copy);
       }
       (*hashes_)[rank][name] = ShardHash{XXH128Of(out.data(), out.size()), out.size()};
     }
@@ -197,7 +208,7 @@ class Builder : public WeightSource {
     auto bias_it = t_.find(base + ".bias");
     if (bias_it != t_.end()) {
       ShardSpec bspec;
-      CR_ASSIGN_OR_RETURN(std::vector<uint8_t> b, Shard(bias_it->first, bias_it->second, rank, &bspec));
+      CR_ASSIGN_OR_RETURN(TensorBytes b, Shard(bias_it->first, bias_it->second, rank, &bspec));
       const bool f32 = bias_it->second.dtype == DType::kF32;
       for (size_t i = 0; i < b.size(); i += f32 ? 4 : 2) {
         float v;

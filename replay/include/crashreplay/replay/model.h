@@ -27,6 +27,7 @@
 #include "crashreplay/formats/hash.h"
 #include "crashreplay/replay/kernels/linear.h"
 #include "crashreplay/replay/model_spec.h"
+#include "crashreplay/replay/tensor_bytes.h"
 #include "crashreplay/replay/toggles.h"
 
 namespace crashreplay::replay {
@@ -37,10 +38,14 @@ struct ShardHash {
   friend bool operator==(const ShardHash&, const ShardHash&) = default;
 };
 
+// data and scales view the checkpoint's mapping (and keep it alive) where
+// the shard is a contiguous run of the stored tensor and nothing rewrites
+// it: a whole tensor, or a row range of a split along dim 0. A column split,
+// a tensor made in memory and a scale_format conversion own their bytes.
 struct LinearShard {
   QWeight w;                    // views data/scales below
-  std::vector<uint8_t> data;
-  std::vector<uint8_t> scales;
+  TensorBytes data;
+  TensorBytes scales;
   std::vector<float> bias;      // empty: no bias
   bool nvfp4 = false;           // e2m1 weight with e4m3 block scales in the checkpoint
   size_t bytes() const { return data.size() + scales.size() + bias.size() * 4; }
