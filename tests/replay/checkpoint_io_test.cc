@@ -47,6 +47,66 @@ TEST(CheckpointIo, EveryArchRoundTripsThroughDisk) {
   }
 }
 
+// A loaded checkpoint's tensors view the mapped file, and so do the model's
+// shards that are a contiguous run of them (a whole tensor, a row range);
+// a column split and a rewritten weight are copies. The model keeps the
+// mapping alive after the loaded tensors are gone, with the bits of a model
+// built from the same tensors in memory.
+TEST(CheckpointIo, WeightsViewTheMappedFileAndOutliveTheLoadedSet) {
+  for (const char* quant : {"bf16", "fp8"}) {
+    MakeModelOptions o;
+    o.arch = "llama";
+    o.quant = quant;
+    auto ck = GenerateRandomCheckpoint(o);
+    ASSERT_TRUE(ck.ok());
+    const std::string dir = TempDir(std::string("views_") + quant);
+    ASSERT_TRUE(WriteCheckpointDir(dir, ck->spec, ck->tensors, 64 << 10).ok());
+    const bool fp8 = std::string(quant) == "fp8";
+    for (const ScaleFormat sf : {ScaleFormat::kCheckpoint, ScaleFormat::kUe8m0Requant}) {
+      if (!fp8 && sf != ScaleFormat::kCheckpoint) continue;
+      EngineConfig c;
+      c.tp_size = fp8 ? 1 : 2;  // the test model's fp8 blocks are whole only at tp 1
+      c.scale_format = sf;
+      std::unique_ptr<Model> from_disk;
+      {
+        auto back = LoadCheckpointDir(dir);
+        ASSERT_TRUE(back.ok()) << back.status();
+        for (const auto& [name, t] : back->tensors) EXPECT_TRUE(t.bytes.is_view()) << name;
+        auto m = BuildModel(back->spec, back->tensors, c);
+        ASSERT_TRUE(m.ok()) << m.status();
+        from_disk = std::move(*m);
+      }  // the loaded set, and its references to the mapping, are gone
+      auto in_memory = BuildModel(ck->spec, ck->tensors, c);
+      ASSERT_TRUE(in_memory.ok());
+      const RankLayer& d = from_disk->layers[0].ranks[0];
+      const RankLayer& mem = (*in_memory)->layers[0].ranks[0];
+      EXPECT_FALSE(mem.q.data.is_view());  // tensors made in memory are copied into the shard
+      if (fp8) {
+        const bool requant = sf == ScaleFormat::kUe8m0Requant;
+        EXPECT_EQ(d.q.data.is_view(), !requant);  // requantization rewrites the weight: a copy
+        EXPECT_EQ(d.q.scales.is_view(), !requant);
+      } else {
+        EXPECT_TRUE(d.q.data.is_view());   // split along rows: a contiguous run
+        EXPECT_FALSE(d.o.data.is_view());  // split along columns: copied
+      }
+      for (size_t l = 0; l < from_disk->layers.size(); ++l) {
+        for (size_t r = 0; r < from_disk->layers[l].ranks.size(); ++r) {
+          const RankLayer& a = from_disk->layers[l].ranks[r];
+          const RankLayer& b = (*in_memory)->layers[l].ranks[r];
+          for (auto member : {&RankLayer::q, &RankLayer::k, &RankLayer::v, &RankLayer::o, &RankLayer::gate,
+                              &RankLayer::up, &RankLayer::down}) {
+            EXPECT_TRUE((a.*member).data == (b.*member).data) << "layer " << l << " rank " << r;
+            EXPECT_TRUE((a.*member).scales == (b.*member).scales) << "layer " << l << " rank " << r;
+            EXPECT_EQ((a.*member).w.data, (a.*member).data.data());
+          }
+        }
+      }
+      EXPECT_TRUE(from_disk->embed.data == (*in_memory)->embed.data);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST(CheckpointIo, RopeConfigToggleReadsOnlyTheChosenForm) {
   MakeModelOptions o;
   o.arch = "llama";

@@ -6,7 +6,9 @@
 // each RoPE form the file has (rope_theta/rope_scaling, rope_parameters) and
 // which one transformers 5 reads, for the rope_config toggle.
 // LoadCheckpointDir checks every tensor against the config
-// (weight_check.h) before anything is built from it.
+// (weight_check.h) before anything is built from it. Its tensors view the
+// mapped shards without copying them (tensor_bytes.h); the mapping lives as
+// long as any tensor or model shard that views it.
 //
 // Errors: NotFound for a missing directory/file/tensor; Unimplemented marked
 // IsUnsupportedModel for a model the engine cannot run (MLA with attention
