@@ -32,23 +32,6 @@ absl::Status Shape(const LinearShard& s, const std::string& base, int64_t rows, 
                                         " (per rank), the config implies ", rows, "x", cols));
 }
 
-// w4a4: NVFP4 linears of one group quantize their shared input with the max
-// input_scale of the group (as BuildModel's SetActivationScales does).
-absl::Status Group(WeightSource& b, std::vector<LinearShard*> shards, const std::vector<std::string>& bases) {
-  std::vector<std::string> quantized;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    if (shards[i]->nvfp4) quantized.push_back(bases[i]);
-  }
-  if (quantized.empty()) return absl::OkStatus();
-  CR_ASSIGN_OR_RETURN(const float scale, b.GroupInputScale(quantized));
-  for (LinearShard* s : shards) {
-    if (!s->nvfp4) continue;
-    s->w.act_fp4 = true;
-    s->w.act_scale = scale;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status LoadMlaAttention(WeightSource& b, const ModelSpec& spec, const EngineConfig& cfg, int64_t l,
@@ -109,16 +92,16 @@ absl::Status LoadMlaAttention(WeightSource& b, const ModelSpec& spec, const Engi
       xa_names.push_back(a + "q_proj");
     }
   }
-  CR_RETURN_IF_ERROR(Group(b, xa, xa_names));
+  CR_RETURN_IF_ERROR(SetGroupActivationScale(b, xa, xa_names));
   if (ml.has_indexer) {
-    CR_RETURN_IF_ERROR(Group(b, {&ml.index_wq_b}, {a + "indexer.wq_b"}));
-    CR_RETURN_IF_ERROR(Group(b, {&ml.index_wk}, {a + "indexer.wk"}));
-    CR_RETURN_IF_ERROR(Group(b, {&ml.index_weights}, {a + "indexer.weights_proj"}));
+    CR_RETURN_IF_ERROR(SetGroupActivationScale(b, {&ml.index_wq_b}, {a + "indexer.wq_b"}));
+    CR_RETURN_IF_ERROR(SetGroupActivationScale(b, {&ml.index_wk}, {a + "indexer.wk"}));
+    CR_RETURN_IF_ERROR(SetGroupActivationScale(b, {&ml.index_weights}, {a + "indexer.weights_proj"}));
   }
   for (RankLayer& rl : layer->ranks) {
-    if (m.q_lora_rank > 0) CR_RETURN_IF_ERROR(Group(b, {&rl.q}, {a + q_name}));
-    CR_RETURN_IF_ERROR(Group(b, {&rl.kv_b}, {a + "kv_b_proj"}));
-    CR_RETURN_IF_ERROR(Group(b, {&rl.o}, {a + "o_proj"}));
+    if (m.q_lora_rank > 0) CR_RETURN_IF_ERROR(SetGroupActivationScale(b, {&rl.q}, {a + q_name}));
+    CR_RETURN_IF_ERROR(SetGroupActivationScale(b, {&rl.kv_b}, {a + "kv_b_proj"}));
+    CR_RETURN_IF_ERROR(SetGroupActivationScale(b, {&rl.o}, {a + "o_proj"}));
   }
   return absl::OkStatus();
 }

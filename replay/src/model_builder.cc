@@ -295,21 +295,30 @@ class Builder : public WeightSource {
 // activation: q/k/v, gate/up, an MoE layer's gate/up of every expert, its
 // down of every expert, a shared expert's gate/up; o and dense down alone).
 // Every rank gets the same scale, as every rank of a real deployment loads it.
+}  // namespace
+
+absl::Status SetGroupActivationScale(WeightSource& b, const std::vector<LinearShard*>& shards,
+                                     const std::vector<std::string>& bases) {
+  std::vector<std::string> quantized;
+  for (size_t i = 0; i < bases.size(); ++i) {
+    if (shards[i]->nvfp4) quantized.push_back(bases[i]);
+  }
+  if (quantized.empty()) return absl::OkStatus();
+  CR_ASSIGN_OR_RETURN(const float scale, b.GroupInputScale(quantized));
+  for (LinearShard* s : shards) {
+    if (!s->nvfp4) continue;
+    s->w.act_fp4 = true;
+    s->w.act_scale = scale;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 absl::Status SetActivationScales(Builder& b, const ModelSpec& spec, const LayerNames& n, Layer* layer) {
   auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
-  auto group = [&](std::vector<LinearShard*> shards, const std::vector<std::string>& bases) -> absl::Status {
-    std::vector<std::string> quantized;
-    for (size_t i = 0; i < bases.size(); ++i) {
-      if (shards[i]->nvfp4) quantized.push_back(bases[i]);
-    }
-    if (quantized.empty()) return absl::OkStatus();
-    CR_ASSIGN_OR_RETURN(const float scale, b.GroupInputScale(quantized));
-    for (LinearShard* s : shards) {
-      if (!s->nvfp4) continue;
-      s->w.act_fp4 = true;
-      s->w.act_scale = scale;
-    }
-    return absl::OkStatus();
+  auto group = [&](const std::vector<LinearShard*>& shards, const std::vector<std::string>& bases) {
+    return SetGroupActivationScale(b, shards, bases);
   };
   const std::string a = n.prefix + "self_attn.";
   for (RankLayer& rl : layer->ranks) {

@@ -26,6 +26,12 @@ class WeightSource {
   virtual absl::StatusOr<float> GroupInputScale(const std::vector<std::string>& bases) = 0;
 };
 
+// w4a4: the NVFP4 linears of one group (`shards`, named by `bases`) quantize
+// their shared input with the group's max input_scale; the others are left
+// as they are. (model_builder.cc)
+absl::Status SetGroupActivationScale(WeightSource& b, const std::vector<LinearShard*>& shards,
+                                     const std::vector<std::string>& bases);
+
 // mla_builder.cc: the MLA attention (and DSA indexer) weights of layer `l`:
 // every rank's q (q_b_proj or q_proj), kv_b and o shards into
 // layer->ranks[r] (which must exist), and the replicated parts into
