@@ -27,7 +27,7 @@ bool IsSafeRelativePath(std::string_view p) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir, Mode mode) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     const bool exists = fs::exists(fs::symlink_status(dir, ec));
@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   }
   auto ckpt = std::unique_ptr<Checkpoint>(new Checkpoint());
   ckpt->dir_ = dir;
+  ckpt->mode_ = mode;
   const fs::path base(dir);
   if (fs::is_regular_file(base / "config.json", ec)) {
     ckpt->config_path_ = (base / "config.json").string();
@@ -72,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
 
 absl::Status Checkpoint::OpenFiles(const std::vector<std::string>& files) {
   for (const std::string& path : files) {
-    CR_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+    CR_ASSIGN_OR_RETURN(auto file, OpenShard(path));
     for (const TensorInfo& info : file->tensors()) {
       auto [it, inserted] = tensors_.emplace(info.name, CheckpointTensor{file.get(), &info});
       if (!inserted) {
@@ -118,7 +119,7 @@ absl::Status Checkpoint::OpenIndexed(const std::string& index_path) {
   }
   for (const auto& [rel, names] : by_shard) {
     const std::string path = (fs::path(dir_) / rel).string();
-    auto file = SafetensorsFile::Open(path);
+    auto file = OpenShard(path);
     if (!file.ok()) {
       return absl::Status(file.status().code(),
                           absl::StrCat("index '", index_path, "' lists shard '", rel, "' for '",
@@ -150,6 +151,25 @@ absl::StatusOr<std::span<const std::byte>> Checkpoint::Data(std::string_view nam
         absl::StrCat("checkpoint '", dir_, "' has no tensor '", json_util::Sv(name), "'"));
   }
   return t->file->Data(*t->info);
+}
+
+absl::StatusOr<std::shared_ptr<const TensorMapping>> Checkpoint::MapTensor(std::string_view name) const {
+  const CheckpointTensor* t = Find(name);
+  if (t == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir_, "' has no tensor '", json_util::Sv(name), "'"));
+  }
+  return t->file->MapTensor(*t->info);
+}
+
+uint64_t Checkpoint::file_bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : shards_) n += s->file_size();
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> Checkpoint::OpenShard(const std::string& path) const {
+  return mode_ == Mode::kDeferred ? SafetensorsFile::OpenDeferred(path) : SafetensorsFile::Open(path);
 }
 
 }  // namespace crashreplay

@@ -44,4 +44,35 @@ absl::StatusOr<std::unique_ptr<ByteSource>> MapFile(const std::string& path);
 // Takes a copy of `bytes`.
 std::unique_ptr<ByteSource> CopyBytes(std::span<const std::byte> bytes);
 
+// A regular file kept open to map parts of it on demand (a deferred
+// safetensors file): the header is read with pread, each tensor mapped on
+// its own when asked for and unmapped when its last holder lets go, so the
+// process never maps the whole file.
+class OpenFile {
+ public:
+  // Through OpenRegularFile; records the size at open.
+  static absl::StatusOr<std::unique_ptr<OpenFile>> Open(const std::string& path);
+  ~OpenFile();
+  OpenFile(const OpenFile&) = delete;
+  OpenFile& operator=(const OpenFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  // Reads [offset, offset + n) (DataLoss on a short read).
+  absl::StatusOr<std::vector<std::byte>> Read(uint64_t offset, uint64_t n) const;
+  // Maps [offset, offset + n) read-only. The file must still have the size
+  // and modification time it had at open: DataLoss naming the file when it
+  // changed since (a file rewritten under a running replay), rather than
+  // other bytes than those hashed at load, or the SIGBUS a read past a new
+  // end would raise.
+  absl::StatusOr<std::unique_ptr<ByteSource>> Map(uint64_t offset, uint64_t n) const;
+
+ private:
+  OpenFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  int64_t mtime_ns_ = 0;
+};
+
 }  // namespace crashreplay

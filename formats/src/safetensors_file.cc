@@ -157,7 +157,7 @@ SafetensorsFile::SafetensorsFile(std::string path, std::unique_ptr<ByteSource> s
 
 SafetensorsFile::~SafetensorsFile() = default;
 
-uint64_t SafetensorsFile::file_size() const { return source_->bytes().size(); }
+uint64_t SafetensorsFile::file_size() const { return file_size_; }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   auto source = MapFile(path);
@@ -165,27 +165,52 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     return absl::Status(source.status().code(),
                         absl::StrCat("cannot open safetensors file: ", source.status().message()));
   }
-  return Parse(path, *std::move(source));
+  const uint64_t size = (*source)->bytes().size();
+  return Parse(path, *std::move(source), size);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::OpenDeferred(const std::string& path) {
+  auto opened = OpenFile::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("cannot open safetensors file: ", opened.status().message()));
+  }
+  std::unique_ptr<OpenFile> f = *std::move(opened);
+  const uint64_t size = f->size();
+  // The 8-byte length, then the header it announces (Parse checks both
+  // against the file's size and the cap; read no more than they allow).
+  uint64_t prefix = std::min<uint64_t>(size, 8);
+  CR_ASSIGN_OR_RETURN(std::vector<std::byte> head, f->Read(0, prefix));
+  if (head.size() == 8) {
+    uint64_t header_size = 0;
+    for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(head[static_cast<size_t>(i)]);
+    if (header_size <= size - 8 && header_size <= kMaxHeaderBytes) {
+      CR_ASSIGN_OR_RETURN(head, f->Read(0, 8 + header_size));
+    }
+  }
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> out, Parse(path, CopyBytes(head), size));
+  out->file_ = std::move(f);
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBuffer(
     std::string name, std::span<const std::byte> bytes) {
-  return Parse(std::move(name), CopyBytes(bytes));
+  return Parse(std::move(name), CopyBytes(bytes), bytes.size());
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
-    std::string path, std::unique_ptr<ByteSource> source) {
+    std::string path, std::unique_ptr<ByteSource> source, uint64_t file_size) {
   const std::span<const std::byte> bytes = source->bytes();
   const std::string& file = path;
-  if (bytes.size() < 8) {
-    return Corrupt(file, absl::StrCat("the file is ", bytes.size(),
+  if (file_size < 8) {
+    return Corrupt(file, absl::StrCat("the file is ", file_size,
                                       " bytes, shorter than the 8-byte header length"));
   }
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) {
     header_size = (header_size << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
   }
-  const uint64_t after_length = bytes.size() - 8;
+  const uint64_t after_length = file_size - 8;
   if (header_size > after_length) {
     return Corrupt(file, absl::StrCat("header length ", header_size, " is more than the ",
                                       after_length, " bytes that follow it (file truncated?)"));
@@ -209,8 +234,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
 
   auto result = std::unique_ptr<SafetensorsFile>(new SafetensorsFile(path, std::move(source)));
   result->header_size_ = header_size;
+  result->file_size_ = file_size;
   const uint64_t data_start = 8 + header_size;
-  const uint64_t data_size = bytes.size() - data_start;
+  const uint64_t data_size = file_size - data_start;
   result->tensors_.reserve(entries->size());
   for (const auto& [key, value] : *entries) {
     if (key == "__metadata__") {
@@ -257,9 +283,34 @@ const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
   return &*it;
 }
 
+absl::StatusOr<std::shared_ptr<const TensorMapping>> SafetensorsFile::MapTensor(const TensorInfo& info) const {
+  if (info.data_offset > file_size_ || info.byte_size > file_size_ - info.data_offset) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors file '", path_, "': tensor '", info.name,
+                                                   "' is not one of this file's"));
+  }
+  class Held final : public TensorMapping {
+   public:
+    Held(std::unique_ptr<ByteSource> owned, std::span<const std::byte> view)
+        : owned_(std::move(owned)), view_(view) {}
+    std::span<const std::byte> bytes() const override { return owned_ ? owned_->bytes() : view_; }
+
+   private:
+    std::unique_ptr<ByteSource> owned_;
+    std::span<const std::byte> view_;
+  };
+  if (!file_) return std::shared_ptr<const TensorMapping>(std::make_shared<Held>(nullptr, Data(info)));
+  auto mapped = file_->Map(info.data_offset, info.byte_size);
+  if (!mapped.ok()) {
+    return absl::Status(mapped.status().code(),
+                        absl::StrCat("tensor '", info.name, "': ", mapped.status().message()));
+  }
+  return std::shared_ptr<const TensorMapping>(std::make_shared<Held>(*std::move(mapped), std::span<const std::byte>{}));
+}
+
 std::span<const std::byte> SafetensorsFile::Data(const TensorInfo& info) const {
   // A TensorInfo from another file could point anywhere; refuse rather than
   // read out of bounds.
+  if (file_) return {};
   const uint64_t size = source_->bytes().size();
   if (info.data_offset > size || info.byte_size > size - info.data_offset) return {};
   return source_->bytes().subspan(static_cast<size_t>(info.data_offset),

@@ -19,13 +19,17 @@ using testing_util::ScratchDir;
 using testing_util::WriteBytes;
 
 // Opens `bytes` from a real file named after the case, so the message must
-// carry the path.
+// carry the path. The deferred reader (header by pread, nothing mapped: layer
+// streaming's) must refuse every case exactly as the mapping one does.
 absl::Status OpenBytes(const std::string& file_name, const std::string& bytes,
                        std::string* path_out = nullptr) {
   const std::string path = ScratchDir() + "/" + file_name;
   WriteBytes(path, bytes);
   if (path_out != nullptr) *path_out = path;
-  return SafetensorsFile::Open(path).status();
+  const absl::Status mapped = SafetensorsFile::Open(path).status();
+  const absl::Status deferred = SafetensorsFile::OpenDeferred(path).status();
+  EXPECT_EQ(deferred, mapped) << "OpenDeferred disagrees with Open on " << file_name;
+  return mapped;
 }
 
 void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string& file,

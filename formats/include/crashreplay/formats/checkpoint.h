@@ -19,6 +19,10 @@
 // shard, a name in two shards), InvalidArgument (a shard path escaping the
 // directory). Messages name the file and tensor.
 //
+// Open(dir, kDeferred) opens every shard with SafetensorsFile::OpenDeferred:
+// headers are read and checked as above, nothing is mapped; MapTensor maps
+// one tensor at a time (one open descriptor per shard file meanwhile).
+//
 // Ownership: the Checkpoint owns its open shards; pointers and spans it
 // returns live as long as it does. Immutable after Open; concurrent reads
 // are safe.
@@ -48,7 +52,8 @@ class Checkpoint {
   // even for 1000-shard models).
   static constexpr uint64_t kMaxIndexBytes = 64ull << 20;
 
-  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  enum class Mode { kMapped, kDeferred };
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir, Mode mode = Mode::kMapped);
 
   const std::string& dir() const { return dir_; }
   // "<dir>/config.json" when it exists, else empty.
@@ -59,15 +64,23 @@ class Checkpoint {
   const std::vector<std::string>& names() const { return names_; }
   // nullptr when absent.
   const CheckpointTensor* Find(std::string_view name) const;
-  // The tensor's bytes; NotFound naming the tensor when absent.
+  // The tensor's bytes; NotFound naming the tensor when absent. Empty in a
+  // deferred checkpoint (use MapTensor).
   absl::StatusOr<std::span<const std::byte>> Data(std::string_view name) const;
+  // The tensor's bytes held by the returned object (SafetensorsFile::MapTensor).
+  absl::StatusOr<std::shared_ptr<const TensorMapping>> MapTensor(std::string_view name) const;
+  bool deferred() const { return mode_ == Mode::kDeferred; }
+  // Sum of the shard files' sizes.
+  uint64_t file_bytes() const;
 
  private:
   Checkpoint() = default;
   absl::Status OpenIndexed(const std::string& index_path);
   absl::Status OpenFiles(const std::vector<std::string>& files);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> OpenShard(const std::string& path) const;
 
   std::string dir_;
+  Mode mode_ = Mode::kMapped;
   std::string config_path_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::map<std::string, CheckpointTensor, std::less<>> tensors_;

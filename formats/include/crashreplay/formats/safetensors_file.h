@@ -21,9 +21,15 @@
 // header parse is linear in its size (safetensors_header.h): 100,000
 // tensors take well under a second.
 //
-// Ownership: the object owns its mapping (or its copy of the buffer); spans
-// from Data() live as long as the object. Immutable after construction, so
-// concurrent reads are safe.
+// Deferred opening (OpenDeferred) reads and validates only the header (with
+// pread) and keeps the file open; nothing is mapped until MapTensor maps one
+// tensor's bytes on their own, unmapped when the last holder of that mapping
+// lets go. A replay that streams layers (replay/docs: weights=stream) reads
+// a checkpoint larger than its address space this way.
+//
+// Ownership: the object owns its mapping (or its copy of the buffer, or its
+// open descriptor); spans from Data() live as long as the object. Immutable
+// after construction, so concurrent reads are safe.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +46,7 @@
 namespace crashreplay {
 
 class ByteSource;
+class OpenFile;
 
 struct TensorInfo {
   std::string name;
@@ -50,6 +57,13 @@ struct TensorInfo {
 
   // Product of `shape` (1 for a scalar). Validated not to overflow at Open.
   int64_t NumElements() const;
+};
+
+// One tensor's bytes as MapTensor gives them: valid while this object lives.
+class TensorMapping {
+ public:
+  virtual ~TensorMapping() = default;
+  virtual std::span<const std::byte> bytes() const = 0;
 };
 
 class SafetensorsFile {
@@ -66,6 +80,10 @@ class SafetensorsFile {
   // Maps `path` read-only (MAP_PRIVATE) and validates it.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
+  // Reads and validates the header only (the same checks as Open, against
+  // the file's size); the data stays on disk until MapTensor.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> OpenDeferred(const std::string& path);
+
   // Validates a copy of `bytes`; `name` stands in for the path in messages.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBuffer(
       std::string name, std::span<const std::byte> bytes);
@@ -79,8 +97,15 @@ class SafetensorsFile {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   // nullptr when absent.
   const TensorInfo* Find(std::string_view name) const;
-  // The tensor's bytes. `info` must come from this file's tensors().
+  // The tensor's bytes. `info` must come from this file's tensors(). Empty
+  // for a deferred file (use MapTensor).
   std::span<const std::byte> Data(const TensorInfo& info) const;
+  bool deferred() const { return file_ != nullptr; }
+  // The tensor's bytes held by the returned object: on a deferred file a
+  // mapping of their own (DataLoss when the file shrank since it was opened,
+  // ResourceExhausted when the address space is full); otherwise a view of
+  // the whole-file mapping, which needs this object alive.
+  absl::StatusOr<std::shared_ptr<const TensorMapping>> MapTensor(const TensorInfo& info) const;
   // The "__metadata__" map (empty when absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Size of the header JSON (without the 8-byte length) and of the file.
@@ -89,11 +114,15 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile(std::string path, std::unique_ptr<ByteSource> source);
+  // `source` holds the file's first bytes, at least the header (the whole
+  // file unless deferred); `file_size` is the whole file's size.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(
-      std::string path, std::unique_ptr<ByteSource> source);
+      std::string path, std::unique_ptr<ByteSource> source, uint64_t file_size);
 
   std::string path_;
   std::unique_ptr<ByteSource> source_;
+  std::unique_ptr<OpenFile> file_;  // deferred: the open file
+  uint64_t file_size_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
   uint64_t header_size_ = 0;
