@@ -277,21 +277,51 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
   return c;
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir) {
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> opened, Checkpoint::Open(dir));
+namespace {
+
+// A tensor of a deferred checkpoint: mapped on its own when read.
+class MappedTensorSource final : public TensorSource {
+ public:
+  MappedTensorSource(std::shared_ptr<const Checkpoint> ck, std::string name) : ck_(std::move(ck)), name_(std::move(name)) {}
+  absl::StatusOr<TensorBytes> Read() const override {
+    CR_ASSIGN_OR_RETURN(std::shared_ptr<const TensorMapping> m, ck_->MapTensor(name_));
+    const std::span<const std::byte> b = m->bytes();
+    return TensorBytes::View({reinterpret_cast<const uint8_t*>(b.data()), b.size()}, std::move(m));
+  }
+
+ private:
+  std::shared_ptr<const Checkpoint> ck_;
+  std::string name_;
+};
+
+}  // namespace
+
+absl::StatusOr<uint64_t> CheckpointFileBytes(const std::string& dir) {
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(dir, Checkpoint::Mode::kDeferred));
+  return ck->file_bytes();
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir, LoadOptions options) {
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> opened,
+                      Checkpoint::Open(dir, options.deferred ? Checkpoint::Mode::kDeferred : Checkpoint::Mode::kMapped));
   // The tensors view the mapped shards; the last of them to go unmaps them.
   const std::shared_ptr<const Checkpoint> ck = std::move(opened);
   if (ck->config_path().empty()) return absl::NotFoundError(Cat(dir, ": no config.json"));
   LoadedCheckpoint out;
   CR_ASSIGN_OR_RETURN(out.config, LoadHfConfig(ck->config_path()));
   CR_ASSIGN_OR_RETURN(out.spec, ModelSpecFromHfConfig(out.config));
+  out.deferred = options.deferred;
   for (const std::string& name : ck->names()) {
     const CheckpointTensor* t = ck->Find(name);
-    CR_ASSIGN_OR_RETURN(std::span<const std::byte> data, ck->Data(name));
     HostTensor h;
     h.dtype = t->info->dtype;
     h.shape = t->info->shape;
-    h.bytes = TensorBytes::View({reinterpret_cast<const uint8_t*>(data.data()), data.size()}, ck);
+    if (options.deferred) {
+      h.bytes = TensorBytes::Deferred(t->info->byte_size, std::make_shared<MappedTensorSource>(ck, name));
+    } else {
+      CR_ASSIGN_OR_RETURN(std::span<const std::byte> data, ck->Data(name));
+      h.bytes = TensorBytes::View({reinterpret_cast<const uint8_t*>(data.data()), data.size()}, ck);
+    }
     out.tensors.emplace(name, std::move(h));
   }
   CR_RETURN_IF_ERROR(CheckWeights(out.config, out.spec, dir, &out.tensors, &out.notes));

@@ -42,7 +42,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> mo
     f.message = Cat("loading on ", e->exec_->name(), ": ", what, ": ", s.message());
     e->plan_.fault = f;
   };
-  auto dm = DeviceModel::Upload(*e->model_, e->exec_.get());
+  const bool stream = e->model_->streaming() || config.weights == WeightResidency::kStream;
+  auto dm = stream ? DeviceModel::UploadStreaming(*e->model_, e->exec_.get())
+                   : DeviceModel::Upload(*e->model_, e->exec_.get());
+  if (!dm.ok() && absl::IsResourceExhausted(dm.status()) && config.weights == WeightResidency::kAuto && !stream) {
+    e->notes_.push_back(Cat("weights=auto: the weights do not fit in ", e->exec_->name(), "'s memory (",
+                            dm.status().message(), "); streaming them one layer at a time"));
+    dm = DeviceModel::UploadStreaming(*e->model_, e->exec_.get());
+  }
   if (!dm.ok()) {
     device_oom(dm.status(), "weights_fit_device");
     return e;
@@ -60,7 +67,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> mo
 
 std::unique_ptr<StepProgram> Engine::Prepare(const StepInput& input) {
   if (plan_.fault) return StepProgram::Failed(exec_.get(), input, *plan_.fault);
-  return StepProgram::Lower(*device_model_, config_, kv_.get(), input);
+  std::unique_ptr<StepProgram> p = StepProgram::Lower(*device_model_, config_, kv_.get(), input);
+  if (device_model_->streaming()) p->set_streaming(device_model_.get());
+  return p;
 }
 
 absl::Status Engine::RestoreState(const StepState& state, const StepInput& input) {

@@ -1,6 +1,7 @@
 #include "crashreplay/replay/engine_weights.h"
 
 #include <algorithm>
+#include <map>
 #include <charconv>
 #include <cstring>
 
@@ -48,7 +49,13 @@ class Builder {
                                           "the engine's quantization method after loading and are not mapped"));
     }
     if (sources_ != nullptr) sources_->push_back(name);
-    return &t;
+    if (!t.bytes.deferred()) return &t;
+    // A deferred checkpoint (layer streaming): mapped while this builder lives.
+    auto done = resolved_.find(name);
+    if (done != resolved_.end()) return &done->second;
+    HostTensor h = t;
+    CR_ASSIGN_OR_RETURN(h.bytes, t.bytes.Resolve());
+    return &resolved_.emplace(name, std::move(h)).first->second;
   }
 
   // Part `part` of `parts` equal parts along dim 0 (a 1-D or 0-D tensor
@@ -97,6 +104,7 @@ class Builder {
   const TensorSet& tensors_;
   std::vector<std::string>* sources_;
   std::vector<uint8_t> out_;
+  std::map<std::string, HostTensor> resolved_;
 };
 
 // K/V heads: split over tp, or replicated when there are fewer than ranks

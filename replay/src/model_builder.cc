@@ -14,7 +14,11 @@ namespace {
 
 using text::Cat;
 
-absl::StatusOr<const HostTensor*> Get(const TensorSet& t, const std::string& name) {
+// The tensor `name` of `t`, its size checked against its shape. A deferred
+// tensor (layer streaming) is read into `resolved`, which keeps it mapped
+// until the caller clears it.
+absl::StatusOr<const HostTensor*> Get(const TensorSet& t, std::map<std::string, HostTensor>* resolved,
+                                      const std::string& name) {
   auto it = t.find(name);
   if (it == t.end()) return absl::NotFoundError(Cat("checkpoint has no tensor '", name, "'"));
   uint64_t n = 1;
@@ -23,7 +27,12 @@ absl::StatusOr<const HostTensor*> Get(const TensorSet& t, const std::string& nam
     return absl::DataLossError(Cat("tensor '", name, "' has ", it->second.bytes.size(), " bytes, its shape needs ",
                                    DTypeBytes(it->second.dtype, n)));
   }
-  return &it->second;
+  if (!it->second.bytes.deferred()) return &it->second;
+  auto done = resolved->find(name);
+  if (done != resolved->end()) return &done->second;
+  HostTensor h = it->second;
+  CR_ASSIGN_OR_RETURN(h.bytes, it->second.bytes.Resolve());
+  return &resolved->emplace(name, std::move(h)).first->second;
 }
 
 float ScalarF32(const HostTensor& t) {
@@ -103,17 +112,18 @@ class Builder : public WeightSource {
     if (spec.kind == ShardKind::kOwned) b.held = spec.owner == rank;  // whole tensor, one owner
     TensorBytes out;
     if (b.held) {
+      CR_ASSIGN_OR_RETURN(const TensorBytes bytes, t.bytes.Resolve());  // a deferred tensor is mapped here
       const uint64_t w = b.col_byte_end - b.col_byte_begin;
-      if (t.bytes.is_view() && w == b.row_bytes) {
-        out = TensorBytes::View({t.bytes.data() + b.row_begin * b.row_bytes, b.bytes()}, t.bytes.owner());
+      if (bytes.is_view() && w == b.row_bytes) {
+        out = TensorBytes::View({bytes.data() + b.row_begin * b.row_bytes, b.bytes()}, bytes.owner());
       } else {
         std::vector<uint8_t> copy(b.bytes());
         for (int64_t r = b.row_begin; r < b.row_end; ++r) {
-          std::memcpy(copy.data() + (r - b.row_begin) * w, t.bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
+          std::memcpy(copy.data() + (r - b.row_begin) * w, bytes.data() + r * b.row_bytes + b.col_byte_begin, w);
         }
         out = std::move(copy);
       }
-      (*hashes_)[rank][name] = ShardHash{XXH128Of(out.data(), out.size()), out.size()};
+      if (hashes_ != nullptr) (*hashes_)[rank][name] = ShardHash{XXH128Of(out.data(), out.size()), out.size()};
     }
     if (spec_out) *spec_out = spec;
     if (block_out) *block_out = b;
@@ -123,7 +133,7 @@ class Builder : public WeightSource {
   // Loads rank `rank`'s shard of `base`.weight with its scales and bias.
   absl::StatusOr<LinearShard> Linear(const std::string& base, int rank) override {
     const std::string name = base + ".weight";
-    CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, name));
+    CR_ASSIGN_OR_RETURN(const HostTensor* w, Get(t_, &resolved_, name));
     if (w->shape.size() != 2) return absl::InvalidArgumentError(Cat("tensor '", name, "' is not 2-D"));
     LinearShard out;
     QWeight& q = out.w;
@@ -142,7 +152,7 @@ class Builder : public WeightSource {
         // ModelOpt (FP8 per tensor, fp8_pb_wo blocks) names them weight_scale.
         scale_name = base + ".weight_scale_inv";
         if (t_.find(scale_name) == t_.end()) scale_name = base + ".weight_scale";
-        CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, &resolved_, scale_name));
         q.scale_format = SFormat::kF32;
         q.block_rows = static_cast<int32_t>(spec_.quant_block_rows > 1 ? spec_.quant_block_rows : 128);
         q.block_cols = static_cast<int32_t>(spec_.quant_block_cols > 1 ? spec_.quant_block_cols : 128);
@@ -157,12 +167,12 @@ class Builder : public WeightSource {
         q.format = WFormat::kE2m1;
         bits = 4;
         scale_name = base + ".weight_scale";
-        CR_ASSIGN_OR_RETURN(scale, Get(t_, scale_name));
+        CR_ASSIGN_OR_RETURN(scale, Get(t_, &resolved_, scale_name));
         if (scale->dtype == DType::kF8E4M3) {  // NVFP4 (ModelOpt)
           out.nvfp4 = true;
           q.scale_format = SFormat::kE4m3;
           q.block_cols = 16;
-          CR_ASSIGN_OR_RETURN(const HostTensor* g, Get(t_, base + ".weight_scale_2"));
+          CR_ASSIGN_OR_RETURN(const HostTensor* g, Get(t_, &resolved_, base + ".weight_scale_2"));
           q.global_scale = ScalarF32(*g);
           CR_RETURN_IF_ERROR(Shard(base + ".weight_scale_2", *g, rank).status());
           auto in = t_.find(base + ".input_scale");
@@ -238,7 +248,7 @@ class Builder : public WeightSource {
   }
 
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) override {
-    CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
+    CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, &resolved_, name));
     for (int r = 0; r < tp_; ++r) CR_RETURN_IF_ERROR(Shard(name, *t, r).status());
     std::vector<float> v(n);
     if (t->bytes.size() != DTypeBytes(t->dtype, n)) {
@@ -268,7 +278,7 @@ class Builder : public WeightSource {
                                        "' cannot quantize its input (nvfp4_activation=w4a4); a weight-only "
                                        "checkpoint runs with --set nvfp4_activation=w4a16"));
       }
-      CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, name));
+      CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(t_, &resolved_, name));
       if (t->dtype != DType::kF32 || t->bytes.size() != 4) {
         return absl::InvalidArgumentError(Cat("tensor '", name, "' should hold one fp32 value; it has dtype ",
                                               DTypeName(t->dtype), " and ", t->bytes.size(), " bytes"));
@@ -279,10 +289,15 @@ class Builder : public WeightSource {
     return m;
   }
 
+  // Lets go of the deferred tensors read so far (the shards built from them
+  // keep what they view alive).
+  void ForgetResolved() { resolved_.clear(); }
+
   std::vector<std::map<std::string, ShardHash>>* hashes_ = nullptr;
   std::vector<uint64_t>* bytes_ = nullptr;
 
  private:
+  std::map<std::string, HostTensor> resolved_;
   const ModelSpec& spec_;
   const TensorSet& t_;
   const EngineConfig& cfg_;
@@ -373,10 +388,155 @@ absl::Status Divides(int64_t n, int tp, const char* what) {
   return absl::OkStatus();
 }
 
+// The shards layer streaming loads before a layer runs and releases after:
+// every rank's attention, MLP and expert weights and MLA's replicated
+// projections, in a fixed order. Norms, routers and biases stay resident.
+template <typename F>
+void ForEachStreamedShard(Layer& L, F f) {
+  for (RankLayer& r : L.ranks) {
+    for (LinearShard* s : {&r.q, &r.k, &r.v, &r.o, &r.kv_b, &r.gate, &r.up, &r.down}) f(*s);
+    for (ExpertShard& e : r.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+    if (r.has_shared) {
+      f(r.shared.gate);
+      f(r.shared.up);
+      f(r.shared.down);
+    }
+  }
+  for (LinearShard* s : {&L.mla.q_a, &L.mla.kv_a, &L.mla.index_wq_b, &L.mla.index_wk, &L.mla.index_weights}) f(*s);
+}
+
+// Drops a shard's bytes (its mapping or copy), keeping its shape, format,
+// scales' layout and activation scale: what lowering reads.
+void ReleaseShard(LinearShard* s) {
+  s->data = TensorBytes();
+  s->scales = TensorBytes();
+  s->w.data = nullptr;
+  s->w.scales = nullptr;
+}
+
+// Layer `l`: norms, router, every rank's attention and MLP/expert shards,
+// hashed into `hashes` by the builder (and the replicated router copied to
+// every rank's table).
+absl::StatusOr<Layer> BuildLayer(Builder& b, const ModelSpec& spec, const EngineConfig& cfg, const TensorSet& tensors,
+                                 int64_t l, std::vector<std::map<std::string, ShardHash>>* hashes) {
+  const int tp = cfg.tp_size;
+  const int64_t H = spec.hidden, hd = spec.head_dim;
+  const LayerNames n = NamesFor(spec, l);
+  Layer layer;
+  CR_ASSIGN_OR_RETURN(layer.input_norm, b.Vector(n.prefix + "input_layernorm.weight", H));
+  CR_ASSIGN_OR_RETURN(layer.post_norm, b.Vector(n.prefix + "post_attention_layernorm.weight", H));
+  if (spec.qk_norm) {
+    CR_ASSIGN_OR_RETURN(layer.q_norm, b.Vector(n.prefix + "self_attn.q_norm.weight", hd));
+    CR_ASSIGN_OR_RETURN(layer.k_norm, b.Vector(n.prefix + "self_attn.k_norm.weight", hd));
+  }
+  layer.moe = spec.layer_is_moe(l);
+  if (layer.moe) {
+    const std::string router = n.router();
+    CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), 0));
+    for (int r = 1; r < tp; ++r) (*hashes)[r][router] = (*hashes)[0][router];
+    if (spec.scoring == "sigmoid" && tensors.count(n.bias())) {
+      CR_ASSIGN_OR_RETURN(layer.correction_bias, b.Vector(n.bias(), spec.num_experts));
+    }
+  }
+  const std::string a = n.prefix + "self_attn.";
+  for (int r = 0; r < tp; ++r) {
+    RankLayer rl;
+    if (!spec.mla.enabled()) {  // MLA attention: LoadMlaAttention below
+      CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
+    }
+    auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
+    if (!layer.moe) {
+      CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.up, b.Linear(n.prefix + "mlp.up_proj", r));
+      CR_ASSIGN_OR_RETURN(rl.down, b.Linear(n.prefix + "mlp.down_proj", r));
+    } else {
+      const bool ep = cfg.moe_parallel == MoeParallel::kExpert;
+      const int64_t e_per = ep ? spec.num_experts / tp : spec.num_experts;
+      rl.expert_begin = ep ? r * e_per : 0;
+      for (int64_t j = rl.expert_begin; j < rl.expert_begin + e_per; ++j) {
+        ExpertShard e;
+        CR_ASSIGN_OR_RETURN(e.gate, b.Linear(strip(n.expert(j, "gate")), r));
+        CR_ASSIGN_OR_RETURN(e.up, b.Linear(strip(n.expert(j, "up")), r));
+        CR_ASSIGN_OR_RETURN(e.down, b.Linear(strip(n.expert(j, "down")), r));
+        rl.experts.push_back(std::move(e));
+      }
+      if (spec.n_shared_experts > 0) {
+        const int64_t si = spec.moe_intermediate * spec.n_shared_experts;
+        CR_RETURN_IF_ERROR(Divides(si, tp, "shared expert intermediate size"));
+        rl.has_shared = true;
+        CR_ASSIGN_OR_RETURN(rl.shared.gate, b.Linear(strip(n.shared("gate")), r));
+        CR_ASSIGN_OR_RETURN(rl.shared.up, b.Linear(strip(n.shared("up")), r));
+        CR_ASSIGN_OR_RETURN(rl.shared.down, b.Linear(strip(n.shared("down")), r));
+      }
+    }
+    layer.ranks.push_back(std::move(rl));
+  }
+  if (spec.mla.enabled()) CR_RETURN_IF_ERROR(LoadMlaAttention(b, spec, cfg, l, &layer));
+  // A weight-only checkpoint (W4A16_NVFP4) has no input_scale to quantize with.
+  if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4 && !spec.quant_weight_only) {
+    CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));
+  }
+  return layer;
+
+}
+
 }  // namespace
 
+// What a streaming model keeps to build its layers again: its own copies of
+// the spec, configuration and tensor table (the tensors are deferred, so a
+// copy is names, shapes and handles) and a builder over them.
+struct LayerStream {
+  LayerStream(const ModelSpec& s, const TensorSet& t, const EngineConfig& c)
+      : spec(s), tensors(t), cfg(c), builder(spec, tensors, cfg) {}
+  ModelSpec spec;
+  TensorSet tensors;
+  EngineConfig cfg;
+  Builder builder;
+  int64_t loaded = -1;
+};
+
+absl::Status LoadLayerWeights(Model& m, int64_t l) {
+  if (!m.stream) return absl::OkStatus();
+  LayerStream& st = *m.stream;
+  if (st.loaded == l) return absl::OkStatus();
+  if (st.loaded >= 0) ReleaseLayerWeights(m, st.loaded);
+  if (l < 0) return absl::OkStatus();
+  if (l >= static_cast<int64_t>(m.layers.size())) return absl::OutOfRangeError(Cat("no layer ", l));
+  // Not hashed again: reading every byte of a layer (all its experts) to
+  // hash it would cost a decode step many times the bytes it uses. The
+  // files are checked instead (size and modification time, at every map:
+  // formats' OpenFile), so bytes changed since the load are an error.
+  std::vector<std::map<std::string, ShardHash>> replicated(m.tp);  // the router's copies, unused
+  std::vector<uint64_t> bytes(m.tp, 0);
+  st.builder.hashes_ = nullptr;
+  st.builder.bytes_ = &bytes;
+  absl::StatusOr<Layer> fresh = BuildLayer(st.builder, st.spec, st.cfg, st.tensors, l, &replicated);
+  st.builder.ForgetResolved();
+  if (!fresh.ok()) return fresh.status();
+  std::vector<LinearShard*> into, from;
+  ForEachStreamedShard(m.layers[l], [&](LinearShard& s) { into.push_back(&s); });
+  ForEachStreamedShard(*fresh, [&](LinearShard& s) { from.push_back(&s); });
+  if (into.size() != from.size()) return absl::InternalError(Cat("layer ", l, " was built with another structure"));
+  for (size_t i = 0; i < into.size(); ++i) *into[i] = std::move(*from[i]);
+  st.loaded = l;
+  return absl::OkStatus();
+}
+
+void ReleaseLayerWeights(Model& m, int64_t l) {
+  if (!m.stream || l < 0 || l >= static_cast<int64_t>(m.layers.size())) return;
+  ForEachStreamedShard(m.layers[l], [](LinearShard& s) { ReleaseShard(&s); });
+  if (m.stream->loaded == l) m.stream->loaded = -1;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,
-                                                  const EngineConfig& cfg) {
+                                                  const EngineConfig& cfg, BuildOptions options) {
   auto m = std::make_unique<Model>();
   m->spec = spec;
   const int tp = cfg.tp_size;
@@ -398,7 +558,19 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   b.bytes_ = &m->rank_weight_bytes;
   const int64_t H = spec.hidden, hd = spec.head_dim;
 
+  // Streaming keeps the resident part (embedding, lm_head, routers) in
+  // memory of its own rather than as views: it is a small part of the model,
+  // and a checkpoint rewritten during the replay is then caught at the next
+  // layer load (its hashes) instead of faulting on a page of the file.
+  auto own = [&](LinearShard* s) {
+    if (!options.stream) return;
+    s->data.mutable_data();
+    s->scales.mutable_data();
+    SetViews(s);
+    b.ForgetResolved();  // the copy is all that is left of the tensor
+  };
   CR_ASSIGN_OR_RETURN(m->embed, b.Linear("model.embed_tokens", 0));
+  own(&m->embed);
   for (int r = 1; r < tp; ++r) {  // replicated: every rank holds (and hashes) it
     m->rank_weight_bytes[r] += m->embed.bytes();
     m->shard_hashes[r]["model.embed_tokens.weight"] = m->shard_hashes[0]["model.embed_tokens.weight"];
@@ -407,6 +579,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   const std::string head = tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
   for (int r = 0; r < tp; ++r) {
     CR_ASSIGN_OR_RETURN(LinearShard s, b.Linear(head, r));
+    own(&s);
     m->lm_head.push_back(std::move(s));
   }
   if (!spec.is_moe() || spec.first_k_dense > 0) CR_RETURN_IF_ERROR(Divides(spec.intermediate, tp, "intermediate size"));
@@ -421,64 +594,19 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
     }
   }
 
+  if (options.stream) {
+    m->stream = std::make_shared<LayerStream>(spec, tensors, cfg);
+    m->stream->builder.hashes_ = &m->shard_hashes;
+    m->stream->builder.bytes_ = &m->rank_weight_bytes;
+  }
+  Builder& lb = m->stream ? m->stream->builder : b;
   for (int64_t l = 0; l < spec.layers; ++l) {
-    const LayerNames n = NamesFor(spec, l);
-    Layer layer;
-    CR_ASSIGN_OR_RETURN(layer.input_norm, b.Vector(n.prefix + "input_layernorm.weight", H));
-    CR_ASSIGN_OR_RETURN(layer.post_norm, b.Vector(n.prefix + "post_attention_layernorm.weight", H));
-    if (spec.qk_norm) {
-      CR_ASSIGN_OR_RETURN(layer.q_norm, b.Vector(n.prefix + "self_attn.q_norm.weight", hd));
-      CR_ASSIGN_OR_RETURN(layer.k_norm, b.Vector(n.prefix + "self_attn.k_norm.weight", hd));
-    }
-    layer.moe = spec.layer_is_moe(l);
-    if (layer.moe) {
-      const std::string router = n.router();
-      CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), 0));
-      for (int r = 1; r < tp; ++r) m->shard_hashes[r][router] = m->shard_hashes[0][router];
-      if (spec.scoring == "sigmoid" && tensors.count(n.bias())) {
-        CR_ASSIGN_OR_RETURN(layer.correction_bias, b.Vector(n.bias(), spec.num_experts));
-      }
-    }
-    const std::string a = n.prefix + "self_attn.";
-    for (int r = 0; r < tp; ++r) {
-      RankLayer rl;
-      if (!spec.mla.enabled()) {  // MLA attention: LoadMlaAttention below
-        CR_ASSIGN_OR_RETURN(rl.q, b.Linear(a + "q_proj", r));
-        CR_ASSIGN_OR_RETURN(rl.k, b.Linear(a + "k_proj", r));
-        CR_ASSIGN_OR_RETURN(rl.v, b.Linear(a + "v_proj", r));
-        CR_ASSIGN_OR_RETURN(rl.o, b.Linear(a + "o_proj", r));
-      }
-      auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
-      if (!layer.moe) {
-        CR_ASSIGN_OR_RETURN(rl.gate, b.Linear(n.prefix + "mlp.gate_proj", r));
-        CR_ASSIGN_OR_RETURN(rl.up, b.Linear(n.prefix + "mlp.up_proj", r));
-        CR_ASSIGN_OR_RETURN(rl.down, b.Linear(n.prefix + "mlp.down_proj", r));
-      } else {
-        const bool ep = cfg.moe_parallel == MoeParallel::kExpert;
-        const int64_t e_per = ep ? spec.num_experts / tp : spec.num_experts;
-        rl.expert_begin = ep ? r * e_per : 0;
-        for (int64_t j = rl.expert_begin; j < rl.expert_begin + e_per; ++j) {
-          ExpertShard e;
-          CR_ASSIGN_OR_RETURN(e.gate, b.Linear(strip(n.expert(j, "gate")), r));
-          CR_ASSIGN_OR_RETURN(e.up, b.Linear(strip(n.expert(j, "up")), r));
-          CR_ASSIGN_OR_RETURN(e.down, b.Linear(strip(n.expert(j, "down")), r));
-          rl.experts.push_back(std::move(e));
-        }
-        if (spec.n_shared_experts > 0) {
-          const int64_t si = spec.moe_intermediate * spec.n_shared_experts;
-          CR_RETURN_IF_ERROR(Divides(si, tp, "shared expert intermediate size"));
-          rl.has_shared = true;
-          CR_ASSIGN_OR_RETURN(rl.shared.gate, b.Linear(strip(n.shared("gate")), r));
-          CR_ASSIGN_OR_RETURN(rl.shared.up, b.Linear(strip(n.shared("up")), r));
-          CR_ASSIGN_OR_RETURN(rl.shared.down, b.Linear(strip(n.shared("down")), r));
-        }
-      }
-      layer.ranks.push_back(std::move(rl));
-    }
-    if (spec.mla.enabled()) CR_RETURN_IF_ERROR(LoadMlaAttention(b, spec, cfg, l, &layer));
-    // A weight-only checkpoint (W4A16_NVFP4) has no input_scale to quantize with.
-    if (cfg.nvfp4_activation == Nvfp4Activation::kW4a4 && !spec.quant_weight_only) {
-      CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));
+    CR_ASSIGN_OR_RETURN(Layer layer, BuildLayer(lb, spec, cfg, tensors, l, &m->shard_hashes));
+    if (m->stream) {
+      // Read and hashed; what the step needs of it is loaded again when it runs.
+      ForEachStreamedShard(layer, [](LinearShard& s) { ReleaseShard(&s); });
+      own(&layer.router);
+      lb.ForgetResolved();
     }
     m->layers.push_back(std::move(layer));
   }

@@ -307,9 +307,39 @@ std::optional<Fault> StepProgram::ArchFault(const KernelCall& k) const {
   return f;
 }
 
+std::optional<Fault> StepProgram::HoldLayer(const KernelCall& k) {
+  if (stream_ == nullptr || stream_->held() == k.layer) return std::nullopt;
+  // The kernels of the layer held so far must be done with its weights
+  // before they are released (a no-op on the CPU).
+  if (next_ > 0) {
+    absl::Status s = exec_->Synchronize();
+    if (!s.ok()) {
+      status_ = s;
+      return DeviceFault(kernels_[next_ - 1], s);
+    }
+  }
+  absl::Status s = stream_->Hold(k.layer);
+  if (s.ok()) return std::nullopt;
+  status_ = s;
+  Fault f;
+  f.klass = absl::IsResourceExhausted(s) ? "oom" : "error";
+  f.stage = "load";
+  f.step = input_.step;
+  f.layer = k.layer;
+  f.kernel = "layer_weights";
+  f.check = "layer_weights_load";
+  f.message = Cat("step ", input_.step, ": loading layer ", k.layer, "'s weights (layer streaming) for ", k.Label(),
+                  " on ", exec_->name(), ": ", s.message());
+  return f;
+}
+
 std::optional<Fault> StepProgram::RunNext() {
   if (done()) return fault_;
   const KernelCall& k = kernels_[next_];
+  if (std::optional<Fault> f = HoldLayer(k)) {
+    fault_ = std::move(f);
+    return fault_;
+  }
   KernelRecord rec;
   rec.label = k.Label();
   rec.name = k.name;
@@ -358,6 +388,11 @@ std::optional<Fault> StepProgram::RunNext() {
 
 std::optional<Fault> StepProgram::RunAll() {
   while (!done()) RunNext();
+  if (!fault_ && stream_ != nullptr && !kernels_.empty()) {
+    // Release the last layer held (the step normally ends outside the layers).
+    KernelCall after;
+    if (std::optional<Fault> f = HoldLayer(after)) fault_ = std::move(f);
+  }
   if (!fault_) {
     absl::Status s = exec_->Synchronize();
     if (!s.ok() && !kernels_.empty()) {

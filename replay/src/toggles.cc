@@ -126,6 +126,13 @@ const std::vector<ToggleSpec>& Table() {
        "backend that runs the step's kernels: cpu (reference, always present) or cuda (the same kernel "
        "bodies on the GPU, device-side asserts; fails with 'no CUDA device' where there is none)",
        false},
+      {"weights", ToggleType::kEnum, {"auto", "resident", "stream"}, 0, 0, "auto",
+       "how the replaying host holds the weights (the same bits either way): resident (read in place from "
+       "the mapped checkpoint, uploaded once on the GPU); stream (layer streaming: each layer's weights are "
+       "mapped, sharded and on the GPU uploaded just before its kernels and released after them, so one "
+       "layer's weights are in memory at a time); auto (stream when the checkpoint does not fit in the "
+       "memory this process may use, or the weights do not fit on the GPU)",
+       false},
   };
   return kTable;
 }
@@ -411,6 +418,9 @@ EngineConfig ResolveConfig(const Config& c) {
   e.indexer_kernel = c.Enum("indexer_kernel");
   e.moe_kernel = c.Enum("moe_kernel");
   e.shared_experts_fusion = c.Bool("shared_experts_fusion");
+  const std::string& w = c.Enum("weights");
+  e.weights = w == "resident" ? WeightResidency::kResident : w == "stream" ? WeightResidency::kStream
+                                                                          : WeightResidency::kAuto;
   return e;
 }
 

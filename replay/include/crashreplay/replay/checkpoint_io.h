@@ -38,9 +38,21 @@ struct LoadedCheckpoint {
   // sliding window the engine does not apply, ...): `run` and `replay` print
   // them as notes, with the model's (Model::notes).
   std::vector<std::string> notes;
+  bool deferred = false;  // tensors are TensorBytes::Deferred
 };
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir);
+// deferred: the shards are opened with Checkpoint::Mode::kDeferred and every
+// tensor's bytes are TensorBytes::Deferred (nothing mapped until a reader
+// resolves them, one tensor at a time): what layer streaming loads from.
+struct LoadOptions {
+  bool deferred = false;
+};
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir, LoadOptions options = {});
+
+// The sum of the safetensors files' sizes of the checkpoint in `dir`, as a
+// load would open them (its index, model.safetensors, or every
+// *.safetensors); errors as LoadCheckpointDir's.
+absl::StatusOr<uint64_t> CheckpointFileBytes(const std::string& dir);
 
 // Writes config.json and the tensors (sharded at `max_shard_bytes`).
 absl::Status WriteCheckpointDir(const std::string& dir, const ModelSpec& spec, const TensorSet& tensors,

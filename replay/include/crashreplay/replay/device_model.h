@@ -9,6 +9,15 @@
 //              once. On the CUDA executor the data, scales, biases and norms
 //              are uploaded to device memory.
 //
+// Layer streaming (UploadStreaming): the per-layer view arrays are allocated
+// once, at fixed addresses (the lowered ops point at them), holding empty
+// views; Hold(l) makes layer l's weights resident (the host Model's
+// LoadLayerWeights when the host streams too, then an upload of that layer
+// alone on the CUDA executor) and writes its views into the arrays, after
+// releasing the layer held before. Norms, routers, the embedding and
+// lm_head stay resident. StepProgram calls Hold before each kernel of a
+// layer, so one layer's weights are resident at a time.
+//
 // Ownership: a DeviceModel owns what it allocated in the executor (views,
 // uploads) and frees it on destruction; the executor must outlive it. It
 // borrows the Model, which must outlive it too (the CPU views point into
@@ -60,6 +69,8 @@ class ExecMemory {
 class DeviceModel {
  public:
   static absl::StatusOr<std::unique_ptr<DeviceModel>> Upload(const Model& model, Executor* exec);
+  // Layer streaming over `model` (which may itself stream: Model::streaming()).
+  static absl::StatusOr<std::unique_ptr<DeviceModel>> UploadStreaming(Model& model, Executor* exec);
 
   struct LayerViews {
     const float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
@@ -91,18 +102,40 @@ class DeviceModel {
   const float* final_norm() const { return final_norm_; }
   const LinearShardView* lm_head() const { return lm_head_; }
   const float* inv_freq() const { return inv_freq_; }
-  // Weight bytes this object copied into the executor (0 on the CPU).
+  // Weight bytes this object copied into the executor and holds for the
+  // whole run (0 on the CPU; streaming: the resident part).
   uint64_t uploaded_bytes() const { return uploaded_; }
+
+  bool streaming() const { return streaming_; }
+  // Streaming: makes layer `l`'s weights resident, releasing the previous
+  // one; l < 0 releases only. No-op without streaming or when `l` is held.
+  // Errors: the host Model's LoadLayerWeights, the executor's.
+  absl::Status Hold(int64_t l);
+  int64_t held() const { return held_; }
+  // Streaming: the most weight bytes one layer uploaded (0 on the CPU).
+  uint64_t layer_upload_peak() const { return layer_peak_; }
 
  private:
   explicit DeviceModel(Executor* exec) : mem_(exec) {}
-  absl::StatusOr<QWeight> Weight(const QWeight& w, size_t data_bytes, size_t scale_bytes);
-  absl::StatusOr<LinearShardView> Shard(const LinearShard& s);
-  absl::StatusOr<const LinearShardView*> Ranks(const std::vector<LinearShardView>& v);
+  // One layer's view arrays as host vectors, in Arrays()'s fixed order.
+  struct LayerArrays;
+  static absl::StatusOr<std::unique_ptr<DeviceModel>> Make(const Model& model, Executor* exec, bool stream);
+  absl::StatusOr<QWeight> Weight(ExecMemory& mem, const QWeight& w, size_t data_bytes, size_t scale_bytes);
+  absl::StatusOr<LinearShardView> Shard(ExecMemory& mem, const LinearShard& s);
   absl::StatusOr<const float*> Floats(const std::vector<float>& v);
+  // `fill`: the views point at the weights (uploaded into `mem`); else they
+  // are empty, of the same count (a streamed layer not held).
+  absl::StatusOr<LayerArrays> Arrays(const Layer& L, ExecMemory& mem, int64_t stride, bool fill);
 
   ExecMemory mem_;
   const Model* model_ = nullptr;
+  bool streaming_ = false;
+  Model* host_ = nullptr;                       // streaming: the model whose layers Hold loads
+  std::vector<std::vector<void*>> slots_;       // streaming: per layer, the arrays (Arrays() order; null: none)
+  std::vector<int64_t> strides_;                // per layer, experts per rank in the experts array
+  std::unique_ptr<ExecMemory> layer_mem_;       // streaming: the held layer's uploads
+  int64_t held_ = -1;
+  uint64_t layer_peak_ = 0;
   std::vector<LayerViews> layers_;
   QWeight embed_;
   const float* final_norm_ = nullptr;

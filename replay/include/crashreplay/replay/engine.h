@@ -84,6 +84,10 @@ class Engine {
   // cap never changes which page ids are valid for a workload that fits. A
   // plan that fails (or a device that cannot hold the weights or the pool) is
   // not an error here: plan().fault holds it, and Run reports it.
+  // Layer streaming (device_model.h): when the model streams, or
+  // config.weights is stream, or it is auto and the weights do not fit the
+  // executor's memory (an upload that runs out of it is retried streaming;
+  // notes() says so).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model, const EngineConfig& config,
                                                         int threads, int64_t max_pool_pages);
 
@@ -91,6 +95,11 @@ class Engine {
   const Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
   Executor& executor() { return *exec_; }
+  // Whether one layer's weights at a time are resident (see Create).
+  bool streaming() const { return device_model_ && device_model_->streaming(); }
+  const DeviceModel* device_model() const { return device_model_.get(); }
+  // What Create decided that the user should know.
+  const std::vector<std::string>& notes() const { return notes_; }
 
   RunResult Run(const std::vector<Request>& requests, StepObserver* observer = nullptr);
 
@@ -113,6 +122,7 @@ class Engine {
   std::unique_ptr<DeviceModel> device_model_;
   MemoryPlan plan_;
   std::unique_ptr<KvCache> kv_;
+  std::vector<std::string> notes_;
 };
 
 // Pages a workload needs: the sum over requests of ceil((prompt + max_new) / page_size).

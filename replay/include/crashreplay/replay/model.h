@@ -108,6 +108,8 @@ struct RopeChoice {
 };
 RopeChoice ChooseRope(const ModelSpec& spec, RopeConfig toggle);
 
+struct LayerStream;  // model_builder.cc
+
 struct Model {
   ModelSpec spec;
   int tp = 1;
@@ -128,10 +130,40 @@ struct Model {
   // it ignores keys the file has, ...): `run` and `replay` print each on
   // stderr as "note: ..." and list them under "notes" in --json.
   std::vector<std::string> notes;
+  // Layer streaming (BuildOptions::stream): set when the layers' weights are
+  // not resident (see LoadLayerWeights).
+  std::shared_ptr<LayerStream> stream;
+  bool streaming() const { return stream != nullptr; }
+};
+
+// stream: layer streaming. Every layer is built once (read, sharded,
+// hashed: shard_hashes and rank_weight_bytes are complete as without
+// streaming), then its streamed shards (every LinearShard of its RankLayers
+// and of its MlaLayer) release their bytes, keeping shape, format and
+// activation scale; norms, routers, biases, the embedding, final norm and
+// lm_head stay resident. LoadLayerWeights brings one layer's shards back.
+// With deferred tensors (checkpoint_io.h LoadOptions) a released layer
+// holds no mapping at all, so peak memory is the resident part plus one
+// layer's shards.
+struct BuildOptions {
+  bool stream = false;
 };
 
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,
-                                                  const EngineConfig& config);
+                                                  const EngineConfig& config, BuildOptions options = {});
+
+// Layer streaming: makes layer `l`'s streamed shards resident, releasing the
+// layer loaded before (l < 0: releases it only); a no-op on a model built
+// without streaming or when `l` is already loaded. The layer is built again
+// from the checkpoint, exactly as BuildModel built it, without hashing it
+// again (that would read all of a layer's experts when a decode step uses a
+// few); a shard file whose size or modification time changed since it was
+// opened is DataLoss naming the file and tensor (the checkpoint changed
+// during the replay). Other errors as BuildModel's (address space
+// exhausted: ResourceExhausted).
+absl::Status LoadLayerWeights(Model& model, int64_t l);
+// Drops layer `l`'s streamed shards (no-op without streaming).
+void ReleaseLayerWeights(Model& model, int64_t l);
 
 // Checks the model's per-rank shard hashes against recorded ones (a capture
 // manifest's). DataLoss naming the rank, tensor and both hashes on the first

@@ -190,6 +190,12 @@ class StepProgram {
   size_t next() const { return next_; }
   bool done() const { return next_ >= kernels_.size() || fault_.has_value(); }
   void set_watch(bool on) { watch_ = on; }
+  // Layer streaming: before each kernel, `model` (the device model the
+  // program was lowered for) is made to hold the kernel's layer (-1: none),
+  // after the device finished the kernels before it. A layer that cannot be
+  // loaded is a fault of class "oom" (ResourceExhausted) or "error", stage
+  // "load", kernel "layer_weights".
+  void set_streaming(DeviceModel* model) { stream_ = model; }
 
   // Runs the next kernel; returns its fault if a check fired or the device
   // failed.
@@ -260,6 +266,8 @@ class StepProgram {
   void Add(std::string name, int layer, std::vector<std::string> outputs, int64_t tokens_per_rank,
            std::vector<Op> ops);
   Fault DeviceFault(const KernelCall& k, const absl::Status& s);
+  // Streaming: holds kernel k's layer; the fault when it cannot.
+  std::optional<Fault> HoldLayer(const KernelCall& k);
   absl::Status Mirror(const std::string& name);
   void Watch(const KernelCall& k, KernelRecord* rec);
 
@@ -273,6 +281,7 @@ class StepProgram {
   size_t next_ = 0;
   bool watch_ = true;
   std::optional<Fault> fault_;
+  DeviceModel* stream_ = nullptr;
   int arch_ = 0;  // device_arch (0: not modelled)
   absl::Status status_;
   std::string first_nonfinite_;

@@ -7,6 +7,13 @@
 // replay held the checkpoint twice; a view costs nothing until its pages
 // are read, and the kernel can drop clean file pages under pressure.
 //
+// A third kind, deferred, stands for bytes still on disk (a checkpoint
+// opened for layer streaming: checkpoint_io.h): it knows its size and where
+// to read from, and Resolve() maps it into a view of its own, released when
+// the last copy of that view goes. data() of a deferred tensor is a
+// programming error (it aborts with a message); readers of a checkpoint that
+// may be deferred call Resolve() first.
+//
 // Reading is the same for both (data(), size(), iteration, ==, which
 // compares contents). Only the explicit writers (mutable_data(), resize())
 // modify, and on a view they first copy it into a buffer of its own: the
@@ -23,7 +30,20 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace crashreplay::replay {
+
+class TensorBytes;
+
+// Where a deferred tensor's bytes come from.
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  // The bytes, as a view holding their mapping (or an error naming the
+  // tensor and file).
+  virtual absl::StatusOr<TensorBytes> Read() const = 0;
+};
 
 class TensorBytes {
  public:
@@ -40,8 +60,26 @@ class TensorBytes {
     return t;
   }
 
-  const uint8_t* data() const { return is_view() ? view_.data() : owned_.data(); }
-  size_t size() const { return is_view() ? view_.size() : owned_.size(); }
+  // Bytes of `size` still on disk, read by `source` on Resolve().
+  static TensorBytes Deferred(size_t size, std::shared_ptr<const TensorSource> source) {
+    TensorBytes t;
+    t.deferred_size_ = size;
+    t.source_ = std::move(source);
+    return t;
+  }
+  bool deferred() const { return source_ != nullptr; }
+  // This (a copy sharing a view's owner) when the bytes are here; the
+  // source's read otherwise.
+  absl::StatusOr<TensorBytes> Resolve() const {
+    if (!deferred()) return *this;
+    return source_->Read();
+  }
+
+  const uint8_t* data() const {
+    if (deferred()) ReadOfDeferred();
+    return is_view() ? view_.data() : owned_.data();
+  }
+  size_t size() const { return deferred() ? deferred_size_ : is_view() ? view_.size() : owned_.size(); }
   bool empty() const { return size() == 0; }
   const uint8_t* begin() const { return data(); }
   const uint8_t* end() const { return data() + size(); }
@@ -64,12 +102,21 @@ class TensorBytes {
     owned_.resize(n);
   }
 
+  // Compares contents (reading deferred ones; unequal when one cannot be read).
   friend bool operator==(const TensorBytes& a, const TensorBytes& b) {
-    return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.size()) == 0);
+    if (a.size() != b.size()) return false;
+    if (a.deferred() || b.deferred()) {
+      auto ra = a.Resolve();
+      auto rb = b.Resolve();
+      return ra.ok() && rb.ok() && *ra == *rb;
+    }
+    return a.size() == 0 || std::memcmp(a.data(), b.data(), a.size()) == 0;
   }
 
  private:
+  [[noreturn]] static void ReadOfDeferred();
   void Own() {
+    if (deferred()) ReadOfDeferred();
     if (!is_view()) return;
     owned_.assign(view_.begin(), view_.end());
     view_ = {};
@@ -79,6 +126,8 @@ class TensorBytes {
   std::vector<uint8_t> owned_;
   std::span<const uint8_t> view_;
   std::shared_ptr<const void> owner_;
+  size_t deferred_size_ = 0;
+  std::shared_ptr<const TensorSource> source_;
 };
 
 }  // namespace crashreplay::replay

@@ -104,6 +104,7 @@ enum class DsaDecode { kReference, kTiled64 };
 enum class SamplingBackend { kSorted, kThreshold };
 enum class RopeConfig { kCheckpoint, kLegacy, kRopeParameters };
 enum class MoeParallel { kTensor, kExpert };
+enum class WeightResidency { kAuto, kResident, kStream };
 
 struct EngineConfig {
   AttentionBackend attention_backend = AttentionBackend::kReference;
@@ -132,6 +133,7 @@ struct EngineConfig {
   std::string attention_kernel = "any", prefill_attention_kernel = "any";
   std::string dsa_kernel = "any", dsa_prefill_kernel = "any", indexer_kernel = "any", moe_kernel = "any";
   bool shared_experts_fusion = false;
+  WeightResidency weights = WeightResidency::kAuto;  // the replaying host's choice, not the engine's
 };
 
 EngineConfig ResolveConfig(const Config& config);
