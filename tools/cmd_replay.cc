@@ -26,6 +26,7 @@
 #include "crashreplay/replay/replay_session.h"
 #include "crashreplay/replay/step_dump.h"
 #include "exit_codes.h"
+#include "load_model.h"
 #include "replayable.h"
 
 namespace crashreplay::tools {
@@ -75,7 +76,8 @@ std::string ChooseStart(const replay::LoadedCapture& cap, const replay::Config& 
   }
   std::string differs;
   for (const std::string& name : config.DiffNames(cap.config)) {
-    if (name != "device") differs += (differs.empty() ? "" : ", ") + name;  // the backend does not change the bits
+    // Neither the backend nor how the host holds the weights changes the bits.
+    if (name != "device" && name != "weights") differs += (differs.empty() ? "" : ", ") + name;
   }
   if (!differs.empty()) {
     return "the configuration differs from the recording (" + differs + "); the snapshot holds the recorded state";
@@ -128,6 +130,9 @@ int RunReplay(int argc, char** argv) {
   if (absl::Status s = CheckReplayable(*cap, capture_path); !s.ok()) return ReportError(s);
   for (const std::string& n : cap->notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   replay::Config config = cap->config;
+  // How the recording host held its weights says nothing about this host:
+  // weights starts from its default here (auto), whatever was recorded.
+  if (absl::Status s = config.ApplySetFlag("weights=auto"); !s.ok()) return ReportError(s);
   if (!config_file.empty()) {
     std::vector<std::string> file_notes;
     if (absl::Status s = config.ApplyFile(config_file, &file_notes); !s.ok()) return ReportError(s);
@@ -145,18 +150,14 @@ int RunReplay(int argc, char** argv) {
   // Progress on stderr: redrawn in place on a terminal; plain lines in logs
   // unless the output is --json (what scripts and bisection trials read).
   StatusLine progress(stderr, ::isatty(::fileno(stderr)) == 1, "replay", json && ::isatty(::fileno(stderr)) != 1);
-  progress.Update("loading " + model_dir, 0, 0);
-  auto ckpt = replay::LoadCheckpointDir(model_dir);
-  if (!ckpt.ok()) return ReportError(ckpt.status());
   const replay::EngineConfig ec = replay::ResolveConfig(config);
-  progress.Update("sharding and hashing the weights", 0, 0);
-  auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
-  if (!model.ok()) return ReportError(model.status());
-  if (!ckpt->notes.empty() || !(*model)->notes.empty()) progress.Finish();  // notes stay above the live line
-  for (const auto* from : {&ckpt->notes, &(*model)->notes}) {
-    for (const std::string& n : *from) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
-    cap->notes.insert(cap->notes.end(), from->begin(), from->end());
-  }
+  auto loaded = LoadModel(model_dir, ec, progress);
+  if (!loaded.ok()) return ReportError(loaded.status());
+  const replay::LoadedCheckpoint* ckpt = &loaded->checkpoint;
+  std::unique_ptr<replay::Model>* model = &loaded->model;
+  if (!loaded->notes.empty()) progress.Finish();  // notes stay above the live line
+  for (const std::string& n : loaded->notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
+  cap->notes.insert(cap->notes.end(), loaded->notes.begin(), loaded->notes.end());
   auto weights = replay::VerifyCaptureWeights(*cap, *ckpt, **model, ec);
   if (!weights.ok()) return ReportError(weights.status());
   const std::string weights_note = *weights;
@@ -169,6 +170,11 @@ int RunReplay(int argc, char** argv) {
   auto made = replay::Engine::Create(std::move(*model), ec, threads, max_page);
   if (!made.ok()) return ReportDeviceError(made.status());
   replay::Engine& engine = **made;
+  for (const std::string& n : engine.notes()) {
+    progress.Finish();
+    std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
+    cap->notes.push_back(n);
+  }
 
   const bool step_in_range = step < static_cast<int64_t>(cap->steps.size());
   if (!engine.plan().fault && !(cap->steps.empty() && cap->failure) && !step_in_range) {

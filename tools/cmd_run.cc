@@ -24,6 +24,7 @@
 #include "crashreplay/replay/engine.h"
 #include "crashreplay/replay/tokenizer.h"
 #include "exit_codes.h"
+#include "load_model.h"
 
 namespace crashreplay::tools {
 namespace {
@@ -159,20 +160,17 @@ int RunRun(int argc, char** argv) {
   // unless the output is --json.
   const bool tty = ::isatty(::fileno(stderr)) == 1;
   StatusLine progress(stderr, tty, "run", json && !tty);
-  progress.Update("loading " + model_dir, 0, 0);
-  auto ckpt = replay::LoadCheckpointDir(model_dir);
-  if (!ckpt.ok()) return ReportError(ckpt.status());
   const replay::EngineConfig ec = replay::ResolveConfig(config);
-  progress.Update("sharding and hashing the weights", 0, 0);
-  auto model = replay::BuildModel(ckpt->spec, ckpt->tensors, ec);
-  if (!model.ok()) return ReportError(model.status());
-  std::vector<std::string> notes = ckpt->notes;
-  notes.insert(notes.end(), (*model)->notes.begin(), (*model)->notes.end());
-  if (!notes.empty()) progress.Finish();  // notes stay; the live line is redrawn after them
-  for (const std::string& n : notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
-  auto made = replay::Engine::Create(std::move(*model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  auto loaded = LoadModel(model_dir, ec, progress);
+  if (!loaded.ok()) return ReportError(loaded.status());
+  const replay::LoadedCheckpoint* ckpt = &loaded->checkpoint;
+  std::vector<std::string> notes = loaded->notes;
+  auto made = replay::Engine::Create(std::move(loaded->model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
   if (!made.ok()) return ReportDeviceError(made.status());
   replay::Engine& engine = **made;
+  notes.insert(notes.end(), engine.notes().begin(), engine.notes().end());
+  if (!notes.empty()) progress.Finish();  // notes stay; the live line is redrawn after them
+  for (const std::string& n : notes) std::fprintf(stderr, "crashreplay: note: %s\n", n.c_str());
   std::unique_ptr<replay::CaptureRecorder> recorder;
   if (!record.empty()) {
     // A configuration in a serving engine's words is recorded in that
