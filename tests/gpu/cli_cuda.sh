@@ -3,7 +3,10 @@
 # same kernel list as the CPU): a CUDA recording replays on the GPU with the
 # same bits (reproduced), the CPU replay of it runs clean, a kernel check
 # fires on the device with the same signature as on the CPU, and a CPU
-# recording replays on the GPU without a failure. Usage: cli_cuda.sh BIN.
+# recording replays on the GPU without a failure; layer streaming on the GPU
+# (one layer uploaded at a time) gives the per-kernel digests of resident
+# weights.
+# Usage: cli_cuda.sh BIN.
 # Exit 0 when every check holds; prints each check.
 set -uo pipefail
 BIN="$1"
@@ -37,4 +40,10 @@ check "a cpu recording replays on cuda without a failure" \
   --set attention_backend=paged64 --set page_size=16 --json >"$W/assert.json"
 check "a device-side check in decode: exit 1" test $? -eq 1
 check "its signature is the cpu's" test "$(field "$W/assert.json" "['signature']['check']")" = page_size_is_64
+digests() { python3 -c "import json; print([(k['name'], k['digest']) for k in json.load(open('$1'))['kernels']])"; }
+"$BIN" replay "$W/cuda" --from-start --set weights=resident --json >"$W/resident.json"
+"$BIN" replay "$W/cuda" --from-start --set weights=stream --json >"$W/stream.json"
+check "replay on cuda with weights=stream: reproduced (exit 0)" test $? -eq 0
+check "weights=stream on cuda: the per-kernel digests of resident weights" \
+  test "$(digests "$W/stream.json")" = "$(digests "$W/resident.json")"
 exit $fail
