@@ -46,6 +46,15 @@ std::unique_ptr<Engine> Load(const std::string& dir, const EngineConfig& ec, boo
   return e.ok() ? std::move(*e) : nullptr;
 }
 
+// A two-layer llama written to `name` and loaded streaming under `sets`.
+std::unique_ptr<Engine> StreamedLlama(const std::string& name, const std::vector<std::string>& sets,
+                                      std::string* dir) {
+  MakeModelOptions o;
+  o.layers = 2;
+  *dir = WriteModel(o, name);
+  return Load(*dir, Resolve(sets), true);
+}
+
 // Every streamed shard of layer l has its bytes (or none has).
 bool LayerHeld(const Model& m, size_t l) {
   const RankLayer& r = m.layers[l].ranks[0];
@@ -163,11 +172,8 @@ void Scribble(const std::string& dir, const std::string& name) {
 }
 
 TEST(LayerStream, ACheckpointChangedDuringTheReplayIsAnErrorNamingTheFile) {
-  MakeModelOptions o;
-  o.layers = 2;
-  const std::string dir = WriteModel(o, "changed");
-  const EngineConfig ec = Resolve({"tp_size=2"});
-  auto engine = Load(dir, ec, true);
+  std::string dir;
+  auto engine = StreamedLlama("changed", {"tp_size=2"}, &dir);
   ASSERT_TRUE(engine);
   Scribble(dir, "model.layers.1.mlp.up_proj.weight");
   const RunResult r = engine->Run(testing::TwoRequests(2));
@@ -183,10 +189,8 @@ TEST(LayerStream, ACheckpointChangedDuringTheReplayIsAnErrorNamingTheFile) {
 }
 
 TEST(LayerStream, ATruncatedCheckpointIsAnErrorNotASigbus) {
-  MakeModelOptions o;
-  o.layers = 2;
-  const std::string dir = WriteModel(o, "truncated");
-  auto engine = Load(dir, Resolve({}), true);
+  std::string dir;
+  auto engine = StreamedLlama("truncated", {}, &dir);
   ASSERT_TRUE(engine);
   for (const auto& f : std::filesystem::directory_iterator(dir)) {
     if (f.path().extension() == ".safetensors") std::filesystem::resize_file(f.path(), 100);
@@ -201,10 +205,8 @@ TEST(LayerStream, ATruncatedCheckpointIsAnErrorNotASigbus) {
 // The executor side on the CPU: the arrays the ops read keep their address
 // while the layers come and go, and hold views of the held layer only.
 TEST(LayerStream, DeviceViewsFollowTheHeldLayer) {
-  MakeModelOptions o;
-  o.layers = 2;
-  const std::string dir = WriteModel(o, "views");
-  auto engine = Load(dir, Resolve({"tp_size=2"}), true);
+  std::string dir;
+  auto engine = StreamedLlama("views", {"tp_size=2"}, &dir);
   ASSERT_TRUE(engine);
   const DeviceModel* dm = engine->device_model();
   ASSERT_TRUE(dm->streaming());
