@@ -1,5 +1,7 @@
 #include "load_model.h"
 
+#include <sys/resource.h>
+
 #include "crashreplay/replay/host_memory.h"
 
 namespace crashreplay::tools {
@@ -14,6 +16,15 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& dir, const replay::Engi
     if (replay::ShouldStreamWeights(*bytes, replay::ReadHostMemory(), &why)) {
       out.streaming = true;
       out.notes.push_back("weights=auto: " + why + "; streaming the weights one layer at a time (weights=stream)");
+    }
+  }
+  if (out.streaming) {
+    // A deferred checkpoint keeps one descriptor per shard file open (a
+    // 1000-shard checkpoint would pass the usual soft limit of 1024).
+    struct rlimit rl;
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &rl);
     }
   }
   progress.Update("loading " + dir, 0, 0);
