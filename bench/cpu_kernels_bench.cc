@@ -2,7 +2,8 @@
 // work items they replace, OpenBLAS, and the machine's memory bandwidth.
 //
 //   cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time]
-//                     [--only linear|experts] [--json]
+//                     [--only linear|experts] [--format F] [--dot fused|dequant|both]
+//                     [--json]
 //
 // --cpu-time times the process's CPU time (all threads) instead of wall
 // time: on a loaded machine, what the code costs rather than what the
@@ -19,7 +20,10 @@
 // Experts: one MoE layer's routed experts at decode (1 token, top-8 of 64
 // experts, hidden 2048, moe_intermediate 768; each step routes to 8 other
 // experts, so the weights come from DRAM) in NVFP4 (w4a4 and w4a16), FP8
-// block and bf16. Figures: bytes of the routed experts' weights (values and
+// block and bf16, under each dot kind: `fused` (gemm_backend/moe_backend
+// fused_blockscaled, the engine's default: a sum per scale block, then times
+// the scale) and `dequant` (dequant_matmul: bf16(value * scale) terms).
+// --format keeps the rows whose format starts with F. Figures: bytes of the routed experts' weights (values and
 // scales) per second, and params per second, beside a read-only stream and
 // memcpy over 512 MiB on the same threads. A step reads each routed weight
 // byte once, so the stream rate is its bound.
@@ -165,7 +169,9 @@ struct LinearFigures {
 };
 
 bool g_reference = true;
-std::string g_only;  // --only linear|experts  // --no-reference: skip the (slow) work-item timings
+std::string g_only;    // --only linear|experts  // --no-reference: skip the (slow) work-item timings
+std::string g_format;  // --format: expert rows whose format starts with this
+std::string g_dot = "both";
 
 LinearFigures BenchLayer(int64_t tokens, CpuPool& pool, int threads, int reps) {
   const int64_t H = 1024, qd = 1024, kvd = 256, I = 2816;
@@ -221,11 +227,11 @@ LinearFigures BenchLayer(int64_t tokens, CpuPool& pool, int threads, int reps) {
 // ---- experts ---------------------------------------------------------------
 
 struct MoeFigures {
-  std::string name;
+  std::string name, dot;
   double ref_ms = 0, fast_ms = 0, bytes_per_step = 0, params_per_step = 0;
 };
 
-MoeFigures BenchExperts(const std::string& name, CpuPool& pool, CpuIsa isa, int reps) {
+MoeFigures BenchExperts(const std::string& name, DotKind dot, CpuPool& pool, CpuIsa isa, int reps) {
   const int64_t E = 64, K = 8, H = 2048, mi = 768;
   const bool nvfp4 = name.rfind("nvfp4", 0) == 0, w4a4 = name == "nvfp4 w4a4";
   const float in_scale = 0.004f, mid_scale = 0.002f;
@@ -266,6 +272,7 @@ MoeFigures BenchExperts(const std::string& name, CpuPool& pool, CpuIsa isa, int 
   op.k = K;
   op.stride = E;
   op.inter = mi;
+  op.dot = dot;
   int64_t step = 0;
   auto route = [&] {  // 8 other experts each step, in a fixed cycle
     for (int64_t k = 0; k < K; ++k) ids[k] = static_cast<int32_t>((step * K + k * 7) % E);
@@ -273,6 +280,7 @@ MoeFigures BenchExperts(const std::string& name, CpuPool& pool, CpuIsa isa, int 
   };
   MoeFigures f;
   f.name = name;
+  f.dot = dot == DotKind::kDequant ? "dequant" : "fused";
   f.bytes_per_step = 3.0 * K * static_cast<double>(store[0].bytes());
   f.params_per_step = 3.0 * K * static_cast<double>(mi * H);
   if (g_reference) f.ref_ms = MedianMs(std::max(1, reps / 3), [&] { route(); Launch(op, pool, CpuIsa::kReference); });
@@ -310,7 +318,7 @@ void Bandwidth(CpuPool& pool, int reps, double* read_gbs, double* copy_gbs) {
 }
 
 int Usage(const char* msg) {
-  std::fprintf(stderr, "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only linear|experts] [--json]\n", msg);
+  std::fprintf(stderr, "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only linear|experts] [--format F] [--dot fused|dequant|both] [--json]\n", msg);
   return 2;
 }
 
@@ -328,6 +336,11 @@ int main(int argc, char** argv) {
     } else if (a == "--only" && i + 1 < argc) {
       g_only = argv[++i];
       if (g_only != "linear" && g_only != "experts") return Usage("--only takes linear or experts");
+    } else if (a == "--format" && i + 1 < argc) {
+      g_format = argv[++i];
+    } else if (a == "--dot" && i + 1 < argc) {
+      g_dot = argv[++i];
+      if (g_dot != "fused" && g_dot != "dequant" && g_dot != "both") return Usage("--dot takes fused, dequant or both");
     } else if (a == "--cpu-time") {
       g_cpu_time = true;
     } else if ((a == "--threads" || a == "--reps") && i + 1 < argc) {
@@ -350,7 +363,12 @@ int main(int argc, char** argv) {
   std::vector<MoeFigures> moe;
   if (g_only != "linear") {
     for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "fp8 block", "bf16"}) {
-      moe.push_back(BenchExperts(name, pool, best, reps * 3));
+      if (std::string(name).rfind(g_format, 0) != 0) continue;
+      for (DotKind dot : {DotKind::kFused, DotKind::kDequant}) {
+        if (g_dot != "both" && g_dot != (dot == DotKind::kFused ? "fused" : "dequant")) continue;
+        if (dot == DotKind::kDequant && std::string(name) == "bf16") continue;  // unscaled: the same dot
+        moe.push_back(BenchExperts(name, dot, pool, best, reps * 3));
+      }
     }
   }
   if (json) {
@@ -365,8 +383,8 @@ int main(int argc, char** argv) {
                 threads, CpuIsaName(best), lin(dec).c_str(), lin(pre).c_str(), read_gbs, copy_gbs);
     for (size_t i = 0; i < moe.size(); ++i) {
       const MoeFigures& m = moe[i];
-      std::printf("%s{\"format\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
-                  i ? "," : "", m.name.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
+      std::printf("%s{\"format\":\"%s\",\"dot\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
+                  i ? "," : "", m.name.c_str(), m.dot.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
     }
     std::printf("]}\n");
     return 0;
@@ -386,9 +404,10 @@ int main(int argc, char** argv) {
   }
   std::printf("memory: read-only stream %.2f GB/s, memcpy %.2f GB/s copied\n", read_gbs, copy_gbs);
   std::printf("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):\n");
-  std::printf("  %-12s %10s %14s %14s %12s %12s\n", "format", "MB/step", "work items", "fast", "GB/s", "M params/s");
+  std::printf("  %-12s %-8s %10s %14s %14s %12s %12s\n", "format", "dot", "MB/step", "work items", "fast", "GB/s", "M params/s");
   for (const MoeFigures& m : moe) {
-    std::printf("  %-12s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.bytes_per_step * 1e-6,
+    std::printf("  %-12s %-8s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.dot.c_str(),
+                m.bytes_per_step * 1e-6,
                 m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6, m.params_per_step / m.fast_ms * 1e-3);
   }
   return 0;

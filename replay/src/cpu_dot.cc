@@ -13,11 +13,14 @@ namespace {
 
 // Up to this many tokens the weight is decoded in registers and used at once.
 constexpr int64_t kDirectTokens = 2;
-// Rows per direct tile: 4 independent accumulator chains; e2m1 tiles take 2
-// rows, as each row's two table halves stay in registers too.
-template <class W>
+// Rows per direct tile: 8 (row, token) pairs, i.e. 8 independent
+// accumulator chains, and for the blocks shape one LaneSums8 of 8 lane sets
+// per scale block. The e2m1 tiles of the lanes shape with bf16-rounded
+// scaled terms take 2 rows (their 16-entry tables are not sign-symmetric:
+// two permutes per group).
+template <class W, int NR>
 constexpr int DirectRowsFor() {
-  return W::kE2m1 ? 2 : 4;
+  return W::kE2m1 && !W::kSym ? 2 : 8 / NR;
 }
 // Packed path: micro-tile of rows x tokens held in registers (12 lane
 // accumulators, 2 weight vectors, one input vector and a product: AVX2's 16).
@@ -85,10 +88,10 @@ float Pow2Of(float s) { return BitsToFloat(FloatBits(s) & 0x7f800000u); }
 // The plan's scale of each block of row r: ScaleAt / StoredScaleAt (and the
 // UE8M0 exponent) of the block's first column, as linear.h computes them.
 template <SFormat S>
-void RowScalesT(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* out) {
+void RowScalesT(const QWeight& w, const Plan& p, int64_t r, int64_t b0, int64_t nb, float* out) {
   const int64_t base = S == SFormat::kNone ? 0 : (r / w.block_rows) * w.scale_cols;
   const bool same_blocks = p.block == w.block_cols;
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = b0; b < nb; ++b) {
     const int64_t idx = base + (same_blocks ? b : (b * p.block) / w.block_cols);
     const float stored = DecodeScale<S>(w.scales, idx);
     // kNone: ScaleAt and StoredScaleAt are 1 (no global scale).
@@ -102,14 +105,54 @@ void RowScalesT(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* o
   }
 }
 
-void RowScales(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* out) {
+// Blocks [b0, nb) of row r into out[b0, nb).
+void RowScalesFrom(const QWeight& w, const Plan& p, int64_t r, int64_t b0, int64_t nb, float* out) {
   switch (w.scale_format) {
-    case SFormat::kNone: return RowScalesT<SFormat::kNone>(w, p, r, nb, out);
-    case SFormat::kF32: return RowScalesT<SFormat::kF32>(w, p, r, nb, out);
-    case SFormat::kE4m3: return RowScalesT<SFormat::kE4m3>(w, p, r, nb, out);
-    case SFormat::kE8m0: return RowScalesT<SFormat::kE8m0>(w, p, r, nb, out);
+    case SFormat::kNone: return RowScalesT<SFormat::kNone>(w, p, r, b0, nb, out);
+    case SFormat::kF32: return RowScalesT<SFormat::kF32>(w, p, r, b0, nb, out);
+    case SFormat::kE4m3: return RowScalesT<SFormat::kE4m3>(w, p, r, b0, nb, out);
+    case SFormat::kE8m0: return RowScalesT<SFormat::kE8m0>(w, p, r, b0, nb, out);
   }
 }
+
+void RowScales(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* out) {
+  RowScalesFrom(w, p, r, 0, nb, out);
+}
+
+// RowScales with 8 blocks at a time where the stored scales of a row are
+// contiguous (plan blocks = scale blocks) and decode in a vector: e4m3 codes
+// (DecodeE4m3 is E4m3ToFloat lane by lane), e8m0 codes, or floats; the same
+// multiplies as RowScalesT. The rest of the row, and other layouts, scalar.
+CR_SIMD_INLINE void RowScalesV(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* out) {
+  const SFormat f = w.scale_format;
+  int64_t b = 0;
+  if (p.block == w.block_cols && (f == SFormat::kE4m3 || f == SFormat::kE8m0 || f == SFormat::kF32)) {
+    const int64_t base = (r / w.block_rows) * w.scale_cols;
+    const f32x8 global = Splat(w.global_scale);
+    for (; b + 8 <= nb; b += 8) {
+      f32x8 stored;
+      if (f == SFormat::kF32) {
+        stored = Load8(static_cast<const float*>(w.scales) + base + b);
+      } else if (f == SFormat::kE4m3) {
+        stored = DecodeE4m3(static_cast<const uint8_t*>(w.scales) + base + b);
+      } else {
+        const u32x8 e = WidenBytes8(static_cast<const uint8_t*>(w.scales) + base + b);
+        const u32x8 bits = e == 0xffu ? u32x8{} + 0x7fc00000u : (e == 0u ? u32x8{} + 0x00400000u : e << 23);
+        stored = (f32x8)bits;
+      }
+      f32x8 v = stored;  // kStored
+      switch (p.rscale) {
+        case RowScale::kScaleAt: v = stored * global; break;
+        case RowScale::kPow2ScaleAt: v = (f32x8)((u32x8)(stored * global) & 0x7f800000u); break;
+        case RowScale::kStored: break;
+        case RowScale::kPow2Stored: v = (f32x8)((u32x8)(stored * global) & 0x7f800000u); break;
+      }
+      Store8(out + b, v);
+    }
+  }
+  RowScalesFrom(w, p, r, b, nb, out);
+}
+
 
 // 64-byte aligned thread-local scratch; `slot` keeps simultaneous uses apart.
 float* Scratch(int slot, int64_t floats) {
@@ -190,21 +233,28 @@ struct RowRef {
 };
 
 // e2m1 terms of group i0..i0+8 through a 16-entry table. AVX2: two
-// permutes (codes 0-7, 8-15) and a blend on each code's sign bit; else a
-// scalar lookup per code.
-template <bool kPermute>
+// permutes (codes 0-7, 8-15) and a blend on each code's sign bit, or, for a
+// sign-symmetric table (t[n | 8] == -t[n] bit for bit: the raw values), one
+// permute and the code's sign bit moved into the float's; else a scalar
+// lookup per code.
+template <bool kPermute, bool kSym>
 CR_SIMD_INLINE f32x8 LookupE2m1(const uint8_t* group, const float* t16) {
   uint32_t word;
   std::memcpy(&word, group, sizeof word);
   if constexpr (kPermute) {
     const u32x8 w = u32x8{} + word;
-    const i32x8 index = (i32x8)(w >> u32x8{0, 4, 8, 12, 16, 20, 24, 28});
-    const i32x8 high = (i32x8)(w << u32x8{28, 24, 20, 16, 12, 8, 4, 0});  // code bit 3 in the sign bit
+    const i32x8 index = (i32x8)(w >> u32x8{0, 4, 8, 12, 16, 20, 24, 28});  // the shuffle reads bits 0-2
+    const u32x8 high = w << u32x8{28, 24, 20, 16, 12, 8, 4, 0};          // code bit 3 in the sign bit
     const f32x8 pos = __builtin_shuffle(Load8(t16), index);
-    const f32x8 neg = __builtin_shuffle(Load8(t16 + 8), index);
-    return high < 0 ? neg : pos;
+    if constexpr (kSym) {
+      return (f32x8)((u32x8)pos ^ (high & 0x80000000u));
+    } else {
+      const f32x8 neg = __builtin_shuffle(Load8(t16 + 8), index);
+      return (i32x8)high < 0 ? neg : pos;
+    }
   } else {
     alignas(32) float v[8];
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 8; ++j) v[j] = t16[(word >> (4 * j)) & 0xfu];
     return Load8(v);
   }
@@ -228,6 +278,10 @@ struct Terms {
 
   static constexpr bool kE2m1 = F == WFormat::kE2m1;
   static constexpr bool kBlocks = kBlocked;
+  // Unrounded e2m1 terms come from the raw table, which is sign-symmetric.
+  static constexpr bool kSym = !kRound;
+  // Bytes of one group of 8 elements of a row.
+  static constexpr int64_t kGroupBytes = F == WFormat::kE2m1 ? 4 : 8 * static_cast<int64_t>(sizeof(StorageT<F>));
   static constexpr bool kAvx2 = kPermute;
 
   struct Block {
@@ -271,7 +325,7 @@ struct Terms {
   // Group g of the row at `base`, g < full.
   CR_SIMD_INLINE f32x8 AtFull(const void* base, int64_t g, const Block& b) const {
     if constexpr (kE2m1) {
-      return LookupE2m1<kPermute>(static_cast<const uint8_t*>(base) + 4 * g, b.t16);
+      return LookupE2m1<kPermute, kSym>(static_cast<const uint8_t*>(base) + 4 * g, b.t16);
     } else {
       f32x8 v = DecodeGroup<F>(base, 8 * g);
       if constexpr (kRound) v = RoundBf16(v * Splat(b.s));
@@ -311,6 +365,7 @@ CR_SIMD_INLINE void BlockUpdate(const Plan& p, const f32x8 (&lane)[MR][NR], cons
   for (int k0 = 0; k0 < kN; k0 += 8) {
     f32x8 v[8];
     alignas(32) float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 8; ++j) {
       const int k = k0 + j;
       if (k < kN) {
@@ -322,6 +377,7 @@ CR_SIMD_INLINE void BlockUpdate(const Plan& p, const f32x8 (&lane)[MR][NR], cons
     }
     const f32x8 sums = LaneSums8(v);
     alignas(32) float a[8];
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 8; ++j) a[j] = k0 + j < kN ? acc[k0 + j] : 0.0f;
     Store8(a, Load8(a) + sums * Load8(m));
     for (int j = 0; j < 8 && k0 + j < kN; ++j) acc[k0 + j] = a[j];
@@ -334,6 +390,7 @@ CR_SIMD_INLINE void FinalSums(const f32x8 (&lane)[MR][NR], float (&out)[MR * NR]
   constexpr int kN = MR * NR;
   for (int k0 = 0; k0 < kN; k0 += 8) {
     f32x8 v[8];
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < 8; ++j) v[j] = k0 + j < kN ? lane[(k0 + j) / NR][(k0 + j) % NR] : Zero8();
     alignas(32) float s[8];
     Store8(s, LaneSums8(v));
@@ -343,7 +400,9 @@ CR_SIMD_INLINE void FinalSums(const f32x8 (&lane)[MR][NR], float (&out)[MR * NR]
 
 template <int MR, int NR>
 CR_SIMD_INLINE void ZeroLanes(f32x8 (&lane)[MR][NR]) {
+  _Pragma("GCC unroll 16")
   for (int i = 0; i < MR; ++i)
+    _Pragma("GCC unroll 16")
     for (int t = 0; t < NR; ++t) lane[i][t] = Zero8();
 }
 
@@ -363,86 +422,175 @@ CR_SIMD_INLINE void WriteTile(const DotJob& j, const Plan& p, int64_t row0, int 
 
 // ---- direct path: few tokens, terms decoded in registers ----------------------
 
-// One whole group g of MR rows against NR tokens.
+// One whole group g of MR rows against NR tokens. `ahead`: the next tile's
+// rows (the MR rows after these, contiguous), prefetched at the pace this
+// tile reads its own: group g asks for bytes [g, g + 1) * MR * kGroupBytes.
 template <class W, int MR, int NR>
 CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
-                                const float* const* x, int64_t g, f32x8 (&lane)[MR][NR]) {
+                                const float* const* x, int64_t g, uintptr_t ahead, f32x8 (&lane)[MR][NR]) {
+  constexpr int64_t kAheadBytes = MR * W::kGroupBytes;
+  for (int64_t off = 0; off < kAheadBytes; off += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
+  }
   f32x8 w[MR];
+  _Pragma("GCC unroll 16")
   for (int i = 0; i < MR; ++i) w[i] = terms.AtFull(base[i], g, blk[i]);
+  _Pragma("GCC unroll 16")
   for (int t = 0; t < NR; ++t) {
     const f32x8 xv = Load8(x[t] + 8 * g);
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
   }
 }
 
-// MR rows from row0 against NR tokens from t0, the whole row at once. rs:
-// the rows' block scales ([MR][nb]) when the plan has any. kGpb > 0: the
-// plan's blocks are kGpb groups (NVFP4 16 columns: 2, MXFP4 32: 4).
+// The groups [g0, g1) of a tile's rows into its lane sets: whole groups
+// from the row bases (unrolled when kGpb of them make the span), the rest
+// element by element.
+template <class W, int MR, int NR, int kGpb>
+CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], const int64_t (&row)[MR],
+                               const typename W::Block (&blk)[MR], const float* const* x, int64_t g0, int64_t g1,
+                               uintptr_t ahead, f32x8 (&lane)[MR][NR]) {
+  const int64_t gf = std::min(g1, terms.full);
+  if constexpr (kGpb > 0) {
+    if (gf - g0 == kGpb) {
+      _Pragma("GCC unroll 16")
+      for (int k = 0; k < kGpb; ++k) DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, lane);
+      return;
+    }
+  }
+  for (int64_t g = g0; g < gf; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, lane);
+  for (int64_t g = std::max(g0, gf); g < g1; ++g) {
+    f32x8 w[MR];
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
+    _Pragma("GCC unroll 16")
+    for (int t = 0; t < NR; ++t) {
+      const f32x8 xv = Load8(x[t] + 8 * g);
+      _Pragma("GCC unroll 16")
+      for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
+    }
+  }
+}
+
+// MR rows from row0 against NR tokens from t0, the whole row at once.
+// Lanes shape: rs holds the rows' block scales ([MR][nb]) when the plan has
+// any. Blocks shape (MR * NR == 8): mv holds, per scale block b, the 8
+// multipliers of the tile's (row i, token t) pairs at mv[8 * b + i * NR + t];
+// the lane sets of a block are summed by one LaneSums8 and the accumulators
+// stay in one register: acc = acc + sums * m, DotFused's MulAdd per block.
+// kGpb > 0: the plan's blocks are kGpb groups (NVFP4 16 columns: 2, MXFP4
+// 32: 4).
 template <class W, int MR, int NR, int kGpb>
 CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, int64_t row0, int valid,
-                               const float* rs, int64_t nb, int64_t t0) {
+                               const float* rs, const float* mv, int64_t nb, int64_t t0) {
   const int64_t groups = (terms.w->cols + 7) / 8;
   const float* const* x = j.x + t0;
-  const float* const* xs = p.token_scales ? j.xs + t0 : nullptr;
   f32x8 lane[MR][NR];
-  float acc[MR * NR] = {};
   const int64_t gpb = p.block > 0 ? p.block / 8 : groups;
   const int64_t blocks = p.block > 0 ? nb : 1;
   RowRef rows[MR];
   const void* base[MR];
   int64_t row[MR];
+  _Pragma("GCC unroll 16")
   for (int i = 0; i < MR; ++i) {
     row[i] = row0 + std::min(i, valid - 1);
     rows[i] = terms.Row(row[i], rs != nullptr ? rs + i * nb : nullptr);
     base[i] = terms.RowBase(row[i]);
   }
-  ZeroLanes(lane);
-  for (int64_t b = 0; b < blocks; ++b) {
-    if constexpr (W::kBlocks) ZeroLanes(lane);
-    typename W::Block blk[MR];
-    for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
-    const int64_t g0 = b * gpb, g1 = std::min(groups, g0 + gpb), gf = std::min(g1, terms.full);
-    if constexpr (kGpb > 0) {
-      if (gf - g0 == kGpb) {  // a whole block of whole groups: unrolled
-        for (int k = 0; k < kGpb; ++k) DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, lane);
-        if constexpr (W::kBlocks) BlockUpdate<MR, NR>(p, lane, rs, nb, xs, b, acc);
-        continue;
-      }
+  const uintptr_t first = reinterpret_cast<uintptr_t>(terms.RowBase(row0));
+  const uintptr_t ahead = first + MR * (reinterpret_cast<uintptr_t>(terms.RowBase(row0 + 1)) - first);
+  alignas(32) float out[MR * NR];
+  if constexpr (W::kBlocks) {
+    static_assert(MR * NR == 8, "a blocks tile is one vector of (row, token) pairs");
+    f32x8 acc = Zero8();
+    for (int64_t b = 0; b < blocks; ++b) {
+      ZeroLanes(lane);
+      typename W::Block blk[MR];
+      _Pragma("GCC unroll 16")
+      for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
+      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, lane);
+      acc = acc + LaneSums8(&lane[0][0]) * Load8(mv + 8 * b);
     }
-    for (int64_t g = g0; g < gf; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, lane);
-    for (int64_t g = gf; g < g1; ++g) {
-      f32x8 w[MR];
-      for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
-      for (int t = 0; t < NR; ++t) {
-        const f32x8 xv = Load8(x[t] + 8 * g);
-        for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
-      }
+    Store8(out, acc);
+  } else {
+    ZeroLanes(lane);
+    for (int64_t b = 0; b < blocks; ++b) {
+      typename W::Block blk[MR];
+      _Pragma("GCC unroll 16")
+      for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
+      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, lane);
     }
-    if constexpr (W::kBlocks) BlockUpdate<MR, NR>(p, lane, rs, nb, xs, b, acc);
+    FinalSums<MR, NR>(lane, out);
   }
-  if constexpr (!W::kBlocks) FinalSums<MR, NR>(lane, acc);
-  WriteTile<MR, NR>(j, p, row0, valid, t0, NR, acc);
+  WriteTile<MR, NR>(j, p, row0, valid, t0, NR, out);
 }
 
-// Rows [r0, r1) in tiles of DirectRowsFor<W>() rows; the last tile repeats
-// its last row where rows run out (computed, not written).
+// v[k][i] = v[i][k] (the columns of 8 rows become the rows).
+CR_SIMD_INLINE void Transpose8x8(f32x8 (&v)[8]) {
+  const i32x8 lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+  const i32x8 even = {0, 1, 8, 9, 4, 5, 12, 13}, odd = {2, 3, 10, 11, 6, 7, 14, 15};
+  const i32x8 low128 = {0, 1, 2, 3, 8, 9, 10, 11}, high128 = {4, 5, 6, 7, 12, 13, 14, 15};
+  f32x8 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(v[i], v[i + 1], lo);
+    t[i + 1] = __builtin_shuffle(v[i], v[i + 1], hi);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = __builtin_shuffle(t[i], t[i + 2], even);
+    u[i + 1] = __builtin_shuffle(t[i], t[i + 2], odd);
+    u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], even);
+    u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], odd);
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[k] = __builtin_shuffle(u[k], u[k + 4], low128);
+    v[k + 4] = __builtin_shuffle(u[k], u[k + 4], high128);
+  }
+}
+
+// Rows [r0, r1) in tiles of DirectRowsFor rows; the last tile repeats its
+// last row where rows run out (computed, not written).
 template <class W, int NR>
 CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, int64_t r0, int64_t r1, int64_t nb,
                                int64_t t0) {
   const bool need_rs = terms.NeedsRowScales(p);
-  constexpr int kRows = DirectRowsFor<W>();
+  constexpr int kRows = DirectRowsFor<W, NR>();
   float* rs = need_rs ? Scratch(0, kRows * nb) : nullptr;
+  float* mv = W::kBlocks ? Scratch(1, 8 * nb) : nullptr;
+  const float* const* xs = p.token_scales ? j.xs + t0 : nullptr;
   for (int64_t r = r0; r < r1; r += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
     if (need_rs) {
-      for (int i = 0; i < kRows; ++i) RowScales(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
+      _Pragma("GCC unroll 16")
+      for (int i = 0; i < kRows; ++i) RowScalesV(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
+    }
+    if constexpr (W::kBlocks) {
+      int64_t b = 0;
+      if constexpr (NR == 1) {  // 8 rows: transpose 8 x 8 blocks of the row scales
+        for (; b + 8 <= nb; b += 8) {
+          f32x8 v[8];
+          _Pragma("GCC unroll 8")
+          for (int i = 0; i < 8; ++i) v[i] = Load8(rs + i * nb + b);
+          Transpose8x8(v);
+          _Pragma("GCC unroll 8")
+          for (int k = 0; k < 8; ++k) {
+            Store8(mv + 8 * (b + k), p.token_scales ? v[k] * Splat(xs[0][b + k]) : v[k]);
+          }
+        }
+      }
+      for (; b < nb; ++b) {
+        _Pragma("GCC unroll 16")
+        for (int i = 0; i < kRows; ++i) {
+          _Pragma("GCC unroll 16")
+          for (int t = 0; t < NR; ++t) mv[8 * b + i * NR + t] = Multiplier(p, rs + i * nb, xs, t, b);
+        }
+      }
     }
     if (W::kE2m1 && p.block == 16) {
-      DirectTile<W, kRows, NR, W::kE2m1 ? 2 : 0>(j, p, terms, r, rows, rs, nb, t0);
+      DirectTile<W, kRows, NR, W::kE2m1 ? 2 : 0>(j, p, terms, r, rows, rs, mv, nb, t0);
     } else if (W::kE2m1 && p.block == 32) {
-      DirectTile<W, kRows, NR, W::kE2m1 ? 4 : 0>(j, p, terms, r, rows, rs, nb, t0);
+      DirectTile<W, kRows, NR, W::kE2m1 ? 4 : 0>(j, p, terms, r, rows, rs, mv, nb, t0);
     } else {
-      DirectTile<W, kRows, NR, 0>(j, p, terms, r, rows, rs, nb, t0);
+      DirectTile<W, kRows, NR, 0>(j, p, terms, r, rows, rs, mv, nb, t0);
     }
   }
 }
@@ -477,6 +625,7 @@ CR_SIMD_INLINE void PackA(const W& terms, const Plan& p, int64_t row0, int rows,
 CR_SIMD_INLINE void PackB(const float* const* x, int tokens, int64_t g0, int64_t g1, float* bp) {
   for (int64_t g = g0; g < g1; ++g) {
     float* dst = bp + (g - g0) * kNR * 8;
+    _Pragma("GCC unroll 16")
     for (int t = 0; t < kNR; ++t) Store8(dst + t * 8, t < tokens ? Load8(x[t] + 8 * g) : Zero8());
   }
 }
@@ -486,6 +635,7 @@ CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t group
   for (int64_t g = 0; g < groups; ++g, ap += kMR * 8, bp += kNR * 8) {
     f32x8 w[kMR];
     for (int i = 0; i < kMR; ++i) w[i] = Load8(ap + i * 8);
+    _Pragma("GCC unroll 16")
     for (int t = 0; t < kNR; ++t) {
       const f32x8 xv = Load8(bp + t * 8);
       for (int i = 0; i < kMR; ++i) lane[i][t] += w[i] * xv;
@@ -506,11 +656,13 @@ CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, 
   if constexpr (!kBlocked) {
     if (!first) {
       for (int i = 0; i < kMR; ++i)
+        _Pragma("GCC unroll 16")
         for (int t = 0; t < kNR; ++t) lane[i][t] = Load8(state + (i * kNR + t) * 8);
     }
     PackedGroups(ap, bp, g1 - g0, lane);
     if (!last) {
       for (int i = 0; i < kMR; ++i)
+        _Pragma("GCC unroll 16")
         for (int t = 0; t < kNR; ++t) Store8(state + (i * kNR + t) * 8, lane[i][t]);
       return;
     }
@@ -555,6 +707,7 @@ CR_SIMD_INLINE void PackedChunkBody(const ChunkArgs& a) {
     const int tokens = static_cast<int>(std::min<int64_t>(kNR, a.tc1 - t0));
     PackB(j.x + t0, tokens, a.g0, a.g1, a.bp);
     const float* xs[kNR];
+    _Pragma("GCC unroll 16")
     for (int t = 0; t < kNR; ++t) xs[t] = p.token_scales ? j.xs[t0 + std::min(t, tokens - 1)] : nullptr;
     for (int64_t m = 0; m < a.tiles; ++m) {
       const int64_t row0 = a.r0 + m * kMR;
@@ -688,6 +841,7 @@ CR_SIMD_INLINE void PrimitivesBody(WFormat f, const void* data, int64_t i0, cons
   Store8(out, v);
   Store8(out + 8, RoundBf16(Load8(round_in)));
   f32x8 l[8];
+  _Pragma("GCC unroll 16")
   for (int k = 0; k < 8; ++k) l[k] = Load8(lanes_in + 8 * k);
   Store8(out + 16, LaneSums8(l));
 }
