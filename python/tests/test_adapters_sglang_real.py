@@ -315,7 +315,6 @@ def test_a_tp2_session_replays_reproduced_with_both_ranks_weights_verified(tp2_s
         # sglang's own words through the engine vocabulary (docs/engines.md): torch_native is the
         # reference kernel, and nothing the table models is left to a note
         assert j["config"]["attention_backend"] == "reference" and j["config"]["attention_kernel"] == "torch_native"
-        print("notes:", j.get("notes"))
         assert not any("attention_backend" in n for n in j.get("notes", [])), j.get("notes")
         assert took < 30, took  # token slots read as pages once took 7.8 s and 6 GB
 
