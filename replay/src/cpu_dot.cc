@@ -422,6 +422,17 @@ CR_SIMD_INLINE void WriteTile(const DotJob& j, const Plan& p, int64_t row0, int 
 
 // ---- direct path: few tokens, terms decoded in registers ----------------------
 
+// lane[i][t] += w[i] * x[t][group g] for the tile's rows and tokens.
+template <int MR, int NR>
+CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x, int64_t g, f32x8 (&lane)[MR][NR]) {
+  _Pragma("GCC unroll 16")
+  for (int t = 0; t < NR; ++t) {
+    const f32x8 xv = Load8(x[t] + 8 * g);
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
+  }
+}
+
 // One whole group g of MR rows against NR tokens. `ahead`: the next tile's
 // rows (the MR rows after these, contiguous), prefetched at the pace this
 // tile reads its own: group g asks for bytes [g, g + 1) * MR * kGroupBytes.
@@ -435,12 +446,7 @@ CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], c
   f32x8 w[MR];
   _Pragma("GCC unroll 16")
   for (int i = 0; i < MR; ++i) w[i] = terms.AtFull(base[i], g, blk[i]);
-  _Pragma("GCC unroll 16")
-  for (int t = 0; t < NR; ++t) {
-    const f32x8 xv = Load8(x[t] + 8 * g);
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
-  }
+  AccumulateGroup<MR, NR>(w, x, g, lane);
 }
 
 // The groups [g0, g1) of a tile's rows into its lane sets: whole groups
@@ -463,12 +469,7 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
     f32x8 w[MR];
     _Pragma("GCC unroll 16")
     for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
-    _Pragma("GCC unroll 16")
-    for (int t = 0; t < NR; ++t) {
-      const f32x8 xv = Load8(x[t] + 8 * g);
-      _Pragma("GCC unroll 16")
-      for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
-    }
+    AccumulateGroup<MR, NR>(w, x, g, lane);
   }
 }
 
