@@ -71,11 +71,23 @@ def test_only_the_last_steps_are_kept(model, tmp_path):
     cap = tmp_path / "cap"
     assert run("run", model, "--prompt", "Hi", "--max-new-tokens", 6, "--snapshots", 2,
                "--record", cap).returncode == 0
-    rc, out = replay_json(cap, "--step", 5)
-    assert out["start"] == "snapshot"
-    rc, out = replay_json(cap, "--step", 2)
-    assert out["start"] == "re-executed" and out["outcome"] == "reproduced"
-    assert out["start_note"] == "no snapshot of step 2 (the capture holds steps 4..5)"
+    # The ring is bounded and never makes a step wait: a snapshot that finds
+    # the encoder busy may be dropped (counted), so which recent steps are
+    # held depends on timing (runs here held 4..5, 3..5, 3..4, 2..x). What
+    # holds: at most 2, at least the first one encoded, and every other step
+    # re-executes to the recorded bits with a note naming what is held.
+    starts = {}
+    for step in range(6):
+        rc, out = replay_json(cap, "--step", step)
+        assert rc == 0 and out["outcome"] == "reproduced", (step, out.get("start_note"))
+        starts[step] = out
+    held = sorted(s for s, o in starts.items() if o["start"] == "snapshot")
+    assert 1 <= len(held) <= 2, held
+    for step, out in starts.items():
+        if step in held:
+            continue
+        assert out["start"] == "re-executed"
+        assert out["start_note"] == f"no snapshot of step {step} (the capture holds steps {held[0]}..{held[-1]})"
 
 
 def test_failing_capture_fails_the_same_way_from_either_start(model, tmp_path):
