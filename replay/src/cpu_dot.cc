@@ -143,16 +143,15 @@ CR_SIMD_INLINE void RowScalesV(const QWeight& w, const Plan& p, int64_t r, int64
       f32x8 v = stored;  // kStored
       switch (p.rscale) {
         case RowScale::kScaleAt: v = stored * global; break;
-        case RowScale::kPow2ScaleAt: v = (f32x8)((u32x8)(stored * global) & 0x7f800000u); break;
-        case RowScale::kStored: break;
+        case RowScale::kPow2ScaleAt:
         case RowScale::kPow2Stored: v = (f32x8)((u32x8)(stored * global) & 0x7f800000u); break;
+        case RowScale::kStored: break;
       }
       Store8(out + b, v);
     }
   }
   RowScalesFrom(w, p, r, b, nb, out);
 }
-
 
 // 64-byte aligned thread-local scratch; `slot` keeps simultaneous uses apart.
 float* Scratch(int slot, int64_t floats) {

@@ -265,6 +265,7 @@ struct LinearCase {
   bool per_rank;    // x is [ranks, tokens, cols]
   bool bias;
   bool specials;
+  bool finite_x = false;  // specials in the weights and scales only
 };
 
 std::string Describe(const LinearCase& c) {
@@ -287,7 +288,7 @@ void CheckLinear(const LinearCase& c) {
     biases.push_back(RandomFloats(c.rows, 200 + r, false));
   }
   const int64_t x_rows = c.per_rank ? c.ranks * c.tokens : c.tokens;
-  const std::vector<float> x = RandomFloats(x_rows * c.cols, 300, c.specials);
+  const std::vector<float> x = RandomFloats(x_rows * c.cols, 300, c.specials && !c.finite_x);
   const float act_scale = 0.0021f;
   QuantRows xq;
   if (c.q) xq = Quantize(x, x_rows, c.cols, act_scale);
@@ -365,6 +366,20 @@ TEST(CpuKernels, LinearOddWidthsRanksAndSpecialValues) {
       for (bool q : {false, true}) {
         for (int64_t t : {1, 2, 5}) CheckLinear({f, k, q, 2, t, 9, 96, t == 2, true, true});
         CheckLinear({f, k, q, 1, 3, 9, 38, false, false, true});  // e2m1 row ends mid-group, mid-block
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, SpecialScaleCodesThroughTheVectorRowScales) {
+  // Rows of 17 to 34 scale blocks: the decode tiles read block scales 8 at a
+  // time (e4m3 NaN and subnormal codes, e8m0 0x00 and 0xff among them), the
+  // rest one by one; 1 token (8-row tiles, transposed multipliers) and 2.
+  // Finite inputs, so that a wrong special scale shows in the outputs.
+  for (Fmt f : {Fmt::kNvfp4, Fmt::kMxfp4, Fmt::kNvfp4F32Scales}) {
+    for (DotKind k : kAllKinds) {
+      for (bool q : {false, true}) {
+        for (int64_t t : {1, 2}) CheckLinear({f, k, q, 1, t, 19, 544, false, false, true, true});
       }
     }
   }
