@@ -58,7 +58,7 @@ void OpChecks(const Op& op, std::vector<Check>* out) {
           if (v != LatentAttention::kPaged64) Add(out, {Check::kTopkIndexInSequence});
         } else if constexpr (std::is_same_v<T, IndexKWriteOp> || std::is_same_v<T, IndexerOp>) {
           AddPage(out);
-          if (o.ranks > 0 && o.views[0].fp8) Add(out, {Check::kIndexHeadDim});
+          if (o.fp8) Add(out, {Check::kIndexHeadDim});
         }
       },
       op);

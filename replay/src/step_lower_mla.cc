@@ -141,6 +141,7 @@ absl::Status StepProgram::LowerMlaAttention(const Lowering& c, int64_t l) {
     kw.batch = c.batch;
     kw.ranks = N;
     kw.dim = idim;
+    kw.fp8 = c.cfg.index_cache_dtype == KvCacheDType::kFp8E4m3;
     Add("index_k_write", li, {}, T, {kw});
     IndexerOp ix;
     ix.views = c.kv->index_views(l);
@@ -153,6 +154,7 @@ absl::Status StepProgram::LowerMlaAttention(const Lowering& c, int64_t l) {
     ix.dim = idim;
     ix.topk = topk;
     ix.max_len = c.max_len;
+    ix.fp8 = kw.fp8;
     Add("indexer", li, {"index_topk"}, T, {ix});
   } else if (sparse && bufs_.find("index_topk") == bufs_.end()) {
     return absl::InvalidArgumentError(Cat("layer ", l, " reuses an earlier indexer's top-k, but none ran before it"));

@@ -3,6 +3,7 @@
 // those steps, lowered again, on any executor.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,7 +60,20 @@ struct ExecReplay {
   size_t failed_step = 0;
 };
 
-inline ExecReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool watch) {
+// The smallest KV pool the recorded steps fit in (the highest page any row's
+// table names, plus one).
+inline int64_t UsedPages(const RecordedRun& run) {
+  int64_t pages = 1;
+  for (const StepInput& in : run.inputs) {
+    for (const StepRow& row : in.rows) {
+      for (int32_t p : row.page_table) pages = std::max<int64_t>(pages, int64_t{p} + 1);
+    }
+  }
+  return pages;
+}
+
+// pages: the KV pool's size (default: the engine's).
+inline ExecReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool watch, int64_t pages = 0) {
   ExecReplay r;
   auto dm = DeviceModel::Upload(run.engine->model(), exec);
   if (!dm.ok()) {
@@ -67,7 +81,8 @@ inline ExecReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool 
     return r;
   }
   r.model = std::move(*dm);
-  auto kv = KvCache::Create(run.engine->model(), run.engine->config(), EnginePages(*run.engine), exec);
+  auto kv = KvCache::Create(run.engine->model(), run.engine->config(), pages > 0 ? pages : EnginePages(*run.engine),
+                            exec);
   if (!kv.ok()) {
     r.status = kv.status();
     return r;

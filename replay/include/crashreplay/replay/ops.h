@@ -323,6 +323,7 @@ struct IndexKWriteOp {
   const float* k = nullptr;
   BatchView batch;
   int64_t ranks = 0, dim = 0;
+  bool fp8 = false;  // the views' dtype, for the host (views live in executor memory)
 };
 
 // The lightning indexer's top-k of every token on every rank:
@@ -335,6 +336,7 @@ struct IndexerOp {
   int32_t* ids = nullptr;
   BatchView batch;
   int64_t ranks = 0, heads = 0, dim = 0, topk = 0, max_len = 0;
+  bool fp8 = false;  // the views' dtype, for the host (views live in executor memory)
 };
 
 // ---- work items ------------------------------------------------------------

@@ -1,0 +1,85 @@
+// The device path of the one lowering, on a machine without a GPU: a recorded
+// run replayed on GuardedDeviceExecutor (not host-visible, so weights are
+// uploaded and every buffer is read back through copies, as on CUDA; its
+// memory is inaccessible outside launches and copies) has the recorded bits
+// after every kernel. Host code that reads device memory directly faults here
+// instead of on the first GPU it meets (the DSA indexer's lowering did, on an
+// H200). The configurations are the GPU parity test's.
+#include <gtest/gtest.h>
+
+#include "exec_replay_test_util.h"
+#include "guarded_executor.h"
+
+namespace crashreplay::replay {
+namespace {
+
+using testing::GuardedDeviceExecutor;
+using testing::RecordRun;
+using testing::ReplayOnExecutor;
+
+struct Case {
+  std::string name, arch, quant;
+  std::vector<std::string> sets;
+  float temperature;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class GuardedDevice : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GuardedDevice, EveryKernelHasTheRecordedBits) {
+  const Case& c = GetParam();
+  MakeModelOptions o;
+  o.arch = c.arch;
+  o.quant = c.quant;
+  auto run = RecordRun(o, c.sets, 3, c.temperature);
+  ASSERT_TRUE(run.engine);
+  ASSERT_FALSE(run.result.fault) << run.result.fault->message;
+  GuardedDeviceExecutor dev(2);
+  // The smallest pool the steps fit in: a launch opens all of the guarded
+  // memory, which costs in proportion to its touched pages.
+  const int64_t pages = testing::UsedPages(run);
+  auto rep = ReplayOnExecutor(run, &dev, /*watch=*/true, pages);
+  ASSERT_TRUE(rep.status.ok()) << rep.status;
+  // The weights live in the executor's memory, not the host model's.
+  ASSERT_TRUE(dev.Owns(rep.model->embed().data));
+  ASSERT_EQ(rep.kernel_digests.size(), run.records.size());
+  for (size_t s = 0; s < run.records.size(); ++s) {
+    ASSERT_EQ(rep.kernel_digests[s].size(), run.records[s].size()) << "step " << s;
+    for (size_t k = 0; k < run.records[s].size(); ++k) {
+      EXPECT_EQ(rep.kernel_digests[s][k], run.records[s][k].digest)
+          << "step " << s << " kernel " << run.records[s][k].label;
+    }
+    EXPECT_EQ(rep.step_digests[s], run.result.steps[s].digest) << "step " << s;
+  }
+  // Watcher off: nothing is read back between kernels; same step bits.
+  GuardedDeviceExecutor quiet(1);
+  auto q = ReplayOnExecutor(run, &quiet, /*watch=*/false, pages);
+  ASSERT_TRUE(q.status.ok()) << q.status;
+  EXPECT_EQ(q.step_digests, rep.step_digests);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, GuardedDevice,
+    ::testing::Values(Case{"llama_bf16_reference", "llama", "bf16", {}, 0.0f},
+                      Case{"qwen3_fp8_flashdecode_fused", "qwen3", "fp8",
+                           {"attention_backend=flashdecode", "gemm_backend=fused_blockscaled"}, 0.8f},
+                      Case{"qwen3_nvfp4_tp2_dequant", "qwen3", "nvfp4", {"tp_size=2"}, 0.8f},
+                      Case{"llama_nvfp4_w4a4_fused", "llama", "nvfp4", {"gemm_backend=fused_blockscaled"}, 0.0f},
+                      Case{"mixtral_nvfp4_paged64_fp8kv_threshold", "mixtral", "nvfp4",
+                           {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
+                            "sampling_backend=threshold"},
+                           0.8f},
+                      Case{"glm4_moe_nvfp4_tp2_expert", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
+                           0.8f},
+                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
+                      Case{"deepseek_v3_fp8_absorbed_fp8kv", "deepseek_v3", "fp8",
+                           {"page_size=64", "mla_decode=absorbed", "kv_cache_dtype=fp8_e4m3"}, 0.8f},
+                      Case{"deepseek_v32_bf16_naive_reference", "deepseek_v32", "bf16", {}, 0.0f},
+                      Case{"glm_moe_dsa_nvfp4_tiled64_fp8_tp2", "glm_moe_dsa", "nvfp4",
+                           {"page_size=64", "dsa_decode=tiled64", "kv_cache_dtype=fp8_e4m3",
+                            "index_cache_dtype=fp8_e4m3", "tp_size=2"},
+                           0.8f}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace crashreplay::replay
