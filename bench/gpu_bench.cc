@@ -6,6 +6,7 @@
 // Prints one line per figure; exits 0 with a note when there is no device.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -105,6 +106,9 @@ double MemcpyBandwidth(size_t bytes) {
 }  // namespace
 
 int main() {
+  // One line per figure as it is measured (stdout is a file or pipe on a
+  // device machine: a run cut off by its time limit keeps what it printed).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto count = cr::cuda::DeviceCount();
   if (!count.ok()) {
     std::printf("gpu_bench: skipped: %s\n", std::string(count.status().message()).c_str());
@@ -141,12 +145,17 @@ int main() {
         op.tokens = tokens;
         op.rows = rows;
         op.cols = cols;
-        (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
-        (void)(*exec)->Synchronize();
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
-        const int iters = 10;
+        // A warm-up launch, timed, sets the repetitions: about 0.2 s each.
+        cudaEventRecord(e0, (*exec)->stream());
+        (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
+        cudaEventRecord(e1, (*exec)->stream());
+        if (!(*exec)->Synchronize().ok()) return 1;
+        float first_ms = 0;
+        cudaEventElapsedTime(&first_ms, e0, e1);
+        const int iters = std::max(1, std::min(10, static_cast<int>(200.0f / std::max(first_ms, 1e-3f))));
         cudaEventRecord(e0, (*exec)->stream());
         for (int i = 0; i < iters; ++i) (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
         cudaEventRecord(e1, (*exec)->stream());

@@ -4,6 +4,7 @@
 // a child process (a "threadsafe" death test re-executes this binary, so the
 // child starts before any CUDA initialisation and its context may die
 // without harming the parent). Skips without a CUDA device.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -53,6 +54,13 @@ namespace {
   std::_Exit(3);
 }
 
+// The child's report is matched by substrings, not by a death-test regex:
+// on the first H200 run (Ubuntu's glibc 2.39, gtest built on Debian 12) every
+// regex with a group, even "", failed to match output that held the text,
+// while group-free ones matched.
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
 class DeviceAssert : public ::testing::Test {
  protected:
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
@@ -62,8 +70,9 @@ TEST_F(DeviceAssert, Paged64OnSmallPagesTrapsInDecodeAttentionKernelByKernel) {
   CR_REQUIRE_CUDA_DEVICE();
   EXPECT_EXIT(ReplayAndReport({"attention_backend=paged64"}, "llama", ExecMode::kKernelByKernel),
               ::testing::ExitedWithCode(3),
-              "cuda: kernel=attention layer=0 check=page_size_is_64 .*error=cudaErrorAssert \\(710\\).*"
-              "surfaced=Launch(.|\n)*match=yes");
+              AllOf(HasSubstr("cuda: kernel=attention layer=0 check=page_size_is_64 "),
+                    HasSubstr(" error=cudaErrorAssert (710)"), HasSubstr(" surfaced=Launch\n"),
+                    HasSubstr("\nmatch=yes ")));
 }
 
 TEST_F(DeviceAssert, AsyncModeSurfacesLaterButTheRecordNamesTheFailingKernel) {
@@ -72,7 +81,8 @@ TEST_F(DeviceAssert, AsyncModeSurfacesLaterButTheRecordNamesTheFailingKernel) {
   // the step's synchronize); the record still says attention, layer 0.
   EXPECT_EXIT(ReplayAndReport({"attention_backend=paged64"}, "llama", ExecMode::kAsync),
               ::testing::ExitedWithCode(3),
-              "cuda: kernel=attention layer=0 check=page_size_is_64 .*error=cudaErrorAssert \\(710\\)(.|\n)*match=yes");
+              AllOf(HasSubstr("cuda: kernel=attention layer=0 check=page_size_is_64 "),
+                    HasSubstr(" error=cudaErrorAssert (710)"), HasSubstr("\nmatch=yes ")));
 }
 
 TEST_F(DeviceAssert, Ue8m0KernelTrapsOnNvfp4ScalesWithTheScaleValue) {
@@ -103,7 +113,7 @@ TEST_F(DeviceAssert, Ue8m0KernelTrapsOnNvfp4ScalesWithTheScaleValue) {
 TEST_F(DeviceAssert, GoodConfigurationRunsToTheEndWithoutATrap) {
   CR_REQUIRE_CUDA_DEVICE();
   EXPECT_EXIT(ReplayAndReport({"attention_backend=paged64", "page_size=64"}, "llama", ExecMode::kAsync),
-              ::testing::ExitedWithCode(0), "");
+              ::testing::ExitedWithCode(0), ::testing::A<const std::string&>());
 }
 
 }  // namespace
