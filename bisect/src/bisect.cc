@@ -299,11 +299,21 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
   // 5. First bad kernel, from tables the trials produced (the culprit's is cached).
   const TrialResult culprit_result = scheduler.RunOne(culprit_config);
   r.reference_kernels = r.good_result.kernels;
+  std::optional<int64_t> reference_step = r.good_result.kernels_step;
   if (o.reference) {
     scheduler.set_phase("reference");
     const TrialResult ref = scheduler.RunOne(*o.reference);
     if (Stopped(r, scheduler)) return Finish(r, scheduler, start), r;
     r.reference_kernels = ref.kernels;
+    reference_step = ref.kernels_step;
+  }
+  // The culprit failed in another step than the reference's table shows
+  // (while re-executing the steps before the target): compare that step.
+  if (culprit_result.kernels_step && reference_step && *culprit_result.kernels_step != *reference_step) {
+    scheduler.set_phase("reference");
+    const TrialResult ref = scheduler.RunOne(o.reference ? *o.reference : o.good, *culprit_result.kernels_step);
+    if (Stopped(r, scheduler)) return Finish(r, scheduler, start), r;
+    r.reference_kernels = ref.kernels_step == culprit_result.kernels_step ? ref.kernels : std::vector<KernelRow>{};
   }
   r.culprit_kernels = culprit_result.kernels;
   if (!r.reference_kernels.empty() && !r.culprit_kernels.empty()) {

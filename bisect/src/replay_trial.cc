@@ -33,6 +33,13 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
   }
   std::optional<int64_t> step;
   if (auto it = j.find("step"); it != j.end() && it->is_number_integer()) step = it->get<int64_t>();
+  // A fault names the step it happened in: an earlier one than `step` when
+  // re-executing the steps before the target failed. The kernel table and
+  // the signature are that step's.
+  if (auto f = j.find("fault"); f != j.end() && f->is_object()) {
+    if (auto fs = f->find("step"); fs != f->end() && fs->is_number_integer()) step = fs->get<int64_t>();
+  }
+  if (!r.kernels.empty()) r.kernels_step = step;
   const std::string outcome = j.value("outcome", std::string());
   if (outcome == "reproduced") {
     r.verdict = Verdict::kGood;

@@ -232,3 +232,29 @@ def test_ten_thousand_keys_give_bounded_progress_and_a_readable_report(tmp_path)
     assert len(text) < 100_000
     assert text.index("<h2>Culprit</h2>") < text.index("<h2>Search history</h2>")
     assert "k7321" in text and "narrowed" in text
+
+
+def test_first_bad_kernel_compares_the_step_the_culprit_failed_in(tmp_path):
+    # A decode step's replay under scale_format=ue8m0 fails in step 0 (the
+    # prefill it re-executes first, at the first projection); the reference
+    # table must then be step 0's too, not the target step's (which put the
+    # "first bad kernel" at the embedding, comparing different steps' tokens).
+    model, rec = tmp_path / "m", tmp_path / "rec"
+    subprocess.run([BIN, "make-model", str(model), "--arch", "glm4_moe", "--quant", "nvfp4"], check=True,
+                   capture_output=True)
+    subprocess.run([BIN, "run", str(model), "--prompt", "Say hello in one sentence", "--max-new-tokens", "4",
+                    "--record", str(rec)], check=True, capture_output=True)
+    good = write(tmp_path / "good.toml", 'device = "cpu"\n')
+    bad = write(tmp_path / "bad.toml", 'device = "cpu"\nscale_format = "ue8m0"\nattention_backend = "paged64"\n'
+                'page_size = 16\n')
+    (tmp_path / "w").mkdir()
+    r = bisect(str(rec), "--good", good, "--bad", bad, "--json", "--workdir", str(tmp_path / "w"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["culprit"] == {"scale_format": "ue8m0"}
+    assert out["target_signature"]["kernel"] == "q_proj"
+    assert out["target_signature"]["step"] == 0
+    first = out["first_bad_kernel"]
+    assert (first["kernel"], first["layer"]) == ("L0.q_proj", 0), first
+    # The failing step's own kernels, in the same order on both sides.
+    assert first["reference"]["name"] == first["test"]["name"] == "L0.q_proj"

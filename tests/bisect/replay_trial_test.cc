@@ -47,6 +47,24 @@ TEST(ReplayOutput, FailedCarriesReplaysSignatureAndStep) {
   EXPECT_EQ(r.signature.step, 17);
 }
 
+TEST(ReplayOutput, AFaultWhileReexecutingAnEarlierStepNamesThatStepAndItsKernelTable) {
+  // replay --step 3 under another configuration failed in step 0, which it
+  // re-executed to rebuild step 3's state: the kernels it printed are step 0's.
+  TrialResult r = InterpretReplayOutput(
+      Exited(1, std::string(R"({"outcome":"failed","step":3,"kernels":)") + kKernels +
+                    R"(,"fault":{"step":0,"layer":0},
+                    "signature":{"class":"device_assert","stage":"prefill","kernel":"q_proj","check":"ue8m0_scale_layout"}})"),
+      {});
+  EXPECT_EQ(r.verdict, Verdict::kBad);
+  EXPECT_EQ(r.signature.step, 0);
+  EXPECT_EQ(r.kernels_step, 0);
+  TrialResult good = InterpretReplayOutput(
+      Exited(0, std::string(R"({"outcome":"reproduced","step":3,"kernels":)") + kKernels + "}"), {});
+  EXPECT_EQ(good.kernels_step, 3);
+  TrialResult no_table = InterpretReplayOutput(Exited(0, R"({"outcome":"reproduced","step":3})"), {});
+  EXPECT_FALSE(no_table.kernels_step);
+}
+
 TEST(ReplayOutput, DivergedIsGoodByDefaultBecauseOtherConfigurationsChangeTheArithmetic) {
   TrialResult r = InterpretReplayOutput(
       Exited(1, R"({"outcome":"diverged","step":1,"diverged":{"step":1,"kernel":"L0.attention"}})"), {});

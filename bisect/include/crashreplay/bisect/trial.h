@@ -62,6 +62,9 @@ struct TrialResult {
   std::string stderr_tail;          // last lines of stderr (bounded)
   std::string note;                 // why it was classified so, warnings
   std::vector<KernelRow> kernels;   // per-kernel table when the trial gave one
+  // The step that table belongs to, when the trial said: a replay that
+  // failed while re-executing an earlier step prints that step's kernels.
+  std::optional<int64_t> kernels_step;
   int runs = 1;                     // how many runs this verdict combines
   int bad_runs = 0;                 // of which failed
   std::string config_path;          // the TOML file the (last) run read
