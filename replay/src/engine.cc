@@ -21,10 +21,15 @@ int64_t PagesNeeded(const std::vector<Request>& requests, int page_size) {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model, const EngineConfig& config,
                                                        int threads, int64_t max_pool_pages) {
-  std::unique_ptr<Engine> e(new Engine(std::move(model), config));
   auto exec = MakeExecutor(config.device, ExecMode::kKernelByKernel, threads);
   if (!exec.ok()) return exec.status();
-  e->exec_ = std::move(*exec);
+  return Create(std::move(model), config, std::move(*exec), max_pool_pages);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Model> model, const EngineConfig& config,
+                                                       std::unique_ptr<Executor> executor, int64_t max_pool_pages) {
+  std::unique_ptr<Engine> e(new Engine(std::move(model), config));
+  e->exec_ = std::move(executor);
   e->plan_ = PlanMemory(*e->model_, e->config_);
   // The fused tensor is built while the weights load, before graph capture.
   if (config.shared_experts_fusion) {

@@ -13,6 +13,7 @@
 #include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/replay/device_model.h"
 #include "engine_test_util.h"
+#include "guarded_executor.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -34,14 +35,19 @@ EngineConfig Resolve(const std::vector<std::string>& sets) {
   return ResolveConfig(c);
 }
 
-std::unique_ptr<Engine> Load(const std::string& dir, const EngineConfig& ec, bool stream) {
+// device: run on GuardedDeviceExecutor (the device path: uploads, and Hold
+// rewriting a layer's view arrays in executor memory) instead of the CPU.
+std::unique_ptr<Engine> Load(const std::string& dir, const EngineConfig& ec, bool stream, bool device = false) {
   auto ck = LoadCheckpointDir(dir, {.deferred = stream});
   EXPECT_TRUE(ck.ok()) << ck.status();
   if (!ck.ok()) return nullptr;
   auto m = BuildModel(ck->spec, ck->tensors, ec, {.stream = stream});
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return nullptr;
-  auto e = Engine::Create(std::move(*m), ec, 2, 4096);
+  // (A small pool on the device: a guarded launch costs in proportion to the
+  // memory it opens.)
+  auto e = device ? Engine::Create(std::move(*m), ec, std::make_unique<testing::GuardedDeviceExecutor>(2), 64)
+                  : Engine::Create(std::move(*m), ec, 2, 4096);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
@@ -92,7 +98,9 @@ TEST(LayerStream, GivesTheBitsOfResidentWeightsKernelByKernel) {
     const std::string dir = WriteModel(c.model, c.model.arch + c.model.quant);
     const EngineConfig ec = Resolve(c.sets);
     auto resident = Load(dir, ec, false);
-    auto streamed = Load(dir, ec, true);
+    for (bool device : {false, true}) {
+    SCOPED_TRACE(device ? "streamed on the guarded device executor" : "streamed on the cpu");
+    auto streamed = Load(dir, ec, true, device);
     ASSERT_TRUE(resident && streamed);
     EXPECT_FALSE(resident->streaming());
     EXPECT_TRUE(streamed->streaming());
@@ -114,6 +122,7 @@ TEST(LayerStream, GivesTheBitsOfResidentWeightsKernelByKernel) {
     }
     for (size_t l = 0; l < streamed->model().layers.size() && !a.fault; ++l) {  // a fault keeps its layer
       EXPECT_FALSE(LayerHeld(streamed->model(), l)) << "layer " << l << " is still held after the run";
+    }
     }
     std::filesystem::remove_all(dir);
   }

@@ -90,6 +90,10 @@ class Engine {
   // notes() says so).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model, const EngineConfig& config,
                                                         int threads, int64_t max_pool_pages);
+  // The same on a given executor instead of the one config.device names
+  // (tests run the device path on a CPU stand-in this way).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<Model> model, const EngineConfig& config,
+                                                        std::unique_ptr<Executor> executor, int64_t max_pool_pages);
 
   const MemoryPlan& plan() const { return plan_; }
   const Model& model() const { return *model_; }
