@@ -102,17 +102,31 @@ absl::Status SnapshotRing::Submit(uint64_t step, std::span<const TensorView> ten
     for (;;) {
       const bool room_for_entry = staged_count_ < staged_.size();
       if (room_for_entry && AllocLocked(total, &offset)) break;
-      // Make room by dropping the oldest staged snapshot; one the encoder is
-      // reading (or another caller is filling) cannot go, so the new one is
-      // dropped instead: the step never waits.
-      if (staged_count_ == 0 || StagedAt(0).state != StageState::kStaged || total > budget_) {
+      if (total > budget_ || staged_count_ == 0) {
         CountDrop(total);
         return absl::OkStatus();
       }
-      Staged& oldest = StagedAt(0);
-      CountDrop(oldest.size);
-      staged_bytes_.fetch_sub(oldest.size, std::memory_order_relaxed);
-      staged_first_ = (staged_first_ + 1) % staged_.size();
+      // Make room by dropping the oldest staged snapshot.
+      if (StagedAt(0).state == StageState::kStaged) {
+        Staged& oldest = StagedAt(0);
+        CountDrop(oldest.size);
+        staged_bytes_.fetch_sub(oldest.size, std::memory_order_relaxed);
+        staged_first_ = (staged_first_ + 1) % staged_.size();
+        --staged_count_;
+        continue;
+      }
+      // The oldest is being encoded (or filled by another caller) and cannot
+      // go. Drop the newest staged one instead, which is still older than
+      // this snapshot: the newest step is the one a failure needs, and the
+      // step never waits. (Dropping this snapshot here once lost the last
+      // steps of a run whenever the encoder thread lagged.)
+      Staged& newest = StagedAt(staged_count_ - 1);
+      if (staged_count_ == 1 || newest.state != StageState::kStaged) {
+        CountDrop(total);
+        return absl::OkStatus();
+      }
+      CountDrop(newest.size);
+      staged_bytes_.fetch_sub(newest.size, std::memory_order_relaxed);
       --staged_count_;
     }
     entry = &staged_[(staged_first_ + staged_count_) % staged_.size()];
@@ -149,16 +163,26 @@ bool SnapshotRing::HasStaged() {
 }
 
 bool SnapshotRing::EncodeNext() {
-  Staged* entry = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (staged_count_ == 0 || StagedAt(0).state != StageState::kStaged) return false;
-    entry = &StagedAt(0);
-    entry->state = StageState::kEncoding;
-    // Counted before the entry leaves the staged list below, and until its
-    // frames are in a slot (or dropped), so Pending() never sees a gap.
-    encoding_.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (!TakeOldest()) return false;
+  EncodeTaken();
+  return true;
+}
+
+bool SnapshotRing::TakeOldest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (taken_ != nullptr || staged_count_ == 0 || StagedAt(0).state != StageState::kStaged) return false;
+  taken_ = &StagedAt(0);
+  taken_->state = StageState::kEncoding;
+  // Counted before the entry leaves the staged list below, and until its
+  // frames are in a slot (or dropped), so Pending() never sees a gap.
+  encoding_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void SnapshotRing::EncodeTaken() {
+  Staged* entry = taken_;
+  if (entry == nullptr) return;
+  taken_ = nullptr;
   struct Done {
     std::atomic<int>& n;
     ~Done() { n.fetch_sub(1, std::memory_order_release); }
@@ -193,16 +217,17 @@ bool SnapshotRing::EncodeNext() {
     bytes += frames.back().bytes.size();
   }
   absl::StatusOr<EncodedFrame> snapshot_frame = FrameEncoder::Encode(record);
+  const uint64_t entry_size = entry->size;  // the entry is reused once it leaves the list
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Still the oldest: only kStaged entries are ever removed by Submit.
-    staged_bytes_.fetch_sub(entry->size, std::memory_order_relaxed);
+    staged_bytes_.fetch_sub(entry_size, std::memory_order_relaxed);
     staged_first_ = (staged_first_ + 1) % staged_.size();
     --staged_count_;
   }
   if (!snapshot_frame.ok()) {  // a record Cap'n Proto refuses: count it as dropped
-    CountDrop(entry->size);
-    return true;
+    CountDrop(entry_size);
+    return;
   }
   bytes += snapshot_frame->bytes.size();
   frames.push_back(*std::move(snapshot_frame));
@@ -226,11 +251,11 @@ bool SnapshotRing::EncodeNext() {
       encoded_bytes_.fetch_add(bytes, std::memory_order_relaxed);
       free_slot->state.store(kReady, std::memory_order_release);
       encoded_count_.fetch_add(1, std::memory_order_relaxed);
-      return true;
+      return;
     }
     if (oldest == nullptr) {  // every slot is being written by a failure path
-      CountDrop(entry->size);
-      return true;
+      CountDrop(entry_size);
+      return;
     }
     int expected = kReady;
     if (oldest->state.compare_exchange_strong(expected, kFree)) {

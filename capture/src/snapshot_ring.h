@@ -8,8 +8,10 @@
 //   encoded  the ready-to-append frames (blob frames, then the
 //            SnapshotRecord frame) of the most recent snapshots.
 // Submit() never waits: when staging lacks room it evicts the oldest staged
-// snapshots; when the only candidate is being encoded or filled, the new
-// snapshot is dropped instead. Encode() evicts the oldest encoded snapshots
+// snapshots; when the oldest is being encoded (or filled), it evicts the
+// newest staged ones behind it instead, so the newest snapshot is kept
+// unless it does not fit beside the one being encoded (or the newest staged
+// one is still being filled by another caller): then it is dropped. Encode() evicts the oldest encoded snapshots
 // beyond the budget or the entry count. Every eviction is a drop, counted.
 //
 // Threads: Submit from the caller threads, EncodeNext from the encoder
@@ -43,6 +45,12 @@ class SnapshotRing {
 
   // Encoder thread: encodes the oldest staged snapshot. False if none.
   bool EncodeNext();
+  // EncodeNext in its two halves (encoder thread; tests hold a snapshot
+  // "being encoded" between them): TakeOldest marks the oldest staged
+  // snapshot as being encoded (false if none, or one is already taken);
+  // EncodeTaken encodes it into the store.
+  bool TakeOldest();
+  void EncodeTaken();
   // Whether a staged snapshot waits for EncodeNext.
   bool HasStaged();
   // Whether a snapshot is still on its way into the encoded store: being
@@ -109,6 +117,7 @@ class SnapshotRing {
 
   std::vector<EncodedSlot> slots_;
   uint64_t next_seq_ = 1;  // encoder thread only
+  Staged* taken_ = nullptr;  // TakeOldest's entry until EncodeTaken (encoder thread only)
 
   std::atomic<uint64_t> accepted_{0}, encoded_count_{0}, dropped_{0}, bytes_dropped_{0};
   std::atomic<uint64_t> staged_bytes_{0}, encoded_bytes_{0};

@@ -42,6 +42,66 @@ TEST(SnapshotRing, FullStagingDropsTheOldestStagedSnapshotNotTheNew) {
   EXPECT_EQ(ring.accepted(), 3u);
 }
 
+// The encoder lagging behind the steps must not cost the newest snapshot:
+// while the oldest is being encoded (it cannot be evicted), a new one evicts
+// the newest staged snapshot behind it. It used to be dropped itself, so a
+// run could end holding steps 1 and 4 of 5 (seen under ctest -j2).
+TEST(SnapshotRing, WhileTheOldestIsBeingEncodedTheNewestIsKept) {
+  RecorderTempDir dir;
+  for (const bool bytes_bound : {false, true}) {
+    SCOPED_TRACE(bytes_bound ? "the byte budget is full" : "the entry count is full");
+    const std::string path = dir.path() + (bytes_bound ? "/bytes.crcap" : "/entries.crcap");
+    // Entries: 2 (the count binds), or 3 of 400 KiB in 1 MiB (the bytes bind).
+    SnapshotRing ring(kBudget, bytes_bound ? 3 : 2, 0, {});
+    const size_t n = bytes_bound ? 400 << 10 : 1024;
+    std::vector<Snap> snaps;
+    for (uint32_t i = 0; i < 5; ++i) snaps.push_back(MakeSnap(n, 40 + i));
+    auto submit = [&](uint64_t step) {
+      const TensorView v = snaps[step].view();
+      ASSERT_TRUE(ring.Submit(step, {&v, 1}).ok());
+    };
+    submit(0);
+    submit(1);
+    ASSERT_TRUE(ring.TakeOldest());  // step 0 is being encoded
+    EXPECT_FALSE(ring.TakeOldest()) << "one at a time";
+    submit(2);  // evicts step 1, not itself
+    submit(3);  // evicts step 2
+    EXPECT_EQ(ring.dropped(), 2u);
+    ring.EncodeTaken();
+    while (ring.EncodeNext()) {
+    }
+    submit(4);
+    while (ring.EncodeNext()) {
+    }
+    auto writer = CaptureWriter::Create(path, TestManifest());
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(ring.WriteAll(writer->get()).ok());
+    ASSERT_TRUE((*writer)->Close().ok());
+    auto r = ReadCapture(path);
+    ASSERT_NE(r, nullptr);
+    std::vector<uint64_t> steps;
+    for (const auto& snap : r->snapshots()) steps.push_back(snap.step);
+    // The store keeps the two most recent it encoded (entries or bytes): 3, 4.
+    EXPECT_EQ(steps, (std::vector<uint64_t>{3, 4}));
+  }
+}
+
+// A snapshot that does not fit beside the one being encoded is dropped: the
+// one being encoded cannot be evicted, and the step never waits.
+TEST(SnapshotRing, ASnapshotThatCannotFitBesideTheOneBeingEncodedIsDropped) {
+  SnapshotRing ring(kBudget, 4, 0, {});
+  const Snap a = MakeSnap(700 << 10, 50), b = MakeSnap(700 << 10, 51);
+  const TensorView va = a.view(), vb = b.view();
+  ASSERT_TRUE(ring.Submit(1, {&va, 1}).ok());
+  ASSERT_TRUE(ring.TakeOldest());
+  ASSERT_TRUE(ring.Submit(2, {&vb, 1}).ok());
+  EXPECT_EQ(ring.dropped(), 1u);
+  EXPECT_EQ(ring.bytes_dropped(), 700u << 10);
+  ring.EncodeTaken();
+  EXPECT_FALSE(ring.EncodeNext());
+  EXPECT_EQ(ring.encoded(), 1u);
+}
+
 TEST(SnapshotRing, SnapshotOverTheBudgetIsDroppedAndCounted) {
   SnapshotRing ring(kBudget, 16, 0, {});
   const Snap big = MakeSnap(kBudget + 1, 4);
