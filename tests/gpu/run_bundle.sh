@@ -3,7 +3,9 @@
 # GPU but without crashreplay's build dependencies: `crashreplay devices`,
 # gpu_test, tests/gpu/cli_cuda.sh, gpu_bench, and compute-sanitizer's memcheck
 # on a glm_moe_dsa run where the tool is installed. Each part has a time
-# limit; logs and gpu_test's JUnit XML go to $OUT (or ./gpu-results).
+# limit, cut to what is left of BUDGET_S seconds for the whole run (default
+# 900; a part with under 10 s left is skipped); logs and gpu_test's JUnit XML
+# go to $OUT (or ./gpu-results).
 # Usage: run_bundle.sh [BUNDLE.tgz]   (default: gpu-bundle/bundle.tgz)
 # Exit status: non-zero if any part failed.
 set -uo pipefail
@@ -21,8 +23,12 @@ if ! "$G/bin/crashreplay" --help >/dev/null 2>&1; then
 fi
 B="$G/bin"
 status=0
+deadline=$((SECONDS + ${BUDGET_S:-900}))
 part() {  # name, seconds, command...
   local name="$1" limit="$2"; shift 2
+  local left=$((deadline - SECONDS - 5))
+  [ $left -lt $limit ] && limit=$left
+  if [ $limit -lt 10 ]; then echo "== $name: skipped, out of time"; status=1; return 1; fi
   local start=$SECONDS
   timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
