@@ -15,6 +15,7 @@ namespace {
 using testing::CompareWithTolerance;
 using testing::ExactKernel;
 using testing::kKernelTolerance;
+using testing::Tolerance;
 using testing::RecordRun;
 
 struct Case {
@@ -25,6 +26,21 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class CudaParity : public ::testing::TestWithParam<Case> {};
+
+// FlashMLA's tiled latent attention (kPaged64, kSparseTiled64) rounds its
+// output to bf16: an ulp-level difference of expf (CUDA's against glibc's)
+// can flip that rounding, which is one bf16 ulp, up to 2^-7 relative. Seen on
+// the H200: glm_moe_dsa sparse tiled64, one element of 8192 at -0.30859375 on
+// the CPU and -0.306640625 on CUDA. Every other kernel: kKernelTolerance.
+Tolerance KernelToleranceFor(const KernelCall& k) {
+  for (const Op& op : k.ops) {
+    const auto* a = std::get_if<LatentAttentionOp>(&op);
+    if (a != nullptr && static_cast<LatentAttention>(a->variant) != LatentAttention::kSparseReference) {
+      return {kKernelTolerance.atol, 1.0 / 128 + kKernelTolerance.eps};
+    }
+  }
+  return kKernelTolerance;
+}
 
 TEST_P(CudaParity, EveryKernelMatchesTheCpuReferenceWithinTolerance) {
   CR_REQUIRE_CUDA_DEVICE();
@@ -85,7 +101,7 @@ TEST_P(CudaParity, EveryKernelMatchesTheCpuReferenceWithinTolerance) {
           EXPECT_TRUE(same) << where << out << " differs from the CPU bits";
           mismatched_kernels += same ? 0 : 1;
         } else {
-          mismatched_kernels += CompareWithTolerance(*a, *b, kKernelTolerance, where + out) > 0;
+          mismatched_kernels += CompareWithTolerance(*a, *b, KernelToleranceFor(K), where + out) > 0;
         }
         // Feed the next kernel the CPU's values.
         ASSERT_TRUE(gs->WriteFloats(out, *a).ok());

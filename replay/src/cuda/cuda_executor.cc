@@ -164,6 +164,22 @@ absl::Status CudaExecutor::EnsureScratch(size_t bytes) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The scratch floats a launch of `op` needs in all (op_kernels.h).
+int64_t LaunchScratchFloats(const Op& op) {
+  if (const auto* e = std::get_if<ExpertsOp>(&op)) return ExpertStageItems(*e, 1) * ExpertSlotFloats(e->inter);
+  if (const auto* e = std::get_if<SharedExpertOp>(&op)) return ExpertStageItems(*e, 1) * ExpertSlotFloats(e->inter);
+  return std::visit(
+      [](const auto& o) {
+        const int64_t floats = ScratchFloats(o);
+        return floats > 0 ? ScratchThreads(Items(o), floats) * floats : int64_t{0};
+      },
+      op);
+}
+
+}  // namespace
+
 absl::Status CudaExecutor::Launch(const Op& op, const LaunchTag& tag) {
   if (!dead_.ok()) return dead_;
   const uint32_t seq = static_cast<uint32_t>(tags_.size());
@@ -175,9 +191,9 @@ absl::Status CudaExecutor::Launch(const Op& op, const LaunchTag& tag) {
   args.layer = tag.layer;
   const auto [items, floats] =
       std::visit([](const auto& o) { return std::pair<int64_t, int64_t>(Items(o), ScratchFloats(o)); }, op);
-  if (floats > 0 && items > 0) {
-    const int64_t threads = ScratchThreads(items, floats);
-    absl::Status s = EnsureScratch(static_cast<size_t>(threads * floats) * sizeof(float));
+  const int64_t total = items > 0 ? LaunchScratchFloats(op) : 0;
+  if (total > 0) {
+    absl::Status s = EnsureScratch(static_cast<size_t>(total) * sizeof(float));
     if (!s.ok()) return s;
     args.scratch = scratch_;
     args.scratch_stride = floats;

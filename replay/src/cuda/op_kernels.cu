@@ -36,7 +36,33 @@ __global__ void __launch_bounds__(kBlockThreads) LinearTiledKernel(LinearOp op, 
   }
 }
 
-int64_t Blocks(int64_t threads) { return (threads + kBlockThreads - 1) / kBlockThreads; }
+// One stage of the experts (ops.h, ExpertStageItem) per thread, grid-stride.
+template <typename E>
+__global__ void __launch_bounds__(kBlockThreads) ExpertStageKernel(E op, int stage, int64_t items, LaunchArgs a) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = tid; i < items; i += stride) {
+    KernelStatus st;
+    ExpertStageItem(op, stage, i, a.scratch, &st);
+    if (st.fired) RecordFaultAndAssert(a.fault, a.launch, a.layer, E::kKind, st);
+  }
+}
+
+int64_t Blocks(int64_t threads, int per_block = kBlockThreads) { return (threads + per_block - 1) / per_block; }
+
+// The three stages in stream order; the workspace is the launch scratch.
+template <typename E>
+cudaError_t EnqueueExpertStages(const E& op, const LaunchArgs& a, cudaStream_t stream) {
+  for (int stage = 0; stage < 3; ++stage) {
+    const int64_t items = ExpertStageItems(op, stage);
+    if (items <= 0) return cudaSuccess;
+    const int64_t blocks = Blocks(items) < (int64_t{1} << 30) ? Blocks(items) : (int64_t{1} << 30);
+    ExpertStageKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, stage, items, a);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 template <typename OpT>
 cudaError_t EnqueueItems(const OpT& op, const LaunchArgs& a, cudaStream_t stream) {
@@ -54,6 +80,7 @@ int64_t ScratchThreads(int64_t items, int64_t scratch_floats) {
   return scratch_floats > 0 && items > kMaxScratchThreads ? kMaxScratchThreads : items;
 }
 
+
 cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream) {
   const int64_t rt = op.ranks * op.tokens;
   if (rt <= 0 || op.rows <= 0) return cudaSuccess;
@@ -68,9 +95,9 @@ cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream
     e = cudaFuncSetAttribute(LinearTiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (e != cudaSuccess) return e;
   }
-  const int64_t ychunks = Blocks(op.rows) < 65535 ? Blocks(op.rows) : 65535;
+  const int64_t ychunks = Blocks(op.rows, kLinearThreads) < 65535 ? Blocks(op.rows, kLinearThreads) : 65535;
   const dim3 grid(static_cast<unsigned>(rt), static_cast<unsigned>(ychunks));
-  LinearTiledKernel<<<grid, kBlockThreads, shared, stream>>>(op, a);
+  LinearTiledKernel<<<grid, kLinearThreads, shared, stream>>>(op, a);
   return cudaGetLastError();
 }
 
@@ -85,8 +112,6 @@ CR_DEFINE_ENQUEUE(SiluMulOp)
 CR_DEFINE_ENQUEUE(ReduceOp)
 CR_DEFINE_ENQUEUE(RouterOp)
 CR_DEFINE_ENQUEUE(TopKOp)
-CR_DEFINE_ENQUEUE(ExpertsOp)
-CR_DEFINE_ENQUEUE(SharedExpertOp)
 CR_DEFINE_ENQUEUE(GatherLogitsOp)
 CR_DEFINE_ENQUEUE(ProcessLogitsOp)
 CR_DEFINE_ENQUEUE(SampleOp)
@@ -100,5 +125,10 @@ CR_DEFINE_ENQUEUE(MlaVUpOp)
 CR_DEFINE_ENQUEUE(IndexKWriteOp)
 CR_DEFINE_ENQUEUE(IndexerOp)
 #undef CR_DEFINE_ENQUEUE
+
+cudaError_t Enqueue(const ExpertsOp& op, const LaunchArgs& a, cudaStream_t s) { return EnqueueExpertStages(op, a, s); }
+cudaError_t Enqueue(const SharedExpertOp& op, const LaunchArgs& a, cudaStream_t s) {
+  return EnqueueExpertStages(op, a, s);
+}
 
 }  // namespace crashreplay::replay::cuda

@@ -2,7 +2,9 @@
 // thread computes whole work items with the shared CR_HD bodies.
 //
 // Geometry: ItemKernel runs one work item per thread, 256 threads a block, a
-// grid-stride loop; ops with per-item scratch cap the grid at
+// grid-stride loop; the routed and shared experts run in three stages
+// (ops.h, ExpertStageItem: gate/up rows, activation, down rows), one stage
+// element per thread, in a workspace; ops with per-item scratch cap the grid at
 // kMaxScratchThreads threads so the scratch workspace (threads x
 // ScratchFloats) stays bounded. LinearOp uses a tiled kernel: one block row
 // per (rank, token), the input row staged in shared memory, threads over
@@ -24,6 +26,10 @@
 namespace crashreplay::replay::cuda {
 
 inline constexpr int kBlockThreads = 256;
+// The tiled linear kernel's block: a decode GEMV of 8192 rows is 128 blocks,
+// so it spreads over the SMs (256 threads gave 32 blocks: 1.1 ms for an
+// 8192x8192 bf16 GEMV on an H200, 3% of its copy bandwidth).
+inline constexpr int kLinearThreads = 64;
 inline constexpr int64_t kMaxScratchThreads = 1 << 16;
 
 struct LaunchArgs {
@@ -37,6 +43,9 @@ struct LaunchArgs {
 // Threads the launch of `items` work items with `scratch_floats` each uses
 // (what the caller must provide scratch for).
 int64_t ScratchThreads(int64_t items, int64_t scratch_floats);
+// The scratch a launch needs in all (cuda_executor.cc): ScratchThreads x
+// ScratchFloats for the item kernels, and for the experts the workspace of
+// their three stages: ExpertStageItems(op, 1) x ExpertSlotFloats(op.inter).
 
 #define CR_DECLARE_ENQUEUE(OpT) cudaError_t Enqueue(const OpT& op, const LaunchArgs& args, cudaStream_t stream);
 CR_DECLARE_ENQUEUE(EmbeddingOp)

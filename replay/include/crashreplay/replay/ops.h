@@ -492,6 +492,98 @@ CR_HD void RunItem(const SharedExpertOp& o, int64_t rt, float* scratch, KernelSt
             o.partial + rt * H, rt, st);
 }
 
+// ---- the experts in three stages ------------------------------------------
+// RunItem computes a token's whole expert MLPs in one work item, which on a
+// GPU is one thread. An executor with many threads runs them in three
+// stages instead, over a workspace of ExpertStageItems(o, 0) slots of
+// ExpertSlotFloats(o.inter) floats (one per rank-token and expert slot k):
+//   0: per (rank-token, slot, intermediate row): the gate and up elements;
+//   1: per (rank-token, slot): SiLU(gate) * up and, under w4a4, its NVFP4
+//      quantization (a failed check marks the slot, as ExpertMlp returns);
+//   2: per (rank-token, hidden row): the down elements summed into the
+//      partial over the slots in order.
+// Every element gets RunItem's functions, operands and order, so the bits
+// are RunItem's (tests/replay/expert_stages_test.cc).
+CR_HD int64_t ExpertSlots(const ExpertsOp& o) { return o.k; }
+CR_HD int64_t ExpertSlots(const SharedExpertOp&) { return 1; }
+CR_HD const ExpertView* SlotExpert(const ExpertsOp& o, int64_t r, int64_t t, int64_t k) {
+  const int64_t j = o.ids[t * o.k + k] - o.expert_begin[r];
+  if (j < 0 || j >= o.local_count[r]) return nullptr;  // another rank's expert
+  return &o.experts[r * o.stride + j];
+}
+CR_HD const ExpertView* SlotExpert(const SharedExpertOp& o, int64_t r, int64_t, int64_t) { return &o.shared[r]; }
+CR_HD float SlotWeight(const ExpertsOp& o, int64_t t, int64_t k) { return o.weights[t * o.k + k]; }
+CR_HD float SlotWeight(const SharedExpertOp&, int64_t, int64_t) { return 1.0f; }
+// The routed experts' partial starts at zero; the shared expert adds to it.
+CR_HD bool ZeroesPartial(const ExpertsOp&) { return true; }
+CR_HD bool ZeroesPartial(const SharedExpertOp&) { return false; }
+CR_HD int64_t ExpertSlotFloats(int64_t inter) { return ExpertScratchFloats(inter) + 1; }  // + the skip mark
+
+template <typename E>
+CR_HD int64_t ExpertStageItems(const E& o, int stage) {
+  const int64_t rt = o.ranks * o.tokens;
+  return stage == 0 ? rt * ExpertSlots(o) * o.inter : stage == 1 ? rt * ExpertSlots(o) : rt * o.hidden;
+}
+
+template <typename E>
+CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelStatus* st) {
+  const int64_t K = ExpertSlots(o), H = o.hidden, S = ExpertSlotFloats(o.inter);
+  if (stage == 0) {
+    const int64_t row = i % o.inter, slot = i / o.inter, k = slot % K, rt = slot / K;
+    const int64_t r = rt / o.tokens, t = rt % o.tokens;
+    const ExpertView* e = SlotExpert(o, r, t, k);
+    if (e == nullptr || row >= e->gate.rows) return;
+    float* g = ws + slot * S;
+    float* u = g + e->gate.rows;
+    if (o.xq != nullptr && e->gate.act_fp4) {
+      const QWeight xq = Fp4Row(o.xq, o.xq_scales, t, H, e->gate.act_scale);
+      g[row] = LinearElementQ(o.dot, e->gate, xq, row, rt, st);
+      u[row] = LinearElementQ(o.dot, e->up, xq, row, rt, st);
+    } else {
+      g[row] = LinearElement(o.dot, e->gate, o.x + t * H, row, rt, st);
+      u[row] = LinearElement(o.dot, e->up, o.x + t * H, row, rt, st);
+    }
+    return;
+  }
+  if (stage == 1) {
+    const int64_t k = i % K, rt = i / K, r = rt / o.tokens, t = rt % o.tokens;
+    const ExpertView* e = SlotExpert(o, r, t, k);
+    if (e == nullptr) return;
+    float* base = ws + i * S;
+    const int64_t mi = e->gate.rows;
+    float* a = base + 2 * mi;
+    SiluMulRow(base, base + mi, mi, a);
+    base[S - 1] = 0.0f;
+    if (e->down.act_fp4) {
+      uint8_t* values = reinterpret_cast<uint8_t*>(a + mi);
+      if (!QuantizeNvfp4ActRow(a, mi, e->down.act_scale, values, values + Nvfp4ActValueBytes(mi), rt, st)) {
+        base[S - 1] = 1.0f;
+      }
+    }
+    return;
+  }
+  const int64_t rt = i / H, row = i % H, r = rt / o.tokens, t = rt % o.tokens;
+  float* out = o.partial + rt * H + row;
+  float acc = ZeroesPartial(o) ? 0.0f : *out;
+  for (int64_t k = 0; k < K; ++k) {
+    const ExpertView* e = SlotExpert(o, r, t, k);
+    if (e == nullptr) continue;
+    const float* base = ws + (rt * K + k) * S;
+    if (base[S - 1] != 0.0f) continue;  // its quantization failed: ExpertMlp stopped there
+    const int64_t mi = e->gate.rows;
+    const float* a = base + 2 * mi;
+    const float w = SlotWeight(o, t, k);
+    if (!e->down.act_fp4) {
+      acc = MulAdd(acc, w, LinearElement(o.dot, e->down, a, row, rt, st));
+    } else {
+      const uint8_t* values = reinterpret_cast<const uint8_t*>(a + mi);
+      const QWeight aq = Nvfp4ActRow(values, values + Nvfp4ActValueBytes(mi), mi, e->down.act_scale);
+      acc = MulAdd(acc, w, LinearElementQ(o.dot, e->down, aq, row, rt, st));
+    }
+  }
+  *out = acc;
+}
+
 CR_HD int64_t Items(const GatherLogitsOp& o) { return o.rows * o.ranks; }
 CR_HD int64_t ScratchFloats(const GatherLogitsOp&) { return 0; }
 CR_HD void RunItem(const GatherLogitsOp& o, int64_t i, float*, KernelStatus*) {
