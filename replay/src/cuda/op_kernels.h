@@ -26,10 +26,9 @@
 namespace crashreplay::replay::cuda {
 
 inline constexpr int kBlockThreads = 256;
-// The tiled linear kernel's block: a decode GEMV of 8192 rows is 128 blocks,
-// so it spreads over the SMs (256 threads gave 32 blocks: 1.1 ms for an
-// 8192x8192 bf16 GEMV on an H200, 3% of its copy bandwidth).
-inline constexpr int kLinearThreads = 64;
+// The tiled linear kernel's block when 256-thread blocks would leave SMs
+// idle (a GEMV of a few tokens): 8192 rows are then 128 blocks, not 32.
+inline constexpr int kLinearThreadsFew = 64;
 inline constexpr int64_t kMaxScratchThreads = 1 << 16;
 
 struct LaunchArgs {
