@@ -18,12 +18,7 @@ using testing::kKernelTolerance;
 using testing::Tolerance;
 using testing::RecordRun;
 
-struct Case {
-  std::string name, arch, quant;
-  std::vector<std::string> sets;
-  float temperature;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = testing::ConfigCase;
 
 class CudaParity : public ::testing::TestWithParam<Case> {};
 

@@ -16,6 +16,14 @@
 
 namespace crashreplay::replay::testing {
 
+// A parameterised case: a random checkpoint of `arch`/`quant` run under `sets`.
+struct ConfigCase {
+  std::string name, arch, quant;
+  std::vector<std::string> sets;
+  float temperature = 0.0f;
+};
+inline void PrintTo(const ConfigCase& c, std::ostream* os) { *os << c.name; }
+
 struct RecordedRun {
   std::unique_ptr<Engine> engine;
   RunResult result;
@@ -105,6 +113,20 @@ inline ExecReplay ReplayOnExecutor(const RecordedRun& run, Executor* exec, bool 
     r.step_digests.push_back(step->Digest());
   }
   return r;
+}
+
+// Every kernel `rep` replayed (with the watcher on) and every step has the
+// bits `run` recorded.
+inline void ExpectRecordedBits(const RecordedRun& run, const ExecReplay& rep) {
+  ASSERT_EQ(rep.kernel_digests.size(), run.records.size());
+  for (size_t s = 0; s < run.records.size(); ++s) {
+    ASSERT_EQ(rep.kernel_digests[s].size(), run.records[s].size()) << "step " << s;
+    for (size_t k = 0; k < run.records[s].size(); ++k) {
+      EXPECT_EQ(rep.kernel_digests[s][k], run.records[s][k].digest)
+          << "step " << s << " kernel " << run.records[s][k].label;
+    }
+    EXPECT_EQ(rep.step_digests[s], run.result.steps[s].digest) << "step " << s;
+  }
 }
 
 }  // namespace crashreplay::replay::testing

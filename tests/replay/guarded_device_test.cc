@@ -17,12 +17,7 @@ using testing::GuardedDeviceExecutor;
 using testing::RecordRun;
 using testing::ReplayOnExecutor;
 
-struct Case {
-  std::string name, arch, quant;
-  std::vector<std::string> sets;
-  float temperature;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = testing::ConfigCase;
 
 class GuardedDevice : public ::testing::TestWithParam<Case> {};
 
@@ -42,15 +37,7 @@ TEST_P(GuardedDevice, EveryKernelHasTheRecordedBits) {
   ASSERT_TRUE(rep.status.ok()) << rep.status;
   // The weights live in the executor's memory, not the host model's.
   ASSERT_TRUE(dev.Owns(rep.model->embed().data));
-  ASSERT_EQ(rep.kernel_digests.size(), run.records.size());
-  for (size_t s = 0; s < run.records.size(); ++s) {
-    ASSERT_EQ(rep.kernel_digests[s].size(), run.records[s].size()) << "step " << s;
-    for (size_t k = 0; k < run.records[s].size(); ++k) {
-      EXPECT_EQ(rep.kernel_digests[s][k], run.records[s][k].digest)
-          << "step " << s << " kernel " << run.records[s][k].label;
-    }
-    EXPECT_EQ(rep.step_digests[s], run.result.steps[s].digest) << "step " << s;
-  }
+  testing::ExpectRecordedBits(run, rep);
   // Watcher off: nothing is read back between kernels; same step bits.
   GuardedDeviceExecutor quiet(1);
   auto q = ReplayOnExecutor(run, &quiet, /*watch=*/false, pages);

@@ -15,13 +15,7 @@ namespace {
 using testing::RecordRun;
 using testing::ReplayOnExecutor;
 
-struct Case {
-  std::string name, arch, quant;
-  std::vector<std::string> sets;
-  float temperature;
-};
-
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = testing::ConfigCase;
 
 class StepOnFreshCpuExecutor : public ::testing::TestWithParam<Case> {};
 
@@ -37,15 +31,7 @@ TEST_P(StepOnFreshCpuExecutor, EveryKernelOutputHasTheRecordedBits) {
   ASSERT_TRUE(exec.ok()) << exec.status();
   auto rep = ReplayOnExecutor(run, exec->get(), /*watch=*/true);
   ASSERT_TRUE(rep.status.ok()) << rep.status;
-  ASSERT_EQ(rep.kernel_digests.size(), run.records.size());
-  for (size_t s = 0; s < run.records.size(); ++s) {
-    ASSERT_EQ(rep.kernel_digests[s].size(), run.records[s].size()) << "step " << s;
-    for (size_t k = 0; k < run.records[s].size(); ++k) {
-      EXPECT_EQ(rep.kernel_digests[s][k], run.records[s][k].digest)
-          << "step " << s << " kernel " << run.records[s][k].label;
-    }
-    EXPECT_EQ(rep.step_digests[s], run.result.steps[s].digest) << "step " << s;
-  }
+  testing::ExpectRecordedBits(run, rep);
   // Without the watcher nothing is read back, and the bits are the same.
   auto quiet_exec = MakeExecutor("cpu", ExecMode::kKernelByKernel, 1);
   ASSERT_TRUE(quiet_exec.ok());
