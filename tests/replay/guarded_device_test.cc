@@ -45,28 +45,8 @@ TEST_P(GuardedDevice, EveryKernelHasTheRecordedBits) {
   EXPECT_EQ(q.step_digests, rep.step_digests);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, GuardedDevice,
-    ::testing::Values(Case{"llama_bf16_reference", "llama", "bf16", {}, 0.0f},
-                      Case{"qwen3_fp8_flashdecode_fused", "qwen3", "fp8",
-                           {"attention_backend=flashdecode", "gemm_backend=fused_blockscaled"}, 0.8f},
-                      Case{"qwen3_nvfp4_tp2_dequant", "qwen3", "nvfp4", {"tp_size=2"}, 0.8f},
-                      Case{"llama_nvfp4_w4a4_fused", "llama", "nvfp4", {"gemm_backend=fused_blockscaled"}, 0.0f},
-                      Case{"mixtral_nvfp4_paged64_fp8kv_threshold", "mixtral", "nvfp4",
-                           {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
-                            "sampling_backend=threshold"},
-                           0.8f},
-                      Case{"glm4_moe_nvfp4_tp2_expert", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
-                           0.8f},
-                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
-                      Case{"deepseek_v3_fp8_absorbed_fp8kv", "deepseek_v3", "fp8",
-                           {"page_size=64", "mla_decode=absorbed", "kv_cache_dtype=fp8_e4m3"}, 0.8f},
-                      Case{"deepseek_v32_bf16_naive_reference", "deepseek_v32", "bf16", {}, 0.0f},
-                      Case{"glm_moe_dsa_nvfp4_tiled64_fp8_tp2", "glm_moe_dsa", "nvfp4",
-                           {"page_size=64", "dsa_decode=tiled64", "kv_cache_dtype=fp8_e4m3",
-                            "index_cache_dtype=fp8_e4m3", "tp_size=2"},
-                           0.8f}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Configs, GuardedDevice, ::testing::ValuesIn(testing::DeviceParityCases()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace crashreplay::replay
