@@ -94,7 +94,12 @@ CR_HD void KvWriteToken(const KvPoolView& kv, PageTableRow row, int64_t pos, con
 
 CR_HD float QkDot(const KvPoolView& kv, const float* q, int64_t off) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t d = 0; d < kv.head_dim; ++d) lane[d & 7] = MulAdd(lane[d & 7], q[d], KvLoad(kv, kv.k, off + d));
+  // lane = d % 8, each lane in increasing d: whole groups of 8, then the tail.
+  int64_t d = 0;
+  for (; d + 8 <= kv.head_dim; d += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] = MulAdd(lane[l], q[d + l], KvLoad(kv, kv.k, off + d + l));
+  }
+  for (int l = 0; d + l < kv.head_dim; ++l) lane[l] = MulAdd(lane[l], q[d + l], KvLoad(kv, kv.k, off + d + l));
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 

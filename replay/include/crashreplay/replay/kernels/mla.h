@@ -238,7 +238,11 @@ CR_HD void MlaQAbsorb(const QWeight& kv_b, const float* q, int64_t h, int64_t no
 
 CR_HD float LatentDot(const float* q, const float* k, int64_t n) {
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t d = 0; d < n; ++d) lane[d & 7] = MulAdd(lane[d & 7], q[d], k[d]);
+  int64_t d = 0;  // whole groups of 8 lanes, then the tail: the same order
+  for (; d + 8 <= n; d += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] = MulAdd(lane[l], q[d + l], k[d + l]);
+  }
+  for (int l = 0; d + l < n; ++l) lane[l] = MulAdd(lane[l], q[d + l], k[d + l]);  // d % 8 == 0 here
   return LaneSum8(lane);
 }
 
