@@ -316,7 +316,7 @@ struct Terms {
 
   // Row r's storage: its first element (e2m1 rows start on a byte: even cols).
   const void* RowBase(int64_t r) const {
-    const int64_t i = r * w->cols;
+    const int64_t i = r * RowStride(*w);
     if constexpr (kE2m1) return static_cast<const uint8_t*>(w->data) + i / 2;
     return static_cast<const uint8_t*>(w->data) + i * static_cast<int64_t>(sizeof(StorageT<F>));
   }
@@ -334,7 +334,7 @@ struct Terms {
 
   CR_SIMD_INLINE f32x8 At(int64_t r, int64_t g, const Block& b) const {
     if (g < full) return AtFull(RowBase(r), g, b);
-    const int64_t i0 = r * w->cols + 8 * g;
+    const int64_t i0 = r * RowStride(*w) + 8 * g;
     alignas(32) float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t j = 0; j < w->cols - 8 * g; ++j) {
       if constexpr (kE2m1) {

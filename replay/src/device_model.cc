@@ -32,7 +32,15 @@ absl::StatusOr<const void*> ExecMemory::Share(const void* host, size_t bytes) {
 absl::StatusOr<QWeight> DeviceModel::Weight(ExecMemory& mem, const QWeight& w, size_t data_bytes,
                                             size_t scale_bytes) {
   QWeight d = w;
-  CR_ASSIGN_OR_RETURN(d.data, mem.Share(w.data, data_bytes));
+  if (w.row_stride > 0 && w.row_stride != w.cols && !mem.exec()->host_visible() && w.data != nullptr) {
+    // A column split read in place on the host: uploaded as packed rows.
+    const std::vector<uint8_t> packed = DenseRows(w);
+    CR_ASSIGN_OR_RETURN(void* p, mem.Copy(packed.data(), packed.size()));
+    d.data = p;
+    d.row_stride = 0;
+  } else {
+    CR_ASSIGN_OR_RETURN(d.data, mem.Share(w.data, data_bytes));
+  }
   if (w.scales != nullptr && scale_bytes > 0) {
     CR_ASSIGN_OR_RETURN(d.scales, mem.Share(w.scales, scale_bytes));
   }
@@ -58,7 +66,7 @@ namespace {
 // A shard the layer has (a released, streamed shard keeps its shape).
 bool Present(const LinearShard& s) { return s.w.rows > 0; }
 
-uint64_t ShardBytes(const LinearShard& s) { return s.data.size() + s.scales.size() + s.bias.size() * 4; }
+uint64_t ShardBytes(const LinearShard& s) { return s.bytes(); }
 
 }  // namespace
 

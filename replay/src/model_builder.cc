@@ -41,6 +41,43 @@ float ScalarF32(const HostTensor& t) {
   return v;
 }
 
+bool Strided(const QWeight& w) { return w.row_stride > 0 && w.row_stride != w.cols; }
+
+}  // namespace
+
+uint64_t RowStorageBytes(WFormat f, int64_t cols) {
+  switch (f) {
+    case WFormat::kF32: return static_cast<uint64_t>(cols) * 4;
+    case WFormat::kBF16:
+    case WFormat::kF16: return static_cast<uint64_t>(cols) * 2;
+    case WFormat::kE4m3: return static_cast<uint64_t>(cols);
+    case WFormat::kE2m1: return static_cast<uint64_t>(cols + 1) / 2;
+  }
+  return 0;
+}
+
+size_t LinearShard::data_bytes() const {
+  if (data.empty() || !Strided(w)) return data.size();
+  return static_cast<size_t>(w.rows) * RowStorageBytes(w.format, w.cols);
+}
+
+std::vector<uint8_t> DenseRows(const QWeight& w) {
+  const uint64_t row = RowStorageBytes(w.format, w.cols), stride = RowStorageBytes(w.format, RowStride(w));
+  std::vector<uint8_t> out(static_cast<size_t>(w.rows) * row);
+  const uint8_t* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = 0; r < w.rows; ++r) std::memcpy(out.data() + r * row, src + r * stride, row);
+  return out;
+}
+
+void CompactRows(LinearShard* s) {
+  if (s->data.empty() || !Strided(s->w)) return;
+  s->data = DenseRows(s->w);
+  s->w.row_stride = 0;
+  s->w.data = s->data.data();
+}
+
+namespace {
+
 void SetViews(LinearShard* s) {
   s->w.data = s->data.data();
   s->w.scales = s->scales.empty() ? nullptr : s->scales.data();
@@ -66,6 +103,7 @@ void ConvertScales(LinearShard* s, ScaleFormat fmt) {
     for (int64_t j = 0; j < w.scale_cols; ++j) f[i * w.scale_cols + j] = ScaleAt(w, i * w.block_rows, j * w.block_cols);
   if (fmt == ScaleFormat::kUe8m0Requant) {
     // The one transform that rewrites a weight: a view becomes a copy here.
+    CompactRows(s);
     uint8_t* data = s->data.mutable_data();
     w.data = data;
     std::vector<float> pow2(f.size());
@@ -102,20 +140,30 @@ class Builder : public WeightSource {
   }
 
   // The rank's shard of one tensor, cut by the shared sharding rules
-  // (formats/sharding.h) and hashed as the capture side hashes it. A shard
-  // that is one contiguous run of a mapped tensor (whole, or whole rows)
-  // views the mapping; a column split, or a tensor made in memory, is copied.
+  // (formats/sharding.h) and hashed as the capture side hashes it (its rows
+  // packed). A shard that is one contiguous run of a mapped tensor (whole, or
+  // whole rows) views the mapping. A column split of a mapped tensor views it
+  // too when the caller can read strided rows (`row_stride_bytes` non-null:
+  // set to the full row's bytes, 0 when the result is dense); otherwise it,
+  // and a tensor made in memory, is copied.
   absl::StatusOr<TensorBytes> Shard(const std::string& name, const HostTensor& t, int rank,
-                                             ShardSpec* spec_out = nullptr, ShardBlock* block_out = nullptr) {
+                                    ShardSpec* spec_out = nullptr, ShardBlock* block_out = nullptr,
+                                    uint64_t* row_stride_bytes = nullptr) {
     const ShardSpec spec = ShardingRuleFor(name, t.shape, tp_, rank, sharding_);
     CR_ASSIGN_OR_RETURN(ShardBlock b, ShardBlockFor(name, spec, t.shape, t.bytes.size()));
     if (spec.kind == ShardKind::kOwned) b.held = spec.owner == rank;  // whole tensor, one owner
+    if (row_stride_bytes != nullptr) *row_stride_bytes = 0;
     TensorBytes out;
     if (b.held) {
       CR_ASSIGN_OR_RETURN(const TensorBytes bytes, t.bytes.Resolve());  // a deferred tensor is mapped here
       const uint64_t w = b.col_byte_end - b.col_byte_begin;
+      const int64_t rows = b.row_end - b.row_begin;
       if (bytes.is_view() && w == b.row_bytes) {
         out = TensorBytes::View({bytes.data() + b.row_begin * b.row_bytes, b.bytes()}, bytes.owner());
+      } else if (bytes.is_view() && row_stride_bytes != nullptr && rows > 0 && w > 0) {
+        const uint64_t span = static_cast<uint64_t>(rows - 1) * b.row_bytes + w;
+        out = TensorBytes::View({bytes.data() + b.row_begin * b.row_bytes + b.col_byte_begin, span}, bytes.owner());
+        *row_stride_bytes = b.row_bytes;
       } else {
         std::vector<uint8_t> copy(b.bytes());
         for (int64_t r = b.row_begin; r < b.row_end; ++r) {
@@ -123,7 +171,17 @@ class Builder : public WeightSource {
         }
         out = std::move(copy);
       }
-      if (hashes_ != nullptr) (*hashes_)[rank][name] = ShardHash{XXH128Of(out.data(), out.size()), out.size()};
+      if (hashes_ != nullptr) {
+        Hash128 h;
+        if (row_stride_bytes != nullptr && *row_stride_bytes != 0) {
+          Hasher128 hasher;  // equals the hash of the packed rows
+          for (int64_t r = 0; r < rows; ++r) hasher.Update(out.data() + r * b.row_bytes, w);
+          h = hasher.Digest();
+        } else {
+          h = XXH128Of(out.data(), out.size());
+        }
+        (*hashes_)[rank][name] = ShardHash{h, b.bytes()};
+      }
     }
     if (spec_out) *spec_out = spec;
     if (block_out) *block_out = b;
@@ -189,10 +247,12 @@ class Builder : public WeightSource {
     }
     ShardSpec spec;
     ShardBlock blk;
-    CR_ASSIGN_OR_RETURN(out.data, Shard(name, *w, rank, &spec, &blk));
+    uint64_t stride_bytes = 0;
+    CR_ASSIGN_OR_RETURN(out.data, Shard(name, *w, rank, &spec, &blk, &stride_bytes));
     if (!blk.held) return absl::InternalError(Cat("rank ", rank, " does not hold '", name, "'"));
     q.rows = blk.row_end - blk.row_begin;
     q.cols = static_cast<int64_t>((blk.col_byte_end - blk.col_byte_begin) * 8 / bits);
+    q.row_stride = static_cast<int64_t>(stride_bytes * 8 / bits);
     if (per_tensor) {  // the one scale block is the rank's whole shard
       q.block_rows = static_cast<int32_t>(q.rows);
       q.block_cols = static_cast<int32_t>(q.cols);
@@ -243,7 +303,7 @@ class Builder : public WeightSource {
                        cfg_.scale_format == ScaleFormat::kDeepGemmUe8m0;
     size_t scale_bytes = out.scales.size();
     if (ue8m0 && out.w.scale_format == SFormat::kF32 && stored_scales != 0) scale_bytes = out.scales.size() / 4;
-    (*bytes_)[rank] += out.data.size() + scale_bytes + out.bias.size() * 4;
+    (*bytes_)[rank] += out.data_bytes() + scale_bytes + out.bias.size() * 4;
     return out;
   }
 
@@ -564,6 +624,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   // layer load (its hashes) instead of faulting on a page of the file.
   auto own = [&](LinearShard* s) {
     if (!options.stream) return;
+    CompactRows(s);
     s->data.mutable_data();
     s->scales.mutable_data();
     SetViews(s);

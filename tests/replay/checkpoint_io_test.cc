@@ -49,7 +49,7 @@ TEST(CheckpointIo, EveryArchRoundTripsThroughDisk) {
 
 // A loaded checkpoint's tensors view the mapped file, and so do the model's
 // shards that are a contiguous run of them (a whole tensor, a row range);
-// a column split and a rewritten weight are copies. The model keeps the
+// a column split too, with a row stride; a rewritten weight is a copy. The model keeps the
 // mapping alive after the loaded tensors are gone, with the bits of a model
 // built from the same tensors in memory.
 TEST(CheckpointIo, WeightsViewTheMappedFileAndOutliveTheLoadedSet) {
@@ -86,8 +86,27 @@ TEST(CheckpointIo, WeightsViewTheMappedFileAndOutliveTheLoadedSet) {
         EXPECT_EQ(d.q.data.is_view(), !requant);  // requantization rewrites the weight: a copy
         EXPECT_EQ(d.q.scales.is_view(), !requant);
       } else {
-        EXPECT_TRUE(d.q.data.is_view());   // split along rows: a contiguous run
-        EXPECT_FALSE(d.o.data.is_view());  // split along columns: copied
+        EXPECT_TRUE(d.q.data.is_view());  // split along rows: a contiguous run
+        EXPECT_EQ(d.q.w.row_stride, 0);
+        // Split along columns: read in place, rows the full tensor's width
+        // apart; the shard's own bytes are half the rows.
+        EXPECT_TRUE(d.o.data.is_view());
+        EXPECT_EQ(d.o.w.row_stride, 2 * d.o.w.cols);
+        EXPECT_EQ(d.o.data_bytes(), mem.o.data.size());
+        EXPECT_GT(d.o.data.size(), d.o.data_bytes());
+        EXPECT_EQ(mem.o.w.row_stride, 0);  // made in memory: packed
+        EXPECT_TRUE(d.o.scales.empty() || !d.o.scales.is_view());  // a column split's scales: packed copies
+      }
+      // The hashes of strided shards are those of their packed rows (the
+      // capture side's).
+      EXPECT_EQ(from_disk->shard_hashes.size(), (*in_memory)->shard_hashes.size());
+      for (size_t r = 0; r < from_disk->shard_hashes.size(); ++r) {
+        for (const auto& [name, h] : (*in_memory)->shard_hashes[r]) {
+          auto it = from_disk->shard_hashes[r].find(name);
+          ASSERT_NE(it, from_disk->shard_hashes[r].end()) << name;
+          EXPECT_EQ(it->second.hash, h.hash) << "rank " << r << " " << name;
+          EXPECT_EQ(it->second.bytes, h.bytes) << "rank " << r << " " << name;
+        }
       }
       for (size_t l = 0; l < from_disk->layers.size(); ++l) {
         for (size_t r = 0; r < from_disk->layers[l].ranks.size(); ++r) {
@@ -95,13 +114,91 @@ TEST(CheckpointIo, WeightsViewTheMappedFileAndOutliveTheLoadedSet) {
           const RankLayer& b = (*in_memory)->layers[l].ranks[r];
           for (auto member : {&RankLayer::q, &RankLayer::k, &RankLayer::v, &RankLayer::o, &RankLayer::gate,
                               &RankLayer::up, &RankLayer::down}) {
-            EXPECT_TRUE((a.*member).data == (b.*member).data) << "layer " << l << " rank " << r;
+            EXPECT_EQ(DenseRows((a.*member).w), DenseRows((b.*member).w)) << "layer " << l << " rank " << r;
+            EXPECT_EQ((b.*member).data.size(), DenseRows((b.*member).w).size());
             EXPECT_TRUE((a.*member).scales == (b.*member).scales) << "layer " << l << " rank " << r;
             EXPECT_EQ((a.*member).w.data, (a.*member).data.data());
           }
         }
       }
       EXPECT_TRUE(from_disk->embed.data == (*in_memory)->embed.data);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Column-split shards (o_proj, down_proj, a tensor-mode expert's down_proj)
+// are read in place with a row stride; a run gives the bits of the same
+// model built from packed copies in memory, step by step and kernel by
+// kernel, for every weight format and on one and two threads.
+TEST(CheckpointIo, ColumnSplitsReadInPlaceGiveTheBitsOfPackedCopies) {
+  struct Case {
+    const char* arch;
+    const char* quant;
+    std::vector<std::string> sets;
+    bool fp8_blocks = false;  // shapes whose halves hold whole 128 x 128 blocks
+  };
+  const Case cases[] = {
+      {"llama", "bf16", {"tp_size=2"}},
+      {"qwen3", "fp8", {"tp_size=2", "gemm_backend=fused_blockscaled"}, true},
+      {"qwen3", "fp8", {"tp_size=2", "gemm_backend=dequant_matmul"}, true},
+      {"qwen3_moe", "nvfp4", {"tp_size=2", "moe_parallel=tensor"}},
+      {"glm4_moe", "mxfp4", {"tp_size=2", "moe_parallel=tensor", "scale_format=ue8m0"}},
+      {"glm_moe_dsa", "nvfp4", {"tp_size=2"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.arch, " ", c.quant));
+    MakeModelOptions o;
+    o.arch = c.arch;
+    o.quant = c.quant;
+    o.moe_intermediate = 64;  // halves of whole 32-column MXFP4 blocks
+    if (c.fp8_blocks) {
+      o.hidden = 256;
+      o.heads = o.kv_heads = 8;
+      o.head_dim = 32;
+      o.intermediate = 512;
+    }
+    auto ck = GenerateRandomCheckpoint(o);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    const std::string dir = TempDir(absl::StrCat("strided_", c.arch, c.quant, c.sets.back()));
+    ASSERT_TRUE(WriteCheckpointDir(dir, ck->spec, ck->tensors, 64 << 10).ok());
+    Config cfg = Config::Defaults();
+    for (const std::string& s : c.sets) ASSERT_TRUE(cfg.ApplySetFlag(s).ok()) << s;
+    const EngineConfig ec = ResolveConfig(cfg);
+    auto back = LoadCheckpointDir(dir);
+    ASSERT_TRUE(back.ok()) << back.status();
+    auto from_disk = BuildModel(back->spec, back->tensors, ec);
+    ASSERT_TRUE(from_disk.ok()) << from_disk.status();
+    int64_t strided = 0;
+    for (const Layer& l : (*from_disk)->layers) {
+      for (const RankLayer& r : l.ranks) {
+        for (const LinearShard* s : {&r.o, &r.down, &r.shared.down}) strided += s->w.row_stride != 0;
+        for (const ExpertShard& e : r.experts) strided += e.down.w.row_stride != 0;
+      }
+    }
+    EXPECT_GT(strided, 0) << "no shard of this case is read in place with a stride";
+    auto in_memory = BuildModel(ck->spec, ck->tensors, ec);
+    ASSERT_TRUE(in_memory.ok()) << in_memory.status();
+    for (int threads : {1, 2}) {
+      auto a = Engine::Create(std::move(*from_disk), ec, threads, 4096);
+      ASSERT_TRUE(a.ok()) << a.status();
+      auto b = Engine::Create(std::move(*in_memory), ec, threads, 4096);
+      ASSERT_TRUE(b.ok()) << b.status();
+      const RunResult ra = (*a)->Run(testing::TwoRequests(3));
+      const RunResult rb = (*b)->Run(testing::TwoRequests(3));
+      ASSERT_FALSE(ra.fault.has_value()) << ra.fault->Signature();
+      ASSERT_FALSE(rb.fault.has_value());
+      EXPECT_EQ(ra.outputs, rb.outputs);
+      ASSERT_EQ(ra.steps.size(), rb.steps.size());
+      for (size_t i = 0; i < ra.steps.size(); ++i) EXPECT_EQ(ra.steps[i].digest, rb.steps[i].digest) << "step " << i;
+      ASSERT_EQ(ra.last_step_kernels.size(), rb.last_step_kernels.size());
+      for (size_t k = 0; k < ra.last_step_kernels.size(); ++k) {
+        EXPECT_EQ(ra.last_step_kernels[k].digest, rb.last_step_kernels[k].digest) << ra.last_step_kernels[k].label;
+      }
+      // Rebuild for the next thread count (Create took the models).
+      from_disk = BuildModel(back->spec, back->tensors, ec);
+      in_memory = BuildModel(ck->spec, ck->tensors, ec);
+      ASSERT_TRUE(from_disk.ok() && in_memory.ok());
     }
     std::filesystem::remove_all(dir);
   }

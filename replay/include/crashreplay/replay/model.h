@@ -39,17 +39,32 @@ struct ShardHash {
 };
 
 // data and scales view the checkpoint's mapping (and keep it alive) where
-// the shard is a contiguous run of the stored tensor and nothing rewrites
-// it: a whole tensor, or a row range of a split along dim 0. A column split,
-// a tensor made in memory and a scale_format conversion own their bytes.
+// nothing rewrites them: a whole tensor, a row range of a split along dim 0,
+// or (data only) a column range of a split along dim 1, read in place with
+// w.row_stride set to the full tensor's width; `data` then spans from the
+// shard's first element to its last, other ranks' columns between. A tensor
+// made in memory, a column split's scales and a scale_format conversion own
+// their bytes.
 struct LinearShard {
   QWeight w;                    // views data/scales below
   TensorBytes data;
   TensorBytes scales;
   std::vector<float> bias;      // empty: no bias
   bool nvfp4 = false;           // e2m1 weight with e4m3 block scales in the checkpoint
-  size_t bytes() const { return data.size() + scales.size() + bias.size() * 4; }
+  // The shard's own weight bytes (for a strided view, less than data.size()).
+  size_t data_bytes() const;
+  size_t bytes() const { return data_bytes() + scales.size() + bias.size() * 4; }
 };
+
+// The weight's rows packed densely (row_stride cols), as the capture side
+// hashed the shard: for uploads to an executor that cannot read host memory.
+std::vector<uint8_t> DenseRows(const QWeight& w);
+// Bytes of one row of `cols` elements (whole bytes: rows of a strided e2m1
+// view start on a byte).
+uint64_t RowStorageBytes(WFormat f, int64_t cols);
+// A strided shard's rows copied into bytes of its own (row_stride 0): for
+// transforms that rewrite the weight in place.
+void CompactRows(LinearShard* s);
 
 struct ExpertShard {
   LinearShard gate, up, down;

@@ -49,10 +49,16 @@ struct QWeight {
   // engines fuse q/k/v and gate/up). False: the input stays fp32/bf16.
   bool act_fp4 = false;
   float act_scale = 0.0f;
+  // Elements from one row's start to the next; 0 means cols (dense). A
+  // column-split rank shard viewing the checkpoint's full rows in place sets
+  // it to the full tensor's width (even for e2m1: rows start on a byte).
+  int64_t row_stride = 0;
 };
 
+CR_HD int64_t RowStride(const QWeight& w) { return w.row_stride > 0 ? w.row_stride : w.cols; }
+
 CR_HD float RawAt(const QWeight& w, int64_t r, int64_t c) {
-  const int64_t i = r * w.cols + c;
+  const int64_t i = r * RowStride(w) + c;
   switch (w.format) {
     case WFormat::kF32: return static_cast<const float*>(w.data)[i];
     case WFormat::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
@@ -113,7 +119,7 @@ CR_HD float RawAtF(const void* data, int64_t i) {
 // additions is exactly the element-by-element order.
 template <WFormat F, bool kScale, bool kRound>
 CR_HD void DotLanes(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1, float s, float* lane) {
-  const int64_t base = r * w.cols;
+  const int64_t base = r * RowStride(w);
   auto term = [&](int64_t c) {
     float v = RawAtF<F>(w.data, base + c);
     if constexpr (kScale) v = v * s;
