@@ -131,41 +131,60 @@ int main() {
     auto shards = mem.Copy(std::vector<cr::LinearShardView>{view});
     const size_t wbytes = wt.data.size() + wt.scales.size();
     const double ref = MemcpyBandwidth(wbytes);
+    // The same weights read as a w4a4 layer: NVFP4 activations.
+    cr::LinearShardView qview = view;
+    qview.w.act_fp4 = true;
+    qview.w.act_scale = 1.0f;
+    auto qshards = mem.Copy(std::vector<cr::LinearShardView>{qview});
+    // Times `op`: a warm-up launch, timed, sets the repetitions (about 0.2 s).
+    auto time_op = [&](const cr::LinearOp& op) -> double {
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0);
+      cudaEventCreate(&e1);
+      cudaEventRecord(e0, (*exec)->stream());
+      (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
+      cudaEventRecord(e1, (*exec)->stream());
+      if (!(*exec)->Synchronize().ok()) return -1;
+      float first_ms = 0;
+      cudaEventElapsedTime(&first_ms, e0, e1);
+      const int iters = std::max(1, std::min(10, static_cast<int>(200.0f / std::max(first_ms, 1e-3f))));
+      cudaEventRecord(e0, (*exec)->stream());
+      for (int i = 0; i < iters; ++i) (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
+      cudaEventRecord(e1, (*exec)->stream());
+      if (!(*exec)->Synchronize().ok()) return -1;
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      return ms / 1e3 / iters;
+    };
     for (int64_t tokens : {1, 8, 32}) {
       std::vector<float> x(tokens * cols, 0.01f);
       auto xd = mem.Copy(x);
       auto yd = mem.Alloc(tokens * rows * 4);
-      for (cr::DotKind dot : {cr::DotKind::kDequant, cr::DotKind::kFused}) {
+      // Quantized rows for w4a4: e2m1 codes 0x2 (1.0) with e4m3 scales 1.0.
+      std::vector<uint8_t> xq(tokens * cr::Nvfp4ActValueBytes(cols), 0x22);
+      std::vector<uint8_t> xqs(tokens * cr::Nvfp4ActScaleBytes(cols), 0x38);
+      auto xqd = mem.Copy(xq);
+      auto xqsd = mem.Copy(xqs);
+      for (int variant = 0; variant < (kind == "nvfp4" ? 3 : 2); ++variant) {
+        const cr::DotKind dot = variant == 0 ? cr::DotKind::kDequant : cr::DotKind::kFused;
         cr::LinearOp op;
-        op.shards = *shards;
+        op.shards = variant == 2 ? *qshards : *shards;
         op.dot = dot;
         op.x = *xd;
+        if (variant == 2) {
+          op.xq = *xqd;
+          op.xq_scales = *xqsd;
+        }
         op.y = static_cast<float*>(*yd);
         op.ranks = 1;
         op.tokens = tokens;
         op.rows = rows;
         op.cols = cols;
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        // A warm-up launch, timed, sets the repetitions: about 0.2 s each.
-        cudaEventRecord(e0, (*exec)->stream());
-        (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
-        cudaEventRecord(e1, (*exec)->stream());
-        if (!(*exec)->Synchronize().ok()) return 1;
-        float first_ms = 0;
-        cudaEventElapsedTime(&first_ms, e0, e1);
-        const int iters = std::max(1, std::min(10, static_cast<int>(200.0f / std::max(first_ms, 1e-3f))));
-        cudaEventRecord(e0, (*exec)->stream());
-        for (int i = 0; i < iters; ++i) (void)(*exec)->Launch(op, cr::LaunchTag{"bench", -1});
-        cudaEventRecord(e1, (*exec)->stream());
-        if (!(*exec)->Synchronize().ok()) return 1;
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        const double s = ms / 1e3 / iters;
+        const double s = time_op(op);
+        if (s < 0) return 1;
         const double bytes = static_cast<double>(wbytes) + tokens * (cols + rows) * 4.0;
         std::printf("linear %-5s %-7s tokens %2lld: %8.1f us  %7.1f GB/s  %5.1f%% of memcpy (%.0f GB/s)  %5.1f%% of peak\n",
-                    kind.c_str(), dot == cr::DotKind::kDequant ? "dequant" : "fused",
+                    kind.c_str(), variant == 0 ? "dequant" : variant == 1 ? "fused" : "w4a4",
                     static_cast<long long>(tokens), s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / ref, ref / 1e9,
                     peak > 0 ? 100.0 * bytes / s / peak : 0.0);
       }

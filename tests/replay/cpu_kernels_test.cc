@@ -5,10 +5,12 @@
 // do not cover, a failing UE8M0 scale among it.
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_dot.h"
@@ -423,6 +425,145 @@ TEST(CpuKernels, AFailingUe8m0ScaleLeavesTheOpToTheWorkItems) {
   KernelStatus st;
   EXPECT_TRUE(LaunchLinearFast(op, pool, DefaultCpuIsa() == CpuIsa::kReference ? CpuIsa::kGeneric : DefaultCpuIsa(),
                                &st));
+}
+
+// ---- the GPU linear kernel's decomposition ----------------------------------
+// Eight threads, one per lane, run LinearRowLane in step and exchange their
+// partial sums through shared slots in the xor pattern of the CUDA kernel's
+// shuffles (1, 2, 4; own value first). Every row must have LinearRow's bits
+// (NaN as NaN) and a failing UE8M0 scale the same fault.
+struct BarrierLanes {
+  std::barrier<>* bar;
+  float* slots;
+  int j;
+  float Sum(float v) const {
+    for (int m : {1, 2, 4}) {
+      slots[j] = v;
+      bar->arrive_and_wait();
+      const float other = slots[j ^ m];
+      bar->arrive_and_wait();
+      v = v + other;
+    }
+    return v;
+  }
+};
+
+// Runs every (rank-token, row) of `op` on eight lane threads; returns lane
+// 0's statuses per element.
+std::vector<KernelStatus> RunOnLanes(const LinearOp& op) {
+  const int64_t n = op.ranks * op.tokens * op.rows;
+  std::vector<KernelStatus> st(static_cast<size_t>(n) * 8);
+  std::barrier<> bar(8);
+  float slots[8];
+  std::vector<std::thread> lanes;
+  for (int j = 0; j < 8; ++j) {
+    lanes.emplace_back([&, j] {
+      const BarrierLanes l{&bar, slots, j};
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t rt = i / op.rows;
+        LinearRowLane(op, rt, i % op.rows, LinearInput(op, rt), j, l, &st[i * 8 + j]);
+      }
+    });
+  }
+  for (std::thread& t : lanes) t.join();
+  std::vector<KernelStatus> lane0(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int j = 1; j < 8; ++j) EXPECT_EQ(st[i * 8 + j].fired, st[i * 8].fired) << "lanes disagree, element " << i;
+    lane0[i] = st[i * 8];
+  }
+  return lane0;
+}
+
+bool SameOrBothNan(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+}
+
+TEST(LinearLanes, EightLanesGiveTheBitsOfLinearRow) {
+  int cases = 0;
+  for (Fmt f : kAllFmts) {
+    for (DotKind k : kAllKinds) {
+      for (int64_t cols : {1, 7, 13, 38, 96, 131, 264}) {
+        for (int variant : {0, 1, 2}) {  // 0: dense, 1: strided rows, 2: w4a4 (quantized input)
+          const bool strided = variant == 1, q = variant == 2;
+          if (strided && (IsFp4(f) || f == Fmt::kFp8)) continue;  // scaled formats: packed shards (model.h)
+          if (q && (!IsFp4(f) || cols % 2 != 0)) continue;
+          SCOPED_TRACE(std::string(FmtName(f)) + " " + KindName(k) + " cols=" + std::to_string(cols) +
+                       (strided ? " strided" : q ? " w4a4" : ""));
+          const int64_t rows = 5, tokens = 3;
+          TestWeight tw = MakeWeight(f, rows, strided ? 2 * cols + 3 : cols, 7, k == DotKind::kUe8m0, true);
+          if (strided) {  // the middle `cols` columns of each wider row
+            const int64_t esize = f == Fmt::kF32 ? 4 : 2;
+            tw.w.row_stride = tw.w.cols;
+            tw.w.cols = cols;
+            tw.w.data = tw.data.data() + 2 * esize;
+          }
+          const std::vector<float> x = RandomFloats(tokens * cols, 9, true);
+          const std::vector<float> bias = RandomFloats(rows, 10, false);
+          LinearShardView shard;
+          shard.w = tw.w;
+          shard.bias = bias.data();
+          LinearOp op;
+          op.shards = &shard;
+          op.dot = k;
+          op.x = x.data();
+          QuantRows xq;
+          if (q) {
+            xq = Quantize(x, tokens, cols, 0.0021f);
+            shard.w.act_fp4 = true;
+            shard.w.act_scale = 0.0021f;
+            op.xq = xq.values.data();
+            op.xq_scales = xq.scales.data();
+          }
+          op.ranks = 1;
+          op.tokens = tokens;
+          op.rows = rows;
+          op.cols = cols;
+          std::vector<float> want(tokens * rows, -7.0f), got(tokens * rows, -7.0f);
+          op.y = want.data();
+          for (int64_t i = 0; i < tokens * rows; ++i) {
+            KernelStatus st;
+            RunItem(op, i, nullptr, &st);
+            ASSERT_FALSE(st.fired);
+          }
+          op.y = got.data();
+          for (const KernelStatus& st : RunOnLanes(op)) ASSERT_FALSE(st.fired);
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_TRUE(SameOrBothNan(want[i], got[i])) << "element " << i << ": " << want[i] << " vs " << got[i];
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 7 * 3 * 7 + 3 * 3 * 7 + 3 * 3 * 3);  // dense, strided (f32, bf16, f16), w4a4 (fp4, even widths)
+}
+
+TEST(LinearLanes, AFailingUe8m0ScaleIsTheSameFaultOnEveryLane) {
+  const TestWeight tw = MakeWeight(Fmt::kFp8, 20, 256, 1, /*pow2=*/false, false);
+  LinearShardView shard;
+  shard.w = tw.w;
+  const std::vector<float> x = RandomFloats(2 * 256, 2, false);
+  LinearOp op;
+  op.shards = &shard;
+  op.dot = DotKind::kUe8m0;
+  op.x = x.data();
+  op.ranks = 1;
+  op.tokens = 2;
+  op.rows = 20;
+  op.cols = 256;
+  std::vector<float> y(40, -7.0f);
+  op.y = y.data();
+  const std::vector<KernelStatus> lanes = RunOnLanes(op);
+  for (int64_t i = 0; i < 40; ++i) {
+    KernelStatus want;
+    RunItem(op, i, nullptr, &want);
+    ASSERT_TRUE(want.fired);
+    EXPECT_TRUE(lanes[i].fired);
+    EXPECT_EQ(lanes[i].check, want.check);
+    EXPECT_EQ(lanes[i].item, want.item);
+    EXPECT_EQ(lanes[i].index, want.index);
+    EXPECT_EQ(lanes[i].value, want.value);
+  }
 }
 
 TEST(CpuKernels, ReferenceIsaRunsNothing) {

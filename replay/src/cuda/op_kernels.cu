@@ -20,19 +20,37 @@ __global__ void __launch_bounds__(kBlockThreads) ItemKernel(OpT op, int64_t item
   }
 }
 
-// One block row per (rank, token) rt; x[rt] staged in shared memory; threads
-// over output rows. Same body (LinearRow) as the item kernel.
+// A row's eight lanes (kernels/linear.h, LinearElementLane) on eight
+// adjacent threads of a warp: LaneSum8 by xor shuffles within the group.
+struct ShuffleLanes {
+  unsigned mask;  // the group's eight threads
+  __device__ float Sum(float v) const {
+    v = v + __shfl_xor_sync(mask, v, 1, 8);
+    v = v + __shfl_xor_sync(mask, v, 2, 8);
+    v = v + __shfl_xor_sync(mask, v, 4, 8);
+    return v;
+  }
+};
+
+// One block row per (rank, token) rt; x[rt] staged in shared memory; eight
+// threads per output row (blockDim.x / 8 rows a pass), so that a GEMV keeps
+// eight times the loads in flight of a thread per row. Same bits as the item
+// kernel's LinearRow (w4a4 rows read their quantized input from global
+// memory; the staged fp32 row is then unused).
 __global__ void __launch_bounds__(kBlockThreads) LinearTiledKernel(LinearOp op, LaunchArgs a) {
   extern __shared__ float xs[];
   const int64_t rt = blockIdx.x;
   const float* x = LinearInput(op, rt);
   for (int64_t c = threadIdx.x; c < op.cols; c += blockDim.x) xs[c] = x[c];
   __syncthreads();
-  for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; row < op.rows;
-       row += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-    KernelStatus st;
-    LinearRow(op, rt, row, xs, &st);
-    if (st.fired) RecordFaultAndAssert(a.fault, a.launch, a.layer, OpKind::kLinear, st);
+  const int j = static_cast<int>(threadIdx.x & 7);
+  const ShuffleLanes lanes{0xffu << (threadIdx.x & 24)};
+  const int64_t per_pass = blockDim.x / 8;
+  for (int64_t row = static_cast<int64_t>(blockIdx.y) * per_pass + threadIdx.x / 8; row < op.rows;
+       row += static_cast<int64_t>(gridDim.y) * per_pass) {
+    KernelStatus st;  // the group's eight threads take this loop together
+    LinearRowLane(op, rt, row, xs, j, lanes, &st);
+    if (st.fired && j == 0) RecordFaultAndAssert(a.fault, a.launch, a.layer, OpKind::kLinear, st);
   }
 }
 
@@ -80,7 +98,6 @@ int64_t ScratchThreads(int64_t items, int64_t scratch_floats) {
   return scratch_floats > 0 && items > kMaxScratchThreads ? kMaxScratchThreads : items;
 }
 
-
 cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream) {
   const int64_t rt = op.ranks * op.tokens;
   if (rt <= 0 || op.rows <= 0) return cudaSuccess;
@@ -90,19 +107,17 @@ cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
-  if (op.xq != nullptr || rt > 0x7fffffff || shared > static_cast<size_t>(optin)) return EnqueueItems(op, a, stream);
+  if (rt > 0x7fffffff || shared > static_cast<size_t>(optin)) return EnqueueItems(op, a, stream);
   if (shared > 48 * 1024) {
     e = cudaFuncSetAttribute(LinearTiledKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (e != cudaSuccess) return e;
   }
-  // 256-thread blocks, unless that leaves SMs idle (a GEMV of a few tokens):
-  // then 64. On an H200, 8192x8192 bf16: 1 token 1.10 ms with 256 against
-  // 0.49 ms with 64; 8 tokens 2.2 ms against 3.3 ms; 32 tokens 8.7 against 10.4.
+  // 256-thread blocks (32 rows), unless that leaves SMs idle: then 64 (8 rows).
   int sms = 0;
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
-  const int threads = rt * Blocks(op.rows) < sms ? kLinearThreadsFew : kBlockThreads;
-  const int64_t ychunks = Blocks(op.rows, threads) < 65535 ? Blocks(op.rows, threads) : 65535;
+  const int threads = rt * Blocks(op.rows * 8) < sms ? kLinearThreadsFew : kBlockThreads;
+  const int64_t ychunks = Blocks(op.rows * 8, threads) < 65535 ? Blocks(op.rows * 8, threads) : 65535;
   const dim3 grid(static_cast<unsigned>(rt), static_cast<unsigned>(ychunks));
   LinearTiledKernel<<<grid, threads, shared, stream>>>(op, a);
   return cudaGetLastError();

@@ -26,8 +26,8 @@
 namespace crashreplay::replay::cuda {
 
 inline constexpr int kBlockThreads = 256;
-// The tiled linear kernel's block when 256-thread blocks would leave SMs
-// idle (a GEMV of a few tokens): 8192 rows are then 128 blocks, not 32.
+// The tiled linear kernel's block (eight threads a row) when 256-thread
+// blocks would leave SMs idle: 8 rows a block instead of 32.
 inline constexpr int kLinearThreadsFew = 64;
 inline constexpr int64_t kMaxScratchThreads = 1 << 16;
 

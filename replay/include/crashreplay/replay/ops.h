@@ -388,6 +388,22 @@ CR_HD void LinearRow(const LinearOp& o, int64_t rt, int64_t row, const float* xi
   if (s.bias != nullptr) v += s.bias[row];
   o.y[rt * o.rows + row] = v;
 }
+// LinearRow on lane j of eight (kernels/linear.h, LinearElementLane and
+// LinearElementLaneQ): every lane computes the element, lane 0 writes it.
+template <class Lanes>
+CR_HD void LinearRowLane(const LinearOp& o, int64_t rt, int64_t row, const float* xi, int j, const Lanes& lanes,
+                         KernelStatus* st) {
+  const LinearShardView& s = o.shards[rt / o.tokens];
+  float v;
+  if (o.xq != nullptr && s.w.act_fp4) {
+    const QWeight xq = Fp4Row(o.xq, o.xq_scales, o.x_per_rank ? rt : rt % o.tokens, o.cols, s.w.act_scale);
+    v = LinearElementLaneQ(o.dot, s.w, xq, row, j, rt, st, lanes);
+  } else {
+    v = LinearElementLane(o.dot, s.w, xi, row, j, rt, st, lanes);
+  }
+  if (s.bias != nullptr) v += s.bias[row];
+  if (j == 0) o.y[rt * o.rows + row] = v;
+}
 CR_HD const float* LinearInput(const LinearOp& o, int64_t rt) {
   return o.x + (o.x_per_rank ? rt : rt % o.tokens) * o.cols;
 }
