@@ -169,6 +169,7 @@ int main() {
         const cr::DotKind dot = variant == 0 ? cr::DotKind::kDequant : cr::DotKind::kFused;
         cr::LinearOp op;
         op.shards = variant == 2 ? *qshards : *shards;
+        op.weight_format = wt.w.format;
         op.dot = dot;
         op.x = *xd;
         if (variant == 2) {

@@ -185,6 +185,7 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::Make(const Model& m, E
     heads.push_back(v);
   }
   CR_ASSIGN_OR_RETURN(dm->lm_head_, dm->mem_.Copy(heads));
+  if (!m.lm_head.empty()) dm->formats_[dm->lm_head_] = m.lm_head.front().w.format;
   for (const Layer& L : m.layers) {
     LayerViews lv;
     CR_ASSIGN_OR_RETURN(lv.input_norm, dm->Floats(L.input_norm));
@@ -229,6 +230,17 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::Make(const Model& m, E
     lv.q = at(0), lv.k = at(1), lv.v = at(2), lv.o = at(3), lv.kv_b = at(4);
     lv.gate = at(5), lv.up = at(6), lv.down = at(7);
     lv.q_a = at(8), lv.kv_a = at(9), lv.index_wq_b = at(10), lv.index_wk = at(11), lv.index_weights = at(12);
+    // Formats by array, from the host shards (a streamed layer's released
+    // shards keep theirs).
+    if (!L.ranks.empty()) {
+      const RankLayer& r0 = L.ranks.front();
+      const LinearShard* host[] = {&r0.q,       &r0.k,        &r0.v,     &r0.o,           &r0.kv_b,
+                                   &r0.gate,    &r0.up,       &r0.down,  &L.mla.q_a,      &L.mla.kv_a,
+                                   &L.mla.index_wq_b, &L.mla.index_wk, &L.mla.index_weights};
+      for (size_t i = 0; i < 13; ++i) {
+        if (slots[i] != nullptr) dm->formats_[slots[i]] = host[i]->w.format;
+      }
+    }
     lv.experts = static_cast<const ExpertView*>(slots[13]);
     lv.shared = static_cast<const ExpertView*>(slots[14]);
     lv.has_shared = lv.shared != nullptr;
@@ -264,6 +276,11 @@ absl::Status DeviceModel::Hold(int64_t l) {
   }
   held_ = l;
   return absl::OkStatus();
+}
+
+WFormat DeviceModel::FormatOf(const LinearShardView* views) const {
+  auto it = formats_.find(views);
+  return it == formats_.end() ? WFormat::kF32 : it->second;
 }
 
 }  // namespace crashreplay::replay

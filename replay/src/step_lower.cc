@@ -236,6 +236,7 @@ LinearOp StepProgram::MakeLinear(const Lowering& c, const LinearShardView* shard
                                  const std::string& fp4, int ranks) {
   LinearOp op;
   op.shards = shards;
+  op.weight_format = c.dm.FormatOf(shards);
   op.dot = dot;
   op.x = F(x);
   if (!fp4.empty()) {

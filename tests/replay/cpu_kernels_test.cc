@@ -428,10 +428,12 @@ TEST(CpuKernels, AFailingUe8m0ScaleLeavesTheOpToTheWorkItems) {
 }
 
 // ---- the GPU linear kernel's decomposition ----------------------------------
-// Eight threads, one per lane, run LinearRowLane in step and exchange their
+// Eight threads, one per lane, run LinearRowsLane in step and exchange their
 // partial sums through shared slots in the xor pattern of the CUDA kernel's
-// shuffles (1, 2, 4; own value first). Every row must have LinearRow's bits
-// (NaN as NaN) and a failing UE8M0 scale the same fault.
+// shuffles (1, 2, 4; own value first), one token at a time (the kernel's
+// GEMV) or in chunks of kLinearTokens-like 8 (its GEMM). Every element must
+// have LinearRow's bits (NaN as NaN) and a failing UE8M0 scale the same
+// fault.
 struct BarrierLanes {
   std::barrier<>* bar;
   float* slots;
@@ -448,10 +450,11 @@ struct BarrierLanes {
   }
 };
 
-// Runs every (rank-token, row) of `op` on eight lane threads; returns lane
-// 0's statuses per element.
+// Runs `op` on eight lane threads in chunks of kT tokens; returns lane 0's
+// status per (rank, chunk, row), in that order.
+template <int kT>
 std::vector<KernelStatus> RunOnLanes(const LinearOp& op) {
-  const int64_t n = op.ranks * op.tokens * op.rows;
+  const int64_t chunks = (op.tokens + kT - 1) / kT, n = op.ranks * chunks * op.rows;
   std::vector<KernelStatus> st(static_cast<size_t>(n) * 8);
   std::barrier<> bar(8);
   float slots[8];
@@ -460,8 +463,10 @@ std::vector<KernelStatus> RunOnLanes(const LinearOp& op) {
     lanes.emplace_back([&, j] {
       const BarrierLanes l{&bar, slots, j};
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t rt = i / op.rows;
-        LinearRowLane(op, rt, i % op.rows, LinearInput(op, rt), j, l, &st[i * 8 + j]);
+        const int64_t rc = i / op.rows, rank = rc / chunks, t0 = (rc % chunks) * kT;
+        const int nt = static_cast<int>(std::min<int64_t>(kT, op.tokens - t0));
+        LinearRowsLane<kT>(op, rank, t0, nt, i % op.rows, LinearInput(op, rank * op.tokens + t0), j, l,
+                           &st[i * 8 + j]);
       }
     });
   }
@@ -489,80 +494,103 @@ TEST(LinearLanes, EightLanesGiveTheBitsOfLinearRow) {
           if (q && (!IsFp4(f) || cols % 2 != 0)) continue;
           SCOPED_TRACE(std::string(FmtName(f)) + " " + KindName(k) + " cols=" + std::to_string(cols) +
                        (strided ? " strided" : q ? " w4a4" : ""));
-          const int64_t rows = 5, tokens = 3;
-          TestWeight tw = MakeWeight(f, rows, strided ? 2 * cols + 3 : cols, 7, k == DotKind::kUe8m0, true);
-          if (strided) {  // the middle `cols` columns of each wider row
-            const int64_t esize = f == Fmt::kF32 ? 4 : 2;
-            tw.w.row_stride = tw.w.cols;
-            tw.w.cols = cols;
-            tw.w.data = tw.data.data() + 2 * esize;
+          // Two ranks with their own weights and per-rank inputs; 11 tokens:
+          // one whole chunk of 8 and a partial one.
+          const int64_t ranks = 2, rows = 5, tokens = 11;
+          std::vector<TestWeight> tw;
+          std::vector<LinearShardView> shards(ranks);
+          std::vector<std::vector<float>> bias;
+          for (int64_t r = 0; r < ranks; ++r) {
+            tw.push_back(MakeWeight(f, rows, strided ? 2 * cols + 3 : cols, 7 + r, k == DotKind::kUe8m0, true));
+            if (strided) {  // the middle `cols` columns of each wider row
+              const int64_t esize = f == Fmt::kF32 ? 4 : 2;
+              tw[r].w.row_stride = tw[r].w.cols;
+              tw[r].w.cols = cols;
+              tw[r].w.data = tw[r].data.data() + 2 * esize;
+            }
+            bias.push_back(RandomFloats(rows, 10 + r, false));
+            shards[r].w = tw[r].w;
+            shards[r].bias = r == 0 ? bias[r].data() : nullptr;
           }
-          const std::vector<float> x = RandomFloats(tokens * cols, 9, true);
-          const std::vector<float> bias = RandomFloats(rows, 10, false);
-          LinearShardView shard;
-          shard.w = tw.w;
-          shard.bias = bias.data();
+          const std::vector<float> x = RandomFloats(ranks * tokens * cols, 9, true);
           LinearOp op;
-          op.shards = &shard;
+          op.shards = shards.data();
           op.dot = k;
           op.x = x.data();
+          op.x_per_rank = true;
           QuantRows xq;
           if (q) {
-            xq = Quantize(x, tokens, cols, 0.0021f);
-            shard.w.act_fp4 = true;
-            shard.w.act_scale = 0.0021f;
+            xq = Quantize(x, ranks * tokens, cols, 0.0021f);
+            for (LinearShardView& sv : shards) {
+              sv.w.act_fp4 = true;
+              sv.w.act_scale = 0.0021f;
+            }
             op.xq = xq.values.data();
             op.xq_scales = xq.scales.data();
           }
-          op.ranks = 1;
+          op.ranks = ranks;
           op.tokens = tokens;
           op.rows = rows;
           op.cols = cols;
-          std::vector<float> want(tokens * rows, -7.0f), got(tokens * rows, -7.0f);
+          const int64_t n = ranks * tokens * rows;
+          std::vector<float> want(n, -7.0f), one(n, -7.0f), eight(n, -7.0f);
           op.y = want.data();
-          for (int64_t i = 0; i < tokens * rows; ++i) {
+          for (int64_t i = 0; i < n; ++i) {
             KernelStatus st;
             RunItem(op, i, nullptr, &st);
             ASSERT_FALSE(st.fired);
           }
-          op.y = got.data();
-          for (const KernelStatus& st : RunOnLanes(op)) ASSERT_FALSE(st.fired);
-          for (size_t i = 0; i < want.size(); ++i) {
-            ASSERT_TRUE(SameOrBothNan(want[i], got[i])) << "element " << i << ": " << want[i] << " vs " << got[i];
+          op.y = one.data();
+          for (const KernelStatus& st : RunOnLanes<1>(op)) ASSERT_FALSE(st.fired);
+          op.y = eight.data();
+          for (const KernelStatus& st : RunOnLanes<8>(op)) ASSERT_FALSE(st.fired);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_TRUE(SameOrBothNan(want[i], one[i])) << "1 token a pass, element " << i << ": " << want[i]
+                                                        << " vs " << one[i];
+            ASSERT_TRUE(SameOrBothNan(want[i], eight[i])) << "8 tokens a pass, element " << i << ": " << want[i]
+                                                          << " vs " << eight[i];
           }
           ++cases;
         }
       }
     }
   }
-  EXPECT_EQ(cases, 7 * 3 * 7 + 3 * 3 * 7 + 3 * 3 * 3);  // dense, strided (f32, bf16, f16), w4a4 (fp4, even widths)
+  // dense, strided (f32, bf16, f16), w4a4 (fp4, even widths)
+  EXPECT_EQ(cases, 7 * 3 * 7 + 3 * 3 * 7 + 3 * 3 * 3);
 }
 
 TEST(LinearLanes, AFailingUe8m0ScaleIsTheSameFaultOnEveryLane) {
   const TestWeight tw = MakeWeight(Fmt::kFp8, 20, 256, 1, /*pow2=*/false, false);
   LinearShardView shard;
   shard.w = tw.w;
-  const std::vector<float> x = RandomFloats(2 * 256, 2, false);
+  const std::vector<float> x = RandomFloats(10 * 256, 2, false);
   LinearOp op;
   op.shards = &shard;
   op.dot = DotKind::kUe8m0;
   op.x = x.data();
   op.ranks = 1;
-  op.tokens = 2;
+  op.tokens = 10;
   op.rows = 20;
   op.cols = 256;
-  std::vector<float> y(40, -7.0f);
+  std::vector<float> y(200, -7.0f);
   op.y = y.data();
-  const std::vector<KernelStatus> lanes = RunOnLanes(op);
-  for (int64_t i = 0; i < 40; ++i) {
+  auto same_fault = [&](const KernelStatus& got, int64_t item) {
     KernelStatus want;
-    RunItem(op, i, nullptr, &want);
+    RunItem(op, item, nullptr, &want);
     ASSERT_TRUE(want.fired);
-    EXPECT_TRUE(lanes[i].fired);
-    EXPECT_EQ(lanes[i].check, want.check);
-    EXPECT_EQ(lanes[i].item, want.item);
-    EXPECT_EQ(lanes[i].index, want.index);
-    EXPECT_EQ(lanes[i].value, want.value);
+    EXPECT_TRUE(got.fired);
+    EXPECT_EQ(got.check, want.check);
+    EXPECT_EQ(got.item, want.item);
+    EXPECT_EQ(got.index, want.index);
+    EXPECT_EQ(got.value, want.value);
+  };
+  const std::vector<KernelStatus> one = RunOnLanes<1>(op);
+  for (int64_t i = 0; i < 200; ++i) same_fault(one[i], i);
+  // In chunks of 8 tokens a fault names the chunk's first token's item.
+  const std::vector<KernelStatus> eight = RunOnLanes<8>(op);
+  ASSERT_EQ(eight.size(), 2u * 20);
+  for (int64_t c = 0; c < 2; ++c) {
+    for (int64_t row = 0; row < 20; ++row) same_fault(eight[c * 20 + row], (c * 8) * 20 + row);
   }
 }
 

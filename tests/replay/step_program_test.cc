@@ -130,6 +130,61 @@ TEST(StepFaults, ARankedKernelNamesTheRankAndTheTokenOnIt) {
   EXPECT_EQ(f->index, 1 << 20);
 }
 
+// Every lowered linear carries its shards' weight format where the host can
+// read it (LinearOp::weight_format: the CUDA launcher picks its kernel by
+// it), for every projection of GQA, MLA and DSA layers and lm_head, with
+// resident and with streamed weights (whose views are empty until a layer
+// is held).
+TEST(StepLowering, EveryLinearCarriesItsShardsWeightFormat) {
+  struct Case {
+    const char* arch;
+    const char* quant;
+  };
+  for (const Case c : {Case{"llama", "bf16"}, Case{"qwen3_moe", "nvfp4"}, Case{"glm_moe_dsa", "nvfp4"},
+                       Case{"deepseek_v3", "mxfp4"}}) {
+    SCOPED_TRACE(std::string(c.arch) + " " + c.quant);
+    MakeModelOptions o;
+    o.arch = c.arch;
+    o.quant = c.quant;
+    o.moe_intermediate = 64;  // halves of whole 32-column MXFP4 blocks at tp 2
+    std::vector<WFormat> resident;
+    for (const char* weights : {"weights=resident", "weights=stream"}) {
+      auto e = testing::MakeEngine(o, {"tp_size=2", weights});
+      ASSERT_TRUE(e);
+      StepInput in;
+      in.rows.resize(1);
+      in.rows[0].tokens = {5, 7, 9};
+      in.rows[0].page_table = {0};
+      auto step = e->Prepare(in);
+      ASSERT_TRUE(step);
+      std::vector<WFormat> formats;
+      int e2m1 = 0;
+      for (const KernelCall& k : step->kernels()) {
+        for (const Op& op : k.ops) {
+          const LinearOp* l = std::get_if<LinearOp>(&op);
+          if (l == nullptr) continue;
+          formats.push_back(l->weight_format);
+          e2m1 += l->weight_format == WFormat::kE2m1;
+          if (std::string(weights) == "weights=resident") {
+            for (int64_t r = 0; r < l->ranks; ++r) {
+              EXPECT_EQ(l->weight_format, l->shards[r].w.format) << k.Label();
+            }
+          }
+        }
+      }
+      ASSERT_GT(formats.size(), 4u);
+      if (std::string(c.quant) != "bf16") {
+        EXPECT_GT(e2m1, 0);
+      }
+      if (resident.empty()) {
+        resident = formats;
+      } else {
+        EXPECT_EQ(formats, resident) << "streamed weights lower with other formats";
+      }
+    }
+  }
+}
+
 TEST(StepOnCpu, WeightsAreReadInPlaceNotCopied) {
   MakeModelOptions o;
   o.arch = "glm4_moe";

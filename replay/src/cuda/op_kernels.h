@@ -29,6 +29,9 @@ inline constexpr int kBlockThreads = 256;
 // The tiled linear kernel's block (eight threads a row) when 256-thread
 // blocks would leave SMs idle: 8 rows a block instead of 32.
 inline constexpr int kLinearThreadsFew = 64;
+// Tokens a thread group of the linear kernel computes from one read of the
+// weights (op.tokens > 1).
+inline constexpr int kLinearTokens = 8;
 inline constexpr int64_t kMaxScratchThreads = 1 << 16;
 
 struct LaunchArgs {

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -101,6 +102,9 @@ class DeviceModel {
   QWeight embed() const { return embed_; }
   const float* final_norm() const { return final_norm_; }
   const LinearShardView* lm_head() const { return lm_head_; }
+  // The weight format of the shards behind a view array of this object (its
+  // layers' projections, lm_head), known on the host; kF32 for another pointer.
+  WFormat FormatOf(const LinearShardView* views) const;
   const float* inv_freq() const { return inv_freq_; }
   // Weight bytes this object copied into the executor and holds for the
   // whole run (0 on the CPU; streaming: the resident part).
@@ -140,6 +144,7 @@ class DeviceModel {
   QWeight embed_;
   const float* final_norm_ = nullptr;
   const LinearShardView* lm_head_ = nullptr;
+  std::map<const void*, WFormat> formats_;  // view array -> its shards' format
   const float* inv_freq_ = nullptr;
   uint64_t uploaded_ = 0;
 };

@@ -113,6 +113,9 @@ struct LinearOp {
   bool x_per_rank = false;
   float* y = nullptr;
   int64_t ranks = 0, tokens = 0, rows = 0, cols = 0;
+  // The shards' weight format, readable on the host (shards may be device
+  // memory): the CUDA launcher picks its kernel by it. Never read by bodies.
+  WFormat weight_format = WFormat::kF32;
 };
 
 // Rotates `heads` heads of head_dim in every row [ranks * tokens] of x: the
@@ -388,24 +391,43 @@ CR_HD void LinearRow(const LinearOp& o, int64_t rt, int64_t row, const float* xi
   if (s.bias != nullptr) v += s.bias[row];
   o.y[rt * o.rows + row] = v;
 }
-// LinearRow on lane j of eight (kernels/linear.h, LinearElementLane and
-// LinearElementLaneQ): every lane computes the element, lane 0 writes it.
-template <class Lanes>
-CR_HD void LinearRowLane(const LinearOp& o, int64_t rt, int64_t row, const float* xi, int j, const Lanes& lanes,
-                         KernelStatus* st) {
-  const LinearShardView& s = o.shards[rt / o.tokens];
-  float v;
-  if (o.xq != nullptr && s.w.act_fp4) {
-    const QWeight xq = Fp4Row(o.xq, o.xq_scales, o.x_per_rank ? rt : rt % o.tokens, o.cols, s.w.act_scale);
-    v = LinearElementLaneQ(o.dot, s.w, xq, row, j, rt, st, lanes);
-  } else {
-    v = LinearElementLane(o.dot, s.w, xi, row, j, rt, st, lanes);
-  }
-  if (s.bias != nullptr) v += s.bias[row];
-  if (j == 0) o.y[rt * o.rows + row] = v;
-}
 CR_HD const float* LinearInput(const LinearOp& o, int64_t rt) {
   return o.x + (o.x_per_rank ? rt : rt % o.tokens) * o.cols;
+}
+// LinearRow of tokens [t0, t0 + nt) of rank `rank` (nt <= kT) on lane j of
+// eight (kernels/linear.h, LinearElementsLane and LinearElementsLaneQ): every
+// lane computes the elements, lane 0 writes them. `x0`: with kT == 1, token
+// t0's input row (the CUDA kernel's staged copy); ignored otherwise. A fault
+// names the first token's work item.
+template <int kT, class Lanes>
+CR_HD void LinearRowsLane(const LinearOp& o, int64_t rank, int64_t t0, int nt, int64_t row, const float* x0, int j,
+                          const Lanes& lanes, KernelStatus* st) {
+  const LinearShardView& s = o.shards[rank];
+  const int64_t rt0 = rank * o.tokens + t0;
+  float v[kT] = {};
+  if (o.xq != nullptr && s.w.act_fp4) {
+    QWeight xq[kT];
+    for (int t = 0; t < kT; ++t) {
+      const int64_t rt = rt0 + (t < nt ? t : 0);
+      xq[t] = Fp4Row(o.xq, o.xq_scales, o.x_per_rank ? rt : rt % o.tokens, o.cols, s.w.act_scale);
+    }
+    LinearElementsLaneQ<kT>(o.dot, s.w, xq, nt, row, j, rt0, st, lanes, v);
+  } else {
+    const float* x[kT];
+    if constexpr (kT == 1) {
+      x[0] = x0;  // a pointer the compiler sees, on a GPU a shared-memory one
+    } else {
+      for (int t = 0; t < kT; ++t) x[t] = LinearInput(o, rt0 + (t < nt ? t : 0));
+    }
+    LinearElementsLane<kT>(o.dot, s.w, x, nt, row, j, rt0, st, lanes, v);
+  }
+  if (j != 0) return;
+  for (int t = 0; t < kT; ++t) {
+    if (t >= nt) break;
+    float e = v[t];
+    if (s.bias != nullptr) e += s.bias[row];
+    o.y[(rt0 + t) * o.rows + row] = e;
+  }
 }
 CR_HD void RunItem(const LinearOp& o, int64_t i, float*, KernelStatus* st) {
   const int64_t rt = i / o.rows;

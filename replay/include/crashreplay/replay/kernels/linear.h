@@ -273,42 +273,55 @@ CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_
   return 0.0f;
 }
 
-// ---- one row on eight lanes ------------------------------------------------
-// The same element as LinearElement, computed by eight cooperating lanes (on
-// a GPU, eight threads): lane j sums the terms of the columns c with
-// c % 8 == j in increasing c, exactly lane j of DotLanes, and `lanes.Sum(v)`
-// must return LaneSum8 of the eight lanes' v to every lane (a GPU does it
-// with three xor shuffles, 1, 2, 4: each step adds a pair of LaneSum8's
-// tree, in the other operand order on half the lanes, and IEEE addition is
-// commutative). The block loops run the same trip counts on every lane, so
-// the lanes stay in step; a failing ue8m0 scale fails on all eight at once.
+// ---- one row on eight lanes -------------------------------------------------
+// The elements of weight row r for up to kT tokens (rows x[t] of the input),
+// as LinearElement computes each, by eight cooperating lanes (on a GPU,
+// eight threads): lane j sums the terms of the columns c with c % 8 == j in
+// increasing c, exactly lane j of DotLanes, for every token at once (the
+// weight term is decoded once and used nt times; each token's own order of
+// operations is unchanged). `lanes.Sum(v)` must return LaneSum8 of the eight
+// lanes' v to every lane (a GPU does it with three xor shuffles, 1, 2, 4:
+// each step adds a pair of LaneSum8's tree, in the other operand order on
+// half the lanes, and IEEE addition is commutative). The loops run the same
+// trip counts on every lane, so the lanes stay in step; a failing ue8m0
+// scale fails on all eight at once (all tokens: `item` names the first).
 
-// Lane j's terms over columns [c0, c1), added to acc.
-template <WFormat F, bool kScale, bool kRound>
-CR_HD float LaneTerms(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1, float s, int j, float acc) {
+// Lane j's terms over columns [c0, c1), added to acc[t] for t < nt.
+template <WFormat F, bool kScale, bool kRound, int kT>
+CR_HD void LaneTerms(const QWeight& w, const float* const* x, int nt, int64_t r, int64_t c0, int64_t c1, float s,
+                     int j, float* acc) {
   const int64_t base = r * RowStride(w);
   for (int64_t c = c0 + ((j - c0) & 7); c < c1; c += 8) {
     float v = RawAtF<F>(w.data, base + c);
     if constexpr (kScale) v = v * s;
     if constexpr (kRound) v = Bf16ToFloat(FloatToBf16(v));
-    acc = MulAdd(acc, v, x[c]);
+    for (int t = 0; t < kT; ++t) {
+      if (t < nt) acc[t] = MulAdd(acc[t], v, x[t][c]);
+    }
   }
-  return acc;
 }
 
-template <WFormat F, class Lanes>
-CR_HD float LinearElementLaneF(DotKind kind, const QWeight& w, const float* x, int64_t r, int j, int64_t item,
-                               KernelStatus* st, const Lanes& lanes) {
-  if (w.scale_format == SFormat::kNone) return lanes.Sum(LaneTerms<F, false, false>(w, x, r, 0, w.cols, 1.0f, j, 0.0f));
-  if (kind == DotKind::kDequant) {
-    float lane = 0.0f;
-    for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
-      const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
-      lane = LaneTerms<F, true, true>(w, x, r, c0, c1, ScaleAt(w, r, c0), j, lane);
+template <WFormat F, int kT, class Lanes>
+CR_HD void LinearElementsLaneF(DotKind kind, const QWeight& w, const float* const* x, int nt, int64_t r, int j,
+                               int64_t item, KernelStatus* st, const Lanes& lanes, float* out) {
+  float lane[kT];
+  for (int t = 0; t < kT; ++t) lane[t] = 0.0f;
+  if (w.scale_format == SFormat::kNone || kind == DotKind::kDequant) {
+    if (w.scale_format == SFormat::kNone) {
+      LaneTerms<F, false, false, kT>(w, x, nt, r, 0, w.cols, 1.0f, j, lane);
+    } else {
+      for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
+        const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
+        LaneTerms<F, true, true, kT>(w, x, nt, r, c0, c1, ScaleAt(w, r, c0), j, lane);
+      }
     }
-    return lanes.Sum(lane);
+    for (int t = 0; t < kT; ++t) {
+      if (t < nt) out[t] = lanes.Sum(lane[t]);
+    }
+    return;
   }
-  float acc = 0.0f;
+  float acc[kT];
+  for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
   for (int64_t c0 = 0; c0 < w.cols; c0 += w.block_cols) {
     const int64_t c1 = c0 + w.block_cols < w.cols ? c0 + w.block_cols : w.cols;
     float s = ScaleAt(w, r, c0);
@@ -316,27 +329,31 @@ CR_HD float LinearElementLaneF(DotKind kind, const QWeight& w, const float* x, i
       const uint32_t bits = FloatBits(s);
       if (!IsUe8m0Layout(bits)) {
         Fail(st, Check::kUe8m0ScaleLayout, item, ScaleIndex(w, r, c0), static_cast<double>(s));
-        return 0.0f;
+        for (int t = 0; t < kT; ++t) out[t] = 0.0f;
+        return;
       }
       s = BitsToFloat(bits & 0x7f800000u);
     }
-    acc = MulAdd(acc, lanes.Sum(LaneTerms<F, false, false>(w, x, r, c0, c1, 1.0f, j, 0.0f)), s);
+    for (int t = 0; t < kT; ++t) lane[t] = 0.0f;
+    LaneTerms<F, false, false, kT>(w, x, nt, r, c0, c1, 1.0f, j, lane);
+    for (int t = 0; t < kT; ++t) {
+      if (t < nt) acc[t] = MulAdd(acc[t], lanes.Sum(lane[t]), s);
+    }
   }
-  return acc;
+  for (int t = 0; t < kT; ++t) out[t] = acc[t];
 }
 
-// LinearElement(kind, w, x, r, item, st) on lane j of eight.
-template <class Lanes>
-CR_HD float LinearElementLane(DotKind kind, const QWeight& w, const float* x, int64_t r, int j, int64_t item,
-                              KernelStatus* st, const Lanes& lanes) {
+// out[t] = LinearElement(kind, w, x[t], r, item, st) for t < nt, on lane j of eight.
+template <int kT, class Lanes>
+CR_HD void LinearElementsLane(DotKind kind, const QWeight& w, const float* const* x, int nt, int64_t r, int j,
+                              int64_t item, KernelStatus* st, const Lanes& lanes, float* out) {
   switch (w.format) {
-    case WFormat::kF32: return LinearElementLaneF<WFormat::kF32>(kind, w, x, r, j, item, st, lanes);
-    case WFormat::kBF16: return LinearElementLaneF<WFormat::kBF16>(kind, w, x, r, j, item, st, lanes);
-    case WFormat::kF16: return LinearElementLaneF<WFormat::kF16>(kind, w, x, r, j, item, st, lanes);
-    case WFormat::kE4m3: return LinearElementLaneF<WFormat::kE4m3>(kind, w, x, r, j, item, st, lanes);
-    case WFormat::kE2m1: return LinearElementLaneF<WFormat::kE2m1>(kind, w, x, r, j, item, st, lanes);
+    case WFormat::kF32: return LinearElementsLaneF<WFormat::kF32, kT>(kind, w, x, nt, r, j, item, st, lanes, out);
+    case WFormat::kBF16: return LinearElementsLaneF<WFormat::kBF16, kT>(kind, w, x, nt, r, j, item, st, lanes, out);
+    case WFormat::kF16: return LinearElementsLaneF<WFormat::kF16, kT>(kind, w, x, nt, r, j, item, st, lanes, out);
+    case WFormat::kE4m3: return LinearElementsLaneF<WFormat::kE4m3, kT>(kind, w, x, nt, r, j, item, st, lanes, out);
+    case WFormat::kE2m1: return LinearElementsLaneF<WFormat::kE2m1, kT>(kind, w, x, nt, r, j, item, st, lanes, out);
   }
-  return 0.0f;
 }
 
 // One output element of a w4a4 layer: weight row r against the quantized
@@ -351,35 +368,56 @@ CR_HD float LinearElementQ(DotKind kind, const QWeight& w, const QWeight& xq, in
   return 0.0f;
 }
 
-// LinearElementQ(kind, w, xq, r, item, st) on lane j of eight (the lanes of
-// DotDequantQ's and DotFusedQ's 8-lane sums).
-template <class Lanes>
-CR_HD float LinearElementLaneQ(DotKind kind, const QWeight& w, const QWeight& xq, int64_t r, int j, int64_t item,
-                               KernelStatus* st, const Lanes& lanes) {
+// out[t] = LinearElementQ(kind, w, xq[t], r, item, st) for t < nt, on lane j
+// of eight (the lanes of DotDequantQ's and DotFusedQ's 8-lane sums).
+template <int kT, class Lanes>
+CR_HD void LinearElementsLaneQ(DotKind kind, const QWeight& w, const QWeight* xq, int nt, int64_t r, int j,
+                               int64_t item, KernelStatus* st, const Lanes& lanes, float* out) {
+  float lane[kT];
+  for (int t = 0; t < kT; ++t) lane[t] = 0.0f;
   if (kind == DotKind::kDequant) {
-    float lane = 0.0f;
-    for (int64_t c = j; c < w.cols; c += 8) lane = MulAdd(lane, DequantAt(w, r, c), DequantAt(xq, 0, c));
-    return lanes.Sum(lane);
+    for (int64_t c = j; c < w.cols; c += 8) {
+      const float v = DequantAt(w, r, c);
+      for (int t = 0; t < kT; ++t) {
+        if (t < nt) lane[t] = MulAdd(lane[t], v, DequantAt(xq[t], 0, c));
+      }
+    }
+    for (int t = 0; t < kT; ++t) {
+      if (t < nt) out[t] = lanes.Sum(lane[t]);
+    }
+    return;
   }
   const bool ue8m0 = kind == DotKind::kUe8m0;
-  float acc = 0.0f;
-  for (int64_t c0 = 0; c0 < w.cols; c0 += xq.block_cols) {
-    const int64_t c1 = c0 + xq.block_cols < w.cols ? c0 + xq.block_cols : w.cols;
-    float lane = 0.0f;
-    for (int64_t c = c0 + ((j - c0) & 7); c < c1; c += 8) lane = MulAdd(lane, RawAt(w, r, c), RawAt(xq, 0, c));
+  float acc[kT];
+  for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
+  const int64_t bc = xq[0].block_cols;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += bc) {
+    const int64_t c1 = c0 + bc < w.cols ? c0 + bc : w.cols;
+    for (int t = 0; t < kT; ++t) lane[t] = 0.0f;
+    for (int64_t c = c0 + ((j - c0) & 7); c < c1; c += 8) {
+      const float v = RawAt(w, r, c);
+      for (int t = 0; t < kT; ++t) {
+        if (t < nt) lane[t] = MulAdd(lane[t], v, RawAt(xq[t], 0, c));
+      }
+    }
     float sw = StoredScaleAt(w, r, c0);
     if (ue8m0) {
       const uint32_t bits = FloatBits(sw * w.global_scale);
       if (!IsUe8m0Layout(bits)) {
         Fail(st, Check::kUe8m0ScaleLayout, item, ScaleIndex(w, r, c0), static_cast<double>(sw * w.global_scale));
-        return 0.0f;
+        for (int t = 0; t < kT; ++t) out[t] = 0.0f;
+        return;
       }
       sw = BitsToFloat(bits & 0x7f800000u);
     }
-    acc = MulAdd(acc, lanes.Sum(lane), sw * StoredScaleAt(xq, 0, c0));
+    for (int t = 0; t < kT; ++t) {
+      if (t < nt) acc[t] = MulAdd(acc[t], lanes.Sum(lane[t]), sw * StoredScaleAt(xq[t], 0, c0));
+    }
   }
-  const float alpha = (ue8m0 ? 1.0f : w.global_scale) * xq.global_scale;
-  return acc * alpha;
+  for (int t = 0; t < kT; ++t) {
+    if (t < nt) out[t] = acc[t] * ((ue8m0 ? 1.0f : w.global_scale) * xq[t].global_scale);
+  }
 }
+
 
 }  // namespace crashreplay::replay
