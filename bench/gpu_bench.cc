@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -240,6 +241,24 @@ int main() {
     }
     std::printf("decode step (qwen3_moe nvfp4, 8 layers, 32 rows x 256 positions, %zu kernels) %-16s %8.2f ms\n",
                 kernels, cr::ExecModeName(mode), best);
+    if (mode != cr::ExecMode::kKernelByKernel) continue;
+    // Where the step's time goes: each kernel runs to completion before the
+    // next, so its record's time is its own (plus one synchronize).
+    auto step = cr::StepProgram::Lower(**dm, ec, kv->get(), in);
+    if (step->fault()) return 1;
+    step->set_watch(false);
+    if (step->RunAll()) return 1;
+    std::map<std::string, std::pair<double, int>> by_name;
+    for (const cr::KernelRecord& r : step->records()) {
+      by_name[r.name].first += r.micros;
+      by_name[r.name].second += 1;
+    }
+    std::vector<std::pair<double, std::string>> order;
+    for (const auto& [name, t] : by_name) order.emplace_back(t.first, name);
+    std::sort(order.rbegin(), order.rend());
+    for (const auto& [us, name] : order) {
+      std::printf("  %-22s %3d launches %9.2f ms\n", name.c_str(), by_name[name].second, us / 1e3);
+    }
   }
   return 0;
 }
