@@ -228,6 +228,67 @@ TEST(Attention, ThreeBackendsMatchNaiveSoftmax) {
   EXPECT_GT(differ, 0) << "split-KV should sum in a different order";
 }
 
+// The reference body spread over n cooperating threads (the CUDA kernel's
+// block), each phase run on every thread before the next: AttendReference's
+// bits, and on a bad page its fault and zeroed output.
+std::vector<float> AttendOnThreads(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head,
+                                   int64_t len, float scale, int64_t n, KernelStatus* st) {
+  std::vector<float> out(kv.head_dim, -7.0f), scratch(len + 3, -7.0f);
+  for (int phase = 0; phase < kAttendPhases; ++phase) {
+    bool go = true;
+    for (int64_t i = 0; i < n; ++i) {
+      KernelStatus own;
+      const bool g = AttendReferencePhase(phase, i, n, kv, row, q, kv_head, len, scale, out.data(), scratch.data(), 9,
+                                          i == 0 ? st : &own);
+      EXPECT_FALSE(own.fired) << "only thread 0 checks";
+      if (i == 0) go = g;
+      EXPECT_EQ(g, go) << "threads disagree in phase " << phase;
+    }
+    if (!go) break;
+  }
+  return out;
+}
+
+TEST(Attention, ReferenceOnCooperatingThreadsHasTheBodysBits) {
+  const int hd = 16, kvh = 2;
+  for (int len : {1, 17, 150}) {
+    Cache c = FillCache(len, 16, 12, kvh, hd);
+    PageTableRow row{c.table.data(), int64_t(c.table.size())};
+    auto q = RandomVec(hd, 21);
+    std::vector<float> want(hd), scratch(FlashScratchFloats(len, hd) + len);
+    KernelStatus ws;
+    AttendReference(c.view, row, q.data(), 1, len, 0.25f, want.data(), scratch.data(), 9, &ws);
+    ASSERT_FALSE(ws.fired);
+    for (int64_t n : {1, 3, 16, 128}) {
+      KernelStatus st;
+      const std::vector<float> got = AttendOnThreads(c.view, row, q.data(), 1, len, 0.25f, n, &st);
+      EXPECT_FALSE(st.fired);
+      for (int d = 0; d < hd; ++d) {
+        EXPECT_EQ(std::memcmp(&got[d], &want[d], 4), 0) << "len " << len << " n " << n << " d " << d;
+      }
+    }
+  }
+  // A page outside the pool (the second of three): the body's fault, and zeros.
+  Cache c = FillCache(40, 16, 4, 1, 8);
+  c.table[1] = 4;
+  PageTableRow row{c.table.data(), int64_t(c.table.size())};
+  auto q = RandomVec(8, 13);
+  std::vector<float> want(8, -7.0f), scratch(64);
+  KernelStatus ws;
+  AttendReference(c.view, row, q.data(), 0, 40, 1.0f, want.data(), scratch.data(), 9, &ws);
+  ASSERT_TRUE(ws.fired);
+  for (int64_t n : {1, 4}) {
+    KernelStatus st;
+    const std::vector<float> got = AttendOnThreads(c.view, row, q.data(), 0, 40, 1.0f, n, &st);
+    EXPECT_TRUE(st.fired);
+    EXPECT_EQ(st.check, ws.check);
+    EXPECT_EQ(st.item, ws.item);
+    EXPECT_EQ(st.index, ws.index);
+    EXPECT_EQ(st.value, ws.value);
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST(Attention, Paged64RejectsOtherPageSizes) {
   Cache c = FillCache(40, 16, 8, 1, 8);
   PageTableRow row{c.table.data(), int64_t(c.table.size())};

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "exec_replay_test_util.h"
 
@@ -183,6 +184,57 @@ TEST(StepLowering, EveryLinearCarriesItsShardsWeightFormat) {
       }
     }
   }
+}
+
+// The CUDA reference attention's block decomposition (ops.h,
+// AttentionItemPhase) on a real step's attention op: two ranks, two rows of
+// different lengths, GQA heads; every item's output bits equal RunItem's.
+TEST(StepLowering, AttentionItemPhasesGiveTheItemBits) {
+  MakeModelOptions o;
+  o.arch = "qwen3";
+  auto e = testing::MakeEngine(o, {"tp_size=2"});
+  ASSERT_TRUE(e);
+  StepInput in;
+  in.rows.resize(2);
+  in.rows[0].tokens = {5, 7, 9, 11, 13};
+  in.rows[0].page_table = {0};
+  in.rows[1].tokens = {3, 4};
+  in.rows[1].page_table = {1};
+  auto step = e->Prepare(in);
+  ASSERT_TRUE(step);
+  int checked = 0;
+  while (!step->done()) {
+    const KernelCall& k = step->kernels()[step->next()];
+    if (k.name == "attention") {
+      const AttentionOp& op = std::get<AttentionOp>(k.ops.at(0));
+      ASSERT_EQ(op.backend, 0);
+      const int64_t n_out = op.ranks * op.batch.tokens * op.heads * op.head_dim;
+      std::vector<float> scratch(ScratchFloats(op));
+      std::vector<float> want(n_out);
+      for (int64_t i = 0; i < Items(op); ++i) {
+        KernelStatus st;
+        RunItem(op, i, scratch.data(), &st);
+        ASSERT_FALSE(st.fired);
+      }
+      std::copy(op.out, op.out + n_out, want.begin());
+      for (int64_t n : {1, 7, 128}) {
+        std::fill(op.out, op.out + n_out, -7.0f);
+        for (int64_t i = 0; i < Items(op); ++i) {
+          KernelStatus st;
+          for (int phase = 0; phase < kAttendPhases; ++phase) {
+            bool go = true;
+            for (int64_t tid = 0; tid < n; ++tid) go = AttentionItemPhase(op, i, phase, tid, n, scratch.data(), &st);
+            if (!go) break;
+          }
+          ASSERT_FALSE(st.fired);
+        }
+        EXPECT_EQ(std::memcmp(op.out, want.data(), n_out * 4), 0) << k.Label() << " on " << n << " threads";
+      }
+      ++checked;
+    }
+    ASSERT_FALSE(step->RunNext().has_value());
+  }
+  EXPECT_EQ(checked, 2) << "one attention kernel a layer";
 }
 
 TEST(StepOnCpu, WeightsAreReadInPlaceNotCopied) {

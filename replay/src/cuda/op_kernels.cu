@@ -63,6 +63,24 @@ __global__ void __launch_bounds__(kBlockThreads) LinearLanesKernel(LinearOp op, 
   }
 }
 
+// Reference attention (backend 0), a block per item: the positions' scores
+// and exponentials and the output dimensions spread over the block's
+// threads, the order-dependent sums on thread 0 (ops.h, AttentionItemPhase):
+// the item kernel's bits. A decode step of 32 rows x 16 heads was 512
+// threads each walking every position.
+__global__ void __launch_bounds__(kAttendThreads) AttentionBlockKernel(AttentionOp op, int64_t items, LaunchArgs a) {
+  float* scratch = a.scratch + static_cast<int64_t>(blockIdx.x) * a.scratch_stride;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    KernelStatus st;
+    for (int phase = 0; phase < kAttendPhases; ++phase) {
+      const bool go = AttentionItemPhase(op, it, phase, threadIdx.x, blockDim.x, scratch, &st);
+      __syncthreads();
+      if (!go) break;  // the same on every thread (phase 1 reads what phase 0 wrote)
+    }
+    if (st.fired) RecordFaultAndAssert(a.fault, a.launch, a.layer, OpKind::kAttention, st);
+  }
+}
+
 // One stage of the experts (ops.h, ExpertStageItem) per thread, grid-stride.
 template <typename E>
 __global__ void __launch_bounds__(kBlockThreads) ExpertStageKernel(E op, int stage, int64_t items, LaunchArgs a) {
@@ -146,13 +164,21 @@ cudaError_t Enqueue(const LinearOp& op, const LaunchArgs& a, cudaStream_t stream
   return launch(LinearLanesKernel<1>, rt, shared);
 }
 
+cudaError_t Enqueue(const AttentionOp& op, const LaunchArgs& a, cudaStream_t stream) {
+  if (op.backend != 0) return EnqueueItems(op, a, stream);
+  const int64_t items = Items(op);
+  if (items <= 0) return cudaSuccess;
+  const int64_t blocks = ScratchThreads(items, ScratchFloats(op));  // one scratch slot a block
+  AttentionBlockKernel<<<static_cast<unsigned>(blocks), kAttendThreads, 0, stream>>>(op, items, a);
+  return cudaGetLastError();
+}
+
 #define CR_DEFINE_ENQUEUE(OpT) \
   cudaError_t Enqueue(const OpT& op, const LaunchArgs& a, cudaStream_t s) { return EnqueueItems(op, a, s); }
 CR_DEFINE_ENQUEUE(EmbeddingOp)
 CR_DEFINE_ENQUEUE(RmsNormOp)
 CR_DEFINE_ENQUEUE(RopeOp)
 CR_DEFINE_ENQUEUE(KvWriteOp)
-CR_DEFINE_ENQUEUE(AttentionOp)
 CR_DEFINE_ENQUEUE(SiluMulOp)
 CR_DEFINE_ENQUEUE(ReduceOp)
 CR_DEFINE_ENQUEUE(RouterOp)

@@ -32,6 +32,8 @@ inline constexpr int kLinearThreadsFew = 64;
 // Tokens a thread group of the linear kernel computes from one read of the
 // weights (op.tokens > 1).
 inline constexpr int kLinearTokens = 8;
+// Threads of the reference attention's block per item.
+inline constexpr int kAttendThreads = 128;
 inline constexpr int64_t kMaxScratchThreads = 1 << 16;
 
 struct LaunchArgs {

@@ -471,6 +471,18 @@ CR_HD void RunItem(const AttentionOp& o, int64_t i, float* scratch, KernelStatus
   }
 }
 
+// Phase `phase` of item i's reference attention (backend 0) on thread tid of
+// n cooperating threads (kernels/attention.h, AttendReferencePhase): the
+// item's RunItem bits. False: the item is done (a fault), on every thread.
+CR_HD bool AttentionItemPhase(const AttentionOp& o, int64_t i, int phase, int64_t tid, int64_t n, float* scratch,
+                              KernelStatus* st) {
+  const int64_t rt = i / o.heads, h = i % o.heads, r = rt / o.batch.tokens, t = rt % o.batch.tokens;
+  const int64_t qd = o.heads * o.head_dim;
+  const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  return AttendReferencePhase(phase, tid, n, o.views[r], RowTable(o.batch, t), o.q + rt * qd + h * o.head_dim,
+                              h / o.group, len, o.scale, o.out + rt * qd + h * o.head_dim, scratch, rt, st);
+}
+
 CR_HD int64_t Items(const SiluMulOp& o) { return o.rows; }
 CR_HD int64_t ScratchFloats(const SiluMulOp&) { return 0; }
 CR_HD void RunItem(const SiluMulOp& o, int64_t r, float*, KernelStatus*) {

@@ -131,6 +131,76 @@ CR_HD void AttendReference(const KvPoolView& kv, PageTableRow row, const float* 
   for (int64_t d = 0; d < kv.head_dim; ++d) out[d] *= inv;
 }
 
+// AttendReference spread over the n threads of a block (thread i), with the
+// same bits: its steps as phases 0 .. kAttendPhases - 1, a barrier after
+// each. 0: thread 0 resolves every page in order (the body's first failing
+// page is the first failing one; on a fault every thread zeroes its share of
+// `out` in phase 1 and the item is done: the call returns false, on every
+// thread alike). 2: the scores of positions i, i + n, ... 3: thread 0 takes
+// their maximum in order. 4: the exponentials, position-parallel. 5: thread
+// 0 sums them in order. 6: output dimensions i, i + n, ..., each summing the
+// positions in order, times 1 / sum. scratch: len + 3 floats (the scores,
+// then max, sum and the fault flag).
+inline constexpr int kAttendPhases = 7;
+CR_HD bool AttendReferencePhase(int phase, int64_t i, int64_t n, const KvPoolView& kv, PageTableRow row,
+                                const float* q, int64_t kv_head, int64_t len, float scale, float* out,
+                                float* scratch, int64_t item, KernelStatus* st) {
+  float* const stat = scratch + len;  // [max, sum, failed]
+  switch (phase) {
+    case 0:
+      if (i == 0) {
+        stat[2] = 0.0f;
+        const int64_t pages = (len + kv.page_size - 1) / kv.page_size;
+        for (int64_t p = 0; p < pages; ++p) {
+          if (ResolvePage(kv, row, p, item, st) < 0) {
+            stat[2] = 1.0f;
+            break;
+          }
+        }
+      }
+      return true;
+    case 1:
+      if (stat[2] == 0.0f) return true;
+      for (int64_t d = i; d < kv.head_dim; d += n) out[d] = 0.0f;
+      return false;
+    case 2:
+      for (int64_t j = i; j < len; j += n) {
+        const int64_t page = row.pages[j / kv.page_size];
+        scratch[j] = QkDot(kv, q, KvOffset(kv, page, j % kv.page_size, kv_head)) * scale;
+      }
+      return true;
+    case 3:
+      if (i == 0) {
+        float m = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) m = scratch[j] > m ? scratch[j] : m;
+        stat[0] = m;
+      }
+      return true;
+    case 4:
+      for (int64_t j = i; j < len; j += n) scratch[j] = expf(scratch[j] - stat[0]);
+      return true;
+    case 5:
+      if (i == 0) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < len; ++j) sum += scratch[j];
+        stat[1] = sum;
+      }
+      return true;
+    default: {
+      const float inv = 1.0f / stat[1];
+      for (int64_t d = i; d < kv.head_dim; d += n) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < len; ++j) {
+          const int64_t off = KvOffset(kv, row.pages[j / kv.page_size], j % kv.page_size, kv_head);
+          acc = MulAdd(acc, scratch[j], KvLoad(kv, kv.v, off + d));
+        }
+        out[d] = acc * inv;
+      }
+      return true;
+    }
+  }
+}
+
 CR_HD int64_t FlashScratchFloats(int64_t max_len, int64_t head_dim) {
   const int64_t chunks = (max_len + kFlashChunk - 1) / kFlashChunk;
   return chunks * (head_dim + 2) + kFlashChunk;
