@@ -32,7 +32,7 @@ absl::StatusOr<const void*> ExecMemory::Share(const void* host, size_t bytes) {
 absl::StatusOr<QWeight> DeviceModel::Weight(ExecMemory& mem, const QWeight& w, size_t data_bytes,
                                             size_t scale_bytes) {
   QWeight d = w;
-  if (w.row_stride > 0 && w.row_stride != w.cols && !mem.exec()->host_visible() && w.data != nullptr) {
+  if (StridedRows(w) && !mem.exec()->host_visible() && w.data != nullptr) {
     // A column split read in place on the host: uploaded as packed rows.
     const std::vector<uint8_t> packed = DenseRows(w);
     CR_ASSIGN_OR_RETURN(void* p, mem.Copy(packed.data(), packed.size()));

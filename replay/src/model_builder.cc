@@ -41,8 +41,6 @@ float ScalarF32(const HostTensor& t) {
   return v;
 }
 
-bool Strided(const QWeight& w) { return w.row_stride > 0 && w.row_stride != w.cols; }
-
 }  // namespace
 
 uint64_t RowStorageBytes(WFormat f, int64_t cols) {
@@ -57,7 +55,7 @@ uint64_t RowStorageBytes(WFormat f, int64_t cols) {
 }
 
 size_t LinearShard::data_bytes() const {
-  if (data.empty() || !Strided(w)) return data.size();
+  if (data.empty() || !StridedRows(w)) return data.size();
   return static_cast<size_t>(w.rows) * RowStorageBytes(w.format, w.cols);
 }
 
@@ -70,7 +68,7 @@ std::vector<uint8_t> DenseRows(const QWeight& w) {
 }
 
 void CompactRows(LinearShard* s) {
-  if (s->data.empty() || !Strided(s->w)) return;
+  if (s->data.empty() || !StridedRows(s->w)) return;
   s->data = DenseRows(s->w);
   s->w.row_stride = 0;
   s->w.data = s->data.data();

@@ -393,23 +393,35 @@ TEST(CpuKernels, LinearManyTokensSpanSeveralTokenChunks) {
   CheckLinear({Fmt::kNvfp4, DotKind::kFused, true, 1, 195, 5, 544, false, false, false});
 }
 
+// A one-rank ue8m0 linear over an FP8 weight of 20 x 256 whose block scales
+// are not powers of two (every work item fires ue8m0_scale_layout), for
+// `tokens` random inputs; y starts at -7.
+struct FailingUe8m0 {
+  TestWeight tw = MakeWeight(Fmt::kFp8, 20, 256, 1, /*pow2=*/false, false);
+  LinearShardView shard;
+  std::vector<float> x, y;
+  LinearOp op;
+  explicit FailingUe8m0(int64_t tokens) : x(RandomFloats(tokens * 256, 2, false)), y(tokens * 20, -7.0f) {
+    shard.w = tw.w;
+    op.shards = &shard;
+    op.dot = DotKind::kUe8m0;
+    op.x = x.data();
+    op.ranks = 1;
+    op.tokens = tokens;
+    op.rows = 20;
+    op.cols = 256;
+    op.y = y.data();
+  }
+  FailingUe8m0(const FailingUe8m0&) = delete;
+  FailingUe8m0& operator=(const FailingUe8m0&) = delete;
+};
+
 TEST(CpuKernels, AFailingUe8m0ScaleLeavesTheOpToTheWorkItems) {
   // Fp8 block scales that are not powers of two: the reference fires
   // ue8m0_scale_layout; the fast launcher must not run (nor write) at all.
-  const TestWeight tw = MakeWeight(Fmt::kFp8, 20, 256, 1, /*pow2=*/false, false);
-  LinearShardView shard;
-  shard.w = tw.w;
-  const std::vector<float> x = RandomFloats(3 * 256, 2, false);
-  LinearOp op;
-  op.shards = &shard;
-  op.dot = DotKind::kUe8m0;
-  op.x = x.data();
-  op.ranks = 1;
-  op.tokens = 3;
-  op.rows = 20;
-  op.cols = 256;
-  std::vector<float> y(60, -7.0f);
-  op.y = y.data();
+  FailingUe8m0 f(3);
+  LinearOp& op = f.op;
+  const std::vector<float>& y = f.y;
   for (CpuIsa isa : Isas()) {
     CpuPool pool(2);
     KernelStatus st;
@@ -560,20 +572,8 @@ TEST(LinearLanes, EightLanesGiveTheBitsOfLinearRow) {
 }
 
 TEST(LinearLanes, AFailingUe8m0ScaleIsTheSameFaultOnEveryLane) {
-  const TestWeight tw = MakeWeight(Fmt::kFp8, 20, 256, 1, /*pow2=*/false, false);
-  LinearShardView shard;
-  shard.w = tw.w;
-  const std::vector<float> x = RandomFloats(10 * 256, 2, false);
-  LinearOp op;
-  op.shards = &shard;
-  op.dot = DotKind::kUe8m0;
-  op.x = x.data();
-  op.ranks = 1;
-  op.tokens = 10;
-  op.rows = 20;
-  op.cols = 256;
-  std::vector<float> y(200, -7.0f);
-  op.y = y.data();
+  FailingUe8m0 f(10);
+  const LinearOp& op = f.op;
   auto same_fault = [&](const KernelStatus& got, int64_t item) {
     KernelStatus want;
     RunItem(op, item, nullptr, &want);

@@ -56,6 +56,9 @@ struct LinearShard {
   size_t bytes() const { return data_bytes() + scales.size() + bias.size() * 4; }
 };
 
+// True when w's rows lie further apart than its width: a column split read
+// in place.
+inline bool StridedRows(const QWeight& w) { return w.row_stride > 0 && w.row_stride != w.cols; }
 // The weight's rows packed densely (row_stride cols), as the capture side
 // hashed the shard: for uploads to an executor that cannot read host memory.
 std::vector<uint8_t> DenseRows(const QWeight& w);
