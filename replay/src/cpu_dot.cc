@@ -11,21 +11,34 @@
 namespace crashreplay::replay::cpu {
 namespace {
 
+// The instruction sets the kernels are built for (one source, picked at run
+// time): kGeneric is the baseline target (SSE2 pairs, NEON pairs).
+constexpr int kIsaGeneric = 0;
+constexpr int kIsaAvx2 = 1;
+constexpr int kIsaAvx512 = 2;
+
 // Up to this many tokens the weight is decoded in registers and used at once.
 constexpr int64_t kDirectTokens = 2;
+// How far ahead of the next tile the direct path asks for rows into L2.
+constexpr uintptr_t kFarTiles = 3;
 // Rows per direct tile: 8 (row, token) pairs, i.e. 8 independent
 // accumulator chains, and for the blocks shape one LaneSums8 of 8 lane sets
-// per scale block. The e2m1 tiles of the lanes shape with bf16-rounded
-// scaled terms take 2 rows (their 16-entry tables are not sign-symmetric:
-// two permutes per group).
+// per scale block. Below AVX-512, the e2m1 tiles of the lanes shape with
+// bf16-rounded scaled terms take 2 rows (their 16-entry tables are not
+// sign-symmetric: two permutes and a blend per group, two table registers
+// per row); AVX-512 looks them up with one two-table permute.
 template <class W, int NR>
 constexpr int DirectRowsFor() {
-  return W::kE2m1 && !W::kSym ? 2 : 8 / NR;
+  return W::kE2m1 && !W::kSym && W::kIsa < kIsaAvx512 ? 2 : 8 / NR;
 }
-// Packed path: micro-tile of rows x tokens held in registers (12 lane
-// accumulators, 2 weight vectors, one input vector and a product: AVX2's 16).
-constexpr int kMR = 2;
-constexpr int kNR = 6;
+// Packed path: micro-tile of rows x tokens held in registers. AVX2's 16:
+// 2 x 6 lane accumulators, 2 weight vectors, one input vector and a
+// product. AVX-512's 32: 4 x 6 accumulators, 4 weight vectors, the input.
+template <int kIsa>
+struct PackTile {
+  static constexpr int kMR = kIsa == kIsaAvx512 ? 4 : 2;
+  static constexpr int kNR = 6;
+};
 // Columns per packed chunk (a chunk of a few rows' terms stays in L1/L2) and
 // tokens per pass (bounds the lane state kept across chunks).
 constexpr int64_t kChunkGroups = 64;
@@ -234,13 +247,18 @@ struct RowRef {
 // e2m1 terms of group i0..i0+8 through a 16-entry table. AVX2: two
 // permutes (codes 0-7, 8-15) and a blend on each code's sign bit, or, for a
 // sign-symmetric table (t[n | 8] == -t[n] bit for bit: the raw values), one
-// permute and the code's sign bit moved into the float's; else a scalar
-// lookup per code.
-template <bool kPermute, bool kSym>
+// permute and the code's sign bit moved into the float's; AVX-512: one
+// two-table permute (vpermt2ps, the index read modulo 16) for any table;
+// generic: a scalar lookup per code.
+template <int kIsa, bool kSym>
 CR_SIMD_INLINE f32x8 LookupE2m1(const uint8_t* group, const float* t16) {
   uint32_t word;
   std::memcpy(&word, group, sizeof word);
-  if constexpr (kPermute) {
+  if constexpr (kIsa == kIsaAvx512 && !kSym) {
+    const u32x8 w = u32x8{} + word;
+    const i32x8 code = (i32x8)(w >> u32x8{0, 4, 8, 12, 16, 20, 24, 28});  // bits 0-3: the code
+    return __builtin_shuffle(Load8(t16), Load8(t16 + 8), code);
+  } else if constexpr (kIsa >= kIsaAvx2) {
     const u32x8 w = u32x8{} + word;
     const i32x8 index = (i32x8)(w >> u32x8{0, 4, 8, 12, 16, 20, 24, 28});  // the shuffle reads bits 0-2
     const u32x8 high = w << u32x8{28, 24, 20, 16, 12, 8, 4, 0};          // code bit 3 in the sign bit
@@ -268,7 +286,7 @@ using StorageT = std::conditional_t<F == WFormat::kF32, float,
 // a row; At() gives the 8 terms of group g of row r. Groups past the last
 // full one are filled element by element with the scalar code, zeros past
 // cols. e2m1 terms come from a 16-entry table per block (LookupE2m1).
-template <WFormat F, bool kRound, bool kBlocked, bool kPermute>
+template <WFormat F, bool kRound, bool kBlocked, int kIsaLevel>
 struct Terms {
   static_assert(!(kRound && kBlocked), "the rounded terms belong to the lanes shape");
   const QWeight* w;
@@ -281,7 +299,7 @@ struct Terms {
   static constexpr bool kSym = !kRound;
   // Bytes of one group of 8 elements of a row.
   static constexpr int64_t kGroupBytes = F == WFormat::kE2m1 ? 4 : 8 * static_cast<int64_t>(sizeof(StorageT<F>));
-  static constexpr bool kAvx2 = kPermute;
+  static constexpr int kIsa = kIsaLevel;
 
   struct Block {
     float s = 0.0f;
@@ -324,7 +342,7 @@ struct Terms {
   // Group g of the row at `base`, g < full.
   CR_SIMD_INLINE f32x8 AtFull(const void* base, int64_t g, const Block& b) const {
     if constexpr (kE2m1) {
-      return LookupE2m1<kPermute, kSym>(static_cast<const uint8_t*>(base) + 4 * g, b.t16);
+      return LookupE2m1<kIsa, kSym>(static_cast<const uint8_t*>(base) + 4 * g, b.t16);
     } else {
       f32x8 v = DecodeGroup<F>(base, 8 * g);
       if constexpr (kRound) v = RoundBf16(v * Splat(b.s));
@@ -433,14 +451,18 @@ CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x,
 }
 
 // One whole group g of MR rows against NR tokens. `ahead`: the next tile's
-// rows (the MR rows after these, contiguous), prefetched at the pace this
-// tile reads its own: group g asks for bytes [g, g + 1) * MR * kGroupBytes.
+// rows (the MR rows after these, contiguous), prefetched into L1 at the pace
+// this tile reads its own: group g asks for bytes [g, g + 1) * MR *
+// kGroupBytes. `far`: the rows kFarTiles tiles after those, at the same
+// pace into L2 (a decode step streams the weights once; without the L2 hint
+// a llama decode step ran 14% slower, 2 and 6 tiles measured no better).
 template <class W, int MR, int NR>
 CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
-                                const float* const* x, int64_t g, uintptr_t ahead, f32x8 (&lane)[MR][NR]) {
+                                const float* const* x, int64_t g, uintptr_t ahead, uintptr_t far, f32x8 (&lane)[MR][NR]) {
   constexpr int64_t kAheadBytes = MR * W::kGroupBytes;
   for (int64_t off = 0; off < kAheadBytes; off += 64) {
     __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
+    __builtin_prefetch(reinterpret_cast<const void*>(far + static_cast<uintptr_t>(g * kAheadBytes + off)), 0, 1);
   }
   f32x8 w[MR];
   _Pragma("GCC unroll 16")
@@ -454,16 +476,16 @@ CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], c
 template <class W, int MR, int NR, int kGpb>
 CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], const int64_t (&row)[MR],
                                const typename W::Block (&blk)[MR], const float* const* x, int64_t g0, int64_t g1,
-                               uintptr_t ahead, f32x8 (&lane)[MR][NR]) {
+                               uintptr_t ahead, uintptr_t far, f32x8 (&lane)[MR][NR]) {
   const int64_t gf = std::min(g1, terms.full);
   if constexpr (kGpb > 0) {
     if (gf - g0 == kGpb) {
       _Pragma("GCC unroll 16")
-      for (int k = 0; k < kGpb; ++k) DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, lane);
+      for (int k = 0; k < kGpb; ++k) DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
       return;
     }
   }
-  for (int64_t g = g0; g < gf; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, lane);
+  for (int64_t g = g0; g < gf; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, far, lane);
   for (int64_t g = std::max(g0, gf); g < g1; ++g) {
     f32x8 w[MR];
     _Pragma("GCC unroll 16")
@@ -499,6 +521,7 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
   }
   const uintptr_t first = reinterpret_cast<uintptr_t>(terms.RowBase(row0));
   const uintptr_t ahead = first + MR * (reinterpret_cast<uintptr_t>(terms.RowBase(row0 + 1)) - first);
+  const uintptr_t far = first + (1 + kFarTiles) * MR * (reinterpret_cast<uintptr_t>(terms.RowBase(row0 + 1)) - first);
   alignas(32) float out[MR * NR];
   if constexpr (W::kBlocks) {
     static_assert(MR * NR == 8, "a blocks tile is one vector of (row, token) pairs");
@@ -508,7 +531,7 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
       typename W::Block blk[MR];
       _Pragma("GCC unroll 16")
       for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
-      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, lane);
+      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, far, lane);
       acc = acc + LaneSums8(&lane[0][0]) * Load8(mv + 8 * b);
     }
     Store8(out, acc);
@@ -518,7 +541,7 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
       typename W::Block blk[MR];
       _Pragma("GCC unroll 16")
       for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
-      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, lane);
+      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, far, lane);
     }
     FinalSums<MR, NR>(lane, out);
   }
@@ -597,48 +620,50 @@ CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, i
 
 // ---- packed path: many tokens, terms decoded once per chunk --------------------
 // Per work item (a block of rows) and chunk of columns: the rows' terms are
-// packed as [tile of kMR rows][group][kMR][8], each token tile's inputs as
-// [group][kNR][8], and the micro-kernel keeps kMR x kNR lane sets in
-// registers (12 accumulators, 2 weight vectors, one input vector).
+// packed as [tile of MR rows][group][MR][8], each token tile's inputs as
+// [group][NR][8], and the micro-kernel keeps MR x NR lane sets in registers
+// (PackTile: the sizes per instruction set).
 
-// Packs the terms of rows [row0, row0 + rows) (rows <= kMR; missing rows are
+// Packs the terms of rows [row0, row0 + rows) (rows <= MR; missing rows are
 // zero) for groups [g0, g1).
-template <class W>
+template <class W, int MR>
 CR_SIMD_INLINE void PackA(const W& terms, const Plan& p, int64_t row0, int rows, const float* rs, int64_t nb,
                           int64_t g0, int64_t g1, float* ap) {
   const int64_t gpb = p.round ? p.block / 8 : g1 - g0;
   for (int64_t b0 = g0; b0 < g1; b0 += gpb) {
     const int64_t b1 = std::min(g1, b0 + gpb);
-    typename W::Block blk[kMR];
-    for (int i = 0; i < kMR; ++i) {
+    typename W::Block blk[MR];
+    for (int i = 0; i < MR; ++i) {
       if (i < rows) terms.Begin(terms.Row(row0 + i, rs != nullptr ? rs + i * nb : nullptr), b0 / gpb, &blk[i]);
     }
     for (int64_t g = b0; g < b1; ++g) {
-      float* dst = ap + (g - g0) * kMR * 8;
-      for (int i = 0; i < kMR; ++i) Store8(dst + i * 8, i < rows ? terms.At(row0 + i, g, blk[i]) : Zero8());
+      float* dst = ap + (g - g0) * MR * 8;
+      for (int i = 0; i < MR; ++i) Store8(dst + i * 8, i < rows ? terms.At(row0 + i, g, blk[i]) : Zero8());
     }
   }
 }
 
-// The inputs of kNR tokens (zero rows past the job's tokens) for groups
+// The inputs of NR tokens (zero rows past the job's tokens) for groups
 // [g0, g1).
+template <int NR>
 CR_SIMD_INLINE void PackB(const float* const* x, int tokens, int64_t g0, int64_t g1, float* bp) {
   for (int64_t g = g0; g < g1; ++g) {
-    float* dst = bp + (g - g0) * kNR * 8;
+    float* dst = bp + (g - g0) * NR * 8;
     _Pragma("GCC unroll 16")
-    for (int t = 0; t < kNR; ++t) Store8(dst + t * 8, t < tokens ? Load8(x[t] + 8 * g) : Zero8());
+    for (int t = 0; t < NR; ++t) Store8(dst + t * 8, t < tokens ? Load8(x[t] + 8 * g) : Zero8());
   }
 }
 
 // The micro-kernel over `groups` packed groups.
-CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t groups, f32x8 (&lane)[kMR][kNR]) {
-  for (int64_t g = 0; g < groups; ++g, ap += kMR * 8, bp += kNR * 8) {
-    f32x8 w[kMR];
-    for (int i = 0; i < kMR; ++i) w[i] = Load8(ap + i * 8);
+template <int MR, int NR>
+CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t groups, f32x8 (&lane)[MR][NR]) {
+  for (int64_t g = 0; g < groups; ++g, ap += MR * 8, bp += NR * 8) {
+    f32x8 w[MR];
+    for (int i = 0; i < MR; ++i) w[i] = Load8(ap + i * 8);
     _Pragma("GCC unroll 16")
-    for (int t = 0; t < kNR; ++t) {
+    for (int t = 0; t < NR; ++t) {
       const f32x8 xv = Load8(bp + t * 8);
-      for (int i = 0; i < kMR; ++i) lane[i][t] += w[i] * xv;
+      for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
     }
   }
 }
@@ -646,42 +671,42 @@ CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t group
 // One micro-tile over one chunk [g0, g1): continues from the state (lanes or
 // block accumulators) of the previous chunk, and writes the outputs after
 // the last.
-template <bool kBlocked>
+template <bool kBlocked, int MR, int NR>
 CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, const float* bp, const float* rs,
                                int64_t nb, const float* const* xs, int64_t g0, int64_t g1, bool first, bool last,
                                float* state, int64_t row0, int rows, int64_t t0, int tokens) {
-  f32x8 lane[kMR][kNR];
-  float acc[kMR * kNR];
+  f32x8 lane[MR][NR];
+  float acc[MR * NR];
   ZeroLanes(lane);
   if constexpr (!kBlocked) {
     if (!first) {
-      for (int i = 0; i < kMR; ++i)
+      for (int i = 0; i < MR; ++i)
         _Pragma("GCC unroll 16")
-        for (int t = 0; t < kNR; ++t) lane[i][t] = Load8(state + (i * kNR + t) * 8);
+        for (int t = 0; t < NR; ++t) lane[i][t] = Load8(state + (i * NR + t) * 8);
     }
-    PackedGroups(ap, bp, g1 - g0, lane);
+    PackedGroups<MR, NR>(ap, bp, g1 - g0, lane);
     if (!last) {
-      for (int i = 0; i < kMR; ++i)
+      for (int i = 0; i < MR; ++i)
         _Pragma("GCC unroll 16")
-        for (int t = 0; t < kNR; ++t) Store8(state + (i * kNR + t) * 8, lane[i][t]);
+        for (int t = 0; t < NR; ++t) Store8(state + (i * NR + t) * 8, lane[i][t]);
       return;
     }
-    FinalSums<kMR, kNR>(lane, acc);
+    FinalSums<MR, NR>(lane, acc);
   } else {
-    for (int k = 0; k < kMR * kNR; ++k) acc[k] = first ? 0.0f : state[k];
+    for (int k = 0; k < MR * NR; ++k) acc[k] = first ? 0.0f : state[k];
     const int64_t gpb = p.block / 8;
     for (int64_t b0 = g0; b0 < g1; b0 += gpb) {
       ZeroLanes(lane);
       const int64_t b1 = std::min(g1, b0 + gpb);
-      PackedGroups(ap + (b0 - g0) * kMR * 8, bp + (b0 - g0) * kNR * 8, b1 - b0, lane);
-      BlockUpdate<kMR, kNR>(p, lane, rs, nb, xs, b0 / gpb, acc);
+      PackedGroups<MR, NR>(ap + (b0 - g0) * MR * 8, bp + (b0 - g0) * NR * 8, b1 - b0, lane);
+      BlockUpdate<MR, NR>(p, lane, rs, nb, xs, b0 / gpb, acc);
     }
     if (!last) {
-      for (int k = 0; k < kMR * kNR; ++k) state[k] = acc[k];
+      for (int k = 0; k < MR * NR; ++k) state[k] = acc[k];
       return;
     }
   }
-  WriteTile<kMR, kNR>(j, p, row0, rows, t0, tokens, acc);
+  WriteTile<MR, NR>(j, p, row0, rows, t0, tokens, acc);
 }
 
 // One chunk of columns of a block of rows, packed, against tokens [tc, tc1):
@@ -690,49 +715,59 @@ CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, 
 struct ChunkArgs {
   const DotJob* j;
   const Plan* p;
-  const float* ap;  // [tiles][g1 - g0][kMR][8]
+  const float* ap;  // [tiles][g1 - g0][MR][8]
   const float* rs;  // row scales [r1 - r0][nb] or null
-  float* bp;        // [g1 - g0][kNR][8] scratch
+  float* bp;        // [g1 - g0][NR][8] scratch
   float* state;     // lanes or accumulators kept between chunks, or null
   int64_t nb, cg, g0, g1, r0, r1, tiles, ttiles, tc, tc1;
   bool first, last;
 };
 
-template <bool kBlocked>
+template <bool kBlocked, int MR, int NR>
 CR_SIMD_INLINE void PackedChunkBody(const ChunkArgs& a) {
   const DotJob& j = *a.j;
   const Plan& p = *a.p;
-  constexpr int64_t kStatePerTile = kMR * kNR * 8;
-  for (int64_t t0 = a.tc, tt = 0; t0 < a.tc1; t0 += kNR, ++tt) {
-    const int tokens = static_cast<int>(std::min<int64_t>(kNR, a.tc1 - t0));
-    PackB(j.x + t0, tokens, a.g0, a.g1, a.bp);
-    const float* xs[kNR];
+  constexpr int64_t kStatePerTile = MR * NR * 8;
+  for (int64_t t0 = a.tc, tt = 0; t0 < a.tc1; t0 += NR, ++tt) {
+    const int tokens = static_cast<int>(std::min<int64_t>(NR, a.tc1 - t0));
+    PackB<NR>(j.x + t0, tokens, a.g0, a.g1, a.bp);
+    const float* xs[NR];
     _Pragma("GCC unroll 16")
-    for (int t = 0; t < kNR; ++t) xs[t] = p.token_scales ? j.xs[t0 + std::min(t, tokens - 1)] : nullptr;
+    for (int t = 0; t < NR; ++t) xs[t] = p.token_scales ? j.xs[t0 + std::min(t, tokens - 1)] : nullptr;
     for (int64_t m = 0; m < a.tiles; ++m) {
-      const int64_t row0 = a.r0 + m * kMR;
-      const int rows = static_cast<int>(std::min<int64_t>(kMR, a.r1 - row0));
+      const int64_t row0 = a.r0 + m * MR;
+      const int rows = static_cast<int>(std::min<int64_t>(MR, a.r1 - row0));
       float* st = a.state != nullptr ? a.state + (m * a.ttiles + tt) * kStatePerTile : nullptr;
-      PackedTile<kBlocked>(j, p, a.ap + m * a.cg * kMR * 8, a.bp, a.rs != nullptr ? a.rs + (row0 - a.r0) * a.nb : nullptr,
+      PackedTile<kBlocked, MR, NR>(j, p, a.ap + m * a.cg * MR * 8, a.bp, a.rs != nullptr ? a.rs + (row0 - a.r0) * a.nb : nullptr,
                            a.nb, xs, a.g0, a.g1, a.first, a.last, st, row0, rows, t0, tokens);
     }
   }
 }
 
+template <int kIsa>
+CR_SIMD_INLINE void PackedChunkIsa(const ChunkArgs& a, bool blocked) {
+  constexpr int MR = PackTile<kIsa>::kMR, NR = PackTile<kIsa>::kNR;
+  if (blocked) return PackedChunkBody<true, MR, NR>(a);
+  PackedChunkBody<false, MR, NR>(a);
+}
+
 __attribute__((noinline)) void PackedChunkGeneric(const ChunkArgs& a, bool blocked) {
-  if (blocked) return PackedChunkBody<true>(a);
-  PackedChunkBody<false>(a);
+  PackedChunkIsa<kIsaGeneric>(a, blocked);
 }
 
 #if defined(__x86_64__)
+#define CR_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
 __attribute__((target("avx2"), noinline)) void PackedChunkAvx2(const ChunkArgs& a, bool blocked) {
-  if (blocked) return PackedChunkBody<true>(a);
-  PackedChunkBody<false>(a);
+  PackedChunkIsa<kIsaAvx2>(a, blocked);
+}
+CR_AVX512_TARGET __attribute__((noinline)) void PackedChunkAvx512(const ChunkArgs& a, bool blocked) {
+  PackedChunkIsa<kIsaAvx512>(a, blocked);
 }
 #endif
 
 template <class W>
 CR_SIMD_INLINE void PackedRows(const DotJob& j, const Plan& p, const W& terms, int64_t r0, int64_t r1, int64_t nb) {
+  constexpr int kMR = PackTile<W::kIsa>::kMR, kNR = PackTile<W::kIsa>::kNR;
   const QWeight& w = *j.w;
   const int64_t groups = (w.cols + 7) / 8;
   const int64_t gpb = p.block > 0 ? p.block / 8 : 1;
@@ -768,11 +803,14 @@ CR_SIMD_INLINE void PackedRows(const DotJob& j, const Plan& p, const W& terms, i
       for (int64_t m = 0; m < tiles; ++m) {
         const int64_t row0 = r0 + m * kMR;
         const int rows = static_cast<int>(std::min<int64_t>(kMR, r1 - row0));
-        PackA<W>(terms, p, row0, rows, need_rs ? rs + (row0 - r0) * nb : nullptr, nb, a.g0, a.g1,
+        PackA<W, kMR>(terms, p, row0, rows, need_rs ? rs + (row0 - r0) * nb : nullptr, nb, a.g0, a.g1,
                  ap + m * cg * kMR * 8);
       }
 #if defined(__x86_64__)
-      if constexpr (W::kAvx2) {
+      if constexpr (W::kIsa == kIsaAvx512) {
+        PackedChunkAvx512(a, W::kBlocks);
+        continue;
+      } else if constexpr (W::kIsa == kIsaAvx2) {
         PackedChunkAvx2(a, W::kBlocks);
         continue;
       }
@@ -782,15 +820,15 @@ CR_SIMD_INLINE void PackedRows(const DotJob& j, const Plan& p, const W& terms, i
   }
 }
 
-template <WFormat F, bool kRound, bool kBlocked, bool kPermute>
+template <WFormat F, bool kRound, bool kBlocked, int kIsa>
 CR_SIMD_INLINE void RunRowsF(const DotJob& j, const Plan& p, int64_t r0, int64_t r1) {
-  using W = Terms<F, kRound, kBlocked, kPermute>;
+  using W = Terms<F, kRound, kBlocked, kIsa>;
   const int64_t nb = p.block > 0 ? (j.w->cols + p.block - 1) / p.block : 0;
   const W terms{j.w, j.w->cols / 8, ScaleTableFor(*j.w, p)};
   if (j.tokens > kDirectTokens) return PackedRows(j, p, terms, r0, r1, nb);
   for (int64_t t0 = 0; t0 < j.tokens; t0 += 2) {
-    if (W::kAvx2 && j.tokens - t0 >= 2) {
-      DirectRows<W, W::kAvx2 ? 2 : 1>(j, p, terms, r0, r1, nb, t0);
+    if (W::kIsa >= kIsaAvx2 && j.tokens - t0 >= 2) {
+      DirectRows<W, W::kIsa >= kIsaAvx2 ? 2 : 1>(j, p, terms, r0, r1, nb, t0);
     } else {
       // The generic build takes one token at a time (fewer instantiations).
       for (int64_t t = t0; t < std::min(j.tokens, t0 + 2); ++t) DirectRows<W, 1>(j, p, terms, r0, r1, nb, t);
@@ -800,31 +838,31 @@ CR_SIMD_INLINE void RunRowsF(const DotJob& j, const Plan& p, int64_t r0, int64_t
 
 // Scales exist only on fp8 and fp4 storage (DotCovered leaves the others'
 // scaled shapes to the work items), so only those get the scaled shapes.
-template <bool kRound, bool kBlocked, bool kPermute>
+template <bool kRound, bool kBlocked, int kIsa>
 CR_SIMD_INLINE void RunRowsR(const DotJob& j, const Plan& p, int64_t r0, int64_t r1) {
   switch (j.w->format) {
-    case WFormat::kE4m3: return RunRowsF<WFormat::kE4m3, kRound, kBlocked, kPermute>(j, p, r0, r1);
-    case WFormat::kE2m1: return RunRowsF<WFormat::kE2m1, kRound, kBlocked, kPermute>(j, p, r0, r1);
+    case WFormat::kE4m3: return RunRowsF<WFormat::kE4m3, kRound, kBlocked, kIsa>(j, p, r0, r1);
+    case WFormat::kE2m1: return RunRowsF<WFormat::kE2m1, kRound, kBlocked, kIsa>(j, p, r0, r1);
     default: break;
   }
   if constexpr (kRound || kBlocked) {
     std::abort();  // DotCovered refused this shape
   } else {
     switch (j.w->format) {
-      case WFormat::kF32: return RunRowsF<WFormat::kF32, false, false, kPermute>(j, p, r0, r1);
-      case WFormat::kBF16: return RunRowsF<WFormat::kBF16, false, false, kPermute>(j, p, r0, r1);
-      case WFormat::kF16: return RunRowsF<WFormat::kF16, false, false, kPermute>(j, p, r0, r1);
+      case WFormat::kF32: return RunRowsF<WFormat::kF32, false, false, kIsa>(j, p, r0, r1);
+      case WFormat::kBF16: return RunRowsF<WFormat::kBF16, false, false, kIsa>(j, p, r0, r1);
+      case WFormat::kF16: return RunRowsF<WFormat::kF16, false, false, kIsa>(j, p, r0, r1);
       default: break;
     }
   }
 }
 
-template <bool kPermute>
+template <int kIsa>
 CR_SIMD_INLINE void RunRowsBody(const DotJob& j, int64_t r0, int64_t r1) {
   const Plan p = MakePlan(*j.w, j.kind, j.q, j.x_global);
-  if (p.round) return RunRowsR<true, false, kPermute>(j, p, r0, r1);
-  if (p.blocked) return RunRowsR<false, true, kPermute>(j, p, r0, r1);
-  return RunRowsR<false, false, kPermute>(j, p, r0, r1);
+  if (p.round) return RunRowsR<true, false, kIsa>(j, p, r0, r1);
+  if (p.blocked) return RunRowsR<false, true, kIsa>(j, p, r0, r1);
+  return RunRowsR<false, false, kIsa>(j, p, r0, r1);
 }
 
 // The vector primitives alone, for the tests.
@@ -846,7 +884,7 @@ CR_SIMD_INLINE void PrimitivesBody(WFormat f, const void* data, int64_t i0, cons
   Store8(out + 16, LaneSums8(l));
 }
 
-void RunRowsGeneric(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<false>(j, r0, r1); }
+void RunRowsGeneric(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaGeneric>(j, r0, r1); }
 void PrimitivesGeneric(WFormat f, const void* data, int64_t i0, const float* round_in, const float* lanes_in,
                        float* out) {
   PrimitivesBody(f, data, i0, round_in, lanes_in, out);
@@ -854,10 +892,15 @@ void PrimitivesGeneric(WFormat f, const void* data, int64_t i0, const float* rou
 
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) void RunRowsAvx2(const DotJob& j, int64_t r0, int64_t r1) {
-  RunRowsBody<true>(j, r0, r1);
+  RunRowsBody<kIsaAvx2>(j, r0, r1);
 }
+CR_AVX512_TARGET void RunRowsAvx512(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaAvx512>(j, r0, r1); }
 __attribute__((target("avx2"))) void PrimitivesAvx2(WFormat f, const void* data, int64_t i0, const float* round_in,
                                                     const float* lanes_in, float* out) {
+  PrimitivesBody(f, data, i0, round_in, lanes_in, out);
+}
+CR_AVX512_TARGET void PrimitivesAvx512(WFormat f, const void* data, int64_t i0, const float* round_in,
+                                       const float* lanes_in, float* out) {
   PrimitivesBody(f, data, i0, round_in, lanes_in, out);
 }
 #endif
@@ -901,6 +944,7 @@ bool DotMayFail(const QWeight& w, DotKind kind, bool q) {
 void RunRows(const DotJob& job, int64_t r0, int64_t r1, CpuIsa isa) {
   if (r1 <= r0 || job.tokens <= 0) return;
 #if defined(__x86_64__)
+  if (isa == CpuIsa::kAvx512) return RunRowsAvx512(job, r0, r1);
   if (isa == CpuIsa::kAvx2) return RunRowsAvx2(job, r0, r1);
 #else
   (void)isa;
@@ -911,6 +955,7 @@ void RunRows(const DotJob& job, int64_t r0, int64_t r1, CpuIsa isa) {
 void VectorPrimitivesForTest(WFormat f, const void* data, int64_t i0, const float* round_in, const float* lanes_in,
                              float* out, CpuIsa isa) {
 #if defined(__x86_64__)
+  if (isa == CpuIsa::kAvx512) return PrimitivesAvx512(f, data, i0, round_in, lanes_in, out);
   if (isa == CpuIsa::kAvx2) return PrimitivesAvx2(f, data, i0, round_in, lanes_in, out);
 #else
   (void)isa;

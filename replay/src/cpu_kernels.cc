@@ -36,26 +36,33 @@ const char* CpuIsaName(CpuIsa isa) {
     case CpuIsa::kReference: return "reference";
     case CpuIsa::kGeneric: return "generic";
     case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
   }
   return "unknown";
 }
 
 bool CpuIsaSupported(CpuIsa isa) {
-  if (isa != CpuIsa::kAvx2) return true;
+  if (isa != CpuIsa::kAvx2 && isa != CpuIsa::kAvx512) return true;
 #if defined(__x86_64__)
-  return __builtin_cpu_supports("avx2");
+  if (isa == CpuIsa::kAvx2) return __builtin_cpu_supports("avx2");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 #else
   return false;
 #endif
 }
 
 CpuIsa DefaultCpuIsa() {
-  const CpuIsa best = CpuIsaSupported(CpuIsa::kAvx2) ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
+  const CpuIsa best = CpuIsaSupported(CpuIsa::kAvx512) ? CpuIsa::kAvx512
+                      : CpuIsaSupported(CpuIsa::kAvx2) ? CpuIsa::kAvx2
+                                                       : CpuIsa::kGeneric;
   const char* e = std::getenv("CRASHREPLAY_CPU_KERNELS");
   if (e == nullptr) return best;
   const std::string_view v(e);
   if (v == "reference") return CpuIsa::kReference;
   if (v == "generic") return CpuIsa::kGeneric;
+  if (v == "avx2" && CpuIsaSupported(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
+  if (v == "avx512" && CpuIsaSupported(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   return best;
 }
 

@@ -100,6 +100,7 @@ TEST_P(FastKernelsMatchWorkItems, EveryKernelOfEveryStep) {
   EXPECT_EQ(ref.result.fault.has_value(), ue8m0) << "only the ue8m0 case fails";
   std::vector<std::string> isas{"generic"};
   if (CpuIsaSupported(CpuIsa::kAvx2)) isas.push_back("avx2");
+  if (CpuIsaSupported(CpuIsa::kAvx512)) isas.push_back("avx512");
   for (const std::string& isa : isas) {
     for (int threads : {1, 2}) {
       SCOPED_TRACE(isa + " threads=" + std::to_string(threads));

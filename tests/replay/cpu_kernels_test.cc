@@ -44,6 +44,7 @@ bool IsFp4(Fmt f) { return f == Fmt::kNvfp4 || f == Fmt::kNvfp4F32Scales || f ==
 std::vector<CpuIsa> Isas() {
   std::vector<CpuIsa> v{CpuIsa::kGeneric};
   if (CpuIsaSupported(CpuIsa::kAvx2)) v.push_back(CpuIsa::kAvx2);
+  if (CpuIsaSupported(CpuIsa::kAvx512)) v.push_back(CpuIsa::kAvx512);
   return v;
 }
 

@@ -38,7 +38,9 @@
 
 namespace crashreplay::replay {
 
-enum class CpuIsa { kReference, kGeneric, kAvx2 };
+// kAvx512: the AVX2 kernels' arithmetic built for AVX-512 (F, VL, BW, DQ):
+// 32 vector registers (larger tiles) and two-table permutes; same bits.
+enum class CpuIsa { kReference, kGeneric, kAvx2, kAvx512 };
 
 const char* CpuIsaName(CpuIsa isa);
 // Whether this CPU runs `isa` (kReference and kGeneric: always).
