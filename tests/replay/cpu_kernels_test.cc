@@ -5,12 +5,10 @@
 // do not cover, a failing UE8M0 scale among it.
 #include <gtest/gtest.h>
 
-#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cpu_dot.h"
@@ -18,6 +16,7 @@
 #include "crashreplay/replay/cpu_kernels.h"
 #include "crashreplay/replay/cpu_pool.h"
 #include "crashreplay/replay/ops.h"
+#include "lanes_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -442,26 +441,10 @@ TEST(CpuKernels, AFailingUe8m0ScaleLeavesTheOpToTheWorkItems) {
 
 // ---- the GPU linear kernel's decomposition ----------------------------------
 // Eight threads, one per lane, run LinearRowsLane in step and exchange their
-// partial sums through shared slots in the xor pattern of the CUDA kernel's
-// shuffles (1, 2, 4; own value first), one token at a time (the kernel's
-// GEMV) or in chunks of kLinearTokens-like 8 (its GEMM). Every element must
-// have LinearRow's bits (NaN as NaN) and a failing UE8M0 scale the same
-// fault.
-struct BarrierLanes {
-  std::barrier<>* bar;
-  float* slots;
-  int j;
-  float Sum(float v) const {
-    for (int m : {1, 2, 4}) {
-      slots[j] = v;
-      bar->arrive_and_wait();
-      const float other = slots[j ^ m];
-      bar->arrive_and_wait();
-      v = v + other;
-    }
-    return v;
-  }
-};
+// partial sums as the CUDA kernel's shuffles do (lanes_test_util.h), one
+// token at a time (the kernel's GEMV) or in chunks of kLinearTokens-like 8
+// (its GEMM). Every element must have LinearRow's bits (NaN as NaN) and a
+// failing UE8M0 scale the same fault.
 
 // Runs `op` on eight lane threads in chunks of kT tokens; returns lane 0's
 // status per (rank, chunk, row), in that order.
@@ -469,21 +452,14 @@ template <int kT>
 std::vector<KernelStatus> RunOnLanes(const LinearOp& op) {
   const int64_t chunks = (op.tokens + kT - 1) / kT, n = op.ranks * chunks * op.rows;
   std::vector<KernelStatus> st(static_cast<size_t>(n) * 8);
-  std::barrier<> bar(8);
-  float slots[8];
-  std::vector<std::thread> lanes;
-  for (int j = 0; j < 8; ++j) {
-    lanes.emplace_back([&, j] {
-      const BarrierLanes l{&bar, slots, j};
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t rc = i / op.rows, rank = rc / chunks, t0 = (rc % chunks) * kT;
-        const int nt = static_cast<int>(std::min<int64_t>(kT, op.tokens - t0));
-        LinearRowsLane<kT>(op, rank, t0, nt, i % op.rows, LinearInput(op, rank * op.tokens + t0), j, l,
-                           &st[i * 8 + j]);
-      }
-    });
-  }
-  for (std::thread& t : lanes) t.join();
+  testing::OnEightLanes([&](int j, const testing::BarrierLanes& l) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t rc = i / op.rows, rank = rc / chunks, t0 = (rc % chunks) * kT;
+      const int nt = static_cast<int>(std::min<int64_t>(kT, op.tokens - t0));
+      LinearRowsLane<kT>(op, rank, t0, nt, i % op.rows, LinearInput(op, rank * op.tokens + t0), j, l,
+                         &st[i * 8 + j]);
+    }
+  });
   std::vector<KernelStatus> lane0(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     for (int j = 1; j < 8; ++j) EXPECT_EQ(st[i * 8 + j].fired, st[i * 8].fired) << "lanes disagree, element " << i;

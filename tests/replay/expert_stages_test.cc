@@ -1,13 +1,17 @@
 // The experts in three stages (ops.h, ExpertStageItem), which the CUDA
 // executor launches instead of one thread per token: run serially here on
 // every routed- and shared-expert kernel of recorded steps, they must give
-// the partial sums RunItem gives, bit for bit, from the same inputs.
+// the partial sums RunItem gives, bit for bit, from the same inputs. So must
+// the dot-product stages on eight lanes (ExpertStageItemLane, the CUDA
+// kernel's decomposition) on eight threads that combine their sums as its
+// shuffles do, on the first expert kernels of each step.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <variant>
 
 #include "exec_replay_test_util.h"
+#include "lanes_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -35,6 +39,30 @@ std::vector<float> Staged(E o, KernelStatus* st) {
   return partial;
 }
 
+// Staged, with stages 0 and 2 on eight lane threads (stage 1 serial, as the
+// CUDA executor runs it on a thread an item).
+template <typename E>
+std::vector<float> StagedOnLanes(E o, KernelStatus* st) {
+  const int64_t n = o.ranks * o.tokens * o.hidden;
+  std::vector<float> partial(o.partial, o.partial + n);
+  o.partial = partial.data();
+  std::vector<float> ws(static_cast<size_t>(ExpertStageItems(o, 1) * ExpertSlotFloats(o.inter)), -1.0f);
+  for (int stage = 0; stage < 3; ++stage) {
+    const int64_t items = ExpertStageItems(o, stage);
+    if (stage == 1) {
+      for (int64_t i = 0; i < items; ++i) ExpertStageItem(o, stage, i, ws.data(), st);
+      continue;
+    }
+    std::vector<KernelStatus> lane_st(8);
+    testing::OnEightLanes([&](int j, const testing::BarrierLanes& l) {
+      for (int64_t i = 0; i < items; ++i) ExpertStageItemLane(o, stage, i, ws.data(), j, l, &lane_st[j]);
+    });
+    for (int j = 1; j < 8; ++j) EXPECT_EQ(lane_st[j].fired, lane_st[0].fired) << "lanes disagree";
+    if (lane_st[0].fired && !st->fired) *st = lane_st[0];
+  }
+  return partial;
+}
+
 class ExpertStages : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ExpertStages, GiveRunItemsBits) {
@@ -53,7 +81,11 @@ TEST_P(ExpertStages, GiveRunItemsBits) {
   auto kv = KvCache::Create(run.engine->model(), run.engine->config(), testing::EnginePages(*run.engine), exec->get());
   ASSERT_TRUE(kv.ok());
   int compared = 0;
+  // The lane threads meet at a barrier per sum: a few kernels a step.
+  constexpr int kLaneKernelsPerStep = 2;
+  int on_lanes = 0;
   for (size_t s = 0; s < run.inputs.size(); ++s) {
+    int lane_kernels = 0;
     auto step = StepProgram::Lower(**dm, run.engine->config(), kv->get(), run.inputs[s]);
     ASSERT_FALSE(step->fault());
     step->set_watch(false);
@@ -63,8 +95,19 @@ TEST_P(ExpertStages, GiveRunItemsBits) {
       std::vector<std::pair<float*, std::vector<float>>> want;
       KernelStatus st;
       for (const Op& op : k.ops) {
-        if (const auto* e = std::get_if<ExpertsOp>(&op)) want.emplace_back(e->partial, Staged(*e, &st));
-        if (const auto* e = std::get_if<SharedExpertOp>(&op)) want.emplace_back(e->partial, Staged(*e, &st));
+        const bool lanes = lane_kernels < kLaneKernelsPerStep;
+        if (const auto* e = std::get_if<ExpertsOp>(&op)) {
+          want.emplace_back(e->partial, Staged(*e, &st));
+          if (lanes) want.emplace_back(e->partial, StagedOnLanes(*e, &st));
+        }
+        if (const auto* e = std::get_if<SharedExpertOp>(&op)) {
+          want.emplace_back(e->partial, Staged(*e, &st));
+          if (lanes) want.emplace_back(e->partial, StagedOnLanes(*e, &st));
+        }
+        if (lanes && (std::holds_alternative<ExpertsOp>(op) || std::holds_alternative<SharedExpertOp>(op))) {
+          ++lane_kernels;
+          ++on_lanes;
+        }
       }
       EXPECT_FALSE(st.fired);
       ASSERT_FALSE(step->RunNext()) << step->status();
@@ -76,6 +119,7 @@ TEST_P(ExpertStages, GiveRunItemsBits) {
     }
   }
   EXPECT_GT(compared, 0) << "no expert kernel ran";
+  EXPECT_GT(on_lanes, 0) << "no expert kernel ran on lanes";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -93,16 +93,40 @@ __global__ void __launch_bounds__(kBlockThreads) ExpertStageKernel(E op, int sta
   }
 }
 
+// Stage 0 or 2 of the experts (ops.h, ExpertStageItemLane) on eight
+// adjacent threads per item, grid-stride: the eight threads of an item take
+// the loop together, so their shuffles meet.
+template <typename E>
+__global__ void __launch_bounds__(kBlockThreads) ExpertStageLanesKernel(E op, int stage, int64_t items, LaunchArgs a) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 8;
+  const int j = static_cast<int>(threadIdx.x & 7);
+  const ShuffleLanes lanes{0xffu << (threadIdx.x & 24)};
+  for (int64_t i = tid / 8; i < items; i += stride) {
+    KernelStatus st;
+    ExpertStageItemLane(op, stage, i, a.scratch, j, lanes, &st);
+    if (st.fired && j == 0) RecordFaultAndAssert(a.fault, a.launch, a.layer, E::kKind, st);
+  }
+}
+
 int64_t Blocks(int64_t threads, int per_block = kBlockThreads) { return (threads + per_block - 1) / per_block; }
 
 // The three stages in stream order; the workspace is the launch scratch.
+// The dot-product stages (0: gate/up rows, 2: down rows) run eight threads
+// an item: on an H200 the qwen3_moe NVFP4 decode step's experts took 8.3 of
+// its 31 ms with a thread an item.
 template <typename E>
 cudaError_t EnqueueExpertStages(const E& op, const LaunchArgs& a, cudaStream_t stream) {
   for (int stage = 0; stage < 3; ++stage) {
     const int64_t items = ExpertStageItems(op, stage);
     if (items <= 0) return cudaSuccess;
-    const int64_t blocks = Blocks(items) < (int64_t{1} << 30) ? Blocks(items) : (int64_t{1} << 30);
-    ExpertStageKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, stage, items, a);
+    const int64_t threads = stage == 1 ? items : 8 * items;
+    const int64_t blocks = Blocks(threads) < (int64_t{1} << 30) ? Blocks(threads) : (int64_t{1} << 30);
+    if (stage == 1) {
+      ExpertStageKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, stage, items, a);
+    } else {
+      ExpertStageLanesKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, stage, items, a);
+    }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -3,8 +3,9 @@
 //
 // Geometry: ItemKernel runs one work item per thread, 256 threads a block, a
 // grid-stride loop; the routed and shared experts run in three stages
-// (ops.h, ExpertStageItem: gate/up rows, activation, down rows), one stage
-// element per thread, in a workspace; ops with per-item scratch cap the grid at
+// (ops.h, ExpertStageItem: gate/up rows, activation, down rows) in a
+// workspace, the rows' stages eight threads an element
+// (ExpertStageItemLane), the activation a thread a slot; ops with per-item scratch cap the grid at
 // kMaxScratchThreads threads so the scratch workspace (threads x
 // ScratchFloats) stays bounded. LinearOp uses a tiled kernel: one block row
 // per (rank, token), the input row staged in shared memory, threads over

@@ -634,6 +634,62 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
   *out = acc;
 }
 
+// Stages 0 and 2 of ExpertStageItem on lane j of eight (kernels/linear.h,
+// LinearElementsLane and LinearElementsLaneQ; `lanes.Sum` as there): every
+// lane computes each element, lane 0 writes it, so the bits and the first
+// fault are ExpertStageItem's. Whether a slot is skipped depends on the
+// item only, so the eight lanes take the same branches. Stage 1 has no dot
+// product: run it with ExpertStageItem.
+template <typename E, class Lanes>
+CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int j, const Lanes& lanes,
+                               KernelStatus* st) {
+  const int64_t K = ExpertSlots(o), H = o.hidden, S = ExpertSlotFloats(o.inter);
+  if (stage == 0) {
+    const int64_t row = i % o.inter, slot = i / o.inter, k = slot % K, rt = slot / K;
+    const int64_t r = rt / o.tokens, t = rt % o.tokens;
+    const ExpertView* e = SlotExpert(o, r, t, k);
+    if (e == nullptr || row >= e->gate.rows) return;
+    float g = 0.0f, u = 0.0f;
+    if (o.xq != nullptr && e->gate.act_fp4) {
+      const QWeight xq = Fp4Row(o.xq, o.xq_scales, t, H, e->gate.act_scale);
+      LinearElementsLaneQ<1>(o.dot, e->gate, &xq, 1, row, j, rt, st, lanes, &g);
+      LinearElementsLaneQ<1>(o.dot, e->up, &xq, 1, row, j, rt, st, lanes, &u);
+    } else {
+      const float* x = o.x + t * H;
+      LinearElementsLane<1>(o.dot, e->gate, &x, 1, row, j, rt, st, lanes, &g);
+      LinearElementsLane<1>(o.dot, e->up, &x, 1, row, j, rt, st, lanes, &u);
+    }
+    if (j == 0) {
+      float* gs = ws + slot * S;
+      gs[row] = g;
+      gs[e->gate.rows + row] = u;
+    }
+    return;
+  }
+  if (stage == 1) return;  // no dot product: ExpertStageItem
+  const int64_t rt = i / H, row = i % H, r = rt / o.tokens, t = rt % o.tokens;
+  float* out = o.partial + rt * H + row;
+  float acc = ZeroesPartial(o) ? 0.0f : *out;
+  for (int64_t k = 0; k < K; ++k) {
+    const ExpertView* e = SlotExpert(o, r, t, k);
+    if (e == nullptr) continue;
+    const float* base = ws + (rt * K + k) * S;
+    if (base[S - 1] != 0.0f) continue;  // its quantization failed: ExpertMlp stopped there
+    const int64_t mi = e->gate.rows;
+    const float* a = base + 2 * mi;
+    float v = 0.0f;
+    if (!e->down.act_fp4) {
+      LinearElementsLane<1>(o.dot, e->down, &a, 1, row, j, rt, st, lanes, &v);
+    } else {
+      const uint8_t* values = reinterpret_cast<const uint8_t*>(a + mi);
+      const QWeight aq = Nvfp4ActRow(values, values + Nvfp4ActValueBytes(mi), mi, e->down.act_scale);
+      LinearElementsLaneQ<1>(o.dot, e->down, &aq, 1, row, j, rt, st, lanes, &v);
+    }
+    acc = MulAdd(acc, SlotWeight(o, t, k), v);
+  }
+  if (j == 0) *out = acc;
+}
+
 CR_HD int64_t Items(const GatherLogitsOp& o) { return o.rows * o.ranks; }
 CR_HD int64_t ScratchFloats(const GatherLogitsOp&) { return 0; }
 CR_HD void RunItem(const GatherLogitsOp& o, int64_t i, float*, KernelStatus*) {
