@@ -1,9 +1,12 @@
 // Kernel bodies against naive formulas, and their checks.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "crashreplay/replay/cpu_pool.h"
@@ -408,6 +411,41 @@ TEST(CpuPool, OneAndTwoThreadsGiveSameBitsAndSameFirstFault) {
   EXPECT_EQ(s1.fired, 1u);
   EXPECT_EQ(s1.item, s2.item);
   EXPECT_EQ(s1.index, s2.index);
+}
+
+// Back-to-back launches of every size around the thread count, with
+// launches that end while workers are still polling and ones that follow a
+// pause long enough for them to block: every item runs exactly once per
+// launch, and a launch returns the lowest failing item.
+TEST(CpuPool, BackToBackLaunchesRunEveryItemOnceAndReportTheFirstFault) {
+  for (int threads : {2, 3, 8}) {
+    SCOPED_TRACE("threads=" + std::to_string(threads));
+    CpuPool pool(threads);
+    std::vector<std::atomic<int>> hits(64);
+    for (int round = 0; round < 400; ++round) {
+      const int64_t n = round % 20;
+      for (auto& h : hits) h.store(0);
+      const int64_t fail_at = round % 3 == 0 ? n / 2 : -1;
+      const KernelStatus st = pool.Launch(n, [&](int64_t i, KernelStatus* s) {
+        hits[i].fetch_add(1);
+        if (fail_at >= 0 && i >= fail_at) Fail(s, Check::kProbFinite, i, 0, 0.0);
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        // A worker stops at its first failing item: items after it in its range may not run.
+        if (fail_at < 0 || i <= fail_at) {
+          ASSERT_EQ(hits[i].load(), 1) << "round " << round << " item " << i;
+        }
+      }
+      for (int64_t i = n; i < 64; ++i) ASSERT_EQ(hits[i].load(), 0);
+      if (fail_at >= 0 && n > 0) {
+        ASSERT_TRUE(st.fired) << "round " << round;
+        EXPECT_EQ(st.item, fail_at);
+      } else {
+        EXPECT_FALSE(st.fired);
+      }
+      if (round % 50 == 49) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // workers block
+    }
+  }
 }
 
 }  // namespace
