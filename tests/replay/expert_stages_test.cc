@@ -25,31 +25,19 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-// Runs the three stages of `o` serially into a copy of its partial (which
-// starts as the partial's current contents) and returns the copy.
-template <typename E>
-std::vector<float> Staged(E o, KernelStatus* st) {
-  const int64_t n = o.ranks * o.tokens * o.hidden;
-  std::vector<float> partial(o.partial, o.partial + n);
-  o.partial = partial.data();
-  std::vector<float> ws(static_cast<size_t>(ExpertStageItems(o, 1) * ExpertSlotFloats(o.inter)), -1.0f);
-  for (int stage = 0; stage < 3; ++stage) {
-    for (int64_t i = 0; i < ExpertStageItems(o, stage); ++i) ExpertStageItem(o, stage, i, ws.data(), st);
-  }
-  return partial;
-}
-
-// Staged, with stages 0 and 2 on eight lane threads (stage 1 serial, as the
+// Runs the three stages of `o` into a copy of its partial (which starts as
+// the partial's current contents) and returns the copy: serially, or with
+// stages 0 and 2 on eight lane threads (`lanes`; stage 1 serial, as the
 // CUDA executor runs it on a thread an item).
 template <typename E>
-std::vector<float> StagedOnLanes(E o, KernelStatus* st) {
+std::vector<float> Staged(E o, bool lanes, KernelStatus* st) {
   const int64_t n = o.ranks * o.tokens * o.hidden;
   std::vector<float> partial(o.partial, o.partial + n);
   o.partial = partial.data();
   std::vector<float> ws(static_cast<size_t>(ExpertStageItems(o, 1) * ExpertSlotFloats(o.inter)), -1.0f);
   for (int stage = 0; stage < 3; ++stage) {
     const int64_t items = ExpertStageItems(o, stage);
-    if (stage == 1) {
+    if (!lanes || stage == 1) {
       for (int64_t i = 0; i < items; ++i) ExpertStageItem(o, stage, i, ws.data(), st);
       continue;
     }
@@ -97,12 +85,12 @@ TEST_P(ExpertStages, GiveRunItemsBits) {
       for (const Op& op : k.ops) {
         const bool lanes = lane_kernels < kLaneKernelsPerStep;
         if (const auto* e = std::get_if<ExpertsOp>(&op)) {
-          want.emplace_back(e->partial, Staged(*e, &st));
-          if (lanes) want.emplace_back(e->partial, StagedOnLanes(*e, &st));
+          want.emplace_back(e->partial, Staged(*e, false, &st));
+          if (lanes) want.emplace_back(e->partial, Staged(*e, true, &st));
         }
         if (const auto* e = std::get_if<SharedExpertOp>(&op)) {
-          want.emplace_back(e->partial, Staged(*e, &st));
-          if (lanes) want.emplace_back(e->partial, StagedOnLanes(*e, &st));
+          want.emplace_back(e->partial, Staged(*e, false, &st));
+          if (lanes) want.emplace_back(e->partial, Staged(*e, true, &st));
         }
         if (lanes && (std::holds_alternative<ExpertsOp>(op) || std::holds_alternative<SharedExpertOp>(op))) {
           ++lane_kernels;

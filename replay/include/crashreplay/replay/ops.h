@@ -575,6 +575,26 @@ CR_HD int64_t ExpertStageItems(const E& o, int stage) {
   return stage == 0 ? rt * ExpertSlots(o) * o.inter : stage == 1 ? rt * ExpertSlots(o) : rt * o.hidden;
 }
 
+// Stage 2's slot k of rank-token rt: its expert, with its activation row
+// (`a`, and under w4a4 the row's NVFP4 codes in `aq`), or null when the slot
+// is another rank's expert or its quantization failed (ExpertMlp stopped
+// there).
+template <typename E>
+CR_HD const ExpertView* DownSlot(const E& o, int64_t rt, int64_t k, const float* ws, const float** a, QWeight* aq) {
+  const int64_t S = ExpertSlotFloats(o.inter);
+  const ExpertView* e = SlotExpert(o, rt / o.tokens, rt % o.tokens, k);
+  if (e == nullptr) return nullptr;
+  const float* base = ws + (rt * ExpertSlots(o) + k) * S;
+  if (base[S - 1] != 0.0f) return nullptr;
+  const int64_t mi = e->gate.rows;
+  *a = base + 2 * mi;
+  if (e->down.act_fp4) {
+    const uint8_t* values = reinterpret_cast<const uint8_t*>(*a + mi);
+    *aq = Nvfp4ActRow(values, values + Nvfp4ActValueBytes(mi), mi, e->down.act_scale);
+  }
+  return e;
+}
+
 template <typename E>
 CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelStatus* st) {
   const int64_t K = ExpertSlots(o), H = o.hidden, S = ExpertSlotFloats(o.inter);
@@ -612,24 +632,17 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
     }
     return;
   }
-  const int64_t rt = i / H, row = i % H, r = rt / o.tokens, t = rt % o.tokens;
+  const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
   float* out = o.partial + rt * H + row;
   float acc = ZeroesPartial(o) ? 0.0f : *out;
   for (int64_t k = 0; k < K; ++k) {
-    const ExpertView* e = SlotExpert(o, r, t, k);
+    const float* a = nullptr;
+    QWeight aq;
+    const ExpertView* e = DownSlot(o, rt, k, ws, &a, &aq);
     if (e == nullptr) continue;
-    const float* base = ws + (rt * K + k) * S;
-    if (base[S - 1] != 0.0f) continue;  // its quantization failed: ExpertMlp stopped there
-    const int64_t mi = e->gate.rows;
-    const float* a = base + 2 * mi;
-    const float w = SlotWeight(o, t, k);
-    if (!e->down.act_fp4) {
-      acc = MulAdd(acc, w, LinearElement(o.dot, e->down, a, row, rt, st));
-    } else {
-      const uint8_t* values = reinterpret_cast<const uint8_t*>(a + mi);
-      const QWeight aq = Nvfp4ActRow(values, values + Nvfp4ActValueBytes(mi), mi, e->down.act_scale);
-      acc = MulAdd(acc, w, LinearElementQ(o.dot, e->down, aq, row, rt, st));
-    }
+    const float v = e->down.act_fp4 ? LinearElementQ(o.dot, e->down, aq, row, rt, st)
+                                    : LinearElement(o.dot, e->down, a, row, rt, st);
+    acc = MulAdd(acc, SlotWeight(o, t, k), v);
   }
   *out = acc;
 }
@@ -667,23 +680,19 @@ CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int 
     return;
   }
   if (stage == 1) return;  // no dot product: ExpertStageItem
-  const int64_t rt = i / H, row = i % H, r = rt / o.tokens, t = rt % o.tokens;
+  const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
   float* out = o.partial + rt * H + row;
   float acc = ZeroesPartial(o) ? 0.0f : *out;
   for (int64_t k = 0; k < K; ++k) {
-    const ExpertView* e = SlotExpert(o, r, t, k);
+    const float* a = nullptr;
+    QWeight aq;
+    const ExpertView* e = DownSlot(o, rt, k, ws, &a, &aq);
     if (e == nullptr) continue;
-    const float* base = ws + (rt * K + k) * S;
-    if (base[S - 1] != 0.0f) continue;  // its quantization failed: ExpertMlp stopped there
-    const int64_t mi = e->gate.rows;
-    const float* a = base + 2 * mi;
     float v = 0.0f;
-    if (!e->down.act_fp4) {
-      LinearElementsLane<1>(o.dot, e->down, &a, 1, row, j, rt, st, lanes, &v);
-    } else {
-      const uint8_t* values = reinterpret_cast<const uint8_t*>(a + mi);
-      const QWeight aq = Nvfp4ActRow(values, values + Nvfp4ActValueBytes(mi), mi, e->down.act_scale);
+    if (e->down.act_fp4) {
       LinearElementsLaneQ<1>(o.dot, e->down, &aq, 1, row, j, rt, st, lanes, &v);
+    } else {
+      LinearElementsLane<1>(o.dot, e->down, &a, 1, row, j, rt, st, lanes, &v);
     }
     acc = MulAdd(acc, SlotWeight(o, t, k), v);
   }
