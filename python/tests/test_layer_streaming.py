@@ -30,11 +30,16 @@ def digests(replay_json):
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """A 182 MB llama whose layers are most of it (vocabulary 512), and a
-    recording of it made without limits: prefill, then two decode steps."""
+    """A 227 MB llama whose layers are most of it (10 of 22.5 MB, vocabulary
+    512), and a recording of it made without limits: prefill, then two
+    decode steps. A third of it (76 MB) must hold the process itself as well
+    as a streamed layer: the binary maps 13-20 MB of code (most of it the
+    CUDA kernels' fatbin), and a streamed replay of this model needed 56 MB
+    of address space in all when the test was sized (64 MB with a larger
+    fatbin, past the 61 MB cap that 8 layers gave)."""
     d = tmp_path_factory.mktemp("stream")
     model, rec = d / "big", d / "rec"
-    r = run("make-model", model, "--arch", "llama", "--layers", "8", "--hidden", "1024", "--heads", "16",
+    r = run("make-model", model, "--arch", "llama", "--layers", "10", "--hidden", "1024", "--heads", "16",
             "--kv-heads", "4", "--head-dim", "64", "--intermediate", "2816", "--vocab", "512")
     assert r.returncode == 0, r.stderr
     r = run("run", model, "--prompt", "Say hello in one sentence", "--max-new-tokens", "3", "--record", rec,
@@ -47,7 +52,7 @@ def big(tmp_path_factory):
 def test_a_checkpoint_three_times_the_address_space_cap_replays_bit_identically(big):
     model, rec, size = big
     cap = size // 3
-    assert size > 170e6 and cap < 61e6
+    assert size > 220e6 and cap < 77e6
     free = run("replay", rec, "--step", "2", "--json", "--set", "weights=resident")
     assert free.returncode == 0, free.stderr
     free_json = json.loads(free.stdout)

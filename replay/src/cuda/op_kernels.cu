@@ -81,14 +81,15 @@ __global__ void __launch_bounds__(kAttendThreads) AttentionBlockKernel(Attention
   }
 }
 
-// One stage of the experts (ops.h, ExpertStageItem) per thread, grid-stride.
+// The experts' stage 1 (ops.h, ExpertActivationItem) a thread a slot,
+// grid-stride.
 template <typename E>
-__global__ void __launch_bounds__(kBlockThreads) ExpertStageKernel(E op, int stage, int64_t items, LaunchArgs a) {
+__global__ void __launch_bounds__(kBlockThreads) ExpertActivationKernel(E op, int64_t items, LaunchArgs a) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = tid; i < items; i += stride) {
     KernelStatus st;
-    ExpertStageItem(op, stage, i, a.scratch, &st);
+    ExpertActivationItem(op, i, a.scratch, &st);
     if (st.fired) RecordFaultAndAssert(a.fault, a.launch, a.layer, E::kKind, st);
   }
 }
@@ -123,7 +124,7 @@ cudaError_t EnqueueExpertStages(const E& op, const LaunchArgs& a, cudaStream_t s
     const int64_t threads = stage == 1 ? items : 8 * items;
     const int64_t blocks = Blocks(threads) < (int64_t{1} << 30) ? Blocks(threads) : (int64_t{1} << 30);
     if (stage == 1) {
-      ExpertStageKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, stage, items, a);
+      ExpertActivationKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, items, a);
     } else {
       ExpertStageLanesKernel<E><<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(op, stage, items, a);
     }

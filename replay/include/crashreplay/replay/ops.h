@@ -595,6 +595,28 @@ CR_HD const ExpertView* DownSlot(const E& o, int64_t rt, int64_t k, const float*
   return e;
 }
 
+// Stage 1 alone: slot i's SiLU(gate) * up and, under w4a4, its NVFP4
+// quantization (the CUDA executor's stage-1 kernel calls it directly, so that
+// it carries no dot-product code).
+template <typename E>
+CR_HD void ExpertActivationItem(const E& o, int64_t i, float* ws, KernelStatus* st) {
+  const int64_t K = ExpertSlots(o), S = ExpertSlotFloats(o.inter);
+  const int64_t k = i % K, rt = i / K, r = rt / o.tokens, t = rt % o.tokens;
+  const ExpertView* e = SlotExpert(o, r, t, k);
+  if (e == nullptr) return;
+  float* base = ws + i * S;
+  const int64_t mi = e->gate.rows;
+  float* a = base + 2 * mi;
+  SiluMulRow(base, base + mi, mi, a);
+  base[S - 1] = 0.0f;
+  if (e->down.act_fp4) {
+    uint8_t* values = reinterpret_cast<uint8_t*>(a + mi);
+    if (!QuantizeNvfp4ActRow(a, mi, e->down.act_scale, values, values + Nvfp4ActValueBytes(mi), rt, st)) {
+      base[S - 1] = 1.0f;
+    }
+  }
+}
+
 template <typename E>
 CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelStatus* st) {
   const int64_t K = ExpertSlots(o), H = o.hidden, S = ExpertSlotFloats(o.inter);
@@ -615,23 +637,7 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
     }
     return;
   }
-  if (stage == 1) {
-    const int64_t k = i % K, rt = i / K, r = rt / o.tokens, t = rt % o.tokens;
-    const ExpertView* e = SlotExpert(o, r, t, k);
-    if (e == nullptr) return;
-    float* base = ws + i * S;
-    const int64_t mi = e->gate.rows;
-    float* a = base + 2 * mi;
-    SiluMulRow(base, base + mi, mi, a);
-    base[S - 1] = 0.0f;
-    if (e->down.act_fp4) {
-      uint8_t* values = reinterpret_cast<uint8_t*>(a + mi);
-      if (!QuantizeNvfp4ActRow(a, mi, e->down.act_scale, values, values + Nvfp4ActValueBytes(mi), rt, st)) {
-        base[S - 1] = 1.0f;
-      }
-    }
-    return;
-  }
+  if (stage == 1) return ExpertActivationItem(o, i, ws, st);
   const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
   float* out = o.partial + rt * H + row;
   float acc = ZeroesPartial(o) ? 0.0f : *out;
@@ -652,7 +658,7 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
 // lane computes each element, lane 0 writes it, so the bits and the first
 // fault are ExpertStageItem's. Whether a slot is skipped depends on the
 // item only, so the eight lanes take the same branches. Stage 1 has no dot
-// product: run it with ExpertStageItem.
+// product: run it with ExpertActivationItem.
 template <typename E, class Lanes>
 CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int j, const Lanes& lanes,
                                KernelStatus* st) {
@@ -679,7 +685,7 @@ CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int 
     }
     return;
   }
-  if (stage == 1) return;  // no dot product: ExpertStageItem
+  if (stage == 1) return;  // no dot product: ExpertActivationItem
   const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
   float* out = o.partial + rt * H + row;
   float acc = ZeroesPartial(o) ? 0.0f : *out;
