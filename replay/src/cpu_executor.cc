@@ -1,8 +1,9 @@
 // The CPU executor: ops run on a CpuPool in host memory, always kernel by
-// kernel (a fired check is reported by the Launch that ran it). Projections
-// and MoE experts go through the blocked SIMD launchers of cpu_kernels.h
-// (same bits as the work items); every other op, and an op those launchers
-// do not cover, runs its work items.
+// kernel (a fired check is reported by the Launch that ran it). Projections,
+// MoE experts and the reference attention go through the SIMD launchers of
+// cpu_kernels.h (same bits as the work items); every other op, and an op
+// those launchers do not cover, runs its work items.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -16,6 +17,9 @@ namespace crashreplay::replay {
 namespace {
 
 using text::Cat;
+
+// Item runs per thread and launch (see Launch).
+constexpr int64_t kRunsPerThread = 16;
 
 float* ThreadScratch(int64_t n) {
   thread_local std::vector<float> s;
@@ -57,9 +61,17 @@ class CpuExecutor final : public Executor {
     if (!LaunchFast(op, &st)) {
       st = std::visit(
           [this](const auto& o) {
-            const int64_t scratch = ScratchFloats(o);
-            return pool_.Launch(Items(o), [&o, scratch](int64_t i, KernelStatus* s) {
-              RunItem(o, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s);
+            const int64_t scratch = ScratchFloats(o), items = Items(o);
+            // Contiguous runs of items per pool call: an elementwise op
+            // (a tensor-parallel reduction is one item per element) would
+            // otherwise spend more in the call than in the item. A run stops
+            // at its first fault, and runs go in item order, so the first
+            // failing item is still the one reported.
+            const int64_t run = std::max<int64_t>(1, items / (int64_t{pool_.threads()} * kRunsPerThread));
+            return pool_.Launch((items + run - 1) / run, [&o, scratch, items, run](int64_t c, KernelStatus* s) {
+              float* sc = scratch > 0 ? ThreadScratch(scratch) : nullptr;
+              const int64_t end = std::min(items, (c + 1) * run);
+              for (int64_t i = c * run; i < end && !s->fired; ++i) RunItem(o, i, sc, s);
             });
           },
           op);
@@ -84,6 +96,7 @@ class CpuExecutor final : public Executor {
     if (const auto* l = std::get_if<LinearOp>(&op)) return LaunchLinearFast(*l, pool_, isa_, st);
     if (const auto* e = std::get_if<ExpertsOp>(&op)) return LaunchExpertsFast(*e, pool_, isa_, st);
     if (const auto* s = std::get_if<SharedExpertOp>(&op)) return LaunchSharedExpertFast(*s, pool_, isa_, st);
+    if (const auto* a = std::get_if<AttentionOp>(&op)) return LaunchAttentionFast(*a, pool_, isa_, st);
     return false;
   }
 

@@ -2,6 +2,7 @@
 // watcher, faults, and buffer access. The lowering is in step_lower.cc.
 #include "crashreplay/replay/step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include "crashreplay/base/status.h"
 #include "crashreplay/replay/kernel_archs.h"
 #include "text_util.h"
+#include "value_stats.h"
 
 namespace crashreplay::replay {
 
@@ -212,6 +214,20 @@ void StepProgram::Watch(const KernelCall& k, KernelRecord* rec) {
     }
     const size_t n = b.is_int ? b.i.size() : b.f.size();
     rec->numel += static_cast<int64_t>(n);
+    if (!b.is_int) {
+      const ValueStats vs = SummarizeFloats(b.f.data(), n);
+      rec->nan += vs.nan;
+      rec->inf += vs.inf;
+      if (vs.finite > 0) {
+        rec->min = first ? vs.min : std::min<double>(rec->min, vs.min);
+        rec->max = first ? vs.max : std::max<double>(rec->max, vs.max);
+        rec->max_abs = std::max<double>(rec->max_abs, vs.max_abs);
+        first = false;
+        sum_abs += vs.sum_abs;
+        count += vs.finite;
+      }
+      continue;
+    }
     for (size_t i = 0; i < n; ++i) {
       const double v = b.is_int ? b.i[i] : b.f[i];
       if (std::isnan(v)) {

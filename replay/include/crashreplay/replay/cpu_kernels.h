@@ -1,5 +1,6 @@
 // Fast CPU launchers for the ops that dominate a step: projections
-// (LinearOp) and MoE experts (ExpertsOp, SharedExpertOp). The CPU executor
+// (LinearOp), MoE experts (ExpertsOp, SharedExpertOp) and the reference
+// attention (AttentionOp). The CPU executor
 // calls them from Launch; the CUDA executor keeps launching the work items of
 // ops.h.
 //
@@ -54,5 +55,9 @@ CpuIsa DefaultCpuIsa();
 bool LaunchLinearFast(const LinearOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 bool LaunchExpertsFast(const ExpertsOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 bool LaunchSharedExpertFast(const SharedExpertOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
+// The reference attention kernel (AttentionOp backend 0) in SIMD form
+// (cpu_attention.cc): covered unless another backend, head_dim % 8 != 0, or
+// a page the work items would reject.
+bool LaunchAttentionFast(const AttentionOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 
 }  // namespace crashreplay::replay

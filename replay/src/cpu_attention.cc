@@ -1,0 +1,212 @@
+// The CPU fast launcher of the reference attention kernel (AttentionOp with
+// backend 0: prefill always, decode by default): the bits of AttendReference
+// for every (rank, token, head) item, with the work laid out for SIMD.
+//
+// AttendReference for one query row is three passes over positions 0 ..
+// len - 1: the scores q . k_j * scale (QkDot: 8 lanes, lane = dimension mod
+// 8, each lane in dimension order, then LaneSum8's tree), their maximum in
+// position order and the exponentials summed in position order, and the
+// weighted sum of the V rows in position order, times 1 / sum. Here:
+//   - scores: eight positions at a time, one 8-float vector of lanes each,
+//     summed by one LaneSums8 (the same tree) and times `scale`;
+//   - maximum, expf and the running sum: the same scalar loop (glibc's expf,
+//     called as the work item calls it: no vector exp);
+//   - output: each 8-float vector of dimensions accumulates acc + p_j * v_j
+//     for j in order (MulAdd per lane), times 1 / sum.
+// So every output element is the work item's; cpu_kernels_test compares
+// them bit for bit on every ISA, KV dtype, GQA group and page size.
+//
+// A task is the `group` query heads of one (rank, token, KV head): they read
+// the same K and V rows. Causal lengths grow with the token index, so tasks
+// take tokens in zigzag order (first, last, second, second last, ...): the
+// pool's contiguous ranges then carry about the same number of positions.
+//
+// Not covered (false, nothing written; the executor runs the work items):
+// another backend, head_dim not a multiple of 8 or not the pool's, a page
+// size < 1, and any page a row's attended length needs that the work item
+// would reject (outside the row's table or the pool): the work items report
+// that fault as before.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu_simd.h"
+#include "crashreplay/replay/cpu_kernels.h"
+
+namespace crashreplay::replay {
+namespace cpu {
+namespace {
+
+template <bool kFp8>
+CR_SIMD_INLINE f32x8 DecodeKv(const void* base, int64_t i) {
+  if constexpr (kFp8) {
+    return DecodeE4m3(static_cast<const uint8_t*>(base) + i);
+  } else {
+    return DecodeBf16(static_cast<const uint16_t*>(base) + i);
+  }
+}
+
+struct TaskScratch {
+  std::vector<int64_t> offs;  // [len] element offset of position j's row
+  std::vector<float> p;       // [len] scores, then exponentials
+};
+
+TaskScratch& Scratch() {
+  thread_local TaskScratch s;
+  return s;
+}
+
+// The `group` heads of (rank r, token t, KV head kvh).
+template <bool kFp8>
+CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64_t kvh) {
+  const KvPoolView& kv = o.views[r];
+  const int64_t hd = kv.head_dim, qd = o.heads * hd, rt = r * o.batch.tokens + t;
+  const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  const PageTableRow pt = RowTable(o.batch, t);
+  if (len <= 0) {  // no position: the work item's own body (it reads no page)
+    for (int64_t g = 0; g < o.group; ++g) {
+      const int64_t h = kvh * o.group + g;
+      KernelStatus unused;
+      AttendReference(kv, pt, o.q + rt * qd + h * hd, kvh, len, o.scale, o.out + rt * qd + h * hd, nullptr, rt,
+                      &unused);
+    }
+    return;
+  }
+  TaskScratch& s = Scratch();
+  if (static_cast<int64_t>(s.offs.size()) < len + 8) {
+    s.offs.resize(static_cast<size_t>(len + 8));
+    s.p.resize(static_cast<size_t>(len + 8));
+  }
+  int64_t* offs = s.offs.data();
+  float* p = s.p.data();
+  for (int64_t j = 0; j < len; ++j) offs[j] = KvOffset(kv, pt.pages[j / kv.page_size], j % kv.page_size, kvh);
+  const int64_t groups = hd / 8;
+  const f32x8 scale = Splat(o.scale);
+  for (int64_t g = 0; g < o.group; ++g) {
+    const int64_t h = kvh * o.group + g;
+    const float* q = o.q + rt * qd + h * hd;
+    float* out = o.out + rt * qd + h * hd;
+    // Scores, eight positions at a time (the last block's missing positions
+    // sum zeros and are not stored).
+    for (int64_t j0 = 0; j0 < len; j0 += 8) {
+      f32x8 lane[8];
+      for (int k = 0; k < 8; ++k) lane[k] = Zero8();
+      const int64_t n = len - j0 < 8 ? len - j0 : 8;
+      for (int64_t d = 0; d < groups; ++d) {
+        const f32x8 qv = Load8(q + 8 * d);
+        for (int k = 0; k < 8; ++k) {
+          if (k < n) lane[k] = lane[k] + qv * DecodeKv<kFp8>(kv.k, offs[j0 + k] + 8 * d);
+        }
+      }
+      const f32x8 sc = LaneSums8(lane) * scale;
+      if (n == 8) {
+        Store8(p + j0, sc);
+      } else {
+        float tmp[8];
+        Store8(tmp, sc);
+        for (int64_t k = 0; k < n; ++k) p[j0 + k] = tmp[k];
+      }
+    }
+    float m = -INFINITY;
+    for (int64_t j = 0; j < len; ++j) m = p[j] > m ? p[j] : m;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < len; ++j) {
+      p[j] = expf(p[j] - m);
+      sum += p[j];
+    }
+    const float inv = 1.0f / sum;
+    // Output: 64 dimensions (eight vectors) at a time, positions in order.
+    for (int64_t d0 = 0; d0 < groups; d0 += 8) {
+      const int64_t nv = groups - d0 < 8 ? groups - d0 : 8;
+      f32x8 acc[8];
+      for (int k = 0; k < 8; ++k) acc[k] = Zero8();
+      for (int64_t j = 0; j < len; ++j) {
+        const f32x8 pj = Splat(p[j]);
+        const int64_t base = offs[j] + 8 * d0;
+        for (int k = 0; k < 8; ++k) {
+          if (k < nv) acc[k] = acc[k] + pj * DecodeKv<kFp8>(kv.v, base + 8 * k);
+        }
+      }
+      for (int k = 0; k < 8; ++k) {
+        if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
+      }
+    }
+  }
+}
+
+struct TaskRange {
+  const AttentionOp* o;
+  int64_t begin, end;  // task indices
+};
+
+// Task index -> (rank, KV head, token); tokens in zigzag order.
+template <bool kFp8>
+CR_SIMD_INLINE void RunTasks(const TaskRange& a) {
+  const AttentionOp& o = *a.o;
+  const int64_t T = o.batch.tokens, kvheads = o.heads / o.group;
+  for (int64_t i = a.begin; i < a.end; ++i) {
+    const int64_t z = i % T, rk = i / T;
+    const int64_t t = (z & 1) == 0 ? z / 2 : T - 1 - z / 2;
+    AttendTask<kFp8>(o, rk / kvheads, t, rk % kvheads);
+  }
+}
+
+__attribute__((noinline)) void RunTasksGeneric(const TaskRange& a, bool fp8) {
+  if (fp8) return RunTasks<true>(a);
+  RunTasks<false>(a);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"), noinline)) void RunTasksAvx2(const TaskRange& a, bool fp8) {
+  if (fp8) return RunTasks<true>(a);
+  RunTasks<false>(a);
+}
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void RunTasksAvx512(const TaskRange& a,
+                                                                                          bool fp8) {
+  if (fp8) return RunTasks<true>(a);
+  RunTasks<false>(a);
+}
+#endif
+
+}  // namespace
+}  // namespace cpu
+
+bool LaunchAttentionFast(const AttentionOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
+  *status = KernelStatus{};
+  if (isa == CpuIsa::kReference || o.backend != 0 || o.ranks <= 0 || o.heads <= 0 || o.group <= 0 ||
+      o.heads % o.group != 0 || o.batch.tokens <= 0) {
+    return false;
+  }
+  const int64_t T = o.batch.tokens;
+  for (int64_t r = 0; r < o.ranks; ++r) {
+    const KvPoolView& kv = o.views[r];
+    if (kv.head_dim != o.head_dim || kv.head_dim <= 0 || kv.head_dim % 8 != 0 || kv.page_size < 1 ||
+        kv.kv_heads < o.heads / o.group || kv.fp8 != o.views[0].fp8) {
+      return false;
+    }
+    // Every page each token attends must resolve, or the work items report it.
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+      const PageTableRow pt = RowTable(o.batch, t);
+      KernelStatus probe;
+      for (int64_t pg = 0; pg * kv.page_size < len; ++pg) {
+        if (ResolvePage(kv, pt, pg, 0, &probe) < 0) return false;
+      }
+    }
+  }
+  const bool fp8 = o.views[0].fp8;
+  const int64_t tasks = o.ranks * (o.heads / o.group) * T;
+  pool.Launch(tasks, [&](int64_t i, KernelStatus*) {
+    const cpu::TaskRange a{&o, i, i + 1};
+    switch (isa) {
+#if defined(__x86_64__)
+      case CpuIsa::kAvx512: return cpu::RunTasksAvx512(a, fp8);
+      case CpuIsa::kAvx2: return cpu::RunTasksAvx2(a, fp8);
+#endif
+      default: return cpu::RunTasksGeneric(a, fp8);
+    }
+  });
+  return true;
+}
+
+}  // namespace crashreplay::replay

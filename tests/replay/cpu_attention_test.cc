@@ -1,0 +1,255 @@
+// The CPU fast attention launcher (cpu_attention.cc) gives the bits of the
+// AttentionOp work items (AttendReference) for every ISA this CPU runs, bf16
+// and fp8 pools, GQA groups, page sizes, head widths, several ranks and
+// requests, 1 to 3 threads and non-finite queries; it leaves to the work
+// items what it does not cover, a page outside the pool among it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "crashreplay/replay/cpu_kernels.h"
+#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/ops.h"
+
+namespace crashreplay::replay {
+namespace {
+
+std::vector<CpuIsa> Isas() {
+  std::vector<CpuIsa> v{CpuIsa::kGeneric};
+  if (CpuIsaSupported(CpuIsa::kAvx2)) v.push_back(CpuIsa::kAvx2);
+  if (CpuIsaSupported(CpuIsa::kAvx512)) v.push_back(CpuIsa::kAvx512);
+  return v;
+}
+
+struct Shape {
+  int ranks = 1, heads = 4, group = 2, hd = 64, page_size = 16;
+  bool fp8 = false;
+  std::vector<int> prompt;  // tokens of each request, all attended causally (prefill)
+};
+
+// A prefill step's attention: request r's tokens at positions 0 .. len - 1,
+// KV written for all of them, pages of each request spread over the pool.
+struct Case {
+  Shape s;
+  std::vector<std::vector<uint8_t>> k, v;  // [rank] pool bytes
+  std::vector<KvPoolView> views;
+  std::vector<int32_t> positions, token_row, tables;
+  std::vector<int64_t> table_offset;
+  std::vector<float> q, out;
+  AttentionOp op;
+
+  explicit Case(Shape sh, uint32_t seed) : s(std::move(sh)) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int kvh = s.heads / s.group;
+    int64_t pages = 0;
+    table_offset.push_back(0);
+    for (size_t r = 0; r < s.prompt.size(); ++r) {
+      const int need = (s.prompt[r] + s.page_size - 1) / s.page_size;
+      for (int p = 0; p < need; ++p) tables.push_back(static_cast<int32_t>(pages + need - 1 - p));  // reversed
+      pages += need;
+      table_offset.push_back(static_cast<int64_t>(tables.size()));
+      for (int j = 0; j < s.prompt[r]; ++j) {
+        positions.push_back(j);
+        token_row.push_back(static_cast<int32_t>(r));
+      }
+    }
+    const int64_t T = static_cast<int64_t>(positions.size());
+    const size_t elems = static_cast<size_t>(pages) * s.page_size * kvh * s.hd;
+    for (int r = 0; r < s.ranks; ++r) {
+      k.emplace_back(elems * (s.fp8 ? 1 : 2));
+      v.emplace_back(elems * (s.fp8 ? 1 : 2));
+      views.push_back(KvPoolView{k.back().data(), v.back().data(), s.fp8, pages, s.page_size, kvh, s.hd});
+    }
+    op.batch.positions = positions.data();
+    op.batch.token_row = token_row.data();
+    op.batch.page_tables = tables.data();
+    op.batch.table_offset = table_offset.data();
+    op.batch.tokens = T;
+    for (int r = 0; r < s.ranks; ++r) {
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> kk(kvh * s.hd), vv(kvh * s.hd);
+        for (auto& x : kk) x = 2.0f * nd(g);
+        for (auto& x : vv) x = nd(g);
+        KernelStatus st;
+        KvWriteToken(views[r], RowTable(op.batch, t), positions[t], kk.data(), vv.data(), t, &st);
+        EXPECT_FALSE(st.fired);
+      }
+    }
+    q.resize(static_cast<size_t>(s.ranks * T * s.heads * s.hd));
+    for (auto& x : q) x = nd(g);
+    out.assign(q.size(), -7.0f);
+    int max_len = 0;
+    for (int p : s.prompt) max_len = std::max(max_len, p);
+    op.views = views.data();
+    op.q = q.data();
+    op.out = out.data();
+    op.backend = 0;
+    op.ranks = s.ranks;
+    op.heads = s.heads;
+    op.group = s.group;
+    op.head_dim = s.hd;
+    op.max_len = max_len;
+    op.scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  }
+
+  // The work items, one by one (what the executor runs without a fast path).
+  std::vector<float> Reference(KernelStatus* first) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)));
+    *first = KernelStatus{};
+    for (int64_t i = 0; i < Items(op); ++i) {
+      KernelStatus st;
+      RunItem(op, i, scratch.data(), &st);
+      if (st.fired && !first->fired) *first = st;
+    }
+    return out;
+  }
+
+  std::vector<float> Fast(CpuIsa isa, int threads, bool* ran) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    CpuPool pool(threads);
+    KernelStatus st;
+    *ran = LaunchAttentionFast(op, pool, isa, &st);
+    EXPECT_FALSE(st.fired);
+    return out;
+  }
+};
+
+std::string Describe(const Shape& s) {
+  std::string p;
+  for (int n : s.prompt) p += std::to_string(n) + ",";
+  return "ranks " + std::to_string(s.ranks) + " heads " + std::to_string(s.heads) + " group " +
+         std::to_string(s.group) + " hd " + std::to_string(s.hd) + " page " + std::to_string(s.page_size) +
+         (s.fp8 ? " fp8" : " bf16") + " prompts " + p;
+}
+
+void ExpectBitsEqual(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      ADD_FAILURE() << what << " element " << i << ": " << got[i] << " != " << want[i];
+      ++bad;
+    }
+  }
+}
+
+TEST(CpuAttention, MatchesTheWorkItemsBitForBit) {
+  std::vector<Shape> shapes;
+  auto add = [&](int ranks, int heads, int group, int hd, int ps, bool fp8, std::vector<int> prompt) {
+    Shape s;
+    s.ranks = ranks, s.heads = heads, s.group = group, s.hd = hd, s.page_size = ps, s.fp8 = fp8;
+    s.prompt = std::move(prompt);
+    shapes.push_back(s);
+  };
+  add(1, 4, 2, 64, 16, false, {37});
+  add(1, 4, 2, 64, 16, true, {37});
+  add(2, 6, 3, 8, 1, false, {1, 9, 20});  // page size 1, the narrowest head
+  add(1, 2, 1, 136, 64, false, {70, 3});  // 17 lane groups: a partial block of output vectors
+  add(2, 8, 8, 24, 5, true, {130});       // one KV head for all (MQA), odd pages
+  for (const Shape& s : shapes) {
+    Case c(s, 7);
+    KernelStatus first;
+    const std::vector<float> want = c.Reference(&first);
+    ASSERT_FALSE(first.fired) << Describe(s);
+    for (CpuIsa isa : Isas()) {
+      for (int threads : {1, 2, 3}) {
+        bool ran = false;
+        const std::vector<float> got = c.Fast(isa, threads, &ran);
+        ASSERT_TRUE(ran) << Describe(s);
+        ExpectBitsEqual(got, want, Describe(s) + " isa " + CpuIsaName(isa) + " threads " + std::to_string(threads));
+      }
+    }
+  }
+}
+
+TEST(CpuAttention, NonFiniteQueriesGiveTheWorkItemsNaNsAndInfinities) {
+  Shape s;
+  s.prompt = {12, 30};
+  Case c(s, 3);
+  c.q[5] = NAN;                             // token 0, head 0
+  c.q[2 * s.heads * s.hd + 70] = INFINITY;  // token 2, head 1: scores +-inf
+  c.q[20 * s.heads * s.hd + 3] = -INFINITY;
+  c.q[31 * s.heads * s.hd] = 1e30f;         // large but finite: exp underflows to 0 but for the maximum
+  KernelStatus first;
+  const std::vector<float> want = c.Reference(&first);
+  ASSERT_FALSE(first.fired);
+  int64_t nonfinite = 0;
+  for (float x : want) nonfinite += !std::isfinite(x);
+  EXPECT_GT(nonfinite, 0);
+  for (CpuIsa isa : Isas()) {
+    bool ran = false;
+    ExpectBitsEqual(c.Fast(isa, 2, &ran), want, CpuIsaName(isa));
+    EXPECT_TRUE(ran);
+  }
+}
+
+TEST(CpuAttention, LeavesWhatItDoesNotCoverToTheWorkItems) {
+  for (CpuIsa isa : Isas()) {
+    {  // head_dim not a multiple of 8
+      Shape s;
+      s.hd = 12;
+      s.prompt = {10};
+      Case c(s, 1);
+      bool ran = true;
+      const std::vector<float> got = c.Fast(isa, 2, &ran);
+      EXPECT_FALSE(ran);
+      for (float x : got) ASSERT_EQ(x, -7.0f) << "wrote output it did not cover";
+    }
+    {  // another backend
+      Shape s;
+      s.prompt = {10};
+      Case c(s, 1);
+      c.op.backend = 1;
+      bool ran = true;
+      c.Fast(isa, 1, &ran);
+      EXPECT_FALSE(ran);
+    }
+    {  // the second request's second page is outside the pool: the work
+       // items report it; the launcher writes nothing
+      Shape s;
+      s.prompt = {5, 40};
+      Case c(s, 1);
+      c.tables[c.table_offset[1] + 1] = 99;
+      KernelStatus first;
+      c.Reference(&first);
+      ASSERT_TRUE(first.fired);
+      EXPECT_EQ(first.check, Check::kPageInPool);
+      EXPECT_EQ(first.index, 99);
+      bool ran = true;
+      const std::vector<float> got = c.Fast(isa, 2, &ran);
+      EXPECT_FALSE(ran);
+      for (float x : got) ASSERT_EQ(x, -7.0f);
+    }
+    {  // a position past the row's table
+      Shape s;
+      s.prompt = {20};
+      Case c(s, 1);
+      c.positions[19] = 40;
+      KernelStatus first;
+      c.Reference(&first);
+      ASSERT_TRUE(first.fired);
+      EXPECT_EQ(first.check, Check::kPositionInTable);
+      bool ran = true;
+      c.Fast(isa, 1, &ran);
+      EXPECT_FALSE(ran);
+    }
+  }
+}
+
+TEST(CpuAttention, ReferenceIsaRunsNothing) {
+  Shape s;
+  s.prompt = {10};
+  Case c(s, 1);
+  bool ran = true;
+  c.Fast(CpuIsa::kReference, 1, &ran);
+  EXPECT_FALSE(ran);
+}
+
+}  // namespace
+}  // namespace crashreplay::replay
