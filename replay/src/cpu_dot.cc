@@ -42,7 +42,7 @@ struct PackTile {
 // Columns per packed chunk (a chunk of a few rows' terms stays in L1/L2) and
 // tokens per pass (bounds the lane state kept across chunks).
 constexpr int64_t kChunkGroups = 64;
-constexpr int64_t kTokenChunk = 96;
+constexpr int64_t kTokenChunk = 132;
 
 // How the row scales of a plan are derived from the stored scales.
 enum class RowScale : uint8_t { kScaleAt, kPow2ScaleAt, kStored, kPow2Stored };
