@@ -617,6 +617,26 @@ CR_HD void ExpertActivationItem(const E& o, int64_t i, float* ws, KernelStatus* 
   }
 }
 
+// Stage 2 of item i (a token-rank's hidden row): each routed slot's down
+// projection row, `down(expert, a, aq, rt, row)` (the serial or the lane
+// dot product of the slot's activation row a, or its NVFP4 form aq), times
+// the slot's weight, added in slot order onto the partial; returned, not
+// stored.
+template <typename E, class Down>
+CR_HD float DownSum(const E& o, int64_t i, float* ws, const Down& down) {
+  const int64_t K = ExpertSlots(o), H = o.hidden;
+  const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
+  float acc = ZeroesPartial(o) ? 0.0f : o.partial[i];
+  for (int64_t k = 0; k < K; ++k) {
+    const float* a = nullptr;
+    QWeight aq;
+    const ExpertView* e = DownSlot(o, rt, k, ws, &a, &aq);
+    if (e == nullptr) continue;
+    acc = MulAdd(acc, SlotWeight(o, t, k), down(*e, a, aq, rt, row));
+  }
+  return acc;
+}
+
 template <typename E>
 CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelStatus* st) {
   const int64_t K = ExpertSlots(o), H = o.hidden, S = ExpertSlotFloats(o.inter);
@@ -638,19 +658,11 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
     return;
   }
   if (stage == 1) return ExpertActivationItem(o, i, ws, st);
-  const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
-  float* out = o.partial + rt * H + row;
-  float acc = ZeroesPartial(o) ? 0.0f : *out;
-  for (int64_t k = 0; k < K; ++k) {
-    const float* a = nullptr;
-    QWeight aq;
-    const ExpertView* e = DownSlot(o, rt, k, ws, &a, &aq);
-    if (e == nullptr) continue;
-    const float v = e->down.act_fp4 ? LinearElementQ(o.dot, e->down, aq, row, rt, st)
-                                    : LinearElement(o.dot, e->down, a, row, rt, st);
-    acc = MulAdd(acc, SlotWeight(o, t, k), v);
-  }
-  *out = acc;
+  o.partial[i] = DownSum(o, i, ws, [&](const ExpertView& e, const float* a, const QWeight& aq, int64_t rt,
+                                       int64_t row) {
+    return e.down.act_fp4 ? LinearElementQ(o.dot, e.down, aq, row, rt, st)
+                          : LinearElement(o.dot, e.down, a, row, rt, st);
+  });
 }
 
 // Stages 0 and 2 of ExpertStageItem on lane j of eight (kernels/linear.h,
@@ -686,23 +698,17 @@ CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int 
     return;
   }
   if (stage == 1) return;  // no dot product: ExpertActivationItem
-  const int64_t rt = i / H, row = i % H, t = rt % o.tokens;
-  float* out = o.partial + rt * H + row;
-  float acc = ZeroesPartial(o) ? 0.0f : *out;
-  for (int64_t k = 0; k < K; ++k) {
-    const float* a = nullptr;
-    QWeight aq;
-    const ExpertView* e = DownSlot(o, rt, k, ws, &a, &aq);
-    if (e == nullptr) continue;
+  const float acc = DownSum(o, i, ws, [&](const ExpertView& e, const float* a, const QWeight& aq, int64_t rt,
+                                          int64_t row) {
     float v = 0.0f;
-    if (e->down.act_fp4) {
-      LinearElementsLaneQ<1>(o.dot, e->down, &aq, 1, row, j, rt, st, lanes, &v);
+    if (e.down.act_fp4) {
+      LinearElementsLaneQ<1>(o.dot, e.down, &aq, 1, row, j, rt, st, lanes, &v);
     } else {
-      LinearElementsLane<1>(o.dot, e->down, &a, 1, row, j, rt, st, lanes, &v);
+      LinearElementsLane<1>(o.dot, e.down, &a, 1, row, j, rt, st, lanes, &v);
     }
-    acc = MulAdd(acc, SlotWeight(o, t, k), v);
-  }
-  if (j == 0) *out = acc;
+    return v;
+  });
+  if (j == 0) o.partial[i] = acc;
 }
 
 CR_HD int64_t Items(const GatherLogitsOp& o) { return o.rows * o.ranks; }
