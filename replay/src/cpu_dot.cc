@@ -168,7 +168,7 @@ CR_SIMD_INLINE void RowScalesV(const QWeight& w, const Plan& p, int64_t r, int64
 
 // 64-byte aligned thread-local scratch; `slot` keeps simultaneous uses apart.
 float* Scratch(int slot, int64_t floats) {
-  thread_local std::vector<float> buf[4];
+  thread_local std::vector<float> buf[6];
   std::vector<float>& b = buf[slot];
   if (static_cast<int64_t>(b.size()) < floats + 16) b.resize(static_cast<size_t>(floats + 16));
   const auto p = reinterpret_cast<uintptr_t>(b.data());
@@ -374,29 +374,32 @@ CR_SIMD_INLINE float Multiplier(const Plan& p, const float* rs_row, const float*
 }
 
 // acc[k] = acc[k] + sums[k] * m[k] for the MR x NR elements (k = i * NR + t),
-// eight at a time, as DotFused's MulAdd per block.
+// eight at a time, as DotFused's MulAdd per block. The multiplier m[k] is
+// Multiplier's: row i's block scale rv[i], times token t's activation block
+// scale tv[t] under w4a4; both come packed 8 wide (PackedChunkBody), and
+// the eight k of a vector pick theirs with one permute each.
 template <int MR, int NR>
-CR_SIMD_INLINE void BlockUpdate(const Plan& p, const f32x8 (&lane)[MR][NR], const float* rs, int64_t rs_stride,
-                                const float* const* xs, int64_t b, float (&acc)[MR * NR]) {
+CR_SIMD_INLINE void BlockUpdate(bool token_scales, const f32x8 (&lane)[MR][NR], f32x8 rv, f32x8 tv,
+                                float (&acc)[MR * NR]) {
   constexpr int kN = MR * NR;
+  _Pragma("GCC unroll 16")
   for (int k0 = 0; k0 < kN; k0 += 8) {
     f32x8 v[8];
-    alignas(32) float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    i32x8 ri, ti;
     _Pragma("GCC unroll 16")
     for (int j = 0; j < 8; ++j) {
-      const int k = k0 + j;
-      if (k < kN) {
-        v[j] = lane[k / NR][k % NR];
-        m[j] = Multiplier(p, rs + (k / NR) * rs_stride, xs, k % NR, b);
-      } else {
-        v[j] = Zero8();
-      }
+      const int k = k0 + j < kN ? k0 + j : 0;
+      v[j] = k0 + j < kN ? lane[k / NR][k % NR] : Zero8();
+      ri[j] = k / NR;
+      ti[j] = k % NR;
     }
+    const f32x8 r = __builtin_shuffle(rv, ri);
+    const f32x8 m = token_scales ? r * __builtin_shuffle(tv, ti) : r;
     const f32x8 sums = LaneSums8(v);
     alignas(32) float a[8];
     _Pragma("GCC unroll 16")
     for (int j = 0; j < 8; ++j) a[j] = k0 + j < kN ? acc[k0 + j] : 0.0f;
-    Store8(a, Load8(a) + sums * Load8(m));
+    Store8(a, Load8(a) + sums * m);
     for (int j = 0; j < 8 && k0 + j < kN; ++j) acc[k0 + j] = a[j];
   }
 }
@@ -672,9 +675,9 @@ CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t group
 // block accumulators) of the previous chunk, and writes the outputs after
 // the last.
 template <bool kBlocked, int MR, int NR>
-CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, const float* bp, const float* rs,
-                               int64_t nb, const float* const* xs, int64_t g0, int64_t g1, bool first, bool last,
-                               float* state, int64_t row0, int rows, int64_t t0, int tokens) {
+CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, const float* bp, const float* rsp,
+                               const float* tsp, int64_t g0, int64_t g1, bool first, bool last, float* state,
+                               int64_t row0, int rows, int64_t t0, int tokens) {
   f32x8 lane[MR][NR];
   float acc[MR * NR];
   ZeroLanes(lane);
@@ -699,7 +702,9 @@ CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, 
       ZeroLanes(lane);
       const int64_t b1 = std::min(g1, b0 + gpb);
       PackedGroups<MR, NR>(ap + (b0 - g0) * MR * 8, bp + (b0 - g0) * NR * 8, b1 - b0, lane);
-      BlockUpdate<MR, NR>(p, lane, rs, nb, xs, b0 / gpb, acc);
+      const int64_t bi = (b0 - g0) / gpb;
+      BlockUpdate<MR, NR>(p.token_scales, lane, Load8(rsp + 8 * bi), p.token_scales ? Load8(tsp + 8 * bi) : Zero8(),
+                          acc);
     }
     if (!last) {
       for (int k = 0; k < MR * NR; ++k) state[k] = acc[k];
@@ -727,19 +732,37 @@ template <bool kBlocked, int MR, int NR>
 CR_SIMD_INLINE void PackedChunkBody(const ChunkArgs& a) {
   const DotJob& j = *a.j;
   const Plan& p = *a.p;
+  static_assert(MR <= 8 && NR <= 8, "the block scales of a tile are packed 8 wide");
   constexpr int64_t kStatePerTile = MR * NR * 8;
+  // Blocked: the chunk's block scales packed 8 wide, rows' per tile and
+  // block (rsp[m][block][i], zero past the rows), tokens' per token tile
+  // and block (tsp[block][t], the last token repeated past the tokens).
+  const int64_t gpb = kBlocked ? p.block / 8 : 1, nbc = (a.g1 - a.g0 + gpb - 1) / gpb, b_first = a.g0 / gpb;
+  float* rsp = kBlocked ? Scratch(4, a.tiles * nbc * 8) : nullptr;
+  float* tsp = kBlocked && p.token_scales ? Scratch(5, nbc * 8) : nullptr;
+  if constexpr (kBlocked) {
+    for (int64_t m = 0; m < a.tiles; ++m) {
+      const int64_t rows = std::min<int64_t>(MR, a.r1 - (a.r0 + m * MR));
+      for (int64_t bi = 0; bi < nbc; ++bi) {
+        float* dst = rsp + (m * nbc + bi) * 8;
+        for (int i = 0; i < 8; ++i) dst[i] = i < rows ? a.rs[(m * MR + i) * a.nb + b_first + bi] : 0.0f;
+      }
+    }
+  }
   for (int64_t t0 = a.tc, tt = 0; t0 < a.tc1; t0 += NR, ++tt) {
     const int tokens = static_cast<int>(std::min<int64_t>(NR, a.tc1 - t0));
     PackB<NR>(j.x + t0, tokens, a.g0, a.g1, a.bp);
-    const float* xs[NR];
-    _Pragma("GCC unroll 16")
-    for (int t = 0; t < NR; ++t) xs[t] = p.token_scales ? j.xs[t0 + std::min(t, tokens - 1)] : nullptr;
+    if (tsp != nullptr) {
+      for (int64_t bi = 0; bi < nbc; ++bi) {
+        for (int t = 0; t < 8; ++t) tsp[bi * 8 + t] = t < NR ? j.xs[t0 + std::min(t, tokens - 1)][b_first + bi] : 0.0f;
+      }
+    }
     for (int64_t m = 0; m < a.tiles; ++m) {
       const int64_t row0 = a.r0 + m * MR;
       const int rows = static_cast<int>(std::min<int64_t>(MR, a.r1 - row0));
       float* st = a.state != nullptr ? a.state + (m * a.ttiles + tt) * kStatePerTile : nullptr;
-      PackedTile<kBlocked, MR, NR>(j, p, a.ap + m * a.cg * MR * 8, a.bp, a.rs != nullptr ? a.rs + (row0 - a.r0) * a.nb : nullptr,
-                           a.nb, xs, a.g0, a.g1, a.first, a.last, st, row0, rows, t0, tokens);
+      PackedTile<kBlocked, MR, NR>(j, p, a.ap + m * a.cg * MR * 8, a.bp, rsp != nullptr ? rsp + m * nbc * 8 : nullptr,
+                                   tsp, a.g0, a.g1, a.first, a.last, st, row0, rows, t0, tokens);
     }
   }
 }
