@@ -21,6 +21,9 @@
 // take tokens in zigzag order (first, last, second, second last, ...): the
 // pool's contiguous ranges then carry about the same number of positions.
 //
+// LaunchMlaAttentionFast does the same for the expanded MLA attention
+// (MlaAttendExpanded: MLA prefill, naive decode, DSA prefill over the top-k).
+//
 // Not covered (false, nothing written; the executor runs the work items):
 // another backend, head_dim not a multiple of 8 or not the pool's, a page
 // size < 1, and any page a row's attended length needs that the work item
@@ -134,6 +137,83 @@ CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64
   }
 }
 
+// ---- expanded MLA attention (MlaAttentionOp: prefill, naive decode) --------
+// MlaAttendExpanded per (rank, token, head): the score of position j is the
+// 8-lane dot of q with [K_nope_j | k_rot_j] (lane = dimension mod 8 across
+// both parts, which nope % 8 == 0 keeps as whole vectors), then the scalar
+// max / expf / sum, then V rows in order. Sparse (top-k ids): padding (-1)
+// scores -inf and is skipped in the output, as there.
+
+// One (rank, token, head) item.
+CR_SIMD_INLINE void MlaTask(const MlaAttentionOp& o, int64_t r, int64_t t, int64_t h) {
+  const int64_t rt = r * o.batch.tokens + t;
+  const int64_t qk = o.nope + o.rope, kvw = o.heads * (o.nope + o.v_dim);
+  const int64_t begin = o.row_begin[o.batch.token_row[t]];
+  const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  const int32_t* ids = o.topk != nullptr ? o.topk + rt * o.topk_width : nullptr;
+  const int64_t n = ids != nullptr ? o.topk_width : len;
+  const float* q = o.q + (rt * o.heads + h) * qk;
+  const float* kv = o.kv + (r * o.n + begin) * kvw + h * (o.nope + o.v_dim);
+  const float* rot = o.rot + (r * o.n + begin) * o.rope;
+  float* out = o.out + (rt * o.heads + h) * o.v_dim;
+  if (n <= 0) {  // nothing attended: the item's own body
+    KernelStatus unused;
+    MlaAttendExpanded(q, kv - h * (o.nope + o.v_dim), rot, kvw, h, o.nope, o.rope, o.v_dim, len, ids, o.topk_width,
+                      o.scale, out, nullptr, rt, &unused);
+    return;
+  }
+  TaskScratch& s = Scratch();
+  if (static_cast<int64_t>(s.offs.size()) < n + 8) {
+    s.offs.resize(static_cast<size_t>(n + 8));
+    s.p.resize(static_cast<size_t>(n + 8));
+  }
+  int64_t* pos = s.offs.data();  // position of entry i, -1: padding
+  float* p = s.p.data();
+  for (int64_t i = 0; i < n; ++i) pos[i] = ids != nullptr ? ids[i] : i;
+  const int64_t gn = o.nope / 8, gr = o.rope / 8;
+  const f32x8 scale = Splat(o.scale);
+  for (int64_t i0 = 0; i0 < n; i0 += 8) {
+    f32x8 lane[8];
+    const int64_t m = n - i0 < 8 ? n - i0 : 8;
+    for (int k = 0; k < 8; ++k) {
+      lane[k] = Zero8();
+      if (k >= m || pos[i0 + k] < 0) continue;
+      const float* kr = kv + pos[i0 + k] * kvw;
+      const float* rr = rot + pos[i0 + k] * o.rope;
+      for (int64_t d = 0; d < gn; ++d) lane[k] = lane[k] + Load8(q + 8 * d) * Load8(kr + 8 * d);
+      for (int64_t d = 0; d < gr; ++d) lane[k] = lane[k] + Load8(q + o.nope + 8 * d) * Load8(rr + 8 * d);
+    }
+    alignas(32) float sc[8];
+    Store8(sc, LaneSums8(lane) * scale);
+    for (int64_t k = 0; k < m; ++k) p[i0 + k] = pos[i0 + k] < 0 ? -INFINITY : sc[k];
+  }
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = p[i] > mx ? p[i] : mx;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = expf(p[i] - mx);
+    sum += p[i];
+  }
+  const float inv = 1.0f / sum;
+  const int64_t gv = o.v_dim / 8;
+  for (int64_t d0 = 0; d0 < gv; d0 += 8) {
+    const int64_t nv = gv - d0 < 8 ? gv - d0 : 8;
+    f32x8 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = Zero8();
+    for (int64_t i = 0; i < n; ++i) {
+      if (pos[i] < 0) continue;
+      const f32x8 pi = Splat(p[i]);
+      const float* v = kv + pos[i] * kvw + o.nope + 8 * d0;
+      for (int k = 0; k < 8; ++k) {
+        if (k < nv) acc[k] = acc[k] + pi * Load8(v + 8 * k);
+      }
+    }
+    for (int k = 0; k < 8; ++k) {
+      if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
+    }
+  }
+}
+
 struct TaskRange {
   const AttentionOp* o;
   int64_t begin, end;  // task indices
@@ -150,6 +230,28 @@ CR_SIMD_INLINE void RunTasks(const TaskRange& a) {
     AttendTask<kFp8>(o, rk / kvheads, t, rk % kvheads);
   }
 }
+
+// Task index -> (rank, head, token); tokens in zigzag order.
+CR_SIMD_INLINE void RunMlaTasks(const MlaAttentionOp& o, int64_t begin, int64_t end) {
+  const int64_t T = o.batch.tokens;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t z = i % T, rh = i / T;
+    MlaTask(o, rh / o.heads, (z & 1) == 0 ? z / 2 : T - 1 - z / 2, rh % o.heads);
+  }
+}
+
+__attribute__((noinline)) void RunMlaTasksGeneric(const MlaAttentionOp& o, int64_t b, int64_t e) {
+  RunMlaTasks(o, b, e);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"), noinline)) void RunMlaTasksAvx2(const MlaAttentionOp& o, int64_t b, int64_t e) {
+  RunMlaTasks(o, b, e);
+}
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void RunMlaTasksAvx512(
+    const MlaAttentionOp& o, int64_t b, int64_t e) {
+  RunMlaTasks(o, b, e);
+}
+#endif
 
 __attribute__((noinline)) void RunTasksGeneric(const TaskRange& a, bool fp8) {
   if (fp8) return RunTasks<true>(a);
@@ -204,6 +306,35 @@ bool LaunchAttentionFast(const AttentionOp& o, CpuPool& pool, CpuIsa isa, Kernel
       case CpuIsa::kAvx2: return cpu::RunTasksAvx2(a, fp8);
 #endif
       default: return cpu::RunTasksGeneric(a, fp8);
+    }
+  });
+  return true;
+}
+
+bool LaunchMlaAttentionFast(const MlaAttentionOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
+  *status = KernelStatus{};
+  if (isa == CpuIsa::kReference || o.ranks <= 0 || o.heads <= 0 || o.batch.tokens <= 0 || o.nope < 0 ||
+      o.nope % 8 != 0 || o.rope < 0 || o.rope % 8 != 0 || o.v_dim <= 0 || o.v_dim % 8 != 0) {
+    return false;
+  }
+  // Every top-k index must be padding or a position of its sequence, or the
+  // work items report the first that is not.
+  if (o.topk != nullptr) {
+    for (int64_t rt = 0; rt < o.ranks * o.batch.tokens; ++rt) {
+      const int64_t len = static_cast<int64_t>(o.batch.positions[rt % o.batch.tokens]) + 1;
+      const int32_t* ids = o.topk + rt * o.topk_width;
+      for (int64_t i = 0; i < o.topk_width; ++i) {
+        if (ids[i] != -1 && (ids[i] < 0 || ids[i] >= len)) return false;
+      }
+    }
+  }
+  pool.Launch(o.ranks * o.heads * o.batch.tokens, [&](int64_t i, KernelStatus*) {
+    switch (isa) {
+#if defined(__x86_64__)
+      case CpuIsa::kAvx512: return cpu::RunMlaTasksAvx512(o, i, i + 1);
+      case CpuIsa::kAvx2: return cpu::RunMlaTasksAvx2(o, i, i + 1);
+#endif
+      default: return cpu::RunMlaTasksGeneric(o, i, i + 1);
     }
   });
   return true;

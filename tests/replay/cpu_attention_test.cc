@@ -1,10 +1,12 @@
-// The CPU fast attention launcher (cpu_attention.cc) gives the bits of the
-// AttentionOp work items (AttendReference) for every ISA this CPU runs, bf16
+// The CPU fast attention launchers (cpu_attention.cc) give the bits of the
+// AttentionOp work items (AttendReference) and of the MlaAttentionOp ones
+// (MlaAttendExpanded, dense and over top-k ids) for every ISA this CPU runs, bf16
 // and fp8 pools, GQA groups, page sizes, head widths, several ranks and
 // requests, 1 to 3 threads and non-finite queries; it leaves to the work
 // items what it does not cover, a page outside the pool among it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -235,6 +237,135 @@ TEST(CpuAttention, LeavesWhatItDoesNotCoverToTheWorkItems) {
       c.Reference(&first);
       ASSERT_TRUE(first.fired);
       EXPECT_EQ(first.check, Check::kPositionInTable);
+      bool ran = true;
+      c.Fast(isa, 1, &ran);
+      EXPECT_FALSE(ran);
+    }
+  }
+}
+
+// An expanded MLA attention over two requests (row_begin), `ranks` ranks,
+// dense (causal) or over top-k ids with padding.
+struct MlaCase {
+  int64_t ranks = 2, heads = 3, nope = 16, rope = 8, v_dim = 24, topk_width = 0;
+  std::vector<int32_t> positions, token_row, row_begin, topk;
+  std::vector<float> q, kv, rot, out;
+  MlaAttentionOp op;
+
+  MlaCase(std::vector<int> prompt, int64_t nope_, int64_t topk_width_, uint32_t seed)
+      : nope(nope_), topk_width(topk_width_) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int64_t n = 0;
+    for (size_t r = 0; r < prompt.size(); ++r) {
+      row_begin.push_back(static_cast<int32_t>(n));
+      for (int j = 0; j < prompt[r]; ++j) {
+        positions.push_back(j);
+        token_row.push_back(static_cast<int32_t>(r));
+      }
+      n += prompt[r];
+    }
+    const int64_t T = static_cast<int64_t>(positions.size());
+    q.resize(ranks * T * heads * (nope + rope));
+    kv.resize(ranks * n * heads * (nope + v_dim));
+    rot.resize(ranks * n * rope);
+    for (auto* v : {&q, &kv, &rot}) {
+      for (auto& x : *v) x = nd(g);
+    }
+    if (topk_width > 0) {
+      for (int64_t rt = 0; rt < ranks * T; ++rt) {
+        const int64_t len = positions[rt % T] + 1;
+        for (int64_t i = 0; i < topk_width; ++i) {
+          // Descending positions, padding (-1) once the sequence runs out, one
+          // repeated position.
+          const int64_t j = len - 1 - i;
+          topk.push_back(j >= 0 ? static_cast<int32_t>(i == 3 ? len - 1 : j) : -1);
+        }
+      }
+    }
+    out.assign(ranks * T * heads * v_dim, -7.0f);
+    op.q = q.data();
+    op.kv = kv.data();
+    op.rot = rot.data();
+    op.row_begin = row_begin.data();
+    op.topk = topk_width > 0 ? topk.data() : nullptr;
+    op.out = out.data();
+    op.batch.positions = positions.data();
+    op.batch.token_row = token_row.data();
+    op.batch.tokens = T;
+    op.ranks = ranks;
+    op.n = n;
+    op.heads = heads;
+    op.nope = nope;
+    op.rope = rope;
+    op.v_dim = v_dim;
+    op.topk_width = topk_width;
+    int max_len = 0;
+    for (int p : prompt) max_len = std::max(max_len, p);
+    op.max_len = max_len;
+    op.scale = 0.125f;
+  }
+
+  std::vector<float> Reference(KernelStatus* first) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)));
+    *first = KernelStatus{};
+    for (int64_t i = 0; i < Items(op); ++i) {
+      KernelStatus st;
+      RunItem(op, i, scratch.data(), &st);
+      if (st.fired && !first->fired) *first = st;
+    }
+    return out;
+  }
+
+  std::vector<float> Fast(CpuIsa isa, int threads, bool* ran) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    CpuPool pool(threads);
+    KernelStatus st;
+    *ran = LaunchMlaAttentionFast(op, pool, isa, &st);
+    EXPECT_FALSE(st.fired);
+    return out;
+  }
+};
+
+TEST(CpuAttention, ExpandedMlaMatchesTheWorkItemsDenseAndOverTopK) {
+  for (int64_t width : {0, 5, 16}) {
+    for (int64_t nope : {16, 0}) {
+      MlaCase c({9, 20}, nope, width, 4);
+      c.q[3] = NAN;  // one head of token 0 of rank 0
+      KernelStatus first;
+      const std::vector<float> want = c.Reference(&first);
+      ASSERT_FALSE(first.fired);
+      for (CpuIsa isa : Isas()) {
+        for (int threads : {1, 3}) {
+          bool ran = false;
+          const std::vector<float> got = c.Fast(isa, threads, &ran);
+          ASSERT_TRUE(ran);
+          ExpectBitsEqual(got, want, "width " + std::to_string(width) + " nope " + std::to_string(nope) + " " +
+                                         CpuIsaName(isa) + " threads " + std::to_string(threads));
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuAttention, ExpandedMlaLeavesBadIndicesAndOddWidthsToTheWorkItems) {
+  for (CpuIsa isa : Isas()) {
+    {  // a top-k index past its token's sequence
+      MlaCase c({9, 20}, 16, 8, 4);
+      c.topk[5 * 8 + 2] = 7;  // token 5 sees positions 0..5
+      KernelStatus first;
+      c.Reference(&first);
+      ASSERT_TRUE(first.fired);
+      EXPECT_EQ(first.check, Check::kTopkIndexInSequence);
+      EXPECT_EQ(first.index, 7);
+      bool ran = true;
+      const std::vector<float> got = c.Fast(isa, 2, &ran);
+      EXPECT_FALSE(ran);
+      for (float x : got) ASSERT_EQ(x, -7.0f);
+    }
+    {  // nope not a multiple of 8
+      MlaCase c({9}, 12, 0, 4);
       bool ran = true;
       c.Fast(isa, 1, &ran);
       EXPECT_FALSE(ran);

@@ -59,5 +59,8 @@ bool LaunchSharedExpertFast(const SharedExpertOp& op, CpuPool& pool, CpuIsa isa,
 // (cpu_attention.cc): covered unless another backend, head_dim % 8 != 0, or
 // a page the work items would reject.
 bool LaunchAttentionFast(const AttentionOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
+// The expanded MLA attention (MlaAttentionOp) likewise: covered unless
+// nope, rope or v_dim % 8 != 0 or a top-k index the work items would reject.
+bool LaunchMlaAttentionFast(const MlaAttentionOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 
 }  // namespace crashreplay::replay
