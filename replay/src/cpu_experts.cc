@@ -172,8 +172,11 @@ class MoeRun {
     return p;
   }
 
+  // Experts get different numbers of tokens, so threads take row blocks as
+  // they finish them (a static split left one thread with most of a
+  // prefill's work); each block's outputs are the same whoever runs it.
   void RunItems(CpuPool& pool, const std::vector<Item>& items, const Pointers& p) {
-    pool.Launch(static_cast<int64_t>(items.size()), [&](int64_t i, KernelStatus*) {
+    pool.LaunchDynamic(static_cast<int64_t>(items.size()), [&](int64_t i, KernelStatus*) {
       const Item& it = items[i];
       const Group& g = groups[it.group];
       const int64_t b = p.begin[it.group];

@@ -448,5 +448,47 @@ TEST(CpuPool, BackToBackLaunchesRunEveryItemOnceAndReportTheFirstFault) {
   }
 }
 
+TEST(CpuPool, DynamicLaunchesRunEveryItemAtMostOnceAndReportTheLowestFault) {
+  std::mt19937 g(9);
+  for (int threads : {1, 2, 3, 8}) {
+    SCOPED_TRACE("threads=" + std::to_string(threads));
+    CpuPool pool(threads);
+    std::vector<std::atomic<int>> hits(64);
+    for (int round = 0; round < 400; ++round) {
+      const int64_t n = round % 40;
+      for (auto& h : hits) h.store(0);
+      // Failing items anywhere (several, out of the threads' order), items of
+      // uneven cost, or none failing.
+      std::vector<char> fails(64, 0);
+      int64_t lowest = -1;
+      if (round % 3 != 0 && n > 0) {
+        for (int k = 0; k < 3; ++k) fails[std::uniform_int_distribution<int64_t>(0, n - 1)(g)] = 1;
+        for (int64_t i = 0; i < n && lowest < 0; ++i) lowest = fails[i] ? i : -1;
+      }
+      const KernelStatus st = pool.LaunchDynamic(n, [&](int64_t i, KernelStatus* s) {
+        hits[i].fetch_add(1);
+        if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (fails[i]) Fail(s, Check::kProbFinite, i, i * 10, 0.0);
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_LE(hits[i].load(), 1) << "round " << round << " item " << i;
+        // Every item up to the first failure runs; later ones may be skipped.
+        if (lowest < 0 || i <= lowest) {
+          ASSERT_EQ(hits[i].load(), 1) << "round " << round << " item " << i;
+        }
+      }
+      for (int64_t i = n; i < 64; ++i) ASSERT_EQ(hits[i].load(), 0);
+      if (lowest >= 0) {
+        ASSERT_TRUE(st.fired) << "round " << round;
+        EXPECT_EQ(st.item, lowest);
+        EXPECT_EQ(st.index, lowest * 10);
+      } else {
+        EXPECT_FALSE(st.fired);
+      }
+      if (round % 50 == 49) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace crashreplay::replay

@@ -1,5 +1,6 @@
 // The CPU backend's launcher: runs a kernel body over work items [0, n) on a
-// fixed number of threads with a static partition.
+// fixed number of threads with a static partition (Launch) or taken one by
+// one (LaunchDynamic).
 //
 // Determinism: every work item is computed entirely by one thread with the
 // same code, so outputs do not depend on the thread count. Each worker has its
@@ -28,8 +29,16 @@ class CpuPool {
 
   // body(item, status) for every item; returns the first failure by item order.
   KernelStatus Launch(int64_t n, const std::function<void(int64_t, KernelStatus*)>& body);
+  // The same, but threads take the next item as they finish one instead of
+  // a fixed range: for items of uneven cost (a MoE layer's experts). Which
+  // thread runs an item varies from run to run, so items must not depend on
+  // it (scratch aside); the first failure by item order is still the one
+  // returned (items after a known failure are skipped, items before it run).
+  KernelStatus LaunchDynamic(int64_t n, const std::function<void(int64_t, KernelStatus*)>& body);
 
  private:
+  KernelStatus Run(int64_t n, const std::function<void(int64_t, KernelStatus*)>& body, bool dynamic);
+
   struct Impl;
   int threads_;
   std::unique_ptr<Impl> impl_;
