@@ -22,7 +22,9 @@
 // pool's contiguous ranges then carry about the same number of positions.
 //
 // LaunchMlaAttentionFast does the same for the expanded MLA attention
-// (MlaAttendExpanded: MLA prefill, naive decode, DSA prefill over the top-k).
+// (MlaAttendExpanded: MLA prefill, naive decode, DSA prefill over the top-k),
+// and LaunchMlaQAbsorbFast for the absorbed query of MLA decode
+// (MlaQAbsorb).
 //
 // Not covered (false, nothing written; the executor runs the work items):
 // another backend, head_dim not a multiple of 8 or not the pool's, a page
@@ -214,6 +216,58 @@ CR_SIMD_INLINE void MlaTask(const MlaAttentionOp& o, int64_t r, int64_t t, int64
   }
 }
 
+// ---- the absorbed query (MlaQAbsorbOp) ----------------------------------------
+// MlaQAbsorb per (rank, token, head): q576[c] = LaneSum8 over the nope dims d
+// (lane d mod 8) of q[d] * DequantAt(kv_b, row0 + d, c). Eight columns at a
+// time: lane l of column c is element c - c0 of vector l, so the eight lane
+// vectors summed in LaneSum8's tree give the eight columns' values. A
+// weight's 8 columns share a scale block (block_cols % 8 == 0), so
+// DequantAt is bf16(raw * ScaleAt) with one ScaleAt per row and 8 columns.
+
+template <WFormat F>
+CR_SIMD_INLINE void AbsorbItem(const MlaQAbsorbOp& o, int64_t i) {
+  const int64_t rt = i / o.heads, h = i % o.heads;
+  const QWeight& w = o.kv_b[rt / o.tokens].w;
+  const float* q = o.q + (rt * o.heads + h) * (o.nope + o.rope);
+  float* q576 = o.q576 + i * (o.kv_lora + o.rope);
+  const int64_t row0 = h * (o.nope + o.v_dim), stride = RowStride(w);
+  const bool scaled = w.scale_format != SFormat::kNone;
+  for (int64_t c0 = 0; c0 < o.kv_lora; c0 += 8) {
+    f32x8 lane[8];
+    for (int l = 0; l < 8; ++l) lane[l] = Zero8();
+    for (int64_t d = 0; d < o.nope; ++d) {
+      f32x8 wv = DecodeGroup<F>(w.data, (row0 + d) * stride + c0);
+      if (scaled) wv = RoundBf16(wv * Splat(ScaleAt(w, row0 + d, c0)));
+      lane[d & 7] = lane[d & 7] + Splat(q[d]) * wv;
+    }
+    Store8(q576 + c0, ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
+  }
+  for (int64_t d = 0; d < o.rope; ++d) q576[o.kv_lora + d] = q[o.nope + d];
+}
+
+CR_SIMD_INLINE void AbsorbItems(const MlaQAbsorbOp& o, int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; ++i) {
+    switch (o.kv_b[i / o.heads / o.tokens].w.format) {
+      case WFormat::kF32: AbsorbItem<WFormat::kF32>(o, i); break;
+      case WFormat::kBF16: AbsorbItem<WFormat::kBF16>(o, i); break;
+      case WFormat::kF16: AbsorbItem<WFormat::kF16>(o, i); break;
+      case WFormat::kE4m3: AbsorbItem<WFormat::kE4m3>(o, i); break;
+      case WFormat::kE2m1: AbsorbItem<WFormat::kE2m1>(o, i); break;
+    }
+  }
+}
+
+__attribute__((noinline)) void AbsorbGeneric(const MlaQAbsorbOp& o, int64_t b, int64_t e) { AbsorbItems(o, b, e); }
+#if defined(__x86_64__)
+__attribute__((target("avx2"), noinline)) void AbsorbAvx2(const MlaQAbsorbOp& o, int64_t b, int64_t e) {
+  AbsorbItems(o, b, e);
+}
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void AbsorbAvx512(const MlaQAbsorbOp& o,
+                                                                                        int64_t b, int64_t e) {
+  AbsorbItems(o, b, e);
+}
+#endif
+
 struct TaskRange {
   const AttentionOp* o;
   int64_t begin, end;  // task indices
@@ -335,6 +389,32 @@ bool LaunchMlaAttentionFast(const MlaAttentionOp& o, CpuPool& pool, CpuIsa isa, 
       case CpuIsa::kAvx2: return cpu::RunMlaTasksAvx2(o, i, i + 1);
 #endif
       default: return cpu::RunMlaTasksGeneric(o, i, i + 1);
+    }
+  });
+  return true;
+}
+
+bool LaunchMlaQAbsorbFast(const MlaQAbsorbOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
+  *status = KernelStatus{};
+  if (isa == CpuIsa::kReference || o.ranks <= 0 || o.tokens <= 0 || o.heads <= 0 || o.kv_lora <= 0 ||
+      o.kv_lora % 8 != 0 || o.nope < 0 || o.rope < 0) {
+    return false;
+  }
+  for (int64_t r = 0; r < o.ranks; ++r) {
+    const QWeight& w = o.kv_b[r].w;
+    if (w.cols != o.kv_lora || w.rows < o.heads * (o.nope + o.v_dim)) return false;
+    if (w.scale_format != SFormat::kNone && (w.block_cols % 8 != 0 || w.block_cols <= 0 || w.block_rows <= 0)) {
+      return false;
+    }
+    if (w.format == WFormat::kE2m1 && RowStride(w) % 2 != 0) return false;
+  }
+  pool.Launch(o.ranks * o.tokens * o.heads, [&](int64_t i, KernelStatus*) {
+    switch (isa) {
+#if defined(__x86_64__)
+      case CpuIsa::kAvx512: return cpu::AbsorbAvx512(o, i, i + 1);
+      case CpuIsa::kAvx2: return cpu::AbsorbAvx2(o, i, i + 1);
+#endif
+      default: return cpu::AbsorbGeneric(o, i, i + 1);
     }
   });
   return true;

@@ -98,6 +98,7 @@ class CpuExecutor final : public Executor {
     if (const auto* s = std::get_if<SharedExpertOp>(&op)) return LaunchSharedExpertFast(*s, pool_, isa_, st);
     if (const auto* a = std::get_if<AttentionOp>(&op)) return LaunchAttentionFast(*a, pool_, isa_, st);
     if (const auto* m = std::get_if<MlaAttentionOp>(&op)) return LaunchMlaAttentionFast(*m, pool_, isa_, st);
+    if (const auto* q = std::get_if<MlaQAbsorbOp>(&op)) return LaunchMlaQAbsorbFast(*q, pool_, isa_, st);
     return false;
   }
 

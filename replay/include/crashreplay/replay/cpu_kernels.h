@@ -62,5 +62,9 @@ bool LaunchAttentionFast(const AttentionOp& op, CpuPool& pool, CpuIsa isa, Kerne
 // The expanded MLA attention (MlaAttentionOp) likewise: covered unless
 // nope, rope or v_dim % 8 != 0 or a top-k index the work items would reject.
 bool LaunchMlaAttentionFast(const MlaAttentionOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
+// The absorbed MLA query (MlaQAbsorbOp, every absorbed and DSA decode):
+// covered when kv_lora % 8 == 0 and a scaled kv_b_proj's blocks span whole
+// groups of 8 columns.
+bool LaunchMlaQAbsorbFast(const MlaQAbsorbOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 
 }  // namespace crashreplay::replay
