@@ -23,14 +23,16 @@
 //
 // LaunchMlaAttentionFast does the same for the expanded MLA attention
 // (MlaAttendExpanded: MLA prefill, naive decode, DSA prefill over the top-k),
-// and LaunchMlaQAbsorbFast for the absorbed query of MLA decode
-// (MlaQAbsorb).
+// LaunchMlaQAbsorbFast for the absorbed query of MLA decode (MlaQAbsorb), and
+// LaunchLatentAttentionFast for DSA decode's sparse reference attention over
+// the latent cache (MlaAttendLatent, kSparseReference).
 //
 // Not covered (false, nothing written; the executor runs the work items):
 // another backend, head_dim not a multiple of 8 or not the pool's, a page
 // size < 1, and any page a row's attended length needs that the work item
 // would reject (outside the row's table or the pool): the work items report
 // that fault as before.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -268,6 +270,79 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void Abs
 }
 #endif
 
+// ---- sparse latent attention (LatentAttentionOp, kSparseReference) ----------
+// MlaAttendLatent's sparse reference per (rank, token, head) loads each
+// top-k latent twice (scores, then P.V) for every head. Here each token's
+// latents are loaded once (LatentLoad, the same values) for all its heads;
+// then per head the scores are eight entries per LaneSums8 (LatentDot's
+// lanes), the max / expf / sum are the scalar loop, and the output is
+// 8-column vectors over the entries in order.
+
+CR_SIMD_INLINE void LatentHead(const LatentAttentionOp& o, const float* lat, int64_t rt, int64_t h) {
+  const int64_t qd = o.kv_lora + o.rope, W = o.topk_width;
+  const int64_t i = rt * o.heads + h;
+  const float* q = o.q576 + i * qd;
+  const int32_t* ids = o.topk + rt * W;
+  float* out = o.out + i * o.kv_lora;
+  TaskScratch& sc = Scratch();
+  if (static_cast<int64_t>(sc.p.size()) < W + 8) sc.p.resize(static_cast<size_t>(W + 8));
+  float* p = sc.p.data();
+  const int64_t groups = qd / 8;
+  for (int64_t i0 = 0; i0 < W; i0 += 8) {
+    f32x8 lane[8];
+    const int64_t n = W - i0 < 8 ? W - i0 : 8;
+    for (int k = 0; k < 8; ++k) {
+      lane[k] = Zero8();
+      if (k >= n || ids[i0 + k] == -1) continue;
+      const float* kr = lat + (i0 + k) * qd;
+      for (int64_t d = 0; d < groups; ++d) lane[k] = lane[k] + Load8(q + 8 * d) * Load8(kr + 8 * d);
+    }
+    alignas(32) float s8[8];
+    Store8(s8, LaneSums8(lane) * Splat(o.scale));
+    for (int64_t k = 0; k < n; ++k) p[i0 + k] = ids[i0 + k] == -1 ? -INFINITY : s8[k];
+  }
+  float m = -INFINITY;
+  for (int64_t j = 0; j < W; ++j) m = p[j] > m ? p[j] : m;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < W; ++j) {
+    p[j] = expf(p[j] - m);
+    sum += p[j];
+  }
+  const float inv = 1.0f / sum;
+  const int64_t gv = o.kv_lora / 8;
+  for (int64_t d0 = 0; d0 < gv; d0 += 8) {
+    const int64_t nv = gv - d0 < 8 ? gv - d0 : 8;
+    f32x8 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = Zero8();
+    for (int64_t j = 0; j < W; ++j) {
+      if (ids[j] == -1) continue;
+      const f32x8 pj = Splat(p[j]);
+      const float* kr = lat + j * qd + 8 * d0;
+      for (int k = 0; k < 8; ++k) {
+        if (k < nv) acc[k] = acc[k] + pj * Load8(kr + 8 * k);
+      }
+    }
+    for (int k = 0; k < 8; ++k) {
+      if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
+    }
+  }
+}
+
+__attribute__((noinline)) void LatentHeadGeneric(const LatentAttentionOp& o, const float* lat, int64_t rt,
+                                                 int64_t h) {
+  LatentHead(o, lat, rt, h);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"), noinline)) void LatentHeadAvx2(const LatentAttentionOp& o, const float* lat,
+                                                              int64_t rt, int64_t h) {
+  LatentHead(o, lat, rt, h);
+}
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void LatentHeadAvx512(
+    const LatentAttentionOp& o, const float* lat, int64_t rt, int64_t h) {
+  LatentHead(o, lat, rt, h);
+}
+#endif
+
 struct TaskRange {
   const AttentionOp* o;
   int64_t begin, end;  // task indices
@@ -417,6 +492,62 @@ bool LaunchMlaQAbsorbFast(const MlaQAbsorbOp& o, CpuPool& pool, CpuIsa isa, Kern
       default: return cpu::AbsorbGeneric(o, i, i + 1);
     }
   });
+  return true;
+}
+
+bool LaunchLatentAttentionFast(const LatentAttentionOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
+  *status = KernelStatus{};
+  const int64_t T = o.batch.tokens, W = o.topk_width, qd = o.kv_lora + o.rope;
+  if (isa == CpuIsa::kReference || o.variant != static_cast<int32_t>(LatentAttention::kSparseReference) ||
+      o.topk == nullptr || o.ranks <= 0 || o.heads <= 0 || T <= 0 || W <= 0 || o.kv_lora <= 0 ||
+      o.kv_lora % 8 != 0 || o.rope < 0 || qd % 8 != 0) {
+    return false;
+  }
+  // Every index must be padding or a position of its sequence whose page
+  // resolves, or the work items report the first that is not.
+  for (int64_t r = 0; r < o.ranks; ++r) {
+    const LatentPoolView& v = o.views[r];
+    if (v.kv_lora != o.kv_lora || v.rope != o.rope || v.page_size < 1) return false;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+      const int32_t* ids = o.topk + (r * T + t) * W;
+      const PageTableRow row = RowTable(o.batch, t);
+      for (int64_t i = 0; i < W; ++i) {
+        if (ids[i] == -1) continue;
+        KernelStatus probe;
+        if (ids[i] < 0 || ids[i] >= len || ResolvePoolPage(v.pages, row, ids[i] / v.page_size, 0, &probe) < 0) {
+          return false;
+        }
+      }
+    }
+  }
+  // Tokens in chunks whose latents take at most 2^24 floats.
+  const int64_t per_rt = W * qd, chunk = std::max<int64_t>(1, (int64_t{1} << 24) / per_rt);
+  thread_local std::vector<float> lat;
+  for (int64_t rt0 = 0; rt0 < o.ranks * T; rt0 += chunk) {
+    const int64_t rt1 = std::min(o.ranks * T, rt0 + chunk);
+    lat.resize(static_cast<size_t>((rt1 - rt0) * per_rt));
+    float* base = lat.data();
+    pool.Launch((rt1 - rt0) * W, [&](int64_t k, KernelStatus*) {
+      const int64_t rt = rt0 + k / W, t = rt % T;
+      const int32_t id = o.topk[rt * W + k % W];
+      if (id == -1) return;
+      const LatentPoolView& v = o.views[rt / T];
+      const int64_t page = RowTable(o.batch, t).pages[id / v.page_size];
+      LatentLoad(v, LatentSlot(v, page, id % v.page_size), base + k * qd);
+    });
+    pool.Launch((rt1 - rt0) * o.heads, [&](int64_t k, KernelStatus*) {
+      const int64_t rt = rt0 + k / o.heads, h = k % o.heads;
+      const float* l = base + (rt - rt0) * per_rt;
+      switch (isa) {
+#if defined(__x86_64__)
+        case CpuIsa::kAvx512: return cpu::LatentHeadAvx512(o, l, rt, h);
+        case CpuIsa::kAvx2: return cpu::LatentHeadAvx2(o, l, rt, h);
+#endif
+        default: return cpu::LatentHeadGeneric(o, l, rt, h);
+      }
+    });
+  }
   return true;
 }
 

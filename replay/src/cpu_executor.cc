@@ -99,6 +99,7 @@ class CpuExecutor final : public Executor {
     if (const auto* a = std::get_if<AttentionOp>(&op)) return LaunchAttentionFast(*a, pool_, isa_, st);
     if (const auto* m = std::get_if<MlaAttentionOp>(&op)) return LaunchMlaAttentionFast(*m, pool_, isa_, st);
     if (const auto* q = std::get_if<MlaQAbsorbOp>(&op)) return LaunchMlaQAbsorbFast(*q, pool_, isa_, st);
+    if (const auto* l = std::get_if<LatentAttentionOp>(&op)) return LaunchLatentAttentionFast(*l, pool_, isa_, st);
     return false;
   }
 

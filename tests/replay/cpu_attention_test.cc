@@ -485,6 +485,162 @@ TEST(CpuAttention, AbsorbedQueryMatchesTheWorkItemsForEveryKvBFormat) {
   }
 }
 
+// DSA decode's sparse latent attention: `ranks` latent pools holding two
+// requests' tokens, one query token per request, top-k ids with padding and
+// a repeat.
+struct LatentCase {
+  int64_t ranks = 2, heads = 3, kv_lora = 24, rope = 8, width = 12;
+  int32_t page_size = 4;
+  std::vector<std::vector<uint8_t>> pools;
+  std::vector<LatentPoolView> views;
+  std::vector<int32_t> positions, token_row, tables, topk;
+  std::vector<int64_t> table_offset;
+  std::vector<float> q576, out;
+  LatentAttentionOp op;
+
+  LatentCase(bool fp8, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const std::vector<int> lens = {7, 19};
+    int64_t pages = 0;
+    table_offset.push_back(0);
+    for (size_t r = 0; r < lens.size(); ++r) {
+      const int need = (lens[r] + page_size - 1) / page_size;
+      for (int p = 0; p < need; ++p) tables.push_back(static_cast<int32_t>(pages + need - 1 - p));
+      pages += need;
+      table_offset.push_back(static_cast<int64_t>(tables.size()));
+      positions.push_back(lens[r] - 1);  // the decode token
+      token_row.push_back(static_cast<int32_t>(r));
+    }
+    op.batch.positions = positions.data();
+    op.batch.token_row = token_row.data();
+    op.batch.page_tables = tables.data();
+    op.batch.table_offset = table_offset.data();
+    op.batch.tokens = static_cast<int64_t>(positions.size());
+    const int32_t tb = LatentTokenBytes(fp8, static_cast<int32_t>(kv_lora), static_cast<int32_t>(rope));
+    for (int64_t r = 0; r < ranks; ++r) {
+      pools.emplace_back(static_cast<size_t>(pages * page_size * tb));
+      LatentPoolView v;
+      v.data = pools.back().data();
+      v.fp8 = fp8;
+      v.pages = pages;
+      v.page_size = page_size;
+      v.kv_lora = static_cast<int32_t>(kv_lora);
+      v.rope = static_cast<int32_t>(rope);
+      v.token_bytes = tb;
+      views.push_back(v);
+      for (size_t req = 0; req < lens.size(); ++req) {
+        for (int j = 0; j < lens[req]; ++j) {
+          std::vector<float> c(kv_lora), rot(rope);
+          for (auto& x : c) x = nd(g);
+          for (auto& x : rot) x = nd(g);
+          KernelStatus st;
+          LatentWriteToken(views.back(), RowTableOf(op.batch, static_cast<int64_t>(req)), j, c.data(), rot.data(), 0, &st);
+          EXPECT_FALSE(st.fired);
+        }
+      }
+    }
+    const int64_t T = op.batch.tokens;
+    for (int64_t rt = 0; rt < ranks * T; ++rt) {
+      const int32_t len = positions[rt % T] + 1;
+      for (int64_t i = 0; i < width; ++i) {
+        const int32_t j = len - 1 - static_cast<int32_t>(i);
+        topk.push_back(j >= 0 ? (i == 2 ? len - 1 : j) : -1);
+      }
+    }
+    q576.resize(ranks * T * heads * (kv_lora + rope));
+    for (auto& x : q576) x = nd(g);
+    out.assign(ranks * T * heads * kv_lora, -7.0f);
+    op.views = views.data();
+    op.q576 = q576.data();
+    op.topk = topk.data();
+    op.out = out.data();
+    op.variant = static_cast<int32_t>(LatentAttention::kSparseReference);
+    op.ranks = ranks;
+    op.heads = heads;
+    op.kv_lora = kv_lora;
+    op.rope = rope;
+    op.topk_width = width;
+    op.max_len = 19;
+    op.scale = 0.3f;
+  }
+
+  std::vector<float> Reference(KernelStatus* first) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)));
+    *first = KernelStatus{};
+    for (int64_t i = 0; i < Items(op); ++i) {
+      KernelStatus st;
+      RunItem(op, i, scratch.data(), &st);
+      if (st.fired && !first->fired) *first = st;
+    }
+    return out;
+  }
+
+  std::vector<float> Fast(CpuIsa isa, int threads, bool* ran) {
+    std::fill(out.begin(), out.end(), -7.0f);
+    CpuPool pool(threads);
+    KernelStatus st;
+    *ran = LaunchLatentAttentionFast(op, pool, isa, &st);
+    EXPECT_FALSE(st.fired);
+    return out;
+  }
+};
+
+TEST(CpuAttention, SparseLatentAttentionMatchesTheWorkItems) {
+  for (bool fp8 : {false, true}) {
+    LatentCase c(fp8, 5);
+    c.q576[4] = NAN;
+    KernelStatus first;
+    const std::vector<float> want = c.Reference(&first);
+    ASSERT_FALSE(first.fired);
+    for (CpuIsa isa : Isas()) {
+      for (int threads : {1, 2, 3}) {
+        bool ran = false;
+        const std::vector<float> got = c.Fast(isa, threads, &ran);
+        ASSERT_TRUE(ran);
+        ExpectBitsEqual(got, want, std::string(fp8 ? "fp8 " : "bf16 ") + CpuIsaName(isa) + " threads " +
+                                       std::to_string(threads));
+      }
+    }
+  }
+}
+
+TEST(CpuAttention, SparseLatentAttentionLeavesBadIndicesAndOtherVariantsToTheWorkItems) {
+  for (CpuIsa isa : Isas()) {
+    {  // an index past the first request's sequence (length 7)
+      LatentCase c(false, 5);
+      c.topk[1] = 7;
+      KernelStatus first;
+      c.Reference(&first);
+      ASSERT_TRUE(first.fired);
+      EXPECT_EQ(first.check, Check::kTopkIndexInSequence);
+      bool ran = true;
+      const std::vector<float> got = c.Fast(isa, 2, &ran);
+      EXPECT_FALSE(ran);
+      for (float x : got) ASSERT_EQ(x, -7.0f);
+    }
+    {  // a page outside the pool
+      LatentCase c(false, 5);
+      c.tables[0] = 99;
+      KernelStatus first;
+      c.Reference(&first);
+      ASSERT_TRUE(first.fired);
+      EXPECT_EQ(first.check, Check::kPageInPool);
+      bool ran = true;
+      c.Fast(isa, 1, &ran);
+      EXPECT_FALSE(ran);
+    }
+    {  // the tiled (FlashMLA) variant
+      LatentCase c(false, 5);
+      c.op.variant = static_cast<int32_t>(LatentAttention::kSparseTiled64);
+      bool ran = true;
+      c.Fast(isa, 1, &ran);
+      EXPECT_FALSE(ran);
+    }
+  }
+}
+
 TEST(CpuAttention, ReferenceIsaRunsNothing) {
   Shape s;
   s.prompt = {10};

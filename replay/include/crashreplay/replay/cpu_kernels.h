@@ -66,5 +66,10 @@ bool LaunchMlaAttentionFast(const MlaAttentionOp& op, CpuPool& pool, CpuIsa isa,
 // covered when kv_lora % 8 == 0 and a scaled kv_b_proj's blocks span whole
 // groups of 8 columns.
 bool LaunchMlaQAbsorbFast(const MlaQAbsorbOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
+// DSA decode's sparse reference attention over the latent cache
+// (LatentAttentionOp, kSparseReference): covered when kv_lora and
+// kv_lora + rope are multiples of 8 and every top-k index and its page is
+// one the work items accept.
+bool LaunchLatentAttentionFast(const LatentAttentionOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 
 }  // namespace crashreplay::replay
