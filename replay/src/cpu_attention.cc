@@ -63,6 +63,61 @@ TaskScratch& Scratch() {
   return s;
 }
 
+// The three passes every launcher here shares, over n entries (positions
+// or top-k slots); `valid(i)` false marks padding. Callers pass lambdas
+// marked always_inline, so they are built with the caller's ISA.
+#define CR_LAMBDA_INLINE __attribute__((always_inline))
+
+// p[i] = LaneSums8 of entry i's lane vector (`lanes(i)`: its 8-lane dot,
+// each lane in dimension order) times scale, eight entries per LaneSums8;
+// -inf where !valid(i).
+template <class Valid, class Lanes>
+CR_SIMD_INLINE void Scores(int64_t n, float scale, float* p, const Valid& valid, const Lanes& lanes) {
+  for (int64_t i0 = 0; i0 < n; i0 += 8) {
+    const int64_t m = n - i0 < 8 ? n - i0 : 8;
+    f32x8 lane[8];
+    for (int k = 0; k < 8; ++k) lane[k] = k < m && valid(i0 + k) ? lanes(i0 + k) : Zero8();
+    alignas(32) float s8[8];
+    Store8(s8, LaneSums8(lane) * Splat(scale));
+    for (int64_t k = 0; k < m; ++k) p[i0 + k] = valid(i0 + k) ? s8[k] : -INFINITY;
+  }
+}
+
+// The work items' softmax loop: the maximum, p[i] = expf(p[i] - max) and
+// their sum, all in entry order; returns 1 / sum.
+CR_SIMD_INLINE float ExpInPlace(float* p, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = expf(p[i] - m);
+    sum += p[i];
+  }
+  return 1.0f / sum;
+}
+
+// out[8c, 8c + 8) for c < groups: (acc + p[j] * row(j, c) over the valid
+// entries j in order, from 0) * inv; 64 columns at a time.
+template <class Valid, class Row>
+CR_SIMD_INLINE void WeightedSum(const float* p, int64_t n, int64_t groups, float inv, float* out, const Valid& valid,
+                                const Row& row) {
+  for (int64_t d0 = 0; d0 < groups; d0 += 8) {
+    const int64_t nv = groups - d0 < 8 ? groups - d0 : 8;
+    f32x8 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = Zero8();
+    for (int64_t j = 0; j < n; ++j) {
+      if (!valid(j)) continue;
+      const f32x8 pj = Splat(p[j]);
+      for (int k = 0; k < 8; ++k) {
+        if (k < nv) acc[k] = acc[k] + pj * row(j, d0 + k);
+      }
+    }
+    for (int k = 0; k < 8; ++k) {
+      if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
+    }
+  }
+}
+
 // The `group` heads of (rank r, token t, KV head kvh).
 template <bool kFp8>
 CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64_t kvh) {
@@ -88,56 +143,19 @@ CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64
   float* p = s.p.data();
   for (int64_t j = 0; j < len; ++j) offs[j] = KvOffset(kv, pt.pages[j / kv.page_size], j % kv.page_size, kvh);
   const int64_t groups = hd / 8;
-  const f32x8 scale = Splat(o.scale);
+  auto all = [](int64_t) CR_LAMBDA_INLINE { return true; };
   for (int64_t g = 0; g < o.group; ++g) {
     const int64_t h = kvh * o.group + g;
     const float* q = o.q + rt * qd + h * hd;
-    float* out = o.out + rt * qd + h * hd;
-    // Scores, eight positions at a time (the last block's missing positions
-    // sum zeros and are not stored).
-    for (int64_t j0 = 0; j0 < len; j0 += 8) {
-      f32x8 lane[8];
-      for (int k = 0; k < 8; ++k) lane[k] = Zero8();
-      const int64_t n = len - j0 < 8 ? len - j0 : 8;
-      for (int64_t d = 0; d < groups; ++d) {
-        const f32x8 qv = Load8(q + 8 * d);
-        for (int k = 0; k < 8; ++k) {
-          if (k < n) lane[k] = lane[k] + qv * DecodeKv<kFp8>(kv.k, offs[j0 + k] + 8 * d);
-        }
-      }
-      const f32x8 sc = LaneSums8(lane) * scale;
-      if (n == 8) {
-        Store8(p + j0, sc);
-      } else {
-        float tmp[8];
-        Store8(tmp, sc);
-        for (int64_t k = 0; k < n; ++k) p[j0 + k] = tmp[k];
-      }
-    }
-    float m = -INFINITY;
-    for (int64_t j = 0; j < len; ++j) m = p[j] > m ? p[j] : m;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < len; ++j) {
-      p[j] = expf(p[j] - m);
-      sum += p[j];
-    }
-    const float inv = 1.0f / sum;
-    // Output: 64 dimensions (eight vectors) at a time, positions in order.
-    for (int64_t d0 = 0; d0 < groups; d0 += 8) {
-      const int64_t nv = groups - d0 < 8 ? groups - d0 : 8;
-      f32x8 acc[8];
-      for (int k = 0; k < 8; ++k) acc[k] = Zero8();
-      for (int64_t j = 0; j < len; ++j) {
-        const f32x8 pj = Splat(p[j]);
-        const int64_t base = offs[j] + 8 * d0;
-        for (int k = 0; k < 8; ++k) {
-          if (k < nv) acc[k] = acc[k] + pj * DecodeKv<kFp8>(kv.v, base + 8 * k);
-        }
-      }
-      for (int k = 0; k < 8; ++k) {
-        if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
-      }
-    }
+    Scores(len, o.scale, p, all, [&](int64_t j) CR_LAMBDA_INLINE {
+      f32x8 lane = Zero8();
+      for (int64_t d = 0; d < groups; ++d) lane = lane + Load8(q + 8 * d) * DecodeKv<kFp8>(kv.k, offs[j] + 8 * d);
+      return lane;
+    });
+    const float inv = ExpInPlace(p, len);
+    WeightedSum(p, len, groups, inv, o.out + rt * qd + h * hd, all, [&](int64_t j, int64_t c) CR_LAMBDA_INLINE {
+      return DecodeKv<kFp8>(kv.v, offs[j] + 8 * c);
+    });
   }
 }
 
@@ -175,47 +193,19 @@ CR_SIMD_INLINE void MlaTask(const MlaAttentionOp& o, int64_t r, int64_t t, int64
   float* p = s.p.data();
   for (int64_t i = 0; i < n; ++i) pos[i] = ids != nullptr ? ids[i] : i;
   const int64_t gn = o.nope / 8, gr = o.rope / 8;
-  const f32x8 scale = Splat(o.scale);
-  for (int64_t i0 = 0; i0 < n; i0 += 8) {
-    f32x8 lane[8];
-    const int64_t m = n - i0 < 8 ? n - i0 : 8;
-    for (int k = 0; k < 8; ++k) {
-      lane[k] = Zero8();
-      if (k >= m || pos[i0 + k] < 0) continue;
-      const float* kr = kv + pos[i0 + k] * kvw;
-      const float* rr = rot + pos[i0 + k] * o.rope;
-      for (int64_t d = 0; d < gn; ++d) lane[k] = lane[k] + Load8(q + 8 * d) * Load8(kr + 8 * d);
-      for (int64_t d = 0; d < gr; ++d) lane[k] = lane[k] + Load8(q + o.nope + 8 * d) * Load8(rr + 8 * d);
-    }
-    alignas(32) float sc[8];
-    Store8(sc, LaneSums8(lane) * scale);
-    for (int64_t k = 0; k < m; ++k) p[i0 + k] = pos[i0 + k] < 0 ? -INFINITY : sc[k];
-  }
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = p[i] > mx ? p[i] : mx;
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] = expf(p[i] - mx);
-    sum += p[i];
-  }
-  const float inv = 1.0f / sum;
-  const int64_t gv = o.v_dim / 8;
-  for (int64_t d0 = 0; d0 < gv; d0 += 8) {
-    const int64_t nv = gv - d0 < 8 ? gv - d0 : 8;
-    f32x8 acc[8];
-    for (int k = 0; k < 8; ++k) acc[k] = Zero8();
-    for (int64_t i = 0; i < n; ++i) {
-      if (pos[i] < 0) continue;
-      const f32x8 pi = Splat(p[i]);
-      const float* v = kv + pos[i] * kvw + o.nope + 8 * d0;
-      for (int k = 0; k < 8; ++k) {
-        if (k < nv) acc[k] = acc[k] + pi * Load8(v + 8 * k);
-      }
-    }
-    for (int k = 0; k < 8; ++k) {
-      if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
-    }
-  }
+  auto valid = [pos](int64_t i) CR_LAMBDA_INLINE { return pos[i] >= 0; };
+  Scores(n, o.scale, p, valid, [&](int64_t i) CR_LAMBDA_INLINE {
+    const float* kr = kv + pos[i] * kvw;
+    const float* rr = rot + pos[i] * o.rope;
+    f32x8 lane = Zero8();
+    for (int64_t d = 0; d < gn; ++d) lane = lane + Load8(q + 8 * d) * Load8(kr + 8 * d);
+    for (int64_t d = 0; d < gr; ++d) lane = lane + Load8(q + o.nope + 8 * d) * Load8(rr + 8 * d);
+    return lane;
+  });
+  const float inv = ExpInPlace(p, n);
+  WeightedSum(p, n, o.v_dim / 8, inv, out, valid, [&](int64_t i, int64_t c) CR_LAMBDA_INLINE {
+    return Load8(kv + pos[i] * kvw + o.nope + 8 * c);
+  });
 }
 
 // ---- the absorbed query (MlaQAbsorbOp) ----------------------------------------
@@ -288,44 +278,16 @@ CR_SIMD_INLINE void LatentHead(const LatentAttentionOp& o, const float* lat, int
   if (static_cast<int64_t>(sc.p.size()) < W + 8) sc.p.resize(static_cast<size_t>(W + 8));
   float* p = sc.p.data();
   const int64_t groups = qd / 8;
-  for (int64_t i0 = 0; i0 < W; i0 += 8) {
-    f32x8 lane[8];
-    const int64_t n = W - i0 < 8 ? W - i0 : 8;
-    for (int k = 0; k < 8; ++k) {
-      lane[k] = Zero8();
-      if (k >= n || ids[i0 + k] == -1) continue;
-      const float* kr = lat + (i0 + k) * qd;
-      for (int64_t d = 0; d < groups; ++d) lane[k] = lane[k] + Load8(q + 8 * d) * Load8(kr + 8 * d);
-    }
-    alignas(32) float s8[8];
-    Store8(s8, LaneSums8(lane) * Splat(o.scale));
-    for (int64_t k = 0; k < n; ++k) p[i0 + k] = ids[i0 + k] == -1 ? -INFINITY : s8[k];
-  }
-  float m = -INFINITY;
-  for (int64_t j = 0; j < W; ++j) m = p[j] > m ? p[j] : m;
-  float sum = 0.0f;
-  for (int64_t j = 0; j < W; ++j) {
-    p[j] = expf(p[j] - m);
-    sum += p[j];
-  }
-  const float inv = 1.0f / sum;
-  const int64_t gv = o.kv_lora / 8;
-  for (int64_t d0 = 0; d0 < gv; d0 += 8) {
-    const int64_t nv = gv - d0 < 8 ? gv - d0 : 8;
-    f32x8 acc[8];
-    for (int k = 0; k < 8; ++k) acc[k] = Zero8();
-    for (int64_t j = 0; j < W; ++j) {
-      if (ids[j] == -1) continue;
-      const f32x8 pj = Splat(p[j]);
-      const float* kr = lat + j * qd + 8 * d0;
-      for (int k = 0; k < 8; ++k) {
-        if (k < nv) acc[k] = acc[k] + pj * Load8(kr + 8 * k);
-      }
-    }
-    for (int k = 0; k < 8; ++k) {
-      if (k < nv) Store8(out + 8 * (d0 + k), acc[k] * Splat(inv));
-    }
-  }
+  auto valid = [ids](int64_t j) CR_LAMBDA_INLINE { return ids[j] != -1; };
+  Scores(W, o.scale, p, valid, [&](int64_t j) CR_LAMBDA_INLINE {
+    const float* kr = lat + j * qd;
+    f32x8 lane = Zero8();
+    for (int64_t d = 0; d < groups; ++d) lane = lane + Load8(q + 8 * d) * Load8(kr + 8 * d);
+    return lane;
+  });
+  const float inv = ExpInPlace(p, W);
+  WeightedSum(p, W, o.kv_lora / 8, inv, out, valid,
+              [&](int64_t j, int64_t c) CR_LAMBDA_INLINE { return Load8(lat + j * qd + 8 * c); });
 }
 
 __attribute__((noinline)) void LatentHeadGeneric(const LatentAttentionOp& o, const float* lat, int64_t rt,

@@ -28,6 +28,34 @@ std::vector<CpuIsa> Isas() {
   return v;
 }
 
+// The work items of `op` one by one (what the executor runs without a fast
+// path), `out` reset to -7 first; `first`: the first fault in item order.
+template <class Op>
+std::vector<float> WorkItems(const Op& op, std::vector<float>& out, KernelStatus* first) {
+  std::fill(out.begin(), out.end(), -7.0f);
+  std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)) + 1);
+  *first = KernelStatus{};
+  for (int64_t i = 0; i < Items(op); ++i) {
+    KernelStatus st;
+    RunItem(op, i, scratch.data(), &st);
+    if (st.fired && !first->fired) *first = st;
+  }
+  return out;
+}
+
+// `launch(op, pool, isa, status)` on `threads` threads, `out` reset to -7
+// first; *ran: whether it covered the op. It never fires a check.
+template <class Op, class Launch>
+std::vector<float> Launched(const Op& op, std::vector<float>& out, CpuIsa isa, int threads, bool* ran,
+                            Launch launch) {
+  std::fill(out.begin(), out.end(), -7.0f);
+  CpuPool pool(threads);
+  KernelStatus st;
+  *ran = launch(op, pool, isa, &st);
+  EXPECT_FALSE(st.fired);
+  return out;
+}
+
 struct Shape {
   int ranks = 1, heads = 4, group = 2, hd = 64, page_size = 16;
   bool fp8 = false;
@@ -101,25 +129,9 @@ struct Case {
   }
 
   // The work items, one by one (what the executor runs without a fast path).
-  std::vector<float> Reference(KernelStatus* first) {
-    std::fill(out.begin(), out.end(), -7.0f);
-    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)));
-    *first = KernelStatus{};
-    for (int64_t i = 0; i < Items(op); ++i) {
-      KernelStatus st;
-      RunItem(op, i, scratch.data(), &st);
-      if (st.fired && !first->fired) *first = st;
-    }
-    return out;
-  }
-
+  std::vector<float> Reference(KernelStatus* first) { return WorkItems(op, out, first); }
   std::vector<float> Fast(CpuIsa isa, int threads, bool* ran) {
-    std::fill(out.begin(), out.end(), -7.0f);
-    CpuPool pool(threads);
-    KernelStatus st;
-    *ran = LaunchAttentionFast(op, pool, isa, &st);
-    EXPECT_FALSE(st.fired);
-    return out;
+    return Launched(op, out, isa, threads, ran, LaunchAttentionFast);
   }
 };
 
@@ -312,25 +324,9 @@ struct MlaCase {
     op.scale = 0.125f;
   }
 
-  std::vector<float> Reference(KernelStatus* first) {
-    std::fill(out.begin(), out.end(), -7.0f);
-    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)));
-    *first = KernelStatus{};
-    for (int64_t i = 0; i < Items(op); ++i) {
-      KernelStatus st;
-      RunItem(op, i, scratch.data(), &st);
-      if (st.fired && !first->fired) *first = st;
-    }
-    return out;
-  }
-
+  std::vector<float> Reference(KernelStatus* first) { return WorkItems(op, out, first); }
   std::vector<float> Fast(CpuIsa isa, int threads, bool* ran) {
-    std::fill(out.begin(), out.end(), -7.0f);
-    CpuPool pool(threads);
-    KernelStatus st;
-    *ran = LaunchMlaAttentionFast(op, pool, isa, &st);
-    EXPECT_FALSE(st.fired);
-    return out;
+    return Launched(op, out, isa, threads, ran, LaunchMlaAttentionFast);
   }
 };
 
@@ -565,25 +561,9 @@ struct LatentCase {
     op.scale = 0.3f;
   }
 
-  std::vector<float> Reference(KernelStatus* first) {
-    std::fill(out.begin(), out.end(), -7.0f);
-    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(op)));
-    *first = KernelStatus{};
-    for (int64_t i = 0; i < Items(op); ++i) {
-      KernelStatus st;
-      RunItem(op, i, scratch.data(), &st);
-      if (st.fired && !first->fired) *first = st;
-    }
-    return out;
-  }
-
+  std::vector<float> Reference(KernelStatus* first) { return WorkItems(op, out, first); }
   std::vector<float> Fast(CpuIsa isa, int threads, bool* ran) {
-    std::fill(out.begin(), out.end(), -7.0f);
-    CpuPool pool(threads);
-    KernelStatus st;
-    *ran = LaunchLatentAttentionFast(op, pool, isa, &st);
-    EXPECT_FALSE(st.fired);
-    return out;
+    return Launched(op, out, isa, threads, ran, LaunchLatentAttentionFast);
   }
 };
 
