@@ -56,6 +56,11 @@ CR_SIMD_INLINE f32x8 DecodeKv(const void* base, int64_t i) {
 struct TaskScratch {
   std::vector<int64_t> offs;  // [len] element offset of position j's row
   std::vector<float> p;       // [len] scores, then exponentials
+  void Reserve(int64_t n) {
+    if (static_cast<int64_t>(p.size()) >= n + 8) return;
+    offs.resize(static_cast<size_t>(n + 8));
+    p.resize(static_cast<size_t>(n + 8));
+  }
 };
 
 TaskScratch& Scratch() {
@@ -135,10 +140,7 @@ CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64
     return;
   }
   TaskScratch& s = Scratch();
-  if (static_cast<int64_t>(s.offs.size()) < len + 8) {
-    s.offs.resize(static_cast<size_t>(len + 8));
-    s.p.resize(static_cast<size_t>(len + 8));
-  }
+  s.Reserve(len);
   int64_t* offs = s.offs.data();
   float* p = s.p.data();
   for (int64_t j = 0; j < len; ++j) offs[j] = KvOffset(kv, pt.pages[j / kv.page_size], j % kv.page_size, kvh);
@@ -185,10 +187,7 @@ CR_SIMD_INLINE void MlaTask(const MlaAttentionOp& o, int64_t r, int64_t t, int64
     return;
   }
   TaskScratch& s = Scratch();
-  if (static_cast<int64_t>(s.offs.size()) < n + 8) {
-    s.offs.resize(static_cast<size_t>(n + 8));
-    s.p.resize(static_cast<size_t>(n + 8));
-  }
+  s.Reserve(n);
   int64_t* pos = s.offs.data();  // position of entry i, -1: padding
   float* p = s.p.data();
   for (int64_t i = 0; i < n; ++i) pos[i] = ids != nullptr ? ids[i] : i;
@@ -237,28 +236,15 @@ CR_SIMD_INLINE void AbsorbItem(const MlaQAbsorbOp& o, int64_t i) {
   for (int64_t d = 0; d < o.rope; ++d) q576[o.kv_lora + d] = q[o.nope + d];
 }
 
-CR_SIMD_INLINE void AbsorbItems(const MlaQAbsorbOp& o, int64_t b, int64_t e) {
-  for (int64_t i = b; i < e; ++i) {
-    switch (o.kv_b[i / o.heads / o.tokens].w.format) {
-      case WFormat::kF32: AbsorbItem<WFormat::kF32>(o, i); break;
-      case WFormat::kBF16: AbsorbItem<WFormat::kBF16>(o, i); break;
-      case WFormat::kF16: AbsorbItem<WFormat::kF16>(o, i); break;
-      case WFormat::kE4m3: AbsorbItem<WFormat::kE4m3>(o, i); break;
-      case WFormat::kE2m1: AbsorbItem<WFormat::kE2m1>(o, i); break;
-    }
+CR_SIMD_INLINE void AbsorbAnyFormat(const MlaQAbsorbOp& o, int64_t i) {
+  switch (o.kv_b[i / o.heads / o.tokens].w.format) {
+    case WFormat::kF32: return AbsorbItem<WFormat::kF32>(o, i);
+    case WFormat::kBF16: return AbsorbItem<WFormat::kBF16>(o, i);
+    case WFormat::kF16: return AbsorbItem<WFormat::kF16>(o, i);
+    case WFormat::kE4m3: return AbsorbItem<WFormat::kE4m3>(o, i);
+    case WFormat::kE2m1: return AbsorbItem<WFormat::kE2m1>(o, i);
   }
 }
-
-__attribute__((noinline)) void AbsorbGeneric(const MlaQAbsorbOp& o, int64_t b, int64_t e) { AbsorbItems(o, b, e); }
-#if defined(__x86_64__)
-__attribute__((target("avx2"), noinline)) void AbsorbAvx2(const MlaQAbsorbOp& o, int64_t b, int64_t e) {
-  AbsorbItems(o, b, e);
-}
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void AbsorbAvx512(const MlaQAbsorbOp& o,
-                                                                                        int64_t b, int64_t e) {
-  AbsorbItems(o, b, e);
-}
-#endif
 
 // ---- sparse latent attention (LatentAttentionOp, kSparseReference) ----------
 // MlaAttendLatent's sparse reference per (rank, token, head) loads each
@@ -275,7 +261,7 @@ CR_SIMD_INLINE void LatentHead(const LatentAttentionOp& o, const float* lat, int
   const int32_t* ids = o.topk + rt * W;
   float* out = o.out + i * o.kv_lora;
   TaskScratch& sc = Scratch();
-  if (static_cast<int64_t>(sc.p.size()) < W + 8) sc.p.resize(static_cast<size_t>(W + 8));
+  sc.Reserve(W);
   float* p = sc.p.data();
   const int64_t groups = qd / 8;
   auto valid = [ids](int64_t j) CR_LAMBDA_INLINE { return ids[j] != -1; };
@@ -290,76 +276,39 @@ CR_SIMD_INLINE void LatentHead(const LatentAttentionOp& o, const float* lat, int
               [&](int64_t j, int64_t c) CR_LAMBDA_INLINE { return Load8(lat + j * qd + 8 * c); });
 }
 
-__attribute__((noinline)) void LatentHeadGeneric(const LatentAttentionOp& o, const float* lat, int64_t rt,
-                                                 int64_t h) {
-  LatentHead(o, lat, rt, h);
+// Causal rows grow with the token index: z-th task -> token first, last,
+// second, second last, ..., so contiguous task ranges carry about the same
+// number of positions.
+CR_SIMD_INLINE int64_t Zigzag(int64_t z, int64_t tokens) { return (z & 1) == 0 ? z / 2 : tokens - 1 - z / 2; }
+
+// body() compiled for each instruction set: `body` is an always-inline
+// lambda over the CR_SIMD_INLINE kernels above, so each of these three
+// instantiations builds them with its own ISA.
+template <class Body>
+__attribute__((noinline)) void OnGeneric(const Body& body) {
+  body();
 }
 #if defined(__x86_64__)
-__attribute__((target("avx2"), noinline)) void LatentHeadAvx2(const LatentAttentionOp& o, const float* lat,
-                                                              int64_t rt, int64_t h) {
-  LatentHead(o, lat, rt, h);
+template <class Body>
+__attribute__((target("avx2"), noinline)) void OnAvx2(const Body& body) {
+  body();
 }
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void LatentHeadAvx512(
-    const LatentAttentionOp& o, const float* lat, int64_t rt, int64_t h) {
-  LatentHead(o, lat, rt, h);
+template <class Body>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void OnAvx512(const Body& body) {
+  body();
 }
 #endif
 
-struct TaskRange {
-  const AttentionOp* o;
-  int64_t begin, end;  // task indices
-};
-
-// Task index -> (rank, KV head, token); tokens in zigzag order.
-template <bool kFp8>
-CR_SIMD_INLINE void RunTasks(const TaskRange& a) {
-  const AttentionOp& o = *a.o;
-  const int64_t T = o.batch.tokens, kvheads = o.heads / o.group;
-  for (int64_t i = a.begin; i < a.end; ++i) {
-    const int64_t z = i % T, rk = i / T;
-    const int64_t t = (z & 1) == 0 ? z / 2 : T - 1 - z / 2;
-    AttendTask<kFp8>(o, rk / kvheads, t, rk % kvheads);
+template <class Body>
+void OnIsa(CpuIsa isa, const Body& body) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case CpuIsa::kAvx512: return OnAvx512(body);
+    case CpuIsa::kAvx2: return OnAvx2(body);
+#endif
+    default: return OnGeneric(body);
   }
 }
-
-// Task index -> (rank, head, token); tokens in zigzag order.
-CR_SIMD_INLINE void RunMlaTasks(const MlaAttentionOp& o, int64_t begin, int64_t end) {
-  const int64_t T = o.batch.tokens;
-  for (int64_t i = begin; i < end; ++i) {
-    const int64_t z = i % T, rh = i / T;
-    MlaTask(o, rh / o.heads, (z & 1) == 0 ? z / 2 : T - 1 - z / 2, rh % o.heads);
-  }
-}
-
-__attribute__((noinline)) void RunMlaTasksGeneric(const MlaAttentionOp& o, int64_t b, int64_t e) {
-  RunMlaTasks(o, b, e);
-}
-#if defined(__x86_64__)
-__attribute__((target("avx2"), noinline)) void RunMlaTasksAvx2(const MlaAttentionOp& o, int64_t b, int64_t e) {
-  RunMlaTasks(o, b, e);
-}
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void RunMlaTasksAvx512(
-    const MlaAttentionOp& o, int64_t b, int64_t e) {
-  RunMlaTasks(o, b, e);
-}
-#endif
-
-__attribute__((noinline)) void RunTasksGeneric(const TaskRange& a, bool fp8) {
-  if (fp8) return RunTasks<true>(a);
-  RunTasks<false>(a);
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2"), noinline)) void RunTasksAvx2(const TaskRange& a, bool fp8) {
-  if (fp8) return RunTasks<true>(a);
-  RunTasks<false>(a);
-}
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void RunTasksAvx512(const TaskRange& a,
-                                                                                          bool fp8) {
-  if (fp8) return RunTasks<true>(a);
-  RunTasks<false>(a);
-}
-#endif
 
 }  // namespace
 }  // namespace cpu
@@ -388,16 +337,13 @@ bool LaunchAttentionFast(const AttentionOp& o, CpuPool& pool, CpuIsa isa, Kernel
     }
   }
   const bool fp8 = o.views[0].fp8;
-  const int64_t tasks = o.ranks * (o.heads / o.group) * T;
-  pool.Launch(tasks, [&](int64_t i, KernelStatus*) {
-    const cpu::TaskRange a{&o, i, i + 1};
-    switch (isa) {
-#if defined(__x86_64__)
-      case CpuIsa::kAvx512: return cpu::RunTasksAvx512(a, fp8);
-      case CpuIsa::kAvx2: return cpu::RunTasksAvx2(a, fp8);
-#endif
-      default: return cpu::RunTasksGeneric(a, fp8);
-    }
+  const int64_t kvheads = o.heads / o.group;
+  pool.Launch(o.ranks * kvheads * T, [&](int64_t i, KernelStatus*) {
+    const int64_t t = cpu::Zigzag(i % T, T), rk = i / T, r = rk / kvheads, kvh = rk % kvheads;
+    cpu::OnIsa(isa, [&]() CR_LAMBDA_INLINE {
+      if (fp8) return cpu::AttendTask<true>(o, r, t, kvh);
+      cpu::AttendTask<false>(o, r, t, kvh);
+    });
   });
   return true;
 }
@@ -419,14 +365,10 @@ bool LaunchMlaAttentionFast(const MlaAttentionOp& o, CpuPool& pool, CpuIsa isa, 
       }
     }
   }
-  pool.Launch(o.ranks * o.heads * o.batch.tokens, [&](int64_t i, KernelStatus*) {
-    switch (isa) {
-#if defined(__x86_64__)
-      case CpuIsa::kAvx512: return cpu::RunMlaTasksAvx512(o, i, i + 1);
-      case CpuIsa::kAvx2: return cpu::RunMlaTasksAvx2(o, i, i + 1);
-#endif
-      default: return cpu::RunMlaTasksGeneric(o, i, i + 1);
-    }
+  const int64_t T = o.batch.tokens;
+  pool.Launch(o.ranks * o.heads * T, [&](int64_t i, KernelStatus*) {
+    const int64_t t = cpu::Zigzag(i % T, T), rh = i / T;
+    cpu::OnIsa(isa, [&]() CR_LAMBDA_INLINE { cpu::MlaTask(o, rh / o.heads, t, rh % o.heads); });
   });
   return true;
 }
@@ -446,13 +388,7 @@ bool LaunchMlaQAbsorbFast(const MlaQAbsorbOp& o, CpuPool& pool, CpuIsa isa, Kern
     if (w.format == WFormat::kE2m1 && RowStride(w) % 2 != 0) return false;
   }
   pool.Launch(o.ranks * o.tokens * o.heads, [&](int64_t i, KernelStatus*) {
-    switch (isa) {
-#if defined(__x86_64__)
-      case CpuIsa::kAvx512: return cpu::AbsorbAvx512(o, i, i + 1);
-      case CpuIsa::kAvx2: return cpu::AbsorbAvx2(o, i, i + 1);
-#endif
-      default: return cpu::AbsorbGeneric(o, i, i + 1);
-    }
+    cpu::OnIsa(isa, [&]() CR_LAMBDA_INLINE { cpu::AbsorbAnyFormat(o, i); });
   });
   return true;
 }
@@ -501,13 +437,7 @@ bool LaunchLatentAttentionFast(const LatentAttentionOp& o, CpuPool& pool, CpuIsa
     pool.Launch((rt1 - rt0) * o.heads, [&](int64_t k, KernelStatus*) {
       const int64_t rt = rt0 + k / o.heads, h = k % o.heads;
       const float* l = base + (rt - rt0) * per_rt;
-      switch (isa) {
-#if defined(__x86_64__)
-        case CpuIsa::kAvx512: return cpu::LatentHeadAvx512(o, l, rt, h);
-        case CpuIsa::kAvx2: return cpu::LatentHeadAvx2(o, l, rt, h);
-#endif
-        default: return cpu::LatentHeadGeneric(o, l, rt, h);
-      }
+      cpu::OnIsa(isa, [&]() CR_LAMBDA_INLINE { cpu::LatentHead(o, l, rt, h); });
     });
   }
   return true;
