@@ -1,8 +1,9 @@
 // The CPU executor: ops run on a CpuPool in host memory, always kernel by
 // kernel (a fired check is reported by the Launch that ran it). Projections,
-// MoE experts and the reference attention go through the SIMD launchers of
-// cpu_kernels.h (same bits as the work items); every other op, and an op
-// those launchers do not cover, runs its work items.
+// MoE experts, attention (GQA reference, expanded MLA, DSA's sparse latent)
+// and MLA's absorbed query go through the SIMD launchers of cpu_kernels.h
+// (same bits as the work items); every other op, and an op those launchers
+// do not cover, runs its work items.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>

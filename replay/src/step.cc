@@ -228,8 +228,8 @@ void StepProgram::Watch(const KernelCall& k, KernelRecord* rec) {
       }
       continue;
     }
-    for (size_t i = 0; i < n; ++i) {
-      const double v = b.is_int ? b.i[i] : b.f[i];
+    for (size_t i = 0; i < n; ++i) {  // token ids and other int32 outputs
+      const double v = b.i[i];
       if (std::isnan(v)) {
         rec->nan += 1;
         continue;
