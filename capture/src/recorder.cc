@@ -283,6 +283,51 @@ absl::Status Recorder::Impl::WaitEncoded(double timeout_s) {
   return absl::OkStatus();
 }
 
+absl::Status Recorder::Impl::WriteHeldFingerprints(bool complete) {
+  if (!held_fp_) return absl::OkStatus();
+  held_fp_->complete = complete;
+  absl::Status s = writer_->Append(*held_fp_);
+  held_fp_.reset();
+  return s;
+}
+
+absl::Status Recorder::Impl::RecordFingerprint(uint64_t step, std::string_view boundary, const TensorView& t) {
+  if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
+  uint64_t numel = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": negative dimension"));
+    numel *= static_cast<uint64_t>(d);
+  }
+  if (t.data == nullptr && numel > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": no data"));
+  }
+  if (DTypeBytes(t.dtype, numel) != t.byte_size) {
+    return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": ", t.byte_size, " bytes for ", numel,
+                                                   " elements of ", std::string(DTypeName(t.dtype))));
+  }
+  const uint64_t columns = t.shape.empty() ? 1 : static_cast<uint64_t>(t.shape.back());
+  crashreplay::Fingerprint f = SummarizeTensor(boundary, t.dtype, t.data, numel, columns, !IsFloat(t.dtype));
+  std::lock_guard<std::mutex> lock(fp_mu_);
+  if (held_fp_ && held_fp_->step != step) CR_RETURN_IF_ERROR(WriteHeldFingerprints(true));
+  if (!held_fp_) {
+    held_fp_.emplace();
+    held_fp_->step = step;
+    held_fp_->rank = rank_;
+    held_fp_->source = "host";
+  }
+  held_fp_->fingerprints.push_back(std::move(f));
+  return absl::OkStatus();
+}
+
+absl::Status Recorder::Impl::RecordFingerprints(const FingerprintRecord& record) {
+  if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
+  std::lock_guard<std::mutex> lock(fp_mu_);
+  CR_RETURN_IF_ERROR(WriteHeldFingerprints(true));
+  FingerprintRecord r = record;
+  r.rank = rank_;
+  return writer_->Append(r);
+}
+
 absl::Status Recorder::Impl::Flush() {
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
   return WaitWritten(queue_.head(), 30.0);
@@ -296,6 +341,13 @@ absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
   if (status.ok()) status = encoded;
   absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
   if (status.ok() && !written.ok()) status = written.status();
+  {
+    // The failing step's boundaries so far: its record is incomplete.
+    std::lock_guard<std::mutex> lock(fp_mu_);
+    const bool failing = held_fp_ && (!failure.step || held_fp_->step == *failure.step);
+    absl::Status fp = WriteHeldFingerprints(!failing);
+    if (status.ok()) status = fp;
+  }
   FailureRecord f;
   f.reason = failure.reason;
   f.stage = failure.stage;
@@ -378,6 +430,11 @@ absl::Status Recorder::Impl::Close() {
   if (writer_thread_.joinable()) writer_thread_.join();
   if (encoder_thread_.joinable()) encoder_thread_.join();
   absl::Status status = error();
+  {
+    std::lock_guard<std::mutex> lock(fp_mu_);
+    absl::Status fp = WriteHeldFingerprints(true);
+    if (status.ok()) status = fp;
+  }
   if (status.ok() && ring_.dropped() != last_dropped_written_) {  // drops after the last step
     DroppedSnapshotsRecord d{last_step_.load(), ring_.dropped(), ring_.bytes_dropped()};
     status = writer_->Append(d);
@@ -460,6 +517,10 @@ absl::Status Recorder::RegisterWeights(std::span<const TensorView> weights) { re
 absl::Status Recorder::RegisterDeviceWeights(std::span<const TensorView> weights) {
   return impl_->RegisterWeights(weights, /*device=*/true);
 }
+absl::Status Recorder::RecordFingerprint(uint64_t step, std::string_view boundary, const TensorView& tensor) {
+  return impl_->RecordFingerprint(step, boundary, tensor);
+}
+absl::Status Recorder::RecordFingerprints(const FingerprintRecord& record) { return impl_->RecordFingerprints(record); }
 absl::Status Recorder::OnFailure(const FailureInfo& failure) { return impl_->OnFailure(failure); }
 absl::Status Recorder::Flush() { return impl_->Flush(); }
 absl::Status Recorder::Close() { return impl_->Close(); }

@@ -33,6 +33,8 @@ class Recorder::Impl final : public internal::CrashTarget {
   absl::Status SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors);
   absl::Status RecordWeightHashes(const WeightShardHashes& shard);
   absl::Status RegisterWeights(std::span<const TensorView> weights, bool device = false);
+  absl::Status RecordFingerprint(uint64_t step, std::string_view boundary, const TensorView& tensor);
+  absl::Status RecordFingerprints(const FingerprintRecord& record);
   absl::Status OnFailure(const FailureInfo& failure);
   absl::Status Flush();
   absl::Status Close();
@@ -56,6 +58,8 @@ class Recorder::Impl final : public internal::CrashTarget {
   void ProcessStep(StepRecord& record, uint64_t backlog);  // backlog: steps queued, this one included
   void EncodeSignalFrames(std::optional<uint64_t> step, ForwardMode mode);
   absl::Status WaitWritten(uint64_t target, double timeout_s);
+  // Writes the held fingerprints (if any) as one record; fp_mu_ held.
+  absl::Status WriteHeldFingerprints(bool complete);
   absl::Status WaitEncoded(double timeout_s);
   void SetError(const absl::Status& s);
   absl::Status error() const;
@@ -98,6 +102,9 @@ class Recorder::Impl final : public internal::CrashTarget {
   std::atomic<bool> crashing_{false};
   std::atomic<bool> terminate_recorded_{false};
 
+  // Fingerprints of the step in progress (RecordFingerprint).
+  std::mutex fp_mu_;
+  std::optional<FingerprintRecord> held_fp_;
   mutable std::mutex error_mu_;
   absl::Status error_;
   std::atomic<bool> failed_{false};

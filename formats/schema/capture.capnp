@@ -228,6 +228,45 @@ struct DroppedSnapshotsRecord {
   bytesDropped @2 :UInt64;
 }
 
+# ---------------------------------------------------------------- fingerprints (2.1)
+
+# A fixed-size summary of one tensor the engine computed at a named point of
+# a step (a "boundary": "L3.attention", "L3.down_proj", "logits", ...), so
+# what the engine computed can be held against the replay's own kernels
+# (docs/formats/capture.md, "Fingerprints"). Statistics are over the
+# elements as the engine stored them, decoded to fp64.
+struct Fingerprint {
+  name @0 :Text;
+  dtype @1 :Text;                 # formats/dtype.h names: "BF16", "F16", "F32", "I64", ...
+  numel @2 :UInt64;
+  columns @3 :UInt64;             # the last dimension: element i is (token i / columns, column i % columns)
+  nan @4 :UInt64;
+  posInf @5 :UInt64;
+  negInf @6 :UInt64;
+  min @7 :Float64;                # over the finite elements; 0 when there is none
+  max @8 :Float64;
+  maxAbs @9 :Float64;
+  sum @10 :Float64;               # fp64 sums of the finite elements, in element order
+  sumSquares @11 :Float64;
+  firstNonFiniteToken @12 :Int64; # -1 when every element is finite
+  firstNonFiniteColumn @13 :Int64;
+  isInt @14 :Bool;                # an integer tensor (ids, indices): min/max are its range
+  contentHash @15 :Hash128;       # XXH3-128 of the dense bytes, when hasContentHash
+  hasContentHash @16 :Bool;
+}
+
+# The fingerprints of one step of one rank, in the order the boundaries ran.
+# A step that did not finish (written by the failure path, or cut short by a
+# sticky device error) has complete = false: its last entry is the last
+# boundary whose kernel finished.
+struct FingerprintRecord {
+  step @0 :UInt64;
+  rank @1 :UInt32;
+  fingerprints @2 :List(Fingerprint);
+  complete @3 :Bool;
+  source @4 :Text;                # "host" (computed by host code) or "device" (a kernel into mapped memory)
+}
+
 # ---------------------------------------------------------------- failure, end
 
 enum FailureClass {

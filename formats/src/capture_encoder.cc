@@ -77,6 +77,15 @@ absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const SnapshotRecord& r) {
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const WeightCheckRecord& r) {
   return EncodeRecord(RecordType::kWeightCheck, r, r.step);
 }
+// Fingerprints are new in 2.1 and nothing a reader needs to replay: skippable,
+// so a 2.0 reader passes over them.
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const FingerprintRecord& r) {
+  absl::StatusOr<std::vector<unsigned char>> payload = internal::ToPayload(r);
+  if (!payload.ok()) return payload.status();
+  EncodedFrame f = Frame(RecordType::kFingerprints, kFrameFlagSkippable, payload->data(), payload->size());
+  f.step = r.step;
+  return f;
+}
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const DroppedSnapshotsRecord& r) {
   return EncodeRecord(RecordType::kDropped, r, r.step);
 }

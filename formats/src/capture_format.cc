@@ -22,6 +22,7 @@ const char* RecordTypeName(uint16_t type) {
     case RecordType::kWeightHashes: return "weight-hashes";
     case RecordType::kIndex: return "index";
     case RecordType::kEnd: return "end";
+    case RecordType::kFingerprints: return "fingerprints";
   }
   return "unknown";
 }

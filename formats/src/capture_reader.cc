@@ -260,6 +260,12 @@ absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const
       weight_checks_.push_back(std::move(r));
       return absl::OkStatus();
     }
+    case RecordType::kFingerprints: {
+      FingerprintRecord r;
+      CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      fingerprints_.push_back(std::move(r));
+      return absl::OkStatus();
+    }
     case RecordType::kDropped: {
       DroppedSnapshotsRecord r;
       CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
@@ -362,6 +368,7 @@ CaptureSummary CaptureReader::Summary() const {
   s.snapshots = snapshots_.size();
   s.failures = failures_.size();
   s.weight_checks = weight_checks_.size();
+  s.fingerprint_records = fingerprints_.size();
   for (const WeightCheckRecord& w : weight_checks_) {
     for (const WeightSlice& sl : w.slices) s.corrupt_weight_slices += sl.corrupt ? 1 : 0;
   }

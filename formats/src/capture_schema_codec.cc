@@ -199,6 +199,35 @@ void Build(s::WeightCheckRecord::Builder b, const WeightCheckRecord& v) {
   }
 }
 
+void Build(s::FingerprintRecord::Builder b, const FingerprintRecord& v) {
+  b.setStep(v.step);
+  b.setRank(v.rank);
+  b.setComplete(v.complete);
+  b.setSource(Txt(v.source));
+  auto l = b.initFingerprints(static_cast<unsigned>(v.fingerprints.size()));
+  for (size_t i = 0; i < v.fingerprints.size(); ++i) {
+    auto o = l[static_cast<unsigned>(i)];
+    const Fingerprint& f = v.fingerprints[i];
+    o.setName(Txt(f.name));
+    o.setDtype(Txt(f.dtype));
+    o.setNumel(f.numel);
+    o.setColumns(f.columns);
+    o.setNan(f.nan);
+    o.setPosInf(f.pos_inf);
+    o.setNegInf(f.neg_inf);
+    o.setMin(f.min);
+    o.setMax(f.max);
+    o.setMaxAbs(f.max_abs);
+    o.setSum(f.sum);
+    o.setSumSquares(f.sum_squares);
+    o.setFirstNonFiniteToken(f.first_nonfinite_token);
+    o.setFirstNonFiniteColumn(f.first_nonfinite_column);
+    o.setIsInt(f.is_int);
+    o.setHasContentHash(f.content_hash.has_value());
+    if (f.content_hash) SetHash(o.initContentHash(), *f.content_hash);
+  }
+}
+
 void Build(s::DroppedSnapshotsRecord::Builder b, const DroppedSnapshotsRecord& v) {
   b.setStep(v.step);
   b.setSnapshotsDropped(v.snapshots_dropped);
@@ -401,6 +430,33 @@ void Read(s::WeightCheckRecord::Reader r, WeightCheckRecord* v) {
   }
 }
 
+void Read(s::FingerprintRecord::Reader r, FingerprintRecord* v) {
+  v->step = r.getStep();
+  v->rank = r.getRank();
+  v->complete = r.getComplete();
+  v->source = Str(r.getSource());
+  for (auto o : r.getFingerprints()) {
+    Fingerprint f;
+    f.name = Str(o.getName());
+    f.dtype = Str(o.getDtype());
+    f.numel = o.getNumel();
+    f.columns = o.getColumns();
+    f.nan = o.getNan();
+    f.pos_inf = o.getPosInf();
+    f.neg_inf = o.getNegInf();
+    f.min = o.getMin();
+    f.max = o.getMax();
+    f.max_abs = o.getMaxAbs();
+    f.sum = o.getSum();
+    f.sum_squares = o.getSumSquares();
+    f.first_nonfinite_token = o.getFirstNonFiniteToken();
+    f.first_nonfinite_column = o.getFirstNonFiniteColumn();
+    f.is_int = o.getIsInt();
+    if (o.getHasContentHash()) f.content_hash = GetHash(o.getContentHash());
+    v->fingerprints.push_back(std::move(f));
+  }
+}
+
 void Read(s::DroppedSnapshotsRecord::Reader r, DroppedSnapshotsRecord* v) {
   v->step = r.getStep();
   v->snapshots_dropped = r.getSnapshotsDropped();
@@ -498,6 +554,7 @@ CR_CAPTURE_RECORD_CODEC_IMPL(WeightHashesRecord)
 CR_CAPTURE_RECORD_CODEC_IMPL(StepRecord)
 CR_CAPTURE_RECORD_CODEC_IMPL(SnapshotRecord)
 CR_CAPTURE_RECORD_CODEC_IMPL(WeightCheckRecord)
+CR_CAPTURE_RECORD_CODEC_IMPL(FingerprintRecord)
 CR_CAPTURE_RECORD_CODEC_IMPL(DroppedSnapshotsRecord)
 CR_CAPTURE_RECORD_CODEC_IMPL(FailureRecord)
 CR_CAPTURE_RECORD_CODEC_IMPL(IndexRecord)

@@ -107,6 +107,7 @@ absl::Status CaptureWriter::Append(const StepRecord& r) { return EncodeAndAppend
 absl::Status CaptureWriter::Append(const SnapshotRecord& r) { return EncodeAndAppend(r); }
 absl::Status CaptureWriter::Append(const WeightHashesRecord& r) { return EncodeAndAppend(r); }
 absl::Status CaptureWriter::Append(const WeightCheckRecord& r) { return EncodeAndAppend(r); }
+absl::Status CaptureWriter::Append(const FingerprintRecord& r) { return EncodeAndAppend(r); }
 absl::Status CaptureWriter::Append(const FailureRecord& r) { return EncodeAndAppend(r); }
 absl::Status CaptureWriter::Append(const DroppedSnapshotsRecord& r) {
   {

@@ -183,6 +183,7 @@ Bytes WrongHash() {
 Bytes ZstdInVersion1() {
   Bytes out = ValidPrefix();
   StoreLE16(out.data() + 8, 1);
+  StoreLE16(out.data() + 10, 0);  // a 1.0 file
   StoreLE64(out.data() + 24, XXH64Of(out.data(), 24));
   Put(out, FrameEncoder::Encode(BigStep(1))->bytes);
   return out;

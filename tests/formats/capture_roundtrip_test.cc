@@ -246,7 +246,7 @@ TEST(CaptureCompat, NewerMajorVersionIsRefusedNamingBothVersions) {
   auto reader = CaptureReader::Open(path);
   ASSERT_FALSE(reader.ok());
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(reader.status().message().find(absl::StrFormat("version %d.0 is newer", kCaptureMajorVersion + 1)), std::string_view::npos) << reader.status();
+  EXPECT_NE(reader.status().message().find(absl::StrFormat("version %d.%d is newer", kCaptureMajorVersion + 1, kCaptureMinorVersion)), std::string_view::npos) << reader.status();
   EXPECT_NE(reader.status().message().find("use a newer crashreplay"), std::string_view::npos);
 }
 

@@ -57,6 +57,7 @@
 #include "crashreplay/formats/blob_codec.h"
 #include "crashreplay/formats/capture_records.h"
 #include "crashreplay/formats/dtype.h"
+#include "crashreplay/formats/fingerprint.h"
 #include "crashreplay/formats/hash.h"
 
 namespace crashreplay::capture {
@@ -209,6 +210,19 @@ class Recorder {
   // Unimplemented in a build without CUDA; FailedPrecondition for host memory.
   absl::Status RegisterDeviceWeights(std::span<const TensorView> weights);
 
+  // Fingerprints (docs/capture.md, "Fingerprints"): the fixed-size summary
+  // of a host tensor at a named boundary of `step` ("L3.attention"),
+  // computed now on the calling thread (SummarizeTensor, fingerprint.h) and
+  // held with the step's other boundaries until the step is over: the first
+  // fingerprint of a later step, Close() or OnFailure() writes them as one
+  // FingerprintRecord (OnFailure marks the failing step's record
+  // incomplete, its last entry the last boundary that ran). Steps must not
+  // interleave. InvalidArgument for a malformed view.
+  absl::Status RecordFingerprint(uint64_t step, std::string_view boundary, const TensorView& tensor);
+  // Appends a record made elsewhere (the device path reads its records out
+  // of mapped memory; the built-in engine summarises its own buffers).
+  // Held fingerprints of another step are written first.
+  absl::Status RecordFingerprints(const FingerprintRecord& record);
   // Writes the ring and a FailureRecord, fsyncs. Waits for the writer and
   // encoder (seconds at most: it is the failure path).
   absl::Status OnFailure(const FailureInfo& failure);

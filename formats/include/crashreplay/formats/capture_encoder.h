@@ -41,6 +41,7 @@ class FrameEncoder {
   static absl::StatusOr<EncodedFrame> Encode(const StepRecord& record, bool compress = true);
   static absl::StatusOr<EncodedFrame> Encode(const SnapshotRecord& record);
   static absl::StatusOr<EncodedFrame> Encode(const WeightCheckRecord& record);
+  static absl::StatusOr<EncodedFrame> Encode(const FingerprintRecord& record);
   static absl::StatusOr<EncodedFrame> Encode(const DroppedSnapshotsRecord& record);
   static absl::StatusOr<EncodedFrame> Encode(const FailureRecord& record);
   static absl::StatusOr<EncodedFrame> Encode(const IndexRecord& record);

@@ -29,7 +29,8 @@ inline constexpr size_t kFileHeaderSize = 32;
 // 2.0: frame flag bit 1 (zstd-compressed structured payloads). Readers
 // read 1.x as well; bit 1 is refused in a 1.x file.
 inline constexpr uint16_t kCaptureMajorVersion = 2;
-inline constexpr uint16_t kCaptureMinorVersion = 0;
+// 2.1: fingerprint records (type 11, written skippable so 2.0 readers skip them).
+inline constexpr uint16_t kCaptureMinorVersion = 1;
 
 // ---- frame header (24 bytes) -----------------------------------------------
 //   0  4  frame marker "CRfr"
@@ -61,8 +62,9 @@ enum class RecordType : uint16_t {
   kWeightHashes = 8,   // WeightHashesRecord
   kIndex = 9,          // IndexRecord, written by a clean close
   kEnd = 10,           // EndRecord, the last frame of a cleanly closed file
+  kFingerprints = 11,  // FingerprintRecord (2.1), always skippable
 };
-inline constexpr uint16_t kMaxKnownRecordType = 10;
+inline constexpr uint16_t kMaxKnownRecordType = 11;
 
 const char* RecordTypeName(uint16_t type);  // "step", ..., "unknown"
 

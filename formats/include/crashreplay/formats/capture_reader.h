@@ -70,6 +70,7 @@ struct CaptureSummary {
   uint64_t snapshots = 0;
   uint64_t failures = 0;
   uint64_t weight_checks = 0;
+  uint64_t fingerprint_records = 0;  // format 2.1
   uint64_t corrupt_weight_slices = 0;
   uint64_t snapshots_dropped = 0;
   uint64_t bytes_dropped = 0;
@@ -111,6 +112,9 @@ class CaptureReader {
   const std::vector<FailureRecord>& failures() const { return failures_; }
   const std::vector<WeightCheckRecord>& weight_checks() const { return weight_checks_; }
   const std::vector<WeightHashesRecord>& weight_hashes() const { return weight_hashes_; }
+  // Fingerprint records (format 2.1), in file order; a step may have a
+  // complete record and, written by a failure path, an incomplete one.
+  const std::vector<FingerprintRecord>& fingerprints() const { return fingerprints_; }
   const std::optional<DroppedSnapshotsRecord>& dropped() const { return dropped_; }
   const std::optional<IndexRecord>& index() const { return index_; }
   const std::optional<EndRecord>& end() const { return end_; }
@@ -156,6 +160,7 @@ class CaptureReader {
   std::vector<FailureRecord> failures_;
   std::vector<WeightCheckRecord> weight_checks_;
   std::vector<WeightHashesRecord> weight_hashes_;
+  std::vector<FingerprintRecord> fingerprints_;
   std::optional<DroppedSnapshotsRecord> dropped_;
   std::optional<IndexRecord> index_;
   std::optional<EndRecord> end_;

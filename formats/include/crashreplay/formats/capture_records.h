@@ -198,6 +198,35 @@ struct DroppedSnapshotsRecord {
   friend bool operator==(const DroppedSnapshotsRecord&, const DroppedSnapshotsRecord&) = default;
 };
 
+// A fixed-size summary of one tensor at a named boundary of a step
+// (schema Fingerprint; docs/formats/capture.md, "Fingerprints").
+struct Fingerprint {
+  std::string name;
+  std::string dtype;  // DTypeName() spelling
+  uint64_t numel = 0;
+  uint64_t columns = 0;
+  uint64_t nan = 0;
+  uint64_t pos_inf = 0;
+  uint64_t neg_inf = 0;
+  double min = 0, max = 0, max_abs = 0;
+  double sum = 0, sum_squares = 0;
+  int64_t first_nonfinite_token = -1;
+  int64_t first_nonfinite_column = -1;
+  bool is_int = false;
+  std::optional<Hash128> content_hash;
+  uint64_t nonfinite() const { return nan + pos_inf + neg_inf; }
+  friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+};
+
+struct FingerprintRecord {
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  std::vector<Fingerprint> fingerprints;
+  bool complete = true;
+  std::string source;  // "host" or "device"
+  friend bool operator==(const FingerprintRecord&, const FingerprintRecord&) = default;
+};
+
 // Numbering matches the schema's FailureClass enum.
 enum class FailureClass : uint8_t {
   kUnknown = 0,

@@ -71,6 +71,7 @@ class CaptureWriter {
   absl::Status Append(const SnapshotRecord& record);
   absl::Status Append(const WeightHashesRecord& record);
   absl::Status Append(const WeightCheckRecord& record);
+  absl::Status Append(const FingerprintRecord& record);
   absl::Status Append(const DroppedSnapshotsRecord& record);
   absl::Status Append(const FailureRecord& record);
 
