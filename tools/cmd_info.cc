@@ -3,6 +3,7 @@
 // crash captures that were never closed (ok=false) and torn or corrupt ones
 // (the summary says so; `verify` gives the verdict); 3 when a file cannot
 // be read at all (not a capture, header corrupt, newer major version).
+#include <cstdint>
 #include <cstdio>
 #include <set>
 #include <string>
@@ -15,6 +16,7 @@
 #include "command.h"
 #include "commands_decl.h"
 #include "crashreplay/formats/capture_reader.h"
+#include "crashreplay/formats/fingerprint.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {
@@ -37,6 +39,69 @@ std::string HumanBytes(uint64_t n) {
   if (n < 10ull * 1024 * 1024) return absl::StrFormat("%.1f KiB", n / 1024.0);
   if (n < 10ull << 30) return absl::StrFormat("%.1f MiB", n / 1048576.0);
   return absl::StrFormat("%.1f GiB", n / 1073741824.0);
+}
+
+// Fingerprints (format 2.1): per step, the first boundary whose tensor held a
+// NaN or Inf and, for a step that did not finish, the last boundary that did
+// and the one a finished step ran next (which never ran).
+struct StepFingerprints {
+  const FingerprintRecord* record = nullptr;
+  const Fingerprint* first_nonfinite = nullptr;
+  std::string never_ran;  // incomplete records: the boundary after the last one, from a complete step
+};
+
+std::vector<StepFingerprints> FingerprintSteps(const CaptureReader& r) {
+  std::vector<StepFingerprints> out;
+  const FingerprintRecord* complete = nullptr;
+  for (const FingerprintRecord& fr : r.fingerprints()) {
+    if (fr.complete) complete = &fr;
+  }
+  for (const FingerprintRecord& fr : r.fingerprints()) {
+    StepFingerprints s;
+    s.record = &fr;
+    for (const Fingerprint& f : fr.fingerprints) {
+      if (f.nonfinite() > 0) {
+        s.first_nonfinite = &f;
+        break;
+      }
+    }
+    if (!fr.complete && !fr.fingerprints.empty() && complete != nullptr) {
+      const std::vector<Fingerprint>& order = complete->fingerprints;
+      for (size_t i = 0; i + 1 < order.size(); ++i) {
+        if (order[i].name == fr.fingerprints.back().name) s.never_ran = order[i + 1].name;
+      }
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+nlohmann::json NonFiniteJson(const Fingerprint& f) {
+  nlohmann::json j = {{"boundary", f.name}, {"dtype", f.dtype},   {"nan", f.nan},
+                      {"pos_inf", f.pos_inf}, {"neg_inf", f.neg_inf}, {"numel", f.numel}};
+  if (f.first_nonfinite_token >= 0) {
+    j["token"] = f.first_nonfinite_token;
+    j["column"] = f.first_nonfinite_column;
+  }
+  return j;
+}
+
+nlohmann::json FingerprintsJson(const CaptureReader& r) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const StepFingerprints& s : FingerprintSteps(r)) {
+    nlohmann::json j = {{"step", s.record->step},
+                        {"rank", s.record->rank},
+                        {"complete", s.record->complete},
+                        {"source", s.record->source},
+                        {"boundaries", s.record->fingerprints.size()}};
+    j["first_nonfinite"] = s.first_nonfinite ? NonFiniteJson(*s.first_nonfinite) : nlohmann::json();
+    if (!s.record->complete) {
+      j["last_boundary"] = s.record->fingerprints.empty() ? "" : s.record->fingerprints.back().name;
+      if (!s.never_ran.empty()) j["never_ran"] = s.never_ran;
+    }
+    a.push_back(std::move(j));
+  }
+  return a;
 }
 
 nlohmann::json FileJson(const CaptureReader& r) {
@@ -63,7 +128,9 @@ nlohmann::json FileJson(const CaptureReader& r) {
       {"snapshots_dropped", s.snapshots_dropped},
       {"bytes_dropped", s.bytes_dropped},
       {"skipped_unknown", s.skipped_unknown},
+      {"fingerprint_records", s.fingerprint_records},
   };
+  j["fingerprints"] = FingerprintsJson(r);
   if (s.steps > 0) {
     j["first_step"] = s.first_step;
     j["last_step"] = s.last_step;
@@ -155,6 +222,22 @@ void PrintText(const CaptureReader& r) {
                 "(its step count and byte budget), so this is expected on a long run\n",
                 static_cast<unsigned long long>(s.snapshots_dropped), HumanBytes(s.bytes_dropped).c_str());
   }
+  for (const StepFingerprints& fs : FingerprintSteps(r)) {
+    const FingerprintRecord& fr = *fs.record;
+    std::string line = absl::StrFormat("  fingerprints of step %d (%d boundaries%s)", fr.step, fr.fingerprints.size(),
+                                       fr.complete ? "" : ", the step did not finish");
+    if (fs.first_nonfinite != nullptr) {
+      line += absl::StrFormat(": first non-finite at %s, %s", fs.first_nonfinite->name,
+                              FingerprintText(*fs.first_nonfinite));
+    } else {
+      line += ": all finite";
+    }
+    std::printf("%s\n", line.c_str());
+    if (!fr.complete) {
+      std::printf("    last boundary written: %s%s\n", fr.fingerprints.empty() ? "(none)" : fr.fingerprints.back().name.c_str(),
+                  fs.never_ran.empty() ? "" : absl::StrFormat("; %s never ran", fs.never_ran).c_str());
+    }
+  }
   for (const FailureRecord& f : r.failures()) {
     std::printf("  failure (%s, stage %s, step %s%s): %s\n", FailureClassName(f.failure_class), f.stage.c_str(),
                 f.step.has_value() ? std::to_string(*f.step).c_str() : "?",
@@ -196,6 +279,9 @@ int RunInfo(int argc, char** argv) {
   uint64_t records = 0, blobs = 0, bytes = 0, failures = 0, step_records = 0, corrupt_slices = 0, dropped = 0;
   std::set<uint64_t> steps;
   std::set<uint32_t> ranks;
+  // The session's first non-finite boundary: earliest step, then rank.
+  nlohmann::json first_nonfinite;
+  std::pair<uint64_t, uint32_t> first_at{UINT64_MAX, UINT32_MAX};
   nlohmann::json per_file = nlohmann::json::array();
   for (const auto& r : readers) {
     const CaptureSummary s = r->Summary();
@@ -211,6 +297,15 @@ int RunInfo(int argc, char** argv) {
     dropped += s.snapshots_dropped;
     for (const StepRecord& st : r->steps()) steps.insert(st.step);
     ranks.insert(s.ranks.begin(), s.ranks.end());
+    for (const StepFingerprints& fs : FingerprintSteps(*r)) {
+      const std::pair<uint64_t, uint32_t> at{fs.record->step, fs.record->rank};
+      if (fs.first_nonfinite != nullptr && at < first_at) {
+        first_at = at;
+        first_nonfinite = NonFiniteJson(*fs.first_nonfinite);
+        first_nonfinite["step"] = at.first;
+        first_nonfinite["rank"] = at.second;
+      }
+    }
     if (json) per_file.push_back(FileJson(*r));
   }
   if (json) {
@@ -227,6 +322,7 @@ int RunInfo(int argc, char** argv) {
                         {"failures", failures},
                         {"corrupt_weight_slices", corrupt_slices},
                         {"snapshots_dropped", dropped},
+                        {"first_nonfinite_boundary", first_nonfinite},
                         {"files", std::move(per_file)}};
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;

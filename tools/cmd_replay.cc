@@ -263,6 +263,17 @@ int RunReplay(int argc, char** argv) {
     }
     if (rep.fault) std::printf("fault: %s\n  %s\n", rep.fault->Signature().c_str(), rep.fault->message.c_str());
     if (!rep.first_nonfinite.empty()) std::printf("first non-finite output: %s\n", rep.first_nonfinite.c_str());
+    if (rep.fingerprints_compared >= 0) {
+      std::printf("engine fingerprints: %lld boundaries compared%s%s\n",
+                  static_cast<long long>(rep.fingerprints_compared),
+                  rep.engine_last_boundary.empty() ? "" : "; the engine's step stopped after ",
+                  rep.engine_last_boundary.c_str());
+    }
+    if (rep.engine_divergence) {
+      const replay::EngineDivergence& d = *rep.engine_divergence;
+      std::printf("engine divergence at %s: %s\n  engine: %s\n  replay: %s\n", d.boundary.c_str(), d.reason.c_str(),
+                  FingerprintText(d.engine).c_str(), FingerprintText(d.replay).c_str());
+    }
     if (dump) {
       std::printf("dump: %s (%zu tensors from %zu kernels)\n", dump_path.c_str(), dump->num_tensors(),
                   dump->dumped_kernels().size());

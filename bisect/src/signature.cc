@@ -8,7 +8,7 @@
 namespace crashreplay::bisect {
 namespace {
 
-constexpr std::array<std::pair<FailureClass, std::string_view>, 12> kClassNames = {{
+constexpr std::array<std::pair<FailureClass, std::string_view>, 13> kClassNames = {{
     {FailureClass::kNone, "none"},
     {FailureClass::kDeviceAssert, "device_assert"},
     {FailureClass::kOom, "oom"},
@@ -21,6 +21,7 @@ constexpr std::array<std::pair<FailureClass, std::string_view>, 12> kClassNames 
     {FailureClass::kNcclError, "nccl_error"},
     {FailureClass::kException, "exception"},
     {FailureClass::kUnsupportedArch, "unsupported_arch"},
+    {FailureClass::kEngineDivergence, "engine_divergence"},
 }};
 constexpr std::array<std::pair<FailureStage, std::string_view>, 5> kStageNames = {{
     {FailureStage::kLoad, "load"},

@@ -33,6 +33,7 @@ def _read_one(path: str) -> Dict[str, Any]:
     out["failure_records"] = f.failures()
     out["weight_hashes"] = f.weight_hashes()
     out["weight_check_records"] = f.weight_checks()
+    out["fingerprints"] = f.fingerprints()
     out["verify"] = f.verify()
     return out
 
@@ -44,7 +45,8 @@ def read_capture(path: str) -> Dict[str, Any]:
     rank file, in rank order]}. Keys of a file's dict: the summary fields
     (ok, truncated, corrupt, problem, records, steps, first_step, last_step,
     ranks, snapshots, failures, ...), plus manifest, step_records,
-    snapshot_records, failure_records, weight_hashes, weight_check_records
+    snapshot_records, failure_records, weight_hashes, weight_check_records,
+    fingerprints (format 2.1: [{step, rank, complete, source, fingerprints: [...]}])
     and verify ({ok, error, bad_record, ...}).
     """
     if os.path.isdir(path):

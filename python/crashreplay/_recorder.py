@@ -288,6 +288,32 @@ class Recorder:
         if device:
             self._ensure_stager().stage_snapshot(step, device)
 
+    def fingerprint(self, name: str, tensor: Any, step: Optional[int] = None) -> None:
+        """Records the fixed-size summary of `tensor` at boundary `name`.
+
+        name: a boundary name ("L3.attention", "L3.mlp", "lm_head"; see
+        docs/replay.md "Boundaries") so the replay lines it up with its own.
+        The summary (element count, NaN/+Inf/-Inf counts, min, max, max |x|,
+        fp64 sum and sum of squares, the first non-finite element's (token,
+        column) over the last dimension, an integer tensor's range and hash)
+        is computed now, on this thread, from any host DLPack tensor (numpy,
+        torch CPU; bf16, fp16, fp32, fp8, int32/int64). The step's
+        fingerprints are written when the next step's first one arrives, at
+        close(), or by on_failure() (then marked incomplete: the last one is
+        the last boundary that ran). step defaults to the step last given to
+        record_step()/snapshot(). Device tensors are refused (ValueError):
+        the device path (a kernel writing into mapped host memory) is not in
+        this build.
+        """
+        step = self.current_step if step is None else step
+        if step is None:
+            raise ValueError("fingerprint: no step given and none recorded yet")
+        if is_device_tensor(tensor):
+            raise ValueError(f"fingerprint {name}: device tensors are not supported by this build; "
+                             "pass a host copy or leave fingerprints off on the GPU")
+        (entry,) = _named({name: tensor})
+        self._impl.fingerprint(step, str(name), entry)
+
     # -- weights ---------------------------------------------------------
     def record_weight_hashes(self, tensors: Mapping[str, Any], rank: Optional[int] = None,
                              threads: int = 0) -> Dict[str, Any]:

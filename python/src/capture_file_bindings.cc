@@ -43,6 +43,7 @@ class CaptureFile {
   nb::list Snapshots() const { return List(reader_->snapshots()); }
   nb::list Failures() const { return List(reader_->failures()); }
   nb::list WeightChecks() const { return List(reader_->weight_checks()); }
+  nb::list Fingerprints() const { return List(reader_->fingerprints()); }
   nb::list WeightHashes() const {
     nb::list out;
     for (const WeightHashesRecord& r : reader_->weight_hashes()) {
@@ -106,6 +107,7 @@ void BindCaptureFile(nb::module_& m) {
       .def("snapshots", &CaptureFile::Snapshots)
       .def("failures", &CaptureFile::Failures)
       .def("weight_checks", &CaptureFile::WeightChecks)
+      .def("fingerprints", &CaptureFile::Fingerprints)
       .def("weight_hashes", &CaptureFile::WeightHashes, "Per-rank weight-shard hashes recorded after loading.")
       .def("verify", &CaptureFile::Verify, "Checks every checksum and blob; {ok, error, bad_record, ...}.")
       .def("has_blob", &CaptureFile::HasBlob, nb::arg("hash"))

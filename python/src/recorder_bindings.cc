@@ -228,6 +228,19 @@ class PyRecorder {
     ThrowIfError(s);
   }
 
+  // The summary of one host tensor at a named boundary (Recorder::
+  // RecordFingerprint); the tensor's bytes are read on this thread.
+  void Fingerprint(uint64_t step, const std::string& name, const NamedTensor& tensor) {
+    capture::Recorder& rec = Live();
+    ViewSet set = MakeViews({tensor});
+    absl::Status s;
+    {
+      nb::gil_scoped_release release;
+      s = rec.RecordFingerprint(step, name, set.views[0]);
+    }
+    ThrowIfError(s);
+  }
+
   // Records load-time weight hashes computed earlier (hash_tensors, or one
   // tensor at a time for device weights); the root is computed here.
   nb::dict RecordWeightHashes(uint32_t rank, const std::vector<std::tuple<std::string, std::string, uint64_t>>& entries) {
@@ -375,6 +388,7 @@ void BindRecorder(nb::module_& m) {
            nb::arg("has_seed").none(), nb::arg("rng_seed"), nb::arg("rng_offset"),
            nb::arg("output_token_ids").none(), nb::arg("digests"), nb::arg("timestamp_nanos"))
       .def("submit_snapshot", &PyRecorder::SubmitSnapshot, nb::arg("step"), nb::arg("tensors"))
+      .def("fingerprint", &PyRecorder::Fingerprint, nb::arg("step"), nb::arg("name"), nb::arg("tensor"))
       .def("record_weight_hashes", &PyRecorder::RecordWeightHashes, nb::arg("rank"), nb::arg("entries"))
       .def("register_weights", &PyRecorder::RegisterWeights, nb::arg("tensors"))
       .def("register_device_weights", &PyRecorder::RegisterDeviceWeights, nb::arg("tensors"))

@@ -196,6 +196,38 @@ nb::dict ToPython(const WeightCheckRecord& w) {
   return d;
 }
 
+nb::dict ToPython(const FingerprintRecord& r) {
+  nb::dict d;
+  d["step"] = r.step;
+  d["rank"] = r.rank;
+  d["complete"] = r.complete;
+  d["source"] = r.source;
+  nb::list fps;
+  for (const Fingerprint& f : r.fingerprints) {
+    nb::dict e;
+    e["name"] = f.name;
+    e["dtype"] = f.dtype;
+    e["numel"] = f.numel;
+    e["columns"] = f.columns;
+    e["nan"] = f.nan;
+    e["pos_inf"] = f.pos_inf;
+    e["neg_inf"] = f.neg_inf;
+    e["min"] = f.min;
+    e["max"] = f.max;
+    e["max_abs"] = f.max_abs;
+    e["sum"] = f.sum;
+    e["sum_squares"] = f.sum_squares;
+    e["first_nonfinite"] = f.first_nonfinite_token >= 0
+                               ? nb::object(nb::make_tuple(f.first_nonfinite_token, f.first_nonfinite_column))
+                               : nb::none();
+    e["is_int"] = f.is_int;
+    e["content_hash"] = f.content_hash ? nb::object(nb::str(f.content_hash->Hex().c_str())) : nb::none();
+    fps.append(e);
+  }
+  d["fingerprints"] = fps;
+  return d;
+}
+
 nb::dict ToPython(const CaptureSummary& s) {
   nb::dict d;
   d["path"] = s.path;

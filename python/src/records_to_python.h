@@ -17,6 +17,7 @@ nanobind::dict ToPython(const StepRecord& s);
 nanobind::dict ToPython(const SnapshotRecord& s);
 nanobind::dict ToPython(const FailureRecord& f);
 nanobind::dict ToPython(const WeightCheckRecord& w);
+nanobind::dict ToPython(const FingerprintRecord& r);
 nanobind::dict ToPython(const WeightShardHashes& w);
 nanobind::dict ToPython(const TensorDescriptor& t);
 nanobind::dict ToPython(const CaptureSummary& s);

@@ -101,7 +101,7 @@ def sglang_layout(ckpt, tp, rank):
     return out
 
 
-def record_session(session, ckpt, *, tp=2, weights=True, corrupt=None, extra=None, toggles=()):
+def record_session(session, ckpt, *, tp=2, weights=True, corrupt=None, extra=None, toggles=(), model=None):
     """Two requests, prefill then four decode steps, as the sglang adapter
     records them at page_size 64 (KV slots = page * 64 + offset)."""
     base = [("page_size", 64), ("tp_size", tp), ("mem_fraction_static", 0.85), ("sglang.page_table_unit", "token"),
@@ -109,7 +109,7 @@ def record_session(session, ckpt, *, tp=2, weights=True, corrupt=None, extra=Non
     prompt_a, prompt_b = list(range(1, 63)), [5, 6, 7]
     for rank in range(tp):
         rec = crashreplay.Recorder(str(session), engine="sglang", engine_version="0.5.23", session_id="s",
-                                   toggles=base + list(toggles), model={"checkpoint_path": ckpt}, device=H100,
+                                   toggles=base + list(toggles), model={"checkpoint_path": ckpt, **(model or {})}, device=H100,
                                    parallel={"tp_size": tp, "tp_rank": rank, "rank": rank, "world_size": tp},
                                    install_signal_handlers=False)
         if weights:
@@ -152,6 +152,22 @@ def test_an_sglang_tp2_session_replays_from_either_rank_with_every_weight_verifi
         assert j["config"]["attention_backend"] == "flashdecode" and j["config"]["attention_kernel"] == "flashinfer"
         assert j["config"]["device_arch"] == "sm_90"
         assert not any("attention_backend" in n for n in j.get("notes", [])), j.get("notes")
+
+
+@pytest.mark.parametrize("dtype,config_dtype,want", [("bfloat16", None, "bf16"), ("float16", None, "fp16"),
+                                                     ("auto", "float16", "fp16"), ("float32", None, "fp32")])
+def test_activations_are_stored_in_the_dtype_the_engine_ran(tmp_path, checkpoint, dtype, config_dtype, want):
+    model = {"dtype": dtype}
+    if config_dtype:
+        cfg = json.load(open(os.path.join(checkpoint, "config.json")))
+        cfg["torch_dtype"] = config_dtype
+        model["config_json"] = json.dumps(cfg)
+    session = record_session(tmp_path / "s", checkpoint, tp=1, weights=False, model=model)
+    j = replay_json(session)
+    assert j["config"]["activation_dtype"] == want
+    assert any("activation_dtype" in n for n in j.get("notes", [])) == (want != "fp32"), j.get("notes")
+    # The user's --set wins over the recorded dtype.
+    assert replay_json(session, "--set", "activation_dtype=fp32")["config"]["activation_dtype"] == "fp32"
 
 
 def test_token_slot_rows_become_pages_and_need_pages_of_the_replayed_size(tmp_path, checkpoint):

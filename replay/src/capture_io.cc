@@ -1,10 +1,14 @@
 #include "crashreplay/replay/capture_io.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "crashreplay/base/status.h"
 #include "capture_steps.h"
@@ -84,6 +88,12 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
     }
     for (const std::string& name : as->own_toggles) {
       m.toggles.push_back(Toggle{Cat("crashreplay.", name), ToCaptureValue(config.Get(name))});
+    }
+    // The emulation stores activations as the replay engine does, whatever
+    // dtype the checkpoint names: say so, or the replay would take the
+    // model's dtype as the engine's.
+    if (std::find(as->own_toggles.begin(), as->own_toggles.end(), "activation_dtype") == as->own_toggles.end()) {
+      m.toggles.push_back(Toggle{"crashreplay.activation_dtype", ToCaptureValue(config.Get("activation_dtype"))});
     }
     m.toggles.push_back(Toggle{Cat(as->engine, ".page_table_unit"), std::string("page")});
     if (!as->device_name.empty()) m.device.name = as->device_name;
@@ -217,6 +227,16 @@ void CaptureRecorder::AfterStep(const StepProgram& p) {
   v.output_token_ids = out;
   v.digests = digests;
   status_ = recorder_->RecordStep(v);
+  // What the engine computed at each boundary (a failing step's up to the
+  // kernel whose check fired: an incomplete record).
+  if (status_.ok() && !p.fingerprints().empty()) {
+    FingerprintRecord fr;
+    fr.step = static_cast<uint64_t>(in.step);
+    fr.fingerprints = p.fingerprints();
+    fr.complete = !p.fault().has_value();
+    fr.source = "host";
+    status_ = recorder_->RecordFingerprints(fr);
+  }
 }
 
 absl::Status CaptureRecorder::Finish(const std::optional<Fault>& fault) {
@@ -375,6 +395,43 @@ absl::Status RepageSteps(LoadedCapture* cap, int page_size) {
   return absl::OkStatus();
 }
 
+// Another engine stores activations in the dtype it runs the model in: the
+// manifest's model dtype (sglang's --dtype, vLLM's resolved dtype), and for
+// "auto" the checkpoint's torch_dtype. A recorded activation_dtype toggle
+// wins; a dtype outside bf16/fp16/fp32 keeps the default, with a note.
+static void SetActivationDType(LoadedCapture* out) {
+  for (const Toggle& t : out->manifest.toggles) {
+    if (t.name == "activation_dtype" || t.name == "crashreplay.activation_dtype") return;
+  }
+  std::string d = out->manifest.model.dtype;
+  if (d.empty() || d == "auto") {
+    const nlohmann::json cfg = nlohmann::json::parse(out->manifest.model.config_json, nullptr, false);
+    if (cfg.is_object()) {
+      for (const char* key : {"torch_dtype", "dtype"}) {
+        if (cfg.contains(key) && cfg[key].is_string()) d = cfg[key].get<std::string>();
+      }
+    }
+  }
+  if (d.rfind("torch.", 0) == 0) d = d.substr(6);
+  std::string act;
+  if (d == "bfloat16" || d == "bf16") act = "bf16";
+  if (d == "float16" || d == "half" || d == "fp16") act = "fp16";
+  if (d == "float32" || d == "float" || d == "fp32") act = "fp32";
+  if (act.empty()) {
+    if (!d.empty()) {
+      out->notes.push_back(Cat(out->manifest.engine, " ran the model in '", d, "', which activation_dtype does not ",
+                               "have; activations are stored in ", ToggleValueText(out->config.Get("activation_dtype")),
+                               "; choose with --set activation_dtype=..."));
+    }
+    return;
+  }
+  if (out->config.Set("activation_dtype", act).ok() && act != "fp32") {
+    out->notes.push_back(Cat(out->manifest.engine, " ran the model in ", d, ": activations are stored in ", act,
+                             " as it stored them (activation_dtype); --set activation_dtype=fp32 replays the fp32 ",
+                             "reference"));
+  }
+}
+
 absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
   std::string file = path;
   if (std::filesystem::is_directory(path)) {
@@ -436,6 +493,7 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
     }
     has_nvfp4_activation |= t.name == "nvfp4_activation";
   }
+  if (other_engine) SetActivationDType(&out);
   // Another engine's manifest records the device it ran on; the memory
   // planner plans for that device (the built-in engine records
   // device_memory_gb itself). A device without a capacity (a CPU process)
@@ -487,6 +545,17 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
       if (d.name.rfind("kernel:", 0) == 0) rs.kernel_digests.emplace_back(d.name.substr(7), *h);
     }
     for (int64_t t : s.output_token_ids) rs.sampled.push_back(static_cast<int32_t>(t));
+  }
+  // The engine's fingerprints of each step: this rank's complete record, else
+  // the last incomplete one (a failure path's).
+  for (const FingerprintRecord& fr : reader->fingerprints()) {
+    if (fr.rank != out.manifest.parallel.rank) continue;
+    for (RecordedStep& rs : out.steps) {
+      if (static_cast<uint64_t>(rs.input.step) != fr.step) continue;
+      if (rs.fingerprints_complete && !rs.fingerprints.empty()) continue;
+      rs.fingerprints = fr.fingerprints;
+      rs.fingerprints_complete = fr.complete;
+    }
   }
   for (const SnapshotRecord& sr : reader->snapshots()) {
     if (sr.rank == out.manifest.parallel.rank) out.snapshots[static_cast<int64_t>(sr.step)] = sr;

@@ -38,6 +38,7 @@ const char* OpKindName(OpKind k) {
     case OpKind::kMlaVUp: return "mla_v_up";
     case OpKind::kIndexKWrite: return "dsa_index_k_write";
     case OpKind::kIndexer: return "dsa_indexer_topk";
+    case OpKind::kStore: return "activation_store";
     case OpKind::kCount: break;
   }
   return "unknown";

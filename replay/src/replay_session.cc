@@ -27,6 +27,66 @@ void StepLogRecorder::AfterStep(const StepProgram& p) {
   s.sampled = p.SampledTokens();
 }
 
+namespace {
+
+nlohmann::json FingerprintJson(const crashreplay::Fingerprint& f) {
+  nlohmann::json j = {{"name", f.name},
+                      {"dtype", f.dtype},
+                      {"numel", f.numel},
+                      {"nan", f.nan},
+                      {"pos_inf", f.pos_inf},
+                      {"neg_inf", f.neg_inf},
+                      {"min", f.min},
+                      {"max", f.max},
+                      {"max_abs", f.max_abs},
+                      {"sum", f.sum},
+                      {"sum_squares", f.sum_squares},
+                      {"is_int", f.is_int},
+                      {"text", FingerprintText(f)}};
+  if (f.first_nonfinite_token >= 0) {
+    j["first_nonfinite"] = {{"token", f.first_nonfinite_token}, {"column", f.first_nonfinite_column}};
+  }
+  if (f.content_hash) j["content_hash"] = f.content_hash->Hex();
+  return j;
+}
+
+// The replay's kernel that finishes boundary "L3.down_proj"-style names:
+// "L3's mlp" for people.
+std::string BoundaryWhere(const std::string& boundary) {
+  const size_t dot = boundary.find('.');
+  if (boundary.size() > 1 && boundary[0] == 'L' && dot != std::string::npos) {
+    return Cat(boundary.substr(0, dot), "'s ", boundary.substr(dot + 1));
+  }
+  return boundary;
+}
+
+// The engine's records against the replay's, in the engine's order: the
+// first boundary that departs. Boundaries the replay did not reach (it
+// stopped at a fault) or does not have are passed over.
+void CompareFingerprints(const RecordedStep& rec, const StepProgram& prog, ReplayReport* rep) {
+  if (rec.fingerprints.empty()) return;
+  std::map<std::string, const crashreplay::Fingerprint*> mine;
+  for (const crashreplay::Fingerprint& f : prog.fingerprints()) mine.emplace(f.name, &f);
+  rep->fingerprints_compared = 0;
+  for (const crashreplay::Fingerprint& e : rec.fingerprints) {
+    auto it = mine.find(e.name);
+    if (it == mine.end()) continue;
+    rep->fingerprints_compared += 1;
+    if (rep->engine_divergence) continue;
+    if (std::optional<std::string> why = FingerprintDeparts(e, *it->second)) {
+      rep->engine_divergence = EngineDivergence{e.name, *why, e, *it->second};
+    }
+  }
+  if (!rec.fingerprints_complete) rep->engine_last_boundary = rec.fingerprints.back().name;
+}
+
+}  // namespace
+
+nlohmann::json EngineDivergence::ToJson() const {
+  return nlohmann::json{{"boundary", boundary}, {"reason", reason}, {"engine", FingerprintJson(engine)},
+                        {"replay", FingerprintJson(replay)}};
+}
+
 nlohmann::json ReplayReport::ToJson() const {
   nlohmann::json j;
   j["outcome"] = outcome;
@@ -41,6 +101,21 @@ nlohmann::json ReplayReport::ToJson() const {
   j["first_nonfinite_kernel"] = first_nonfinite;
   if (diverged_step >= 0) j["diverged"] = {{"step", diverged_step}, {"kernel", diverged_kernel}};
   if (fault) j["matches_recorded_failure"] = matches_recorded_failure;
+  if (fingerprints_compared >= 0) {
+    j["fingerprints"] = {{"compared", fingerprints_compared}};
+    if (!engine_last_boundary.empty()) j["fingerprints"]["engine_last_boundary"] = engine_last_boundary;
+  }
+  if (engine_divergence) {
+    j["engine_divergence"] = engine_divergence->ToJson();
+    // A step that ran clean but departs from what the engine computed is a
+    // finding of its own, which bisection can target (--diverged-is-bad).
+    if (!fault) {
+      j["signature"] = {{"class", "engine_divergence"},
+                        {"stage", ForwardModeName(mode)},
+                        {"kernel", engine_divergence->boundary},
+                        {"check", "fingerprint"}};
+    }
+  }
   j["detail"] = detail;
   j["start"] = start;
   if (snapshot_step >= 0) j["snapshot_step"] = snapshot_step;
@@ -107,7 +182,15 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   rep.kernels = prog->records();
   rep.first_nonfinite = prog->first_nonfinite();
   rep.fault = prog->fault();
+  rep.mode = rec.input.mode;
   if (!rep.fault && prog->done()) rep.digest = prog->Digest();
+  CompareFingerprints(rec, *prog, &rep);
+  const std::string engine_note =
+      rep.engine_divergence
+          ? Cat("the engine's ", rep.engine_divergence->boundary, " at step ", rec.input.step, " departs from the exact ",
+                "reference at the same point: ", rep.engine_divergence->reason, "; the divergence starts in ",
+                BoundaryWhere(rep.engine_divergence->boundary))
+          : std::string();
   if (rep.fault) {
     // A failure is "failed" whether or not it was recorded: exit status 1,
     // which is what bisection counts as bad; the report says if it matches.
@@ -115,6 +198,13 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
     rep.outcome = "failed";
     rep.detail = rep.matches_recorded_failure ? Cat("the recorded failure fired again: ", rep.fault->message)
                                               : rep.fault->message;
+    if (!engine_note.empty()) rep.detail += Cat("; ", engine_note);
+    return rep;
+  }
+  if (rep.engine_divergence) {
+    rep.outcome = "diverged";
+    if (rep.diverged_step < 0) rep.diverged_step = target;
+    rep.detail = engine_note;
     return rep;
   }
   if (rec.fault) {

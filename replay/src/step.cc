@@ -129,6 +129,8 @@ std::unique_ptr<StepProgram> StepProgram::Lower(const DeviceModel& model, const 
   std::unique_ptr<StepProgram> p(new StepProgram(model.exec(), std::move(input)));
   absl::Status s = p->Build(model, config, kv);
   if (s.ok()) p->NameLibraries(config, model.model().spec);
+  if (s.ok()) p->StoreActivations(config.activation_dtype);
+  if (s.ok()) p->AssignBoundaries();
   if (!s.ok()) {
     p->kernels_.clear();
     p->status_ = s;
@@ -179,7 +181,7 @@ absl::StatusOr<StepProgram::Buf*> StepProgram::Alloc(const std::string& name, st
 
 void StepProgram::Add(std::string name, int layer, std::vector<std::string> outputs, int64_t tokens_per_rank,
                       std::vector<Op> ops) {
-  kernels_.push_back(KernelCall{std::move(name), layer, std::move(outputs), tokens_per_rank, std::move(ops), {}});
+  kernels_.push_back(KernelCall{std::move(name), layer, std::move(outputs), tokens_per_rank, std::move(ops), {}, {}});
 }
 
 const Buffer* StepProgram::buffer(const std::string& name) const {
@@ -304,6 +306,27 @@ void StepProgram::NameLibraries(const EngineConfig& cfg, const ModelSpec& spec) 
   }
 }
 
+// activation_dtype: every float output a kernel writes is stored (rounded in
+// place) in the engine's activation dtype by one more op at the kernel's end,
+// so the watcher, the next kernel and the fingerprints see the stored values.
+// The sampler's probabilities stay fp32, as every engine's sampler keeps them.
+void StepProgram::StoreActivations(ActivationDType dtype) {
+  if (dtype == ActivationDType::kF32) return;
+  stored_dtype_ = dtype == ActivationDType::kBf16 ? DType::kBF16 : DType::kF16;
+  const StoreDType d = dtype == ActivationDType::kBf16 ? StoreDType::kBf16 : StoreDType::kF16;
+  for (KernelCall& k : kernels_) {
+    for (const std::string& name : k.outputs) {
+      const Buf& b = bufs_.at(name);
+      if (b.is_int || b.is_bytes || name == "probs") continue;
+      StoreOp op;
+      op.x = static_cast<float*>(b.p);
+      op.n = b.count;
+      op.dtype = d;
+      k.ops.push_back(op);
+    }
+  }
+}
+
 // A kernel asked to run on an architecture its library has no code for fails
 // before it launches, as the libraries' host-side dispatch does.
 std::optional<Fault> StepProgram::ArchFault(const KernelCall& k) const {
@@ -390,6 +413,11 @@ std::optional<Fault> StepProgram::RunNext() {
       for (const std::string& name : k.outputs) Mirror(name).IgnoreError();
     }
     if (watch_) Watch(k, &rec);
+    // Fingerprints of the boundaries the kernel finished (not of a kernel
+    // whose check fired: its outputs are partial).
+    if (watch_ && s.ok()) {
+      for (const Boundary& b : k.boundaries) fingerprints_.push_back(Summarize(b));
+    }
   }
   if ((rec.nan || rec.inf) && first_nonfinite_.empty()) first_nonfinite_ = rec.label;
   if (!s.ok()) {

@@ -72,6 +72,11 @@ const std::vector<ToggleSpec>& Table() {
        "the DSA indexer's key cache and score arithmetic: bf16 (bf16 keys, fp32 queries: transformers) or "
        "fp8_e4m3 (q and k Hadamard-rotated, e4m3 with a power-of-two scale per vector, relu(q8 . k8) weighted "
        "and scaled: DeepSeek's reference and sglang's indexer; needs index_head_dim a power of two <= 128)"},
+      {"activation_dtype", ToggleType::kEnum, {"fp32", "bf16", "fp16"}, 0, 0, "fp32",
+       "the dtype kernels store their float outputs in (hidden states, projections, attention and expert "
+       "outputs, logits; accumulation stays fp32, sampling probabilities stay fp32): fp32, or bf16 / fp16 as "
+       "an engine running the model in that dtype stores them, so rounding and fp16's overflow to Inf past "
+       "65504 happen where the engine's do. A capture records the engine's dtype here"},
       {"page_size", ToggleType::kInt, {}, 1, 1024, "16", "tokens per KV-cache page"},
       {"mem_fraction_static", ToggleType::kFloat, {}, 0.05, 1.0, "0.88",
        "fraction of the device's memory for weights and the KV pool; the rest holds activations "
@@ -391,6 +396,8 @@ EngineConfig ResolveConfig(const Config& c) {
                                            : ScaleFormat::kCheckpoint;
   e.nvfp4_activation = c.Enum("nvfp4_activation") == "w4a16" ? Nvfp4Activation::kW4a16 : Nvfp4Activation::kW4a4;
   e.kv_cache_dtype = c.Enum("kv_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
+  const std::string act = c.Enum("activation_dtype");
+  e.activation_dtype = act == "bf16" ? ActivationDType::kBf16 : act == "fp16" ? ActivationDType::kF16 : ActivationDType::kF32;
   e.mla_decode = c.Enum("mla_decode") == "absorbed" ? MlaDecode::kAbsorbed : MlaDecode::kNaive;
   e.dsa_decode = c.Enum("dsa_decode") == "tiled64" ? DsaDecode::kTiled64 : DsaDecode::kReference;
   e.index_cache_dtype = c.Enum("index_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;

@@ -220,6 +220,7 @@ CR_DEFINE_ENQUEUE(LatentAttentionOp)
 CR_DEFINE_ENQUEUE(MlaVUpOp)
 CR_DEFINE_ENQUEUE(IndexKWriteOp)
 CR_DEFINE_ENQUEUE(IndexerOp)
+CR_DEFINE_ENQUEUE(StoreOp)
 #undef CR_DEFINE_ENQUEUE
 
 cudaError_t Enqueue(const ExpertsOp& op, const LaunchArgs& a, cudaStream_t s) { return EnqueueExpertStages(op, a, s); }

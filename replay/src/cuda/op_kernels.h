@@ -77,6 +77,7 @@ CR_DECLARE_ENQUEUE(LatentAttentionOp)
 CR_DECLARE_ENQUEUE(MlaVUpOp)
 CR_DECLARE_ENQUEUE(IndexKWriteOp)
 CR_DECLARE_ENQUEUE(IndexerOp)
+CR_DECLARE_ENQUEUE(StoreOp)
 #undef CR_DECLARE_ENQUEUE
 
 }  // namespace crashreplay::replay::cuda

@@ -38,6 +38,7 @@ enum class FailureClass {
   kNcclError,       // an NCCL collective failed or timed out
   kException,       // an uncaught exception, named by its type (Python tracebacks)
   kUnsupportedArch, // a kernel with no code for the device's architecture ("no kernel image", "Unsupported architecture")
+  kEngineDivergence, // replay: the capture's engine fingerprints depart from the replay's at a boundary
 };
 
 enum class FailureStage { kLoad, kGraphCapture, kPrefill, kDecode, kUnknown };

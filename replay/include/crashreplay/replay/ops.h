@@ -37,6 +37,7 @@ enum class OpKind : uint32_t {
   kEmbedding, kRmsNorm, kLinear, kRope, kKvWrite, kAttention, kSiluMul, kReduce,
   kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kActQuant,
   kLatentWrite, kLatentGather, kMlaAttention, kMlaQAbsorb, kLatentAttention, kMlaVUp, kIndexKWrite, kIndexer,
+  kStore,
   kCount,
 };
 const char* OpKindName(OpKind k);
@@ -158,6 +159,18 @@ struct SiluMulOp {
   const float* up = nullptr;
   float* out = nullptr;
   int64_t rows = 0, n = 0;
+};
+
+// Activation storage (the activation_dtype toggle): a kernel's float output
+// rounded in place to the dtype the engine stores activations in, as a bf16
+// or fp16 engine's kernels write their outputs (accumulation stays fp32).
+// fp16 overflows to +-Inf past 65504 exactly as an fp16 store does.
+enum class StoreDType : int32_t { kF32 = 0, kBf16 = 1, kF16 = 2 };
+struct StoreOp {
+  static constexpr OpKind kKind = OpKind::kStore;
+  float* x = nullptr;
+  int64_t n = 0;
+  StoreDType dtype = StoreDType::kF32;
 };
 
 // hidden[i] += sum over ranks of partial[r * n + i], in rank order.
@@ -487,6 +500,20 @@ CR_HD int64_t Items(const SiluMulOp& o) { return o.rows; }
 CR_HD int64_t ScratchFloats(const SiluMulOp&) { return 0; }
 CR_HD void RunItem(const SiluMulOp& o, int64_t r, float*, KernelStatus*) {
   SiluMulRow(o.gate + r * o.n, o.up + r * o.n, o.n, o.out + r * o.n);
+}
+
+// One item a block of 256 elements (a store is a few ns an element).
+inline constexpr int64_t kStoreBlock = 256;
+CR_HD float StoreRound(float v, StoreDType d) {
+  if (d == StoreDType::kBf16) return Bf16ToFloat(FloatToBf16(v));
+  if (d == StoreDType::kF16) return Fp16ToFloat(FloatToFp16(v));
+  return v;
+}
+CR_HD int64_t Items(const StoreOp& o) { return (o.n + kStoreBlock - 1) / kStoreBlock; }
+CR_HD int64_t ScratchFloats(const StoreOp&) { return 0; }
+CR_HD void RunItem(const StoreOp& o, int64_t b, float*, KernelStatus*) {
+  const int64_t end = (b + 1) * kStoreBlock < o.n ? (b + 1) * kStoreBlock : o.n;
+  for (int64_t i = b * kStoreBlock; i < end; ++i) o.x[i] = StoreRound(o.x[i], o.dtype);
 }
 
 CR_HD int64_t Items(const ReduceOp& o) { return o.n; }

@@ -18,6 +18,11 @@
 //   "diverged"   no failure, but an earlier step's digest, a kernel digest of
 //                the target step or the step digest differs (first step and
 //                kernel named);
+//                When the capture holds the engine's fingerprints of the
+//                target step and one departs from the replay's own at the
+//                same boundary (formats/fingerprint.h), the outcome is
+//                "diverged" with engine_divergence set and a signature of
+//                class engine_divergence naming the boundary;
 //   "failed"     a check fired (matches_recorded_failure says whether it is
 //                the recorded failure's signature).
 // Deterministic: the same log and configuration give the same report bits
@@ -44,6 +49,20 @@ struct RecordedStep {
   std::vector<int32_t> sampled;
   std::vector<std::pair<std::string, Hash128>> kernel_digests;  // label -> digest, in order
   std::optional<Fault> fault;
+  // What the engine computed at the step's boundaries (a capture's
+  // FingerprintRecord; empty when it has none), in the order they ran;
+  // incomplete when the step did not finish.
+  std::vector<crashreplay::Fingerprint> fingerprints;
+  bool fingerprints_complete = true;
+};
+
+// The first boundary of the target step where the engine's fingerprint
+// departs from the replay's own (FingerprintDeparts).
+struct EngineDivergence {
+  std::string boundary;
+  std::string reason;
+  crashreplay::Fingerprint engine, replay;
+  nlohmann::json ToJson() const;
 };
 
 // Records every step the engine runs (inputs, digests, failure).
@@ -69,6 +88,13 @@ struct ReplayReport {
   int64_t diverged_step = -1;
   std::string diverged_kernel;        // label, when a kernel digest differs
   bool matches_recorded_failure = false;
+  // Fingerprints: how many of the engine's boundaries were compared, the
+  // first departure, and (a step that did not finish in the engine) the
+  // last boundary the engine completed.
+  int64_t fingerprints_compared = -1;  // -1: the capture has none for the step
+  std::optional<EngineDivergence> engine_divergence;
+  std::string engine_last_boundary;
+  ForwardMode mode = ForwardMode::kPrefill;  // the target step's
   std::string detail;                 // one line for people
   std::string start = "re-executed";  // re-executed | snapshot
   int64_t snapshot_step = -1;         // the snapshot's step, when start is "snapshot"

@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "crashreplay/formats/dtype.h"
+#include "crashreplay/formats/fingerprint.h"
 #include "crashreplay/formats/hash.h"
 #include "crashreplay/replay/device_model.h"
 #include "crashreplay/replay/executor.h"
@@ -144,6 +145,22 @@ struct Buffer {
   size_t bytes() const { return is_bytes ? u8.size() : is_int ? i.size() * 4 : f.size() * 4; }
 };
 
+// A named point of the step whose tensor is fingerprinted after the kernel
+// that finishes it (boundaries.cc; docs/replay.md "Boundaries"): the names
+// are the ones engines' fingerprints use ("L3.attention", "L3.mlp",
+// "lm_head"), so a capture's records line up with the replay's.
+struct Boundary {
+  // How the buffer maps onto the engine's [tokens, columns] tensor:
+  // kTokens as it is; kRankConcat [ranks, tokens, c] -> [tokens, ranks * c]
+  // (heads split over ranks); kRankSum [ranks, tokens, c] summed over ranks
+  // in rank order (a row-parallel projection before its all-reduce); kRank0
+  // rank 0's [tokens, c] (a replicated result).
+  enum class Layout { kTokens, kRankConcat, kRankSum, kRank0 };
+  std::string name;
+  std::string buffer;
+  Layout layout = Layout::kTokens;
+};
+
 struct KernelCall {
   std::string name;
   int layer = -1;
@@ -151,6 +168,7 @@ struct KernelCall {
   int64_t tokens_per_rank = 0;       // > 0: work items are rank * tokens_per_rank + token
   std::vector<Op> ops;
   std::string library;               // the library kernel it stands for (kernel_archs.h); empty: none named
+  std::vector<Boundary> boundaries;  // fingerprinted after it ran (watcher on)
   std::string Label() const { return layer >= 0 ? "L" + std::to_string(layer) + "." + name : name; }
 };
 
@@ -210,6 +228,9 @@ class StepProgram {
   // The host mirror of an activation buffer (null for an unknown name).
   const Buffer* buffer(const std::string& name) const;
   const std::map<std::string, Buffer>& buffers() const { return mirror_; }
+  // The fingerprints of the boundaries whose kernels ran (watcher on), in
+  // run order (formats/fingerprint.h), values as stored (activation_dtype).
+  const std::vector<crashreplay::Fingerprint>& fingerprints() const { return fingerprints_; }
   // The first kernel whose outputs held a NaN or Inf ("" if none).
   const std::string& first_nonfinite() const { return first_nonfinite_; }
   const std::optional<Fault>& fault() const { return fault_; }
@@ -244,6 +265,9 @@ class StepProgram {
   explicit StepProgram(Executor* exec, StepInput input) : exec_(exec), mem_(exec), input_(std::move(input)) {}
   absl::Status Build(const DeviceModel& dm, const EngineConfig& cfg, KvCache* kv);  // step_lower.cc
   void NameLibraries(const EngineConfig& cfg, const ModelSpec& spec);
+  void StoreActivations(ActivationDType dtype);
+  void AssignBoundaries();                                          // boundaries.cc
+  crashreplay::Fingerprint Summarize(const Boundary& b) const;      // boundaries.cc
   std::optional<Fault> ArchFault(const KernelCall& k) const;
   // The lowering's pieces (step_lower.cc; MLA/DSA attention in step_lower_mla.cc).
   struct Lowering;  // step_lower_internal.h
@@ -285,6 +309,8 @@ class StepProgram {
   int arch_ = 0;  // device_arch (0: not modelled)
   absl::Status status_;
   std::string first_nonfinite_;
+  std::vector<crashreplay::Fingerprint> fingerprints_;
+  DType stored_dtype_ = DType::kF32;  // activation_dtype, as fingerprints name it
 };
 
 }  // namespace crashreplay::replay

@@ -99,6 +99,7 @@ enum class GemmBackend { kDequantMatmul, kFusedBlockScaled };
 enum class ScaleFormat { kCheckpoint, kFp32, kUe8m0Requant, kUe8m0, kDeepGemmUe8m0 };
 enum class Nvfp4Activation { kW4a4, kW4a16 };
 enum class KvCacheDType { kBf16, kFp8E4m3 };
+enum class ActivationDType { kF32, kBf16, kF16 };
 enum class MlaDecode { kNaive, kAbsorbed };
 enum class DsaDecode { kReference, kTiled64 };
 enum class SamplingBackend { kSorted, kThreshold };
@@ -113,6 +114,7 @@ struct EngineConfig {
   ScaleFormat scale_format = ScaleFormat::kCheckpoint;
   Nvfp4Activation nvfp4_activation = Nvfp4Activation::kW4a4;
   KvCacheDType kv_cache_dtype = KvCacheDType::kBf16;
+  ActivationDType activation_dtype = ActivationDType::kF32;
   MlaDecode mla_decode = MlaDecode::kNaive;
   DsaDecode dsa_decode = DsaDecode::kReference;
   KvCacheDType index_cache_dtype = KvCacheDType::kBf16;

@@ -1,0 +1,93 @@
+"""Recorder.fingerprint over numpy tensors: the summaries read back equal
+what numpy computes from the same arrays (ml_dtypes for bf16 and fp8), a
+failure marks the step incomplete, and bad input is refused by name."""
+import subprocess
+
+import numpy as np
+import pytest
+
+import crashreplay
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def make(tmp_path):
+    return crashreplay.Recorder(str(tmp_path / "cap.crcap"), engine="unit", engine_version="0",
+                                install_signal_handlers=False, overwrite=True)
+
+
+def numpy_summary(a):
+    """The fingerprint's statistics as numpy computes them (fp64)."""
+    x = a.astype(np.float64).reshape(-1)
+    finite = x[np.isfinite(x)]
+    bad = np.flatnonzero(~np.isfinite(x))
+    cols = a.shape[-1]
+    return {
+        "numel": x.size, "nan": int(np.isnan(x).sum()), "pos_inf": int(np.isposinf(x).sum()),
+        "neg_inf": int(np.isneginf(x).sum()), "min": float(finite.min()), "max": float(finite.max()),
+        "max_abs": float(np.abs(finite).max()), "sum": float(np.sum(finite)),
+        "sum_squares": float(np.sum(finite * finite)),
+        "first_nonfinite": (int(bad[0] // cols), int(bad[0] % cols)) if bad.size else None,
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
+def test_summaries_match_numpy(tmp_path, dtype):
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((5, 48)) * 3).astype(dtype)
+    if dtype in (np.float16, np.float32, ml_dtypes.bfloat16):
+        a[2, 7], a[3, 1], a[4, 0] = np.inf, -np.inf, np.nan
+    with make(tmp_path) as rec:
+        rec.record_step(0, mode="prefill", token_ids=np.arange(5))
+        rec.fingerprint("L0.attention", a)
+        path = rec.path
+    (r,) = crashreplay.read_capture(path)["fingerprints"]
+    assert r["step"] == 0 and r["complete"] and r["source"] == "host"
+    (f,) = r["fingerprints"]
+    want = numpy_summary(a)
+    for k in ("numel", "nan", "pos_inf", "neg_inf", "min", "max", "max_abs", "first_nonfinite"):
+        assert f[k] == want[k], k
+    # fp64 sums: element order here, numpy's pairwise order there.
+    assert f["sum"] == pytest.approx(want["sum"], rel=1e-12, abs=1e-12)
+    assert f["sum_squares"] == pytest.approx(want["sum_squares"], rel=1e-12)
+    assert f["columns"] == 48 and not f["is_int"]
+
+
+def test_integer_ids_give_their_range_and_hash(tmp_path):
+    ids = np.array([[3, 250], [0, 7]], np.int64)
+    with make(tmp_path) as rec:
+        rec.record_step(4, mode="decode", token_ids=np.arange(2))
+        rec.fingerprint("L1.topk", ids)
+        path = rec.path
+    (f,) = crashreplay.read_capture(path)["fingerprints"][0]["fingerprints"]
+    assert f["is_int"] and (f["min"], f["max"]) == (0, 250)
+    # The content hash is XXH3-128 of the bytes, as xxhsum -H2 prints it.
+    raw = tmp_path / "ids.bin"
+    raw.write_bytes(ids.tobytes())
+    out = subprocess.run(["xxhsum", "-H2", str(raw)], capture_output=True, text=True, check=True).stdout
+    assert f["content_hash"] == out.split()[0].split("_")[-1]
+
+
+def test_a_failure_writes_the_steps_boundaries_so_far_as_incomplete(tmp_path):
+    h = np.ones((2, 4), np.float16)
+    with make(tmp_path) as rec:
+        for step in range(2):
+            rec.record_step(step, mode="decode", token_ids=np.arange(2))
+            rec.fingerprint("L0.attention", h)
+            if step == 1:
+                break
+            rec.fingerprint("L0.o_proj", h)
+        rec.on_failure("CUDA error: device-side assert triggered", stage="decode", step=1)
+        path = rec.path
+    recs = crashreplay.read_capture(path)["fingerprints"]
+    assert [(r["step"], r["complete"], [f["name"] for f in r["fingerprints"]]) for r in recs] == [
+        (0, True, ["L0.attention", "L0.o_proj"]), (1, False, ["L0.attention"])]
+
+
+def test_bad_input_is_refused_by_name(tmp_path):
+    with make(tmp_path) as rec:
+        with pytest.raises(ValueError, match="no step given"):
+            rec.fingerprint("L0.mlp", np.zeros(4, np.float32))
+        rec.record_step(0, mode="decode", token_ids=np.arange(1))
+        with pytest.raises((ValueError, TypeError)):
+            rec.fingerprint("L0.mlp", "not a tensor")
