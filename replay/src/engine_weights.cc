@@ -163,6 +163,13 @@ absl::StatusOr<std::vector<uint8_t>> EngineParameterBytes(const EngineLayout& l,
   const std::string name(name_view);
   Builder b(tensors, sources);
   const int64_t tp = l.tp_size, r = l.tp_rank;
+  // transformers holds every parameter whole under its checkpoint name (one
+  // process, no tensor parallelism); a tied lm_head is the embedding.
+  if (l.engine == "transformers") {
+    const bool tied = name == "lm_head.weight" && tensors.count(name) == 0;
+    CR_RETURN_IF_ERROR(b.Rows(tied ? std::string("model.embed_tokens.weight") : name, 1, 0));
+    return b.Take();
+  }
   for (std::string_view q : {"weight_scale", "input_scale", "weight_scale_inv", "weight_scale_2", "k_scale", "v_scale"}) {
     if (EndsWith(name, Cat(".", q)) || EndsWith(name, Cat("_", q))) {
       if (l.engine == "vllm" && name.find(".attn._") != std::string::npos) break;
