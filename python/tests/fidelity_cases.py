@@ -249,64 +249,98 @@ def _dequantized_state_dict(case_dir, torch):
     return out
 
 
-def _reference(model_dir, state_dict, torch, transformers):
-    """(tokens, logits with bf16 K/V, logits with float32 K/V) of transformers
-    in float32 on `model_dir`'s architecture holding `state_dict` (per-expert
-    names as checkpoints have them; from_pretrained converts them)."""
-    import transformers.cache_utils as cu
+def load_reference(model_dir, state_dict, torch, transformers, dtype=None, **kwargs):
+    """transformers' model for `model_dir`'s architecture (its config.json,
+    without a quantization_config) holding `state_dict` (per-expert names as
+    checkpoints have them; from_pretrained converts them), in `dtype`
+    (default float32). `kwargs` go to from_pretrained (attn_implementation,
+    experts_implementation)."""
     from safetensors.torch import save_file
 
+    dtype = dtype or torch.float32
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
     config.pop("quantization_config", None)
     with tempfile.TemporaryDirectory() as plain:
         with open(os.path.join(plain, "config.json"), "w") as f:
             json.dump(config, f)
-        save_file({k: v.float().contiguous() for k, v in state_dict.items()}, os.path.join(plain, "model.safetensors"))
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32,
-                                                                         output_loading_info=True)
+        save_file({k: v.to(dtype).contiguous() for k, v in state_dict.items()},
+                  os.path.join(plain, "model.safetensors"))
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(plain, dtype=dtype,
+                                                                         output_loading_info=True, **kwargs)
     bad = [k for k in list(info["missing_keys"]) + list(info["unexpected_keys"]) + list(info["mismatched_keys"])
            if "rotary_emb" not in str(k)]
     assert not bad, f"transformers did not load every weight of {model_dir}: {bad}"
     model.eval()
+    return model
+
+
+def reference_logits(model, torch, store=None, forced=None, prompt=PROMPT, steps=STEPS):
+    """(greedy tokens, logits [steps, V]) of `model` on `prompt`, one token a
+    step through a DynamicCache (teacher-forced on `forced` when given; the
+    returned tokens are the model's own argmax either way).
+
+    store(kind, layer, step, tensor) -> tensor, when given, replaces every
+    tensor as it enters the cache, as the engine stores it: kind "k"/"v"
+    (GQA: [1, kv_heads, tokens, head_dim]; MLA: "k" the normalized latent
+    and "v" the roped k_rot, [1, 1, tokens, width]) or "index_k" (the DSA
+    indexer's keys, [1, tokens, index_head_dim]); step counts the model's
+    forward calls (0 = prefill)."""
+    import transformers.cache_utils as cu
 
     original = cu.Cache.update
     original_indexer = cu.Cache.update_indexer
+    calls = {}
 
-    def run(round_kv, forced=None):
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            if round_kv:
-                key_states = key_states.to(torch.bfloat16).to(torch.float32)
-                value_states = value_states.to(torch.bfloat16).to(torch.float32)
-            return original(self, key_states, value_states, layer_idx, *args, **kwargs)
+    def step_of(kind, layer):
+        n = calls.get((kind, layer), 0)
+        calls[(kind, layer)] = n + 1
+        return n
 
-        def update_indexer(self, key_states, layer_idx, *args, **kwargs):
-            if round_kv:  # the engine's bf16 index-key cache
-                key_states = key_states.to(torch.bfloat16).to(torch.float32)
-            return original_indexer(self, key_states, layer_idx, *args, **kwargs)
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if store is not None:
+            s = step_of("kv", layer_idx)
+            key_states = store("k", layer_idx, s, key_states)
+            value_states = store("v", layer_idx, s, value_states)
+        return original(self, key_states, value_states, layer_idx, *args, **kwargs)
 
-        cu.Cache.update = update
-        cu.Cache.update_indexer = update_indexer
-        try:
-            cache = cu.DynamicCache(config=model.config)
-            ids = torch.tensor([PROMPT])
-            tokens, rows = [], []
-            with torch.no_grad():
-                for step in range(STEPS):
-                    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-                    row = out.logits[0, -1].float()
-                    rows.append(row)
-                    nxt = int(row.argmax()) if forced is None else forced[step]
-                    tokens.append(nxt)
-                    ids = torch.tensor([[nxt]])
-            return tokens, torch.stack(rows)
-        finally:
-            cu.Cache.update = original
-            cu.Cache.update_indexer = original_indexer
+    def update_indexer(self, key_states, layer_idx, *args, **kwargs):
+        if store is not None:
+            key_states = store("index_k", layer_idx, step_of("index_k", layer_idx), key_states)
+        return original_indexer(self, key_states, layer_idx, *args, **kwargs)
 
-    tokens, logits = run(True)
-    _, logits_fp32kv = run(False, forced=tokens)
-    return tokens, logits, logits_fp32kv
+    cu.Cache.update = update
+    cu.Cache.update_indexer = update_indexer
+    try:
+        cache = cu.DynamicCache(config=model.config)
+        ids = torch.tensor([prompt])
+        tokens, rows = [], []
+        with torch.no_grad():
+            for step in range(steps):
+                out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+                row = out.logits[0, -1]
+                rows.append(row)
+                tokens.append(int(row.argmax()))
+                nxt = tokens[-1] if forced is None else forced[step]
+                ids = torch.tensor([[nxt]])
+        return tokens, torch.stack(rows)
+    finally:
+        cu.Cache.update = original
+        cu.Cache.update_indexer = original_indexer
+
+
+def _reference(model_dir, state_dict, torch, transformers):
+    """(tokens, logits with bf16 K/V, logits with float32 K/V) of transformers
+    in float32 on `model_dir`'s architecture holding `state_dict`: the
+    golden data's reference (CI's test_fidelity.py)."""
+    model = load_reference(model_dir, state_dict, torch, transformers)
+
+    def bf16(kind, layer, step, t):
+        return t.to(torch.bfloat16).to(torch.float32)
+
+    tokens, logits = reference_logits(model, torch, store=bf16)
+    _, logits_fp32kv = reference_logits(model, torch, forced=tokens)
+    return tokens, logits.float(), logits_fp32kv.float()
 
 
 def write_case(case, out_dir, seed=1234):
@@ -389,9 +423,13 @@ def run_engine(binary, case_dir, dump_dir, sets=()):
     return run_engine_on(binary, case_dir, [int(x) for x in g["prompt"]], len(g["tokens"]), dump_dir, sets)
 
 
-def run_engine_on(binary, model_dir, prompt, steps, dump_dir, sets=()):
+def run_engine_on(binary, model_dir, prompt, steps, dump_dir, sets=(), record=None):
+    """`record`: a session directory for `run --record` (replay it for the
+    per-kernel dumps)."""
     args = [binary, "run", model_dir, "--prompt-ids", ",".join(str(x) for x in prompt),
             "--max-new-tokens", str(steps), "--dump", dump_dir, "--json"]
+    if record:
+        args += ["--record", record]
     for s in sets:
         args += ["--set", s]
     r = subprocess.run(args, capture_output=True, text=True, check=False)
