@@ -129,16 +129,24 @@ FingerprintRecord TestRecord(uint64_t step, bool complete) {
   return r;
 }
 
-TEST(FingerprintRecordFile, ReadsBackEqualAndIsSkippable) {
-  TempDir dir;
-  const std::string path = dir.File("fp.crcap");
+// Two steps, each followed by its fingerprints (the second incomplete);
+// closed cleanly when `close`.
+void WriteTwoSteps(const std::string& path, bool close) {
   auto writer = CaptureWriter::Create(path, TestManifest(0));
   ASSERT_TRUE(writer.ok()) << writer.status();
   ASSERT_TRUE((*writer)->Append(TestStep(0, 0)).ok());
   ASSERT_TRUE((*writer)->Append(TestRecord(0, true)).ok());
   ASSERT_TRUE((*writer)->Append(TestStep(1, 0)).ok());
   ASSERT_TRUE((*writer)->Append(TestRecord(1, false)).ok());
-  ASSERT_TRUE((*writer)->Close().ok());
+  if (close) {
+    ASSERT_TRUE((*writer)->Close().ok());
+  }
+}
+
+TEST(FingerprintRecordFile, ReadsBackEqualAndIsSkippable) {
+  TempDir dir;
+  const std::string path = dir.File("fp.crcap");
+  WriteTwoSteps(path, /*close=*/true);
   auto reader = CaptureReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   const CaptureReader& r = **reader;
@@ -162,14 +170,7 @@ TEST(FingerprintRecordFile, ReadsBackEqualAndIsSkippable) {
 TEST(FingerprintRecordFile, CutInsideTheRecordKeepsEverythingBefore) {
   TempDir dir;
   const std::string path = dir.File("fp.crcap");
-  {
-    auto writer = CaptureWriter::Create(path, TestManifest(0));
-    ASSERT_TRUE(writer.ok()) << writer.status();
-    ASSERT_TRUE((*writer)->Append(TestStep(0, 0)).ok());
-    ASSERT_TRUE((*writer)->Append(TestRecord(0, true)).ok());
-    ASSERT_TRUE((*writer)->Append(TestStep(1, 0)).ok());
-    ASSERT_TRUE((*writer)->Append(TestRecord(1, false)).ok());
-  }
+  WriteTwoSteps(path, /*close=*/false);
   std::vector<unsigned char> bytes = ReadFileBytes(path);
   bytes.resize(bytes.size() - 40);  // inside the last record's payload
   WriteFileBytes(path, bytes);
