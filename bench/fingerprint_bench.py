@@ -2,8 +2,11 @@
 
 A transformers llama (hidden 1024, 8 layers, float32 and bfloat16) decodes
 with and without crashreplay.transformers' fingerprint hooks; prints the
-decode step time of each, the difference per step and per boundary, and its
-share of the step. Needs torch and transformers (scripts/test-engines.sh's
+decode step time of each, the difference per step, the time measured inside
+the fingerprint code in a decode step (hooks and the step's one summarising
+call: the figure that matters, the end-to-end difference is within a loaded
+machine's noise), per boundary, and its share of the step. The prefill's
+fingerprints cost in proportion to its tokens (every row is summarised). Needs torch and transformers (scripts/test-engines.sh's
 venv):  ENGINES_VENV/bin/python bench/fingerprint_bench.py
 Figures, not a test: timings are medians of repeated generate() calls."""
 import statistics
@@ -35,25 +38,50 @@ def decode_ms(m, new=16, reps=5):
     return statistics.median(times)
 
 
-def main():
+class Timed:
+    """Wraps a recorder method, adding up the time spent inside it in decode steps."""
+
+    def __init__(self, rec, name):
+        self.seconds, self.steps = 0.0, set()
+        inner = getattr(rec, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if rec.mode == "decode":
+                    self.seconds += time.perf_counter() - t0
+                    self.steps.add(rec.step)
+        setattr(rec, name, timed)
+
+
+def main(rounds=3, new=16):
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, 1 thread; ms per generated token")
-    print(f"{'dtype':<10}{'plain':>10}{'recorded':>10}{'+fp/step':>10}{'boundaries':>11}{'us/boundary':>12}{'share':>8}")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, 1 thread; ms per generated token,")
+    print(f"medians of {rounds} interleaved rounds; 'in hooks': time measured inside the fingerprint code a decode step")
+    print(f"{'dtype':<10}{'plain':>9}{'steps':>9}{'+fps':>9}{'diff':>9}{'in hooks':>10}{'bounds':>8}"
+          f"{'us/bound':>10}{'share':>8}")
     for dtype in (torch.float32, torch.bfloat16):
         m = model(dtype)
         decode_ms(m, reps=1)  # warm up
-        plain = decode_ms(m)
-        with tempfile.TemporaryDirectory() as d:
-            with crt.record(m, d, install_signal_handlers=False, fingerprints=False) as rec_off:
-                steps_only = decode_ms(m)
-        with tempfile.TemporaryDirectory() as d:
-            with crt.record(m, d, install_signal_handlers=False) as rec:
-                recorded = decode_ms(m)
+        plain, steps, fps, inside = [], [], [], []
+        for _ in range(rounds):
+            plain.append(decode_ms(m, new=new))
+            with tempfile.TemporaryDirectory() as d:
+                with crt.record(m, d, install_signal_handlers=False, fingerprints=False):
+                    steps.append(decode_ms(m, new=new))
+            with tempfile.TemporaryDirectory() as d:
+                with crt.record(m, d, install_signal_handlers=False) as rec:
+                    # The hooks, the lm_head one holding the step's one
+                    # summarising call (_flush_fingerprints).
+                    hooks = Timed(rec, "_fp")
+                    fps.append(decode_ms(m, new=new))
+                    inside.append(hooks.seconds * 1e3 / len(hooks.steps))
+        p, s_, f, i = (statistics.median(x) for x in (plain, steps, fps, inside))
         n = 3 + 5 * m.config.num_hidden_layers  # embedding, 5 a layer, final_norm, lm_head
-        extra = recorded - steps_only
-        print(f"{str(dtype).replace('torch.', ''):<10}{plain:>10.2f}{recorded:>10.2f}{extra:>10.3f}{n:>11}"
-              f"{extra * 1e3 / n:>12.1f}{extra / plain:>8.1%}")
-        print(f"{'':<10}(step log alone: {steps_only:.2f} ms, {steps_only - plain:+.3f} ms a step)")
+        print(f"{str(dtype).replace('torch.', ''):<10}{p:>9.2f}{s_:>9.2f}{f:>9.2f}{f - s_:>+9.2f}{i:>10.3f}{n:>8}"
+              f"{i * 1e3 / n:>10.1f}{i / p:>8.1%}")
 
 
 if __name__ == "__main__":

@@ -314,6 +314,27 @@ class Recorder:
         (entry,) = _named({name: tensor})
         self._impl.fingerprint(step, str(name), entry)
 
+    def fingerprints(self, tensors: Any, step: Optional[int] = None) -> None:
+        """fingerprint() for several boundaries of one step in one call.
+
+        tensors: a mapping or a sequence of (name, tensor) pairs, in the
+        order the boundaries ran. Costs one call into the recorder instead
+        of one a boundary (a call, not the summary, is most of the cost of a
+        decode step's small tensors: bench/fingerprint_bench.py).
+        """
+        step = self.current_step if step is None else step
+        if step is None:
+            raise ValueError("fingerprints: no step given and none recorded yet")
+        items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
+        entries = []
+        for name, t in items:
+            if is_device_tensor(t):
+                raise ValueError(f"fingerprint {name}: device tensors are not supported by this build; "
+                                 "pass a host copy or leave fingerprints off on the GPU")
+            arr, dtype = host_view(t)
+            entries.append((str(name), arr, dtype))
+        self._impl.fingerprints(step, entries)
+
     # -- weights ---------------------------------------------------------
     def record_weight_hashes(self, tensors: Mapping[str, Any], rank: Optional[int] = None,
                              threads: int = 0) -> Dict[str, Any]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from crashreplay._recorder import Recorder
 
@@ -77,6 +77,8 @@ class TransformersRecorder:
         self._sampling: Dict[str, Any] = {}
         self._handles: List[Any] = []
         self._last_rows: Optional[List[int]] = None
+        self._pending: List[Tuple[str, Any, int, bool]] = []  # this step's boundaries, summarised at its end
+        self._summarize_now: set = set()  # boundaries whose outputs a later module changed in place
         cfg = model.config
         dtype = str(model.dtype).replace("torch.", "")
         path = checkpoint_path or getattr(cfg, "_name_or_path", "") or ""
@@ -122,11 +124,46 @@ class TransformersRecorder:
     def _fp(self, name: str, t: Any, last: bool = False) -> None:
         if t is None or self.step < 0:
             return
-        t = t.detach()
-        if last and t.dim() == 3:
+        if name in self._summarize_now:
+            self.rec.fingerprint(name, self._host_rows(t, last), step=self.step)
+            return
+        # Held until the step's end and summarised in one call: a hook runs
+        # right after the module's kernels have pushed the interpreter out
+        # of the caches, so the less it does the better (each torch call
+        # here costs microseconds). A module that changes a held output in
+        # place later in the step is caught by the tensor's version
+        # counter: this step's stale value is dropped and that boundary is
+        # summarised at once from the next step on.
+        self._pending.append((name, t, t._version, last))
+        if name == "lm_head":
+            self._flush_fingerprints()
+
+    @staticmethod
+    def _host_rows(t: Any, last: bool) -> Any:
+        """The boundary's tensor on the host, the last token's row for `last`.
+
+        The summary's columns are the last dimension whatever the leading
+        ones, so a contiguous host tensor passes as it is (each torch call
+        here costs a microsecond or two, 43 a step)."""
+        if last and t.dim() == 3 and t.shape[1] != 1:
             t = t[:, -1, :]
-        t = t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t
-        self.rec.fingerprint(name, t.contiguous().cpu(), step=self.step)
+        if t.requires_grad:
+            t = t.detach()
+        if t.device.type != "cpu":
+            return t.contiguous().cpu()
+        return t if t.is_contiguous() else t.contiguous()
+
+    def _flush_fingerprints(self) -> None:
+        """Summarises the boundaries held for the current step."""
+        pending, self._pending = self._pending, []
+        fresh = []
+        for name, t, version, last in pending:
+            if t._version != version:
+                self._summarize_now.add(name)
+            else:
+                fresh.append((name, self._host_rows(t, last)))
+        if fresh:
+            self.rec.fingerprints(fresh, step=self.step)
 
     def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
         import torch
@@ -150,6 +187,7 @@ class TransformersRecorder:
             start = int(cache_position.reshape(-1)[0])
         elif past is not None and hasattr(past, "get_seq_length"):
             start = int(past.get_seq_length())
+        self._flush_fingerprints()
         self.step += 1
         self.mode = "prefill" if start == 0 else ("decode" if tokens == 1 else "extend")
         total = self.max_length or (start + tokens)
@@ -195,11 +233,14 @@ class TransformersRecorder:
             yield
         except Exception as e:  # noqa: BLE001 - recorded and re-raised
             kind = type(e)
+            self._flush_fingerprints()  # the boundaries that ran before the exception
             self.rec.on_failure(str(e), stage=self.mode, step=self.step if self.step >= 0 else None,
                                 failure_class="exception", exception_type=f"{kind.__module__}.{kind.__qualname__}")
             raise
 
     def close(self) -> None:
+        if self._handles:
+            self._flush_fingerprints()
         for h in self._handles:
             h.remove()
         self._handles.clear()

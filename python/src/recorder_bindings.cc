@@ -241,6 +241,22 @@ class PyRecorder {
     ThrowIfError(s);
   }
 
+  // The same for a step's boundaries at once: one call, one release of the
+  // GIL (the per-call cost, not the summary, dominates small tensors). Stops
+  // at the first malformed view, the boundaries before it recorded.
+  void Fingerprints(uint64_t step, const std::vector<NamedTensor>& tensors) {
+    capture::Recorder& rec = Live();
+    ViewSet set = MakeViews(tensors);
+    absl::Status s;
+    {
+      nb::gil_scoped_release release;
+      for (size_t i = 0; i < set.views.size() && s.ok(); ++i) {
+        s = rec.RecordFingerprint(step, std::get<0>(tensors[i]), set.views[i]);
+      }
+    }
+    ThrowIfError(s);
+  }
+
   // Records load-time weight hashes computed earlier (hash_tensors, or one
   // tensor at a time for device weights); the root is computed here.
   nb::dict RecordWeightHashes(uint32_t rank, const std::vector<std::tuple<std::string, std::string, uint64_t>>& entries) {
@@ -389,6 +405,7 @@ void BindRecorder(nb::module_& m) {
            nb::arg("output_token_ids").none(), nb::arg("digests"), nb::arg("timestamp_nanos"))
       .def("submit_snapshot", &PyRecorder::SubmitSnapshot, nb::arg("step"), nb::arg("tensors"))
       .def("fingerprint", &PyRecorder::Fingerprint, nb::arg("step"), nb::arg("name"), nb::arg("tensor"))
+      .def("fingerprints", &PyRecorder::Fingerprints, nb::arg("step"), nb::arg("tensors"))
       .def("record_weight_hashes", &PyRecorder::RecordWeightHashes, nb::arg("rank"), nb::arg("entries"))
       .def("register_weights", &PyRecorder::RegisterWeights, nb::arg("tensors"))
       .def("register_device_weights", &PyRecorder::RegisterDeviceWeights, nb::arg("tensors"))

@@ -47,7 +47,7 @@ def test_summaries_match_numpy(tmp_path, dtype):
     want = numpy_summary(a)
     for k in ("numel", "nan", "pos_inf", "neg_inf", "min", "max", "max_abs", "first_nonfinite"):
         assert f[k] == want[k], k
-    # fp64 sums: element order here, numpy's pairwise order there.
+    # fp64 sums: 8 interleaved lanes here, numpy's pairwise order there.
     assert f["sum"] == pytest.approx(want["sum"], rel=1e-12, abs=1e-12)
     assert f["sum_squares"] == pytest.approx(want["sum_squares"], rel=1e-12)
     assert f["columns"] == 48 and not f["is_int"]
@@ -91,3 +91,31 @@ def test_bad_input_is_refused_by_name(tmp_path):
         rec.record_step(0, mode="decode", token_ids=np.arange(1))
         with pytest.raises((ValueError, TypeError)):
             rec.fingerprint("L0.mlp", "not a tensor")
+
+
+def test_a_steps_boundaries_in_one_call_read_back_as_one_at_a_time(tmp_path):
+    rng = np.random.default_rng(5)
+    tensors = [("embedding", rng.standard_normal((3, 16)).astype(np.float32)),
+               ("L0.attention", rng.standard_normal((3, 16)).astype(ml_dtypes.bfloat16)),
+               ("L0.topk", np.array([[1, 9], [4, 2], [0, 7]], np.int32))]
+    records = []
+    for batched in (False, True):
+        with crashreplay.Recorder(str(tmp_path / f"b{batched}.crcap"), engine="unit",
+                                  install_signal_handlers=False) as rec:
+            rec.record_step(2, mode="decode", token_ids=np.arange(3))
+            if batched:
+                rec.fingerprints(tensors)
+            else:
+                for name, t in tensors:
+                    rec.fingerprint(name, t)
+            path = rec.path
+        records.append(crashreplay.read_capture(path)["fingerprints"])
+    assert records[0] == records[1]
+    assert [f["name"] for f in records[1][0]["fingerprints"]] == ["embedding", "L0.attention", "L0.topk"]
+
+
+def test_one_bad_tensor_in_a_batch_is_named(tmp_path):
+    with make(tmp_path) as rec:
+        rec.record_step(0, mode="decode", token_ids=np.arange(1))
+        with pytest.raises(Exception, match="L0.mlp"):
+            rec.fingerprints({"L0.attention": np.zeros((1, 4), np.float32), "L0.mlp": np.zeros((1, 4), np.complex64)})

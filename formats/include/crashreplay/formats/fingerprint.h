@@ -8,8 +8,9 @@
 // SummarizeTensor, so a summary means the same thing wherever it was made.
 //
 // SummarizeTensor decodes every element to fp64 (bf16, fp16, fp32, fp64,
-// fp8 e4m3/e5m2, signed and unsigned integers, bool) and sums in element
-// order: the same bits on every host and thread count. Pure functions,
+// fp8 e4m3/e5m2, signed and unsigned integers, bool) and sums in a fixed
+// order (8 interleaved lanes, element i in lane i % 8, combined pairwise):
+// the same bits on every host and thread count. Pure functions,
 // thread-safe, no allocation beyond the returned strings.
 #pragma once
 
