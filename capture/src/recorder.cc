@@ -149,8 +149,8 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
     std::lock_guard<std::mutex> report_lock(report_mu_);
     return ReportOnce(absl::Status(
         pending_report_.code(),
-        absl::StrFormat("%s; step %d and later ones are recorded into memory and written when the disk takes "
-                        "writes again (reported only this once)",
+        absl::StrFormat("%s; the steps since then, this one (step %d) included, are held in memory and written "
+                        "when the disk takes writes again (reported only this once)",
                         pending_report_.message(), step.step)));
   }
   return absl::OkStatus();
