@@ -127,6 +127,9 @@ nlohmann::json FileJson(const CaptureReader& r) {
       {"corrupt_weight_slices", s.corrupt_weight_slices},
       {"snapshots_dropped", s.snapshots_dropped},
       {"bytes_dropped", s.bytes_dropped},
+      {"steps_dropped", s.steps_dropped},
+      {"records_dropped", s.records_dropped},
+      {"write_errors", s.write_errors},
       {"skipped_unknown", s.skipped_unknown},
       {"fingerprint_records", s.fingerprint_records},
   };
@@ -221,6 +224,17 @@ void PrintText(const CaptureReader& r) {
     std::printf("  snapshots evicted from the ring, not in the file: %llu (%s); the ring keeps only the newest steps "
                 "(its step count and byte budget), so this is expected on a long run\n",
                 static_cast<unsigned long long>(s.snapshots_dropped), HumanBytes(s.bytes_dropped).c_str());
+  }
+  if (s.write_errors > 0 || s.steps_dropped > 0 || s.records_dropped > 0) {
+    // The counters are as of the last record that carried them: a capture
+    // whose disk never recovered may miss the steps after its last one too.
+    std::printf("  the recorder's disk: %llu failed writes, %llu steps and %llu other records dropped (the disk was "
+                "full or too slow: docs/capture.md, \"Disk full and slow disks\"); the steps present are whole and "
+                "in order%s\n",
+                static_cast<unsigned long long>(s.write_errors), static_cast<unsigned long long>(s.steps_dropped),
+                static_cast<unsigned long long>(s.records_dropped),
+                r.end().has_value() ? "" : absl::StrFormat(", and steps after %d may be missing (no end record)",
+                                                           s.last_step).c_str());
   }
   for (const StepFingerprints& fs : FingerprintSteps(r)) {
     const FingerprintRecord& fr = *fs.record;

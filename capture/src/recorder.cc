@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "crashreplay/base/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "crashreplay/formats/capture_encoder.h"
 #include "crashreplay/formats/capture_format.h"
 #include "recorder_impl.h"
@@ -65,6 +66,7 @@ Recorder::Impl::Impl(const SessionManifest& manifest, const RecorderOptions& opt
                      std::unique_ptr<CaptureWriter> writer)
     : options_(options), path_(std::move(path)), rank_(manifest.parallel.rank), writer_(std::move(writer)),
       queue_(options.step_queue_slots, options.step_queue_bytes),
+      held_(options.held_steps, options.held_bytes),
       ring_(options.snapshot_ring_bytes, options.max_snapshots, manifest.parallel.rank, options.blob),
       integrity_(options.weight_chunk_bytes, options.weight_check_bytes_per_step, options.weight_check_budget) {}
 
@@ -100,6 +102,11 @@ absl::Status Recorder::Impl::error() const {
   return error_;
 }
 
+absl::Status Recorder::Impl::ReportOnce(absl::Status s) {
+  if (reported_.exchange(true)) return absl::OkStatus();
+  return s;
+}
+
 absl::Status Recorder::Impl::RecordStep(const StepView& step) {
   if (closed_.load(std::memory_order_relaxed)) {
     return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; step ", step.step, " not recorded"));
@@ -108,24 +115,44 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
   CR_RETURN_IF_ERROR(internal::StepQueue::Validate(step));
   std::lock_guard<std::mutex> lock(producer_mu_);
   if (queue_.Full()) {
-    // The writer is a whole queue behind (the disk cannot keep up): wait a
-    // bounded time rather than lose a step of the log.
-    const double deadline = MonotonicSeconds() + options_.step_queue_wait_s;
-    while (queue_.Full()) {
-      if (MonotonicSeconds() > deadline) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "capture %s: the writer is %d steps behind; step %d not recorded (raise step_queue_slots or check the "
-            "disk)",
-            path_, queue_.slots(), step.step));
-      }
-      SleepMicros(50);
+    // The writer is a whole queue behind (a stalled disk). Wait a bounded
+    // time once, so that a burst loses nothing; then drop and count, and
+    // drop without waiting until the writer has caught up by half a queue:
+    // serving is never held up by the disk for longer than one wait.
+    if (!overflowing_) {
+      const double deadline = MonotonicSeconds() + options_.step_queue_wait_s;
+      while (queue_.Full() && MonotonicSeconds() <= deadline) SleepMicros(50);
     }
+    if (queue_.Full()) {
+      overflowing_ = true;
+      if (steps_dropped_.fetch_add(1, std::memory_order_relaxed) == 0) {
+        std::fprintf(stderr,
+                     "crashreplay: capture %s: the writer is %u steps behind (the disk is slow); step %llu and later "
+                     "steps that find the queue full are dropped and counted (stats().steps_dropped, the file)\n",
+                     path_.c_str(), queue_.slots(), static_cast<unsigned long long>(step.step));
+      }
+      return ReportOnce(absl::ResourceExhaustedError(absl::StrFormat(
+          "capture %s: the writer is %d steps behind (the disk is slow); step %d was dropped, and later steps are "
+          "dropped without waiting while the queue stays full: counted in stats().steps_dropped and the file, "
+          "reported only this once (raise step_queue_slots, or check the disk)",
+          path_, queue_.slots(), step.step)));
+    }
+  } else if (overflowing_ && queue_.head() - queue_.tail() <= queue_.slots() / 2) {
+    overflowing_ = false;
   }
   last_accepted_step_.store(step.step, std::memory_order_relaxed);
   last_accepted_mode_.store(step.mode, std::memory_order_relaxed);
   queue_.Push(step, step.timestamp_nanos != 0 ? step.timestamp_nanos : RealtimeNanos());
   // No wake-up call: a futex wake is a system call of several microseconds
   // on the serving thread. The writer polls (IdleWait) instead.
+  if (report_pending_.load(std::memory_order_relaxed) && report_pending_.exchange(false)) {
+    std::lock_guard<std::mutex> report_lock(report_mu_);
+    return ReportOnce(absl::Status(
+        pending_report_.code(),
+        absl::StrFormat("%s; the steps since then, this one (step %d) included, are held in memory and written "
+                        "when the disk takes writes again (reported only this once)",
+                        pending_report_.message(), step.step)));
+  }
   return absl::OkStatus();
 }
 
@@ -141,7 +168,9 @@ absl::Status Recorder::Impl::RecordWeightHashes(const WeightShardHashes& shard) 
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
   WeightHashesRecord r;
   r.shards.push_back(shard);
-  return writer_->Append(r);
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  AppendLocked(FrameEncoder::Encode(r));
+  return error();
 }
 
 absl::Status Recorder::Impl::RegisterWeights(std::span<const TensorView> weights, bool device) {
@@ -164,6 +193,7 @@ void Recorder::Impl::WriterLoop() {
       ++t;
     }
     if (stop_.load(std::memory_order_acquire) && t == queue_.head()) break;
+    RetryDisk(/*force=*/false);  // rate-limited; Close() makes the last try
     if (t == queue_.head()) IdleWait(writer_events_, ev, &idle);
     else idle = 0;
   }
@@ -182,30 +212,28 @@ void Recorder::Impl::ProcessStep(StepRecord& record, uint64_t backlog) {
   }
   last_step_ts_ = record.timestamp_nanos;
   absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(record, backlog <= kCompressUnlessBehindBy);
-  absl::Status s = frame.ok() ? writer_->Append(*frame) : frame.status();
-  if (s.ok()) {
-    const uint64_t dropped = ring_.dropped();
-    if (dropped != last_dropped_written_) {
-      DroppedSnapshotsRecord d{record.step, dropped, ring_.bytes_dropped()};
-      s = writer_->Append(d);
-      last_dropped_written_ = dropped;
-    }
-  }
-  if (s.ok() && !integrity_.empty()) {
-    WeightCheckRecord check;
-    check.rank = rank_;
-    integrity_.CheckNext(record.step, step_interval_ns_, &check);
-    period_steps_.store(check.period_steps, std::memory_order_relaxed);
-    weight_checks_.fetch_add(1, std::memory_order_relaxed);
-    uint64_t corrupt = 0;
-    for (const WeightSlice& slice : check.slices) corrupt += slice.corrupt;
-    corrupt_slices_.fetch_add(corrupt, std::memory_order_relaxed);
-    s = writer_->Append(check);
-  }
-  if (!s.ok()) {
-    SetError(s);
+  if (!frame.ok()) {
+    SetError(frame.status());
     return;
   }
+  std::optional<WeightCheckRecord> check;
+  if (!integrity_.empty()) {  // hashed before disk_mu_ is taken
+    check.emplace();
+    check->rank = rank_;
+    integrity_.CheckNext(record.step, step_interval_ns_, &*check);
+    period_steps_.store(check->period_steps, std::memory_order_relaxed);
+    weight_checks_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t corrupt = 0;
+    for (const WeightSlice& slice : check->slices) corrupt += slice.corrupt;
+    corrupt_slices_.fetch_add(corrupt, std::memory_order_relaxed);
+  }
+  {
+    std::lock_guard<std::mutex> lock(disk_mu_);
+    AppendLocked(std::move(*frame));
+    WriteDroppedLocked(record.step);
+    if (check) AppendLocked(FrameEncoder::Encode(*check));
+  }
+  if (failed_.load(std::memory_order_relaxed)) return;
   last_step_.store(record.step, std::memory_order_relaxed);
   any_step_.store(true, std::memory_order_relaxed);
   // Before the step counts as written, so that a signal handler that waited
@@ -286,9 +314,12 @@ absl::Status Recorder::Impl::WaitEncoded(double timeout_s) {
 absl::Status Recorder::Impl::WriteHeldFingerprints(bool complete) {
   if (!held_fp_) return absl::OkStatus();
   held_fp_->complete = complete;
-  absl::Status s = writer_->Append(*held_fp_);
+  absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(*held_fp_);
   held_fp_.reset();
-  return s;
+  if (!frame.ok()) return frame.status();
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  AppendLocked(std::move(*frame));
+  return absl::OkStatus();
 }
 
 absl::Status Recorder::Impl::RecordFingerprint(uint64_t step, std::string_view boundary, const TensorView& t) {
@@ -325,12 +356,19 @@ absl::Status Recorder::Impl::RecordFingerprints(const FingerprintRecord& record)
   CR_RETURN_IF_ERROR(WriteHeldFingerprints(true));
   FingerprintRecord r = record;
   r.rank = rank_;
-  return writer_->Append(r);
+  absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(r);
+  if (!frame.ok()) return frame.status();
+  std::lock_guard<std::mutex> disk_lock(disk_mu_);
+  AppendLocked(std::move(*frame));
+  return absl::OkStatus();
 }
 
 absl::Status Recorder::Impl::Flush() {
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
-  return WaitWritten(queue_.head(), 30.0);
+  CR_RETURN_IF_ERROR(WaitWritten(queue_.head(), 30.0));
+  if (RetryDisk(/*force=*/true)) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  return DiskStatusLocked("");
 }
 
 absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
@@ -339,8 +377,6 @@ absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
   absl::Status status = WaitWritten(queue_.head(), 30.0);
   absl::Status encoded = WaitEncoded(30.0);
   if (status.ok()) status = encoded;
-  absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
-  if (status.ok() && !written.ok()) status = written.status();
   {
     // The failing step's boundaries so far: its record is incomplete.
     std::lock_guard<std::mutex> lock(fp_mu_);
@@ -357,9 +393,28 @@ absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
   f.failure_class = failure.failure_class;
   f.timestamp_nanos = RealtimeNanos();
   f.backtrace = failure.backtrace;
-  absl::Status appended = writer_->Append(f);
-  if (status.ok()) status = appended;
-  if (::fsync(writer_->fd()) != 0 && status.ok()) {
+  absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(f);
+  if (!frame.ok()) return frame.status();
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  // After a disk error: what was held first (a retry, not rate-limited),
+  // then the ring and the failure record, or both kept for later.
+  CatchUpLocked();
+  if (!disk_error_) {
+    absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
+    if (!written.ok()) OnWriteErrorLocked(written.status());
+  }
+  if (disk_error_) ring_pending_ = true;
+  if (!disk_error_) {
+    absl::Status appended = writer_->Append(*frame);
+    if (!appended.ok()) OnWriteErrorLocked(appended);
+  }
+  if (disk_error_) {
+    pending_failures_.push_back(std::move(*frame));
+    return DiskStatusLocked(
+        "; they stay in memory, are written when the disk takes writes again, and Close() names what is still "
+        "missing");
+  }
+  if (::fsync(writer_->fd()) != 0 && errno != EINVAL && status.ok()) {  // EINVAL: a pipe
     status = absl::ErrnoToStatus(errno, absl::StrCat("fsync of capture ", path_));
   }
   return status;
@@ -435,20 +490,175 @@ absl::Status Recorder::Impl::Close() {
     absl::Status fp = WriteHeldFingerprints(true);
     if (status.ok()) status = fp;
   }
-  if (status.ok() && ring_.dropped() != last_dropped_written_) {  // drops after the last step
-    DroppedSnapshotsRecord d{last_step_.load(), ring_.dropped(), ring_.bytes_dropped()};
-    status = writer_->Append(d);
-    last_dropped_written_ = ring_.dropped();
-  }
-  if (options_.write_snapshots_on_close && status.ok()) {
+  std::lock_guard<std::mutex> disk_lock(disk_mu_);
+  CatchUpLocked();  // the last try: what the disk refused before
+  WriteDroppedLocked(last_step_.load());  // drops after the last step
+  if (options_.write_snapshots_on_close && !disk_error_) {
     absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
-    if (!written.ok()) status = written.status();
+    if (!written.ok()) OnWriteErrorLocked(written.status());
   }
-  absl::Status closed = writer_->Close();
-  if (status.ok()) status = closed;
+  if (options_.write_snapshots_on_close && disk_error_) ring_pending_ = true;
+  if (!disk_error_) {
+    const uint64_t errors_before = writer_->write_errors();
+    absl::Status closed = writer_->Close();
+    if (!closed.ok() && writer_->write_errors() != errors_before) {
+      OnWriteErrorLocked(closed);
+    } else if (status.ok()) {
+      status = closed;
+    }
+  }
+  if (disk_error_) {
+    // The file stays what it is: its complete records, without an end
+    // record (a reader says "not closed cleanly" and reads them all).
+    status = DiskStatusLocked(absl::StrFormat(
+        ", and the index and end record: the file keeps its complete records (%d bytes) and reads as not closed "
+        "cleanly",
+        writer_->bytes_written()));
+  }
   close_status_ = status;
   closed_.store(true);
   return status;
+}
+
+// ---------------------------------------------------------------------------
+// Disk errors
+
+void Recorder::Impl::AppendLocked(EncodedFrame frame) {
+  if (!disk_error_) {
+    absl::Status s = writer_->Append(frame);
+    if (s.ok()) return;
+    OnWriteErrorLocked(s);
+  }
+  held_.Push(std::move(frame));
+}
+
+void Recorder::Impl::AppendLocked(const absl::StatusOr<EncodedFrame>& frame) {
+  if (!frame.ok()) {
+    SetError(frame.status());  // an encoding error: a bug, not the disk
+    return;
+  }
+  AppendLocked(*frame);
+}
+
+void Recorder::Impl::OnWriteErrorLocked(const absl::Status& s) {
+  last_disk_error_ = s;
+  next_retry_s_.store(MonotonicSeconds() + options_.disk_retry_interval_s);
+  if (disk_error_) return;  // a retry that failed: counted by the writer
+  disk_error_ = true;
+  disk_degraded_.store(true);
+  if (first_disk_error_.ok()) first_disk_error_ = s;
+  std::fprintf(stderr,
+               "crashreplay: %s; the file keeps its complete records (%llu bytes) and recording goes on in memory: "
+               "the newest %llu steps are held and written when the disk takes writes again (retried every %gs)\n",
+               std::string(s.message()).c_str(), static_cast<unsigned long long>(writer_->bytes_written()),
+               static_cast<unsigned long long>(options_.held_steps), options_.disk_retry_interval_s);
+  if (!reported_.load()) {
+    // Space errors are ResourceExhausted whatever errno's mapping (EFBIG
+    // would read OutOfRange, which callers take for a bad argument).
+    const absl::StatusCode code =
+        s.code() == absl::StatusCode::kResourceExhausted || s.code() == absl::StatusCode::kOutOfRange
+            ? absl::StatusCode::kResourceExhausted
+            : absl::StatusCode::kUnavailable;
+    std::lock_guard<std::mutex> lock(report_mu_);
+    pending_report_ = absl::Status(code, s.message());
+    report_pending_.store(true);
+  }
+}
+
+bool Recorder::Impl::CatchUpLocked() {
+  if (!disk_error_) return true;
+  // The counters first: a reader that finds a gap in the steps (those
+  // dropped from the hold) has already read how many are missing, even if
+  // the disk takes only part of what is held.
+  if (!WriteDroppedLocked(last_step_.load(), /*force=*/true)) return false;
+  while (!held_.empty()) {
+    absl::Status s = writer_->Append(held_.front());
+    if (!s.ok()) {
+      OnWriteErrorLocked(s);
+      return false;
+    }
+    held_.PopFront();
+  }
+  if (ring_pending_) {
+    absl::StatusOr<uint64_t> written = ring_.WriteAll(writer_.get());
+    if (!written.ok()) {
+      OnWriteErrorLocked(written.status());
+      return false;
+    }
+    ring_pending_ = false;
+  }
+  while (!pending_failures_.empty()) {
+    absl::Status s = writer_->Append(pending_failures_.front());
+    if (!s.ok()) {
+      OnWriteErrorLocked(s);
+      return false;
+    }
+    pending_failures_.erase(pending_failures_.begin());
+    ::fsync(writer_->fd());
+  }
+  disk_error_ = false;
+  disk_degraded_.store(false);
+  std::fprintf(stderr,
+               "crashreplay: capture %s: the disk takes writes again; the records held in memory are written "
+               "(%llu steps dropped so far)\n",
+               path_.c_str(), static_cast<unsigned long long>(held_.steps_dropped() + steps_dropped_.load()));
+  WriteDroppedLocked(last_step_.load());
+  return !disk_error_;
+}
+
+bool Recorder::Impl::RetryDisk(bool force) {
+  if (!disk_degraded_.load(std::memory_order_relaxed)) return true;
+  if (!force && MonotonicSeconds() < next_retry_s_.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  return CatchUpLocked();
+}
+
+bool Recorder::Impl::WriteDroppedLocked(uint64_t step, bool force) {
+  if (disk_error_ && !force) return false;  // the counters are written when the disk is back
+  const uint64_t now[4] = {ring_.dropped(), steps_dropped_.load() + held_.steps_dropped(), held_.records_dropped(),
+                           writer_->write_errors()};
+  if (std::equal(now, now + 4, last_dropped_written_)) return true;
+  DroppedSnapshotsRecord d;
+  d.step = step;
+  d.snapshots_dropped = now[0];
+  d.bytes_dropped = ring_.bytes_dropped();
+  d.steps_dropped = now[1];
+  d.records_dropped = now[2];
+  d.write_errors = now[3];
+  absl::Status s = writer_->Append(d);
+  if (!s.ok()) {
+    OnWriteErrorLocked(s);
+    return false;
+  }
+  std::copy(now, now + 4, last_dropped_written_);
+  return true;
+}
+
+std::string Recorder::Impl::UnwrittenLocked() const {
+  std::vector<std::string> parts;
+  const uint64_t steps = held_.steps();
+  if (steps > 0) {
+    parts.push_back(absl::StrFormat("steps %d-%d (%d steps, held in memory)", held_.first_step(), held_.last_step(),
+                                    steps));
+  }
+  if (held_.records() > steps) parts.push_back(absl::StrFormat("%d other held records", held_.records() - steps));
+  const uint64_t dropped = steps_dropped_.load() + held_.steps_dropped();
+  if (dropped > 0) parts.push_back(absl::StrFormat("%d steps dropped", dropped));
+  if (held_.records_dropped() > 0) parts.push_back(absl::StrFormat("%d other records dropped", held_.records_dropped()));
+  if (ring_pending_) parts.push_back(absl::StrFormat("the snapshot ring (%d snapshots)", ring_.encoded()));
+  if (!pending_failures_.empty()) parts.push_back(absl::StrFormat("%d failure record(s)", pending_failures_.size()));
+  return parts.empty() ? std::string("nothing held") : absl::StrJoin(parts, ", ");
+}
+
+absl::Status Recorder::Impl::DiskStatusLocked(std::string_view more) const {
+  const absl::Status& last = last_disk_error_.ok() ? first_disk_error_ : last_disk_error_;
+  const absl::StatusCode code =
+      last.code() == absl::StatusCode::kResourceExhausted || last.code() == absl::StatusCode::kOutOfRange
+          ? absl::StatusCode::kResourceExhausted
+          : absl::StatusCode::kUnavailable;
+  return absl::Status(code, absl::StrFormat("capture %s: the disk refuses writes (%d failed writes; last: %s); not "
+                                            "written: %s%s",
+                                            path_, writer_->write_errors(), last.message(), UnwrittenLocked(), more));
 }
 
 RecorderStats Recorder::Impl::stats() const {
@@ -467,6 +677,15 @@ RecorderStats Recorder::Impl::stats() const {
   s.weight_checks = weight_checks_.load();
   s.corrupt_weight_slices = corrupt_slices_.load();
   s.file_bytes = writer_->bytes_written();
+  s.steps_held = held_.steps();
+  s.held_bytes = held_.bytes();
+  s.steps_dropped = steps_dropped_.load() + held_.steps_dropped();
+  s.records_dropped = held_.records_dropped();
+  s.write_errors = writer_->write_errors();
+  // Steps the writer has taken in and that are in the file: neither held
+  // nor dropped from the hold.
+  const uint64_t not_in_file = s.steps_held + held_.steps_dropped();
+  s.steps_written = s.steps_written > not_in_file ? s.steps_written - not_in_file : 0;
   return s;
 }
 

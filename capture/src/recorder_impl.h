@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "crash_handler.h"
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_writer.h"
+#include "held_frames.h"
 #include "snapshot_ring.h"
 #include "step_queue.h"
 #include "weight_integrity.h"
@@ -64,6 +67,31 @@ class Recorder::Impl final : public internal::CrashTarget {
   void SetError(const absl::Status& s);
   absl::Status error() const;
 
+  // Disk errors (docs/capture.md, "Disk full and slow disks"). Every record
+  // goes through AppendLocked, disk_mu_ held: to the file, or to held_
+  // once a write has failed.
+  void AppendLocked(EncodedFrame frame);
+  void AppendLocked(const absl::StatusOr<EncodedFrame>& frame);
+  // A write failed: cut back by the writer; hold from now on, warn once.
+  void OnWriteErrorLocked(const absl::Status& s);
+  // Writes what the disk refused before, in order: held records, then the
+  // ring and the failure record OnFailure could not write, then the
+  // counters. True when nothing is left in memory.
+  bool CatchUpLocked();
+  // Retries when the disk is refusing and `force` or the retry interval
+  // has passed. True when nothing is held.
+  bool RetryDisk(bool force);
+  // The cumulative drop counters as a record, when they changed (and the
+  // disk is taking writes, or `force`). False when its write failed.
+  bool WriteDroppedLocked(uint64_t step, bool force = false);
+  // What is still only in memory, for a status ("steps 930-3999 (3070
+  // held in memory), the failure record"); disk_mu_ held.
+  std::string UnwrittenLocked() const;
+  absl::Status DiskStatusLocked(std::string_view what) const;
+  // The caller's one report of a disk problem (the first RecordStep after
+  // it); every later one is counted only.
+  absl::Status ReportOnce(absl::Status s);
+
   const RecorderOptions options_;
   const std::string path_;
   const uint32_t rank_;
@@ -85,9 +113,30 @@ class Recorder::Impl final : public internal::CrashTarget {
   std::thread writer_thread_, encoder_thread_;
   std::atomic<pid_t> writer_tid_{0}, encoder_tid_{0};
 
+  // Queue overflow (a stalled writer): steps dropped, and whether steps
+  // are being dropped without waiting (until the queue is half empty).
+  std::atomic<uint64_t> steps_dropped_{0};
+  bool overflowing_ = false;  // producer_mu_
+
+  // Disk errors. disk_mu_ orders every append to writer_ and held_.
+  std::mutex disk_mu_;
+  internal::HeldFrames held_;
+  bool disk_error_ = false;               // disk_mu_: appends go to held_
+  absl::Status first_disk_error_;         // disk_mu_
+  absl::Status last_disk_error_;          // disk_mu_
+  bool ring_pending_ = false;             // disk_mu_: OnFailure could not write the ring
+  std::vector<EncodedFrame> pending_failures_;   // disk_mu_: nor the failure records
+  std::atomic<bool> disk_degraded_{false};       // disk_error_, readable anywhere
+  std::atomic<double> next_retry_s_{0};
+  std::atomic<bool> reported_{false};            // the caller has had its one report
+  std::atomic<bool> report_pending_{false};      // the next RecordStep returns pending_report_
+  std::mutex report_mu_;
+  absl::Status pending_report_;                  // report_mu_
+
   internal::SnapshotRing ring_;
   internal::WeightIntegrity integrity_;
-  uint64_t last_dropped_written_ = 0;  // writer thread
+  // The drop counters last written (disk_mu_): snapshots, steps, records, write errors.
+  uint64_t last_dropped_written_[4] = {0, 0, 0, 0};
   double step_interval_ns_ = 0;        // writer thread (EMA)
   int64_t last_step_ts_ = 0;           // writer thread
   std::atomic<uint32_t> period_steps_{0};

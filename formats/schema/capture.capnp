@@ -226,6 +226,10 @@ struct DroppedSnapshotsRecord {
   step @0 :UInt64;                # the step being recorded when counted
   snapshotsDropped @1 :UInt64;
   bytesDropped @2 :UInt64;
+  # Disk errors (docs/capture.md, "Disk full and slow disks"), cumulative:
+  stepsDropped @3 :UInt64;        # step records never written: queue full, or held past the in-memory bound
+  recordsDropped @4 :UInt64;      # other records held past the bound (weight checks, fingerprints)
+  writeErrors @5 :UInt64;         # failed writes (ENOSPC, EDQUOT, EFBIG, EIO), retries included
 }
 
 # ---------------------------------------------------------------- fingerprints (2.1)
@@ -318,4 +322,7 @@ struct EndRecord {
   indexOffset @4 :UInt64;         # frame offset of the IndexRecord
   snapshotsDropped @5 :UInt64;
   bytesDropped @6 :UInt64;
+  stepsDropped @7 :UInt64;        # as in DroppedSnapshotsRecord: totals at close
+  recordsDropped @8 :UInt64;
+  writeErrors @9 :UInt64;
 }

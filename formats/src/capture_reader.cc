@@ -375,10 +375,16 @@ CaptureSummary CaptureReader::Summary() const {
   if (dropped_.has_value()) {
     s.snapshots_dropped = dropped_->snapshots_dropped;
     s.bytes_dropped = dropped_->bytes_dropped;
+    s.steps_dropped = dropped_->steps_dropped;
+    s.records_dropped = dropped_->records_dropped;
+    s.write_errors = dropped_->write_errors;
   }
   if (end_.has_value()) {
     s.snapshots_dropped = std::max(s.snapshots_dropped, end_->snapshots_dropped);
     s.bytes_dropped = std::max(s.bytes_dropped, end_->bytes_dropped);
+    s.steps_dropped = std::max(s.steps_dropped, end_->steps_dropped);
+    s.records_dropped = std::max(s.records_dropped, end_->records_dropped);
+    s.write_errors = std::max(s.write_errors, end_->write_errors);
   }
   s.skipped_unknown = skipped_unknown_;
   return s;

@@ -232,6 +232,9 @@ void Build(s::DroppedSnapshotsRecord::Builder b, const DroppedSnapshotsRecord& v
   b.setStep(v.step);
   b.setSnapshotsDropped(v.snapshots_dropped);
   b.setBytesDropped(v.bytes_dropped);
+  b.setStepsDropped(v.steps_dropped);
+  b.setRecordsDropped(v.records_dropped);
+  b.setWriteErrors(v.write_errors);
 }
 
 void Build(s::FailureRecord::Builder b, const FailureRecord& v) {
@@ -271,6 +274,9 @@ void Build(s::EndRecord::Builder b, const EndRecord& v) {
   b.setIndexOffset(v.index_offset);
   b.setSnapshotsDropped(v.snapshots_dropped);
   b.setBytesDropped(v.bytes_dropped);
+  b.setStepsDropped(v.steps_dropped);
+  b.setRecordsDropped(v.records_dropped);
+  b.setWriteErrors(v.write_errors);
 }
 
 // ---- read ---------------------------------------------------------------------
@@ -461,6 +467,9 @@ void Read(s::DroppedSnapshotsRecord::Reader r, DroppedSnapshotsRecord* v) {
   v->step = r.getStep();
   v->snapshots_dropped = r.getSnapshotsDropped();
   v->bytes_dropped = r.getBytesDropped();
+  v->steps_dropped = r.getStepsDropped();
+  v->records_dropped = r.getRecordsDropped();
+  v->write_errors = r.getWriteErrors();
 }
 
 void Read(s::FailureRecord::Reader r, FailureRecord* v) {
@@ -488,6 +497,9 @@ void Read(s::EndRecord::Reader r, EndRecord* v) {
   v->index_offset = r.getIndexOffset();
   v->snapshots_dropped = r.getSnapshotsDropped();
   v->bytes_dropped = r.getBytesDropped();
+  v->steps_dropped = r.getStepsDropped();
+  v->records_dropped = r.getRecordsDropped();
+  v->write_errors = r.getWriteErrors();
 }
 
 // ---- framing of one message ---------------------------------------------------

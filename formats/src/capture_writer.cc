@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "crashreplay/base/status.h"
@@ -60,19 +61,40 @@ absl::StatusOr<std::unique_ptr<CaptureWriter>> CaptureWriter::Create(const std::
   return writer;
 }
 
-absl::Status CaptureWriter::WriteLocked(const EncodedFrame& frame) {
+absl::Status CaptureWriter::WriteBytesLocked(const unsigned char* data, size_t size, const char* what) {
   if (closed_) return absl::FailedPreconditionError(absl::StrFormat("capture %s is already closed", path_));
   if (failed_.load()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("capture %s had a write error; no further records are appended", path_));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "capture %s has a torn frame at its end that could not be cut off; no further records are appended", path_));
   }
-  const uint64_t offset = offset_.fetch_add(frame.bytes.size());
-  const size_t n = WriteAll(fd_.load(), frame.bytes.data(), frame.bytes.size());
-  if (n != frame.bytes.size()) {
+  const int fd = fd_.load();
+  const uint64_t offset = offset_.load();
+  const size_t n = WriteAll(fd, data, size);
+  if (n == size) {
+    offset_.fetch_add(size);
+    return absl::OkStatus();
+  }
+  const int err = errno;
+  write_errors_.fetch_add(1);
+  absl::Status status = absl::ErrnoToStatus(
+      err, absl::StrFormat("write of %s to %s failed at offset %d", what, path_, offset + n));
+  // Cut the partial frame off: the file stays its complete frames, and a
+  // later append (when space returns) follows them instead of being hidden
+  // behind a torn frame.
+  if (n > 0 && ::ftruncate(fd, static_cast<off_t>(offset)) != 0) {
     failed_ = true;
-    return absl::ErrnoToStatus(errno, absl::StrFormat("write of a %s record to %s failed at offset %d",
-                                                      RecordTypeName(frame.type), path_, offset + n));
+    return absl::Status(status.code(),
+                        absl::StrFormat("%s; cutting the torn frame off at offset %d failed too (%s), so no further "
+                                        "records are appended",
+                                        status.message(), offset, strerror(errno)));
   }
+  return status;
+}
+
+absl::Status CaptureWriter::WriteLocked(const EncodedFrame& frame) {
+  const uint64_t offset = offset_.load();
+  CR_RETURN_IF_ERROR(WriteBytesLocked(frame.bytes.data(), frame.bytes.size(),
+                                      absl::StrFormat("a %s record", RecordTypeName(frame.type)).c_str()));
   frames_.fetch_add(1);
   if (frame.type == static_cast<uint16_t>(RecordType::kBlob)) {
     blob_offsets_.emplace(frame.blob_hash, offset);
@@ -114,6 +136,8 @@ absl::Status CaptureWriter::Append(const DroppedSnapshotsRecord& r) {
     std::lock_guard<std::mutex> lock(mu_);
     snapshots_dropped_ = r.snapshots_dropped;
     bytes_dropped_ = r.bytes_dropped;
+    steps_dropped_ = r.steps_dropped;
+    records_dropped_ = r.records_dropped;
   }
   return EncodeAndAppend(r);
 }
@@ -135,12 +159,18 @@ bool CaptureWriter::HasBlob(const Hash128& hash) const {
 bool CaptureWriter::AppendEncodedFrame(const void* data, size_t size) noexcept {
   const int fd = fd_.load(std::memory_order_relaxed);
   if (fd < 0 || failed_.load(std::memory_order_relaxed)) return false;
+  const uint64_t offset = offset_.load(std::memory_order_relaxed);
   const size_t n = WriteAll(fd, static_cast<const unsigned char*>(data), size);
-  offset_.fetch_add(n, std::memory_order_relaxed);
   if (n != size) {
-    failed_.store(true, std::memory_order_relaxed);
+    const int err = errno;
+    write_errors_.fetch_add(1, std::memory_order_relaxed);
+    // As WriteBytesLocked: cut a partial frame off (ftruncate is
+    // async-signal-safe), or refuse every later append.
+    if (n > 0 && ::ftruncate(fd, static_cast<off_t>(offset)) != 0) failed_.store(true, std::memory_order_relaxed);
+    errno = err;
     return false;
   }
+  offset_.fetch_add(n, std::memory_order_relaxed);
   // Counted as one frame: the caller passes whole frames, usually one.
   frames_.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -164,14 +194,23 @@ absl::Status CaptureWriter::Close() {
   end.index_offset = offset_.load();
   end.snapshots_dropped = snapshots_dropped_;
   end.bytes_dropped = bytes_dropped_;
+  end.steps_dropped = steps_dropped_;
+  end.records_dropped = records_dropped_;
+  end.write_errors = write_errors_.load();
   absl::StatusOr<EncodedFrame> index_frame = FrameEncoder::Encode(index);
   if (!index_frame.ok()) return index_frame.status();
   absl::StatusOr<EncodedFrame> end_frame = FrameEncoder::Encode(end);
   if (!end_frame.ok()) return end_frame.status();
-  CR_RETURN_IF_ERROR(WriteLocked(*index_frame));
-  CR_RETURN_IF_ERROR(WriteLocked(*end_frame));
+  // Index and end record in one write: a failed write is cut off whole, so
+  // Close() may be tried again (when space returns) without leaving a
+  // stray index frame behind.
+  std::vector<unsigned char> tail = std::move(index_frame->bytes);
+  tail.insert(tail.end(), end_frame->bytes.begin(), end_frame->bytes.end());
+  CR_RETURN_IF_ERROR(WriteBytesLocked(tail.data(), tail.size(), "the index and end record"));
+  frames_.fetch_add(2);
   closed_ = true;
-  if (options_.fsync_on_close && ::fsync(fd_.load()) != 0) {
+  // EINVAL: a pipe or other file that cannot be synced (nothing to wait for).
+  if (options_.fsync_on_close && ::fsync(fd_.load()) != 0 && errno != EINVAL) {
     return absl::ErrnoToStatus(errno, absl::StrFormat("fsync of capture %s failed", path_));
   }
   const int fd = fd_.exchange(-1);

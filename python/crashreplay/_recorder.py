@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -213,6 +214,13 @@ class Recorder:
         CSR (offsets, slots)), sampling ({temperatures, top_ps, top_ks,
         min_ps, seeds} or a list of per-request dicts). digests: name ->
         uint64 or 32-hex hash. CUDA tensors are staged asynchronously.
+
+        When the disk fails (full, a file-size limit, EIO) or stalls, this
+        raises crashreplay.Error once, on the first step after it (the step
+        itself is held in memory, not lost); every later call returns
+        normally and the recorder counts what it holds or drops (stats():
+        write_errors, steps_held, steps_dropped). docs/capture.md, "Disk
+        full and slow disks".
         """
         if mode not in _MODES:
             raise ValueError(f"mode '{mode}' is not one of {', '.join(_MODES)}")
@@ -405,12 +413,23 @@ class Recorder:
             self._stager.drain()
         self._impl.flush()
 
-    def close(self) -> None:
-        """Drains, writes the index and end record (ok=true). Idempotent."""
+    def close(self) -> Optional[str]:
+        """Drains, writes the index and end record (ok=true). Idempotent.
+
+        Returns None when everything reached the file. After a disk error
+        (disk full, file-size limit, EIO) that never cleared, it warns once
+        (RuntimeWarning) and returns the recorder's report of what could
+        not be written (held steps, dropped steps, ring, failure record,
+        end record) instead of raising: the file keeps its intact prefix,
+        readable as a capture that was not closed cleanly.
+        """
         if self._stager is not None:
             self._stager.close()
-        self._impl.close()
+        report = self._impl.close()
         self._host_weights.clear()
+        if report:
+            warnings.warn(f"crashreplay: {report}", RuntimeWarning, stacklevel=2)
+        return report
 
     def __enter__(self) -> "Recorder":
         return self

@@ -186,6 +186,7 @@ absl::StatusOr<capture::RecorderOptions> OptionsFromPython(const nb::dict& d) {
   r.Field("write_snapshots_on_close", &o.write_snapshots_on_close);
   r.Field("install_signal_handlers", &o.install_signal_handlers);
   r.Field("step_queue_wait_s", &o.step_queue_wait_s);
+  r.Field("disk_retry_interval_s", &o.disk_retry_interval_s);
   r.Field("signal_drain_timeout_s", &o.signal_drain_timeout_s);
   r.Field("weight_check_budget", &o.weight_check_budget);
   r.Custom("snapshot_ring_bytes",
@@ -195,6 +196,8 @@ absl::StatusOr<capture::RecorderOptions> OptionsFromPython(const nb::dict& d) {
            [&](nb::handle x) { return ReadUnsigned(x, &o.step_queue_slots, "options.step_queue_slots"); });
   r.Custom("step_queue_bytes",
            [&](nb::handle x) { return ReadUnsigned(x, &o.step_queue_bytes, "options.step_queue_bytes"); });
+  r.Custom("held_steps", [&](nb::handle x) { return ReadUnsigned(x, &o.held_steps, "options.held_steps"); });
+  r.Custom("held_bytes", [&](nb::handle x) { return ReadUnsigned(x, &o.held_bytes, "options.held_bytes"); });
   r.Custom("weight_check_bytes_per_step", [&](nb::handle x) {
     return ReadUnsigned(x, &o.weight_check_bytes_per_step, "options.weight_check_bytes_per_step");
   });

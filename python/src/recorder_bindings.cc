@@ -123,6 +123,11 @@ nb::dict StatsToPython(const capture::RecorderStats& s) {
   d["weight_checks"] = s.weight_checks;
   d["corrupt_weight_slices"] = s.corrupt_weight_slices;
   d["file_bytes"] = s.file_bytes;
+  d["steps_dropped"] = s.steps_dropped;
+  d["records_dropped"] = s.records_dropped;
+  d["write_errors"] = s.write_errors;
+  d["steps_held"] = s.steps_held;
+  d["held_bytes"] = s.held_bytes;
   return d;
 }
 
@@ -325,8 +330,12 @@ class PyRecorder {
     ThrowIfError(s);
   }
 
-  void Close() {
-    if (!recorder_) return;
+  // None when everything reached the file; after a disk error, the
+  // recorder's report of what could not be written (docs/capture.md, "Disk
+  // full and slow disks") as a string: the Python layer warns with it
+  // rather than raising from close(). Any other error raises.
+  std::optional<std::string> Close() {
+    if (!recorder_) return std::nullopt;
     absl::Status s;
     {
       nb::gil_scoped_release release;
@@ -336,7 +345,9 @@ class PyRecorder {
     path_ = recorder_->path();
     recorder_.reset();
     kept_weights_.clear();
+    if (!s.ok() && closed_stats_.write_errors > 0) return std::string(s.message());
     ThrowIfError(s);
+    return std::nullopt;
   }
 
   bool closed() const { return !recorder_; }

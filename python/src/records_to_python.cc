@@ -253,6 +253,9 @@ nb::dict ToPython(const CaptureSummary& s) {
   d["corrupt_weight_slices"] = s.corrupt_weight_slices;
   d["snapshots_dropped"] = s.snapshots_dropped;
   d["bytes_dropped"] = s.bytes_dropped;
+  d["steps_dropped"] = s.steps_dropped;
+  d["records_dropped"] = s.records_dropped;
+  d["write_errors"] = s.write_errors;
   d["skipped_unknown"] = s.skipped_unknown;
   return d;
 }

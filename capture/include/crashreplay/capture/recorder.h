@@ -38,10 +38,30 @@
 // call (their bytes are copied), except RegisterWeights(), whose buffers
 // must stay valid and mapped until Close().
 //
+// Disk full and slow disks (docs/capture.md, "Disk full and slow disks"):
+//   * a write that fails (ENOSPC, EDQUOT, EFBIG, EIO) is cut back to the end
+//     of the last complete frame, so the file stays a valid capture; the
+//     recorder warns once on stderr and goes on recording into memory: the
+//     newest records are held (options.held_steps / held_bytes; older ones
+//     dropped and counted) and the ring keeps its snapshots. It retries the
+//     file every options.disk_retry_interval_s, and at Flush, OnFailure and
+//     Close; when the disk takes writes again the held records are appended
+//     after the intact prefix, followed by a DroppedSnapshotsRecord whose
+//     counters (steps dropped, write errors) a reader sees;
+//   * the caller hears of it once: the first RecordStep after the error
+//     returns its status (the step itself is held, not lost); every later
+//     call returns OK. Flush and OnFailure return a status that says what
+//     is still only in memory; Close() writes what it can and returns a
+//     status naming what could not be written (the file then ends at its
+//     intact prefix, without an end record);
+//   * a stalled disk never stalls the caller for long: a step that finds the
+//     step queue full waits at most options.step_queue_wait_s once, is then
+//     dropped and counted (stats().steps_dropped, the file), and later
+//     steps are dropped without waiting until the queue is half empty again.
+//
 // Errors: absl::Status. InvalidArgument for malformed views, FailedPrecondition
-// after Close() or after a write error (the capture is then frozen),
-// ResourceExhausted when the step queue stays full past
-// options.step_queue_wait (the disk cannot keep up), errno-derived codes for I/O.
+// after Close(), ResourceExhausted (disk full, queue full) or Unavailable
+// (EIO and other write errors) once for the first disk problem, as above.
 #pragma once
 
 #include <cstdint>
@@ -79,15 +99,24 @@ struct RecorderOptions {
   BlobEncodeOptions blob;       // zstd level 1 + byte-plane shuffle by default
   bool write_snapshots_on_close = false;
 
-  // Step log queue. RecordStep waits for a free slot at most this long
-  // (only when the writer is that far behind), then fails ResourceExhausted.
+  // Step log queue. A step that finds every slot taken (the writer is that
+  // far behind: a stalled disk) waits at most step_queue_wait_s for one,
+  // then is dropped and counted; later steps are dropped without waiting
+  // until the writer has emptied half the queue.
   uint32_t step_queue_slots = 256;
-  double step_queue_wait_s = 1.0;
+  double step_queue_wait_s = 0.1;
   // The queue's records live in an arena of this many bytes, mapped and
   // pre-faulted at Begin (docs/capture.md, "The step queue"). A step that
   // finds no room while the writer is behind gets a buffer of its own
   // (stats().steps_spilled); one larger than the arena grows it.
   uint64_t step_queue_bytes = 8ull << 20;
+
+  // After a write error: the records held in memory until the disk takes
+  // writes again (the newest held_steps step records and held_bytes bytes;
+  // older ones dropped and counted), and how often the file is retried.
+  uint64_t held_steps = 4096;
+  uint64_t held_bytes = 64ull << 20;
+  double disk_retry_interval_s = 1.0;
 
   // Fatal-signal handlers (process-wide, chained to the previous ones).
   bool install_signal_handlers = true;
@@ -171,6 +200,14 @@ struct RecorderStats {
   uint64_t weight_checks = 0;
   uint64_t corrupt_weight_slices = 0;
   uint64_t file_bytes = 0;
+  // Disk full and slow disks: steps dropped (the queue was full, or they
+  // were held past held_steps), other records dropped from the hold,
+  // failed writes, and what is held in memory now.
+  uint64_t steps_dropped = 0;
+  uint64_t records_dropped = 0;
+  uint64_t write_errors = 0;
+  uint64_t steps_held = 0;
+  uint64_t held_bytes = 0;
 };
 
 class Recorder {
@@ -186,6 +223,7 @@ class Recorder {
   Recorder& operator=(const Recorder&) = delete;
 
   // Hot path: copies the step into a queue slot. Never touches the disk.
+  // Returns a disk error (or a dropped step) once, then OK (see above).
   absl::Status RecordStep(const StepView& step);
 
   // Hot path: one memcpy per tensor into the ring. Returns OK also when the
@@ -224,15 +262,22 @@ class Recorder {
   // Held fingerprints of another step are written first.
   absl::Status RecordFingerprints(const FingerprintRecord& record);
   // Writes the ring and a FailureRecord, fsyncs. Waits for the writer and
-  // encoder (seconds at most: it is the failure path).
+  // encoder (seconds at most: it is the failure path). After a disk error
+  // it first writes the held records; if the disk still refuses, the ring
+  // and the failure record are kept for a later retry or Close(), and the
+  // status says so.
   absl::Status OnFailure(const FailureInfo& failure);
 
   // Waits until every accepted step (and weight check) is in the file.
+  // After a disk error: retries now; the status says what is still held.
   absl::Status Flush();
 
   // Drains, optionally writes the ring, writes index + end record (ok =
   // true), fsyncs, stops the threads, uninstalls this recorder from the
   // signal handlers. Idempotent: a second call returns the first result.
+  // After a disk error it retries once more; what the disk still refuses
+  // is named in the status (steps, records, ring, failure record, end
+  // record) and the file is left as its intact prefix.
   absl::Status Close();
 
   RecorderStats stats() const;

@@ -74,6 +74,11 @@ struct CaptureSummary {
   uint64_t corrupt_weight_slices = 0;
   uint64_t snapshots_dropped = 0;
   uint64_t bytes_dropped = 0;
+  // The recorder's disk-error counters (docs/capture.md, "Disk full and
+  // slow disks"): step records and other records never written, failed writes.
+  uint64_t steps_dropped = 0;
+  uint64_t records_dropped = 0;
+  uint64_t write_errors = 0;
   uint64_t skipped_unknown = 0;    // skippable records of types this version does not know
 };
 

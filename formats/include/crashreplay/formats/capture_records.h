@@ -195,6 +195,12 @@ struct DroppedSnapshotsRecord {
   uint64_t step = 0;
   uint64_t snapshots_dropped = 0;  // cumulative
   uint64_t bytes_dropped = 0;      // cumulative
+  // Disk errors and a writer that fell behind (cumulative): step records
+  // never written, other records dropped from the in-memory hold, and
+  // failed writes.
+  uint64_t steps_dropped = 0;
+  uint64_t records_dropped = 0;
+  uint64_t write_errors = 0;
   friend bool operator==(const DroppedSnapshotsRecord&, const DroppedSnapshotsRecord&) = default;
 };
 
@@ -280,6 +286,9 @@ struct EndRecord {
   uint64_t index_offset = 0;
   uint64_t snapshots_dropped = 0;
   uint64_t bytes_dropped = 0;
+  uint64_t steps_dropped = 0;
+  uint64_t records_dropped = 0;
+  uint64_t write_errors = 0;
   friend bool operator==(const EndRecord&, const EndRecord&) = default;
 };
 

@@ -25,9 +25,14 @@
 // threads do not interleave on local Linux filesystems.
 //
 // Errors: I/O errors carry errno's meaning (absl::ErrnoToStatus) and the
-// path; after a failed or partial write the writer refuses further appends
-// (FailedPrecondition), since a torn frame in the middle would hide every
-// frame after it from readers.
+// path. A failed or partial write (ENOSPC, EDQUOT, EFBIG, EIO) is cut off
+// with ftruncate(2) back to the end of the last complete frame, so the file
+// stays a valid capture and a later append (when space returns) may follow
+// it; the failed frame is not listed in the index. Close() writes the index
+// and end record in one write and may likewise be tried again after it
+// failed. Only when the cut itself fails does the writer refuse further
+// appends (FailedPrecondition), since a torn frame in the middle would hide
+// every frame after it from readers.
 #pragma once
 
 #include <atomic>
@@ -94,10 +99,16 @@ class CaptureWriter {
   int fd() const noexcept { return fd_.load(std::memory_order_relaxed); }
   const std::string& path() const { return path_; }
   uint64_t bytes_written() const noexcept { return offset_.load(std::memory_order_relaxed); }
+  // Failed writes so far (each cut back, or the writer is broken()).
+  uint64_t write_errors() const noexcept { return write_errors_.load(std::memory_order_relaxed); }
+  // True when a torn frame could not be cut off: nothing more is appended.
+  bool broken() const noexcept { return failed_.load(std::memory_order_relaxed); }
 
  private:
   CaptureWriter(std::string path, int fd, CaptureWriterOptions options);
   absl::Status WriteLocked(const EncodedFrame& frame);
+  // write(2)s whole frames at the end; on failure cuts them off again.
+  absl::Status WriteBytesLocked(const unsigned char* data, size_t size, const char* what);
   template <typename T>
   absl::Status EncodeAndAppend(const T& record);
 
@@ -106,12 +117,15 @@ class CaptureWriter {
   const CaptureWriterOptions options_;
   std::atomic<uint64_t> offset_{0};
   std::atomic<uint64_t> frames_{0};        // every frame, tracked or not
-  std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> write_errors_{0};
+  std::atomic<bool> failed_{false};  // a torn frame could not be cut off
   mutable std::mutex mu_;
   bool closed_ = false;
   uint64_t steps_ = 0;
   uint64_t snapshots_dropped_ = 0;
   uint64_t bytes_dropped_ = 0;
+  uint64_t steps_dropped_ = 0;
+  uint64_t records_dropped_ = 0;
   std::vector<IndexEntry> entries_;
   absl::flat_hash_map<Hash128, uint64_t, Hash128Hasher> blob_offsets_;
 };
