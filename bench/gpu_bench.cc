@@ -2,7 +2,8 @@
 // bf16, FP8-block, NVFP4 and MXFP4 weights, as a fraction of the device's
 // memory bandwidth (the reference: a device-to-device cudaMemcpy of the same
 // size, and the theoretical peak where the driver reports it); (2) one-step
-// replay time, async vs kernel-by-kernel, on a random checkpoint.
+// replay time, async vs kernel-by-kernel, on a random checkpoint; (3) the
+// engine fingerprints' cost at GLM-5 decode shapes (FingerprintCost).
 // Prints one line per figure; exits 0 with a note when there is no device.
 #include <cuda_runtime.h>
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "crashreplay/capture/device_fingerprints.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/cuda/cuda_executor.h"
 #include "crashreplay/replay/engine.h"
@@ -104,6 +106,92 @@ double MemcpyBandwidth(size_t bytes) {
   return 2.0 * bytes * 10 / (ms / 1e3);  // read + write
 }
 
+// (3) Engine fingerprints at GLM-5 decode shapes: per decode step, the
+// embedding, 78 layers x (attention, o_proj, topk, experts, mlp, layer) and
+// final_norm as [tokens, 6144] bf16 (topk [tokens, 8] int32), and fp32
+// logits [tokens, 154880 / 8] (one rank's vocabulary shard at tp 8): 472
+// summary kernels captured in one CUDA graph, as an engine would. Prints
+// the graph's time per step and per boundary, and its share of a 40 ms
+// decode step (the GLM-5 decode step at batch 64; a real step of a
+// longer batch takes longer).
+int FingerprintCost() {
+  namespace cap = crashreplay::capture;
+  for (const int64_t tokens : {int64_t{1}, int64_t{64}, int64_t{256}}) {
+    const int64_t hidden = 6144, topk = 8, vocab_shard = 154880 / 8;
+    void *act = nullptr, *ids = nullptr, *logits = nullptr;
+    if (cudaMalloc(&act, tokens * hidden * 2) != cudaSuccess || cudaMalloc(&ids, tokens * topk * 4) != cudaSuccess ||
+        cudaMalloc(&logits, tokens * vocab_shard * 4) != cudaSuccess) {
+      return 1;
+    }
+    cudaMemset(act, 0x3c, tokens * hidden * 2);
+    cudaMemset(ids, 0, tokens * topk * 4);
+    cudaMemset(logits, 0x3c, tokens * vocab_shard * 4);
+    auto table = cap::DeviceFingerprints::Create(512);
+    if (!table.ok()) {
+      std::printf("fingerprints: %s\n", std::string(table.status().message()).c_str());
+      return 1;
+    }
+    const int64_t act_shape[] = {tokens, hidden}, ids_shape[] = {tokens, topk}, logit_shape[] = {tokens, vocab_shard};
+    std::vector<std::string> names;
+    names.push_back("embedding");
+    for (int l = 0; l < 78; ++l) {
+      for (const char* b : {"attention", "o_proj", "topk", "experts", "mlp", "layer"}) {
+        names.push_back("L" + std::to_string(l) + "." + b);
+      }
+    }
+    names.push_back("final_norm");
+    names.push_back("lm_head");
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    bool ok = (*table)->BeginStep(0, stream).ok();
+    for (const std::string& n : names) {
+      const bool is_topk = n.size() > 5 && n.compare(n.size() - 5, 5, ".topk") == 0;
+      cap::TensorView v = n == "lm_head" ? cap::TensorView{n, crashreplay::DType::kF32, logit_shape, logits,
+                                                           static_cast<uint64_t>(tokens * vocab_shard * 4)}
+                          : is_topk     ? cap::TensorView{n, crashreplay::DType::kI32, ids_shape, ids,
+                                                      static_cast<uint64_t>(tokens * topk * 4)}
+                                        : cap::TensorView{n, crashreplay::DType::kBF16, act_shape, act,
+                                                          static_cast<uint64_t>(tokens * hidden * 2)};
+      ok = ok && (*table)->Enqueue(v, stream).ok();
+    }
+    if (!ok || cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
+        cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+      std::printf("fingerprints: capture failed\n");
+      return 1;
+    }
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int i = 0; i < 3; ++i) cudaGraphLaunch(exec, stream);  // warm up
+    const int reps = 20;
+    cudaEventRecord(e0, stream);
+    for (int i = 0; i < reps; ++i) {
+      (*table)->NoteGraphStep(static_cast<uint64_t>(i));
+      cudaGraphLaunch(exec, stream);
+    }
+    cudaEventRecord(e1, stream);
+    if (cudaEventSynchronize(e1) != cudaSuccess) return 1;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double per_step_us = ms * 1e3 / reps;
+    const size_t collected = (*table)->Collect(true).fingerprints.size();
+    std::printf("fingerprints (GLM-5 decode, %3lld tokens, %zu boundaries in a CUDA graph, %zu collected) "
+                "%8.1f us a step, %5.2f us a boundary, %5.2f%% of a 40 ms step\n",
+                static_cast<long long>(tokens), names.size(), collected, per_step_us, per_step_us / names.size(),
+                per_step_us / 400.0);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    cudaFree(act);
+    cudaFree(ids);
+    cudaFree(logits);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main() {
@@ -121,6 +209,7 @@ int main() {
   const double peak = Peak(0);
   std::printf("device: %s sm_%d%d, %.1f GB, peak bandwidth %.0f GB/s%s\n", info->name.c_str(), info->sm_major,
               info->sm_minor, info->total_bytes / 1e9, peak / 1e9, peak > 0 ? "" : " (not reported)");
+  if (FingerprintCost() != 0) return 1;
   const int64_t rows = 8192, cols = 8192;
   for (const std::string kind : {"bf16", "fp8", "nvfp4", "mxfp4"}) {
     Weights wt = MakeWeights(kind, rows, cols);

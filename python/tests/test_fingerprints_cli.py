@@ -131,8 +131,10 @@ def test_a_wider_dtype_is_finite_and_reports_the_divergence_there(fp16_capture, 
     assert d["engine"]["pos_inf"] + d["engine"]["neg_inf"] > 0
     assert d["replay"]["nan"] + d["replay"]["pos_inf"] + d["replay"]["neg_inf"] == 0
     assert d["replay"]["max_abs"] > 65504  # the premise: the value fits bf16, not fp16
-    assert out["signature"] == {"class": "engine_divergence", "stage": "prefill", "kernel": f"L{LAYER}.mlp",
-                                "check": "fingerprint"}
+    sig = dict(out["signature"])
+    assert "where the reference is finite" in sig.pop("detail")  # both records, for the reports
+    assert sig == {"class": "engine_divergence", "stage": "prefill", "kernel": f"L{LAYER}.mlp",
+                   "check": "fingerprint"}
     # Every earlier boundary agreed within the tolerance.
     assert out["fingerprints"]["compared"] > 4 * LAYER
 
@@ -159,3 +161,28 @@ def test_bisect_over_the_dtype_finds_it(fp16_capture, tmp_path):
     assert rep["culprit"] == {"activation_dtype": "fp16"}
     assert rep["first_bad_kernel"]["kernel"] == f"L{LAYER}.down_proj"
     assert rep["first_bad_kernel"]["reason"] == "non_finite"
+
+
+def test_bisect_targets_an_engine_divergence_and_its_report_shows_both_records(models, tmp_path):
+    # A clean fp16 run replayed with an fp8 KV cache departs from what the
+    # engine computed: a finding bisection can target
+    # (--diverged-is-bad); the report carries the boundary and both records.
+    cap = tmp_path / "clean"
+    rc, _ = record(models[0], cap, "activation_dtype=fp16")
+    assert rc == 0
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text('activation_dtype = "fp16"\n')
+    bad.write_text('activation_dtype = "fp16"\nkv_cache_dtype = "fp8_e4m3"\nrope_config = "legacy"\n')
+    report = tmp_path / "report.html"
+    r = run("bisect", cap, "--good", good, "--bad", bad, "--diverged-is-bad", "--json", "--quiet",
+            "--workdir", tmp_path, "--report", report)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["status"] == "culprit_found", rep["message"]
+    assert rep["culprit"] == {"kv_cache_dtype": "fp8_e4m3"}
+    sig = rep["target_signature"]
+    assert (sig["class"], sig["check"]) == ("engine_divergence", "fingerprint")
+    assert "the engine: F16" in sig["detail"] and "the reference: F16" in sig["detail"]
+    html = report.read_text()
+    assert f"engine_divergence during {sig['stage']} at {sig['kernel']}/fingerprint" in html
+    assert "the engine: F16" in html and "the reference: F16" in html

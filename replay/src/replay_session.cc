@@ -113,7 +113,10 @@ nlohmann::json ReplayReport::ToJson() const {
       j["signature"] = {{"class", "engine_divergence"},
                         {"stage", ForwardModeName(mode)},
                         {"kernel", engine_divergence->boundary},
-                        {"check", "fingerprint"}};
+                        {"check", "fingerprint"},
+                        {"detail", Cat(engine_divergence->reason, "; the engine: ",
+                                       FingerprintText(engine_divergence->engine), "; the reference: ",
+                                       FingerprintText(engine_divergence->replay))}};
     }
   }
   j["detail"] = detail;
