@@ -110,3 +110,34 @@ def test_bisect_over_the_dtype_finds_it(failing, tmp_path):
     rep = json.loads(r.stdout)
     assert rep["culprit"] == {"activation_dtype": "fp16"}
     assert rep["first_bad_kernel"]["kernel"] == f"L{LAYER}.down_proj"
+
+
+def test_an_output_changed_in_place_later_is_never_recorded_stale(tmp_path):
+    # The recorder's hooks only note a boundary's output and summarise the
+    # step at its end; a module that changes a noted output in place later
+    # (here a forward hook registered after the recorder's) bumps the
+    # tensor's version: that step's stale value is dropped, and from the
+    # next step on the boundary is summarised at once, before the change.
+    import numpy as np
+    from crashreplay import read_capture
+
+    model = checkpoint(tmp_path / "ckpt", hot=False)
+    with crt.record(model, str(tmp_path / "session"), checkpoint_path=str(tmp_path / "ckpt"),
+                    install_signal_handlers=False):
+        mlp = model.model.layers[1].mlp
+        seen = []
+
+        def double_in_place(mod, args, out):
+            seen.append(out.detach().float().clone())
+            out.mul_(2)  # returns None: the output object stays, changed
+        mlp.register_forward_hook(double_in_place)
+        model.generate(input_ids=torch.tensor(PROMPT), do_sample=False, max_new_tokens=3)
+    (path,) = [p for p in (tmp_path / "session").iterdir() if p.suffix == ".crcap"]
+    records = read_capture(str(path))["fingerprints"]
+    names = [[f["name"] for f in r["fingerprints"]] for r in records]
+    assert "L1.mlp" not in names[0] and "L0.mlp" in names[0]
+    for step in (1, 2):
+        (f,) = [f for f in records[step]["fingerprints"] if f["name"] == "L1.mlp"]
+        # The value the module returned, not the doubled one.
+        want = seen[step].reshape(-1, seen[step].shape[-1]).numpy().astype(np.float64)
+        assert f["max_abs"] == pytest.approx(float(np.abs(want).max()), rel=1e-6)
