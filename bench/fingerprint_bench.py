@@ -39,11 +39,15 @@ def decode_ms(m, new=16, reps=5):
 
 
 class Timed:
-    """Wraps a recorder method, adding up the time spent inside it in decode steps."""
+    """Wraps methods of the recorder's hooks, adding up the time spent inside them in decode steps."""
 
-    def __init__(self, rec, name):
+    def __init__(self, rec, names):
         self.seconds, self.steps = 0.0, set()
-        inner = getattr(rec, name)
+        for name in names:
+            self._wrap(rec, name)
+
+    def _wrap(self, rec, name):
+        inner = getattr(rec.hooks, name)
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
@@ -53,7 +57,7 @@ class Timed:
                 if rec.mode == "decode":
                     self.seconds += time.perf_counter() - t0
                     self.steps.add(rec.step)
-        setattr(rec, name, timed)
+        setattr(rec.hooks, name, timed)
 
 
 def main(rounds=3, new=16):
@@ -73,9 +77,9 @@ def main(rounds=3, new=16):
                     steps.append(decode_ms(m, new=new))
             with tempfile.TemporaryDirectory() as d:
                 with crt.record(m, d, install_signal_handlers=False) as rec:
-                    # The hooks, the lm_head one holding the step's one
-                    # summarising call (_flush_fingerprints).
-                    hooks = Timed(rec, "_fp")
+                    # What the hooks do: note each output, and summarise the
+                    # step in one call at lm_head (flush).
+                    hooks = Timed(rec, ("_note", "flush"))
                     fps.append(decode_ms(m, new=new))
                     inside.append(hooks.seconds * 1e3 / len(hooks.steps))
         p, s_, f, i = (statistics.median(x) for x in (plain, steps, fps, inside))

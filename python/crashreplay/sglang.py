@@ -98,6 +98,7 @@ from crashreplay._adapter_common import (
     require_fields,
     rng_state,
 )
+from crashreplay._fingerprint_hooks import FingerprintHooks, install_engine_boundaries
 from crashreplay._manifest import _as_mapping, _toggle_value, config_to_toggles
 
 SUPPORTED = ((0, 5, 0), (0, 7, 0))
@@ -292,10 +293,14 @@ def find_model_runner(scheduler: Any) -> Any:
 class SGLangAdapter:
     """Records one scheduler's (one rank's) forward passes."""
 
-    def __init__(self, recorder: Any, snapshot: bool = True, snapshot_kv: bool = False):
+    def __init__(self, recorder: Any, snapshot: bool = True, snapshot_kv: bool = False, fingerprints: bool = False,
+                 tp_size: int = 1):
         self.recorder = recorder
         self.snapshot = snapshot
         self.snapshot_kv = snapshot_kv
+        self.fingerprints = fingerprints
+        self.tp_size = tp_size
+        self.hooks: Optional[FingerprintHooks] = None
         self.step = 0
         self._lock = threading.Lock()
 
@@ -318,13 +323,29 @@ class SGLangAdapter:
         orig = runner.forward
         adapter = self
         record = guarded(adapter.before_forward, "recording an sglang step")
+        if self.fingerprints and getattr(runner, "model", None) is not None:
+            self.hooks = FingerprintHooks(self.recorder)
+            hooked = install_engine_boundaries(self.hooks, runner.model, self.tp_size)
+            logger.info("crashreplay: fingerprints at %d boundaries (%s ...)", len(hooked), ", ".join(hooked[:4]))
+        hooks = self.hooks
+        flush = guarded(hooks.flush, "fingerprinting an sglang step") if hooks is not None else None
 
         def forward(*args, **kwargs):
             fb = kwargs.get("forward_batch", args[0] if args else None)
             got = record(runner, fb)
             step, mode = got if got else (None, "")
+            if hooks is not None:
+                hooks.step, hooks.mode = step, mode
             with adapter.recorder.failure_hook(step=step, stage=mode or "forward"):
-                return orig(*args, **kwargs)
+                try:
+                    out = orig(*args, **kwargs)
+                except BaseException:
+                    if flush is not None:
+                        flush()  # the boundaries that ran, before the failure record
+                    raise
+            if flush is not None:
+                flush()
+            return out
 
         runner.forward = forward
         runner._crashreplay_adapter = self
@@ -340,8 +361,15 @@ class SGLangAdapter:
 _ACTIVE: Dict[int, SGLangAdapter] = {}
 
 
-def attach(scheduler: Any, session_dir: str, **recorder_options: Any) -> SGLangAdapter:
+def attach(scheduler: Any, session_dir: str, fingerprints: Optional[bool] = None,
+           **recorder_options: Any) -> SGLangAdapter:
     """Starts recording one sglang Scheduler (call after its __init__).
+
+    fingerprints: hook the model's modules at the replay's boundaries
+    (crashreplay._fingerprint_hooks.install_engine_boundaries); default
+    CRASHREPLAY_FINGERPRINTS=1, else off (docs/python.md: on a GPU each
+    step's boundaries are copied to the host, one synchronisation a step,
+    and CUDA-graph-replayed decode steps run no hooks).
 
     Raises on anything that prevents recording (install() turns that into a
     warning); a failure to hash the weights is only a warning: the step log
@@ -359,7 +387,10 @@ def attach(scheduler: Any, session_dir: str, **recorder_options: Any) -> SGLangA
                    toggles=server_args_toggles(sa, scheduler=scheduler),
                    model=model_info(getattr(scheduler, "model_config", None), sa),
                    parallel=parallel, **recorder_options)
-    adapter = SGLangAdapter(rec, snapshot_kv=os.environ.get("CRASHREPLAY_SNAPSHOT_KV") == "1")
+    if fingerprints is None:
+        fingerprints = os.environ.get("CRASHREPLAY_FINGERPRINTS") == "1"
+    adapter = SGLangAdapter(rec, snapshot_kv=os.environ.get("CRASHREPLAY_SNAPSHOT_KV") == "1",
+                            fingerprints=fingerprints, tp_size=int(parallel.get("tp_size", 1) or 1))
     guarded(adapter.record_weights, "hashing sglang's weights")(runner)
     adapter.attach_runner(runner)
     scheduler._crashreplay_adapter = adapter

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional
 
+from crashreplay._fingerprint_hooks import FingerprintHooks
 from crashreplay._recorder import Recorder
 
 __all__ = ["record", "TransformersRecorder", "BOUNDARIES"]
@@ -50,14 +51,9 @@ BOUNDARIES = {
 }
 
 
-def _first_tensor(x):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
-        return x[0]
-    return None
+def _last_token(t: Any) -> Any:
+    """[batch, seq, width] -> each sequence's last token [batch, width]."""
+    return t[:, -1, :] if t.dim() == 3 and t.shape[1] != 1 else t
 
 
 class TransformersRecorder:
@@ -77,8 +73,6 @@ class TransformersRecorder:
         self._sampling: Dict[str, Any] = {}
         self._handles: List[Any] = []
         self._last_rows: Optional[List[int]] = None
-        self._pending: List[Tuple[str, Any, int, bool]] = []  # this step's boundaries, summarised at its end
-        self._summarize_now: set = set()  # boundaries whose outputs a later module changed in place
         cfg = model.config
         dtype = str(model.dtype).replace("torch.", "")
         path = checkpoint_path or getattr(cfg, "_name_or_path", "") or ""
@@ -92,6 +86,7 @@ class TransformersRecorder:
         weights = {k: v.detach() for k, v in model.state_dict().items()}
         if all(t.device.type == "cpu" for t in weights.values()):
             self.rec.record_weight_hashes(weights)
+        self.hooks = FingerprintHooks(self.rec)
         self._install()
 
     # -- hooks -----------------------------------------------------------
@@ -100,70 +95,23 @@ class TransformersRecorder:
         self._handles.append(m.register_forward_pre_hook(self._before_forward, with_kwargs=True))
         if not self.fingerprints:
             return
+        h = self.hooks
         inner = m.model
-        self._hook(inner.embed_tokens, "embedding")
+        h.output(inner.embed_tokens, "embedding")
         for n, layer in enumerate(inner.layers):
             attn = layer.self_attn
             if hasattr(attn, "o_proj"):
-                self._handles.append(attn.o_proj.register_forward_pre_hook(
-                    lambda mod, args, n=n: self._fp(f"L{n}.attention", args[0])))
-            self._hook(attn, f"L{n}.o_proj")
+                h.input(attn.o_proj, f"L{n}.attention")
+            h.output(attn, f"L{n}.o_proj")
             mlp = getattr(layer, "mlp", None)
             if mlp is not None:
                 if hasattr(mlp, "experts"):
-                    self._hook(mlp.experts, f"L{n}.experts")
-                self._hook(mlp, f"L{n}.mlp")
-            self._hook(layer, f"L{n}.layer")
-        self._hook(inner.norm, "final_norm", last=True)
-        self._hook(m.lm_head, "lm_head", last=True)
-
-    def _hook(self, module: Any, name: str, last: bool = False) -> None:
-        self._handles.append(module.register_forward_hook(
-            lambda mod, args, out: self._fp(name, _first_tensor(out), last)))
-
-    def _fp(self, name: str, t: Any, last: bool = False) -> None:
-        if t is None or self.step < 0:
-            return
-        if name in self._summarize_now:
-            self.rec.fingerprint(name, self._host_rows(t, last), step=self.step)
-            return
-        # Held until the step's end and summarised in one call: a hook runs
-        # right after the module's kernels have pushed the interpreter out
-        # of the caches, so the less it does the better (each torch call
-        # here costs microseconds). A module that changes a held output in
-        # place later in the step is caught by the tensor's version
-        # counter: this step's stale value is dropped and that boundary is
-        # summarised at once from the next step on.
-        self._pending.append((name, t, t._version, last))
-        if name == "lm_head":
-            self._flush_fingerprints()
-
-    @staticmethod
-    def _host_rows(t: Any, last: bool) -> Any:
-        """The boundary's tensor on the host, the last token's row for `last`.
-
-        The summary's columns are the last dimension whatever the leading
-        ones, so a contiguous host tensor passes as it is (each torch call
-        here costs a microsecond or two, 43 a step)."""
-        if last and t.dim() == 3 and t.shape[1] != 1:
-            t = t[:, -1, :]
-        if t.requires_grad:
-            t = t.detach()
-        if t.device.type != "cpu":
-            return t.contiguous().cpu()
-        return t if t.is_contiguous() else t.contiguous()
-
-    def _flush_fingerprints(self) -> None:
-        """Summarises the boundaries held for the current step."""
-        pending, self._pending = self._pending, []
-        fresh = []
-        for name, t, version, last in pending:
-            if t._version != version:
-                self._summarize_now.add(name)
-            else:
-                fresh.append((name, self._host_rows(t, last)))
-        if fresh:
-            self.rec.fingerprints(fresh, step=self.step)
+                    h.output(mlp.experts, f"L{n}.experts")
+                h.output(mlp, f"L{n}.mlp")
+            h.output(layer, f"L{n}.layer")
+        h.output(inner.norm, "final_norm", rows=_last_token)
+        # The step's last boundary: its hook summarises the step in one call.
+        h.output(m.lm_head, "lm_head", rows=_last_token, flush=True)
 
     def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
         import torch
@@ -187,8 +135,9 @@ class TransformersRecorder:
             start = int(cache_position.reshape(-1)[0])
         elif past is not None and hasattr(past, "get_seq_length"):
             start = int(past.get_seq_length())
-        self._flush_fingerprints()
+        self.hooks.flush()
         self.step += 1
+        self.hooks.step = self.step
         self.mode = "prefill" if start == 0 else ("decode" if tokens == 1 else "extend")
         total = self.max_length or (start + tokens)
         stride = ((max(total, start + tokens) + 63) // 64) * 64
@@ -233,14 +182,15 @@ class TransformersRecorder:
             yield
         except Exception as e:  # noqa: BLE001 - recorded and re-raised
             kind = type(e)
-            self._flush_fingerprints()  # the boundaries that ran before the exception
+            self.hooks.flush()  # the boundaries that ran before the exception
             self.rec.on_failure(str(e), stage=self.mode, step=self.step if self.step >= 0 else None,
                                 failure_class="exception", exception_type=f"{kind.__module__}.{kind.__qualname__}")
             raise
 
     def close(self) -> None:
         if self._handles:
-            self._flush_fingerprints()
+            self.hooks.flush()
+        self.hooks.remove()
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -89,6 +89,7 @@ from crashreplay._adapter_common import (
     rng_state,
     wrap_method,
 )
+from crashreplay._fingerprint_hooks import FingerprintHooks, install_engine_boundaries
 from crashreplay._manifest import _toggle_value, config_to_toggles
 
 SUPPORTED = ((0, 10, 0), (1, 0, 0))
@@ -256,9 +257,12 @@ def config_toggles(vllm_config: Any, environ: Optional[Dict[str, str]] = None) -
 
 
 class VLLMAdapter:
-    def __init__(self, recorder: Any, snapshot: bool = True):
+    def __init__(self, recorder: Any, snapshot: bool = True, fingerprints: bool = False, tp_size: int = 1):
         self.recorder = recorder
         self.snapshot = snapshot
+        self.fingerprints = fingerprints
+        self.tp_size = tp_size
+        self.hooks: Optional[FingerprintHooks] = None
         self.step = 0
         self.mode = ""
         self._pending: Any = None  # v2: an InputBatch whose prepare_attn has not returned yet
@@ -284,10 +288,25 @@ class VLLMAdapter:
             self._pending = None
             self._record(extract_step_v2(runner, ib))
 
+    def install_hooks(self, runner: Any) -> None:
+        """Fingerprint hooks on the runner's model (after load_model), when switched on."""
+        model = getattr(runner, "model", None)
+        if not self.fingerprints or self.hooks is not None or model is None:
+            return
+        self.hooks = FingerprintHooks(self.recorder)
+        hooked = install_engine_boundaries(self.hooks, model, self.tp_size)
+        logger.info("crashreplay: fingerprints at %d boundaries (%s ...)", len(hooked), ", ".join(hooked[:4]))
+
+    def flush_fingerprints(self) -> None:
+        if self.hooks is not None:
+            self.hooks.flush()
+
     def _record(self, fields: Dict[str, Any]) -> None:
         step = self.step
         self.step += 1
         self.mode = fields["mode"]
+        if self.hooks is not None:
+            self.hooks.step, self.hooks.mode = step, self.mode
         if self.snapshot:
             self.recorder.snapshot(step, {k: fields[k] for k in ("token_ids", "positions", "out_cache_loc")
                                           if fields.get(k) is not None})
@@ -356,7 +375,10 @@ def _rank(runner: Any) -> Tuple[int, Dict[str, Any]]:
                   "pp_size": pp, "dp_size": dp}
 
 
-def attach(runner: Any, session_dir: str, **recorder_options: Any) -> VLLMAdapter:
+def attach(runner: Any, session_dir: str, fingerprints: Optional[bool] = None,
+           **recorder_options: Any) -> VLLMAdapter:
+    """Starts recording one GPUModelRunner. fingerprints: as crashreplay.sglang.attach
+    (default CRASHREPLAY_FINGERPRINTS=1, else off); the hooks go on when the model is loaded."""
     from crashreplay._recorder import Recorder
 
     version = _vllm_version()
@@ -366,7 +388,10 @@ def attach(runner: Any, session_dir: str, **recorder_options: Any) -> VLLMAdapte
     rec = Recorder(session_dir, engine="vllm", engine_version=version, toggles=config_toggles(vllm_config),
                    model=model_info(getattr(vllm_config, "model_config", None)), parallel=parallel,
                    **recorder_options)
-    adapter = VLLMAdapter(rec)
+    if fingerprints is None:
+        fingerprints = os.environ.get("CRASHREPLAY_FINGERPRINTS") == "1"
+    adapter = VLLMAdapter(rec, fingerprints=fingerprints, tp_size=int(parallel.get("tp_size", 1) or 1))
+    adapter.install_hooks(runner)
     runner._crashreplay_adapter = adapter
     return adapter
 
@@ -395,6 +420,7 @@ def install() -> bool:
     def after_load(runner, result, args, kwargs):
         a = adapter_of(runner)
         if a is not None:
+            guarded(a.install_hooks, "installing vLLM fingerprint hooks")(runner)
             record_weights(a, runner)
 
     def after_prepare(runner, result, args, kwargs):
@@ -454,14 +480,19 @@ def _hook_failure(cls: Any, name: str) -> None:
 
     def method(self, *args, **kwargs):
         try:
-            return orig(self, *args, **kwargs)
+            out = orig(self, *args, **kwargs)
         except Exception as exc:
             adapter = getattr(self, "_crashreplay_adapter", None)
             if adapter:  # None: never attached; False: attaching failed
                 guarded(adapter.flush_pending, "recording a vLLM step")(self)
+                guarded(adapter.flush_fingerprints, "fingerprinting a vLLM step")()
                 adapter.recorder.failure_hook(step=adapter.step - 1 if adapter.step else None,
                                               stage=adapter.mode or name).record(exc, exc.__traceback__)
             raise
+        adapter = getattr(self, "_crashreplay_adapter", None)
+        if adapter and name == "execute_model":
+            guarded(adapter.flush_fingerprints, "fingerprinting a vLLM step")()
+        return out
 
     method.__name__ = name
     setattr(cls, name, method)

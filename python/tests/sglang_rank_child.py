@@ -15,8 +15,10 @@ What is sglang's own and what is not:
   * not sglang's: Scheduler.__init__ is not run (it builds the whole
     server: ZMQ sockets, CUDA graphs, attention backends); the objects it
     would leave are made with __new__ and given the attributes the adapter
-    reads. The ModelRunner's forward is a function returning None: sglang's
-    attention kernels need a GPU, and what is recorded is the step's inputs.
+    reads. The ModelRunner's forward is a function returning None (with
+    "fingerprints" in the schedule: sglang's embedding module on the
+    batch's tokens): sglang's attention kernels need a GPU, and what is
+    recorded is the step's inputs.
     PyNccl is off (use_pynccl=False): it needs CUDA; gloo carries the groups.
 The step schedule (requests, prompt lengths, decode steps) comes from
 STEPS_JSON; every rank runs the same schedule, as TP ranks do.
@@ -80,7 +82,14 @@ def main(model_dir, session_dir, rank, tp, port, schedule):
     runner.model = model
     runner.req_to_token_pool = req_to_token
     runner.token_to_kv_pool_allocator = allocator
-    runner.forward = lambda forward_batch, *a, **k: None
+    fingerprints = bool(schedule.get("fingerprints"))
+    if fingerprints:
+        # sglang's own embedding module runs (VocabParallelEmbedding: this
+        # rank's vocabulary shard, masked, all-reduced over gloo); the rest of
+        # the forward needs sglang's GPU kernels.
+        runner.forward = lambda forward_batch, *a, **k: model.model.embed_tokens(forward_batch.input_ids)
+    else:
+        runner.forward = lambda forward_batch, *a, **k: None
     worker = TpModelWorker.__new__(TpModelWorker)
     worker._model_runner = runner  # what TpModelWorker.__init__ sets; model_runner is its property
     scheduler = Scheduler.__new__(Scheduler)
@@ -90,7 +99,7 @@ def main(model_dir, session_dir, rank, tp, port, schedule):
     scheduler.max_running_requests = pool_rows
     scheduler.max_total_num_tokens = pool_rows * context
     scheduler.max_prefill_tokens = schedule["max_prefill_tokens"]
-    adapter = cr_sglang.attach(scheduler, session_dir, install_signal_handlers=False)
+    adapter = cr_sglang.attach(scheduler, session_dir, install_signal_handlers=False, fingerprints=fingerprints)
 
     requests = schedule["requests"]  # [{"rid", "prompt": [...], "seed"?, "temperature"}]
     n = len(requests)
@@ -141,7 +150,8 @@ def main(model_dir, session_dir, rank, tp, port, schedule):
             rids=[r["rid"] for r in requests])
         runner.forward(fb)
     adapter.recorder.close()
-    print(json.dumps({"rank": rank, "path": adapter.recorder.path}))
+    print(json.dumps({"rank": rank, "path": adapter.recorder.path,
+                      "boundaries": adapter.hooks.names if adapter.hooks is not None else []}))
 
 
 if __name__ == "__main__":

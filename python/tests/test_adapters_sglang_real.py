@@ -256,15 +256,21 @@ def free_port():
 
 
 def record_tp2_session(session, ckpt, **schedule):
+    return [rep["path"] for rep in record_tp2_session_reports(session, ckpt, **schedule)]
+
+
+def record_tp2_session_reports(session, ckpt, **schedule):
+    """record_tp2_session, returning each rank's whole report."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     port = free_port()
     procs = [subprocess.Popen([sys.executable, CHILD, ckpt, str(session), str(rank), "2", str(port),
-                               json.dumps({**SCHEDULE, **schedule})], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               json.dumps({**SCHEDULE, **schedule})], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
-    return [json.loads(out.strip().splitlines()[-1])["path"] for out, _ in outs]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
 @pytest.fixture(scope="module")
@@ -353,3 +359,32 @@ def test_a_moe_session_verifies_the_fused_experts_as_sglang_lays_them_out(tmp_pa
     j = json.loads(r.stdout)
     assert j["outcome"] == "reproduced"
     assert j["weights"] == "verified 42 tensors of 2 ranks (sglang layout)"
+
+
+def test_fingerprint_hooks_on_sglangs_model_record_what_its_modules_computed_and_replay_agrees(tmp_path):
+    # crashreplay.sglang.attach(fingerprints=True) hooks sglang's own model
+    # (LlamaForCausalLM as get_model builds it): at tp 2 only the points that
+    # are the same on every rank. sglang's VocabParallelEmbedding runs on
+    # each step's tokens (shard, mask, all-reduce over gloo); its output's
+    # fingerprint is held against the replay's embedding, a computation
+    # nobody here wrote against ours.
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    ckpt = make_checkpoint(tmp_path)
+    session = tmp_path / "session"
+    reports = record_tp2_session_reports(session, ckpt, fingerprints=True)
+    for rep in reports:
+        assert rep["boundaries"] == ["embedding", "final_norm", "lm_head"]
+    files = crashreplay.read_capture(str(session))["files"]
+    for f in files:
+        fps = f["fingerprints"]
+        assert [r["step"] for r in fps] == [0, 1, 2, 3, 4]
+        assert all([x["name"] for x in r["fingerprints"]] == ["embedding"] for r in fps)
+        hidden = json.load(open(os.path.join(ckpt, "config.json")))["hidden_size"]
+        assert fps[0]["fingerprints"][0]["numel"] == (62 + 3) * hidden  # the prefill's tokens
+        assert fps[1]["fingerprints"][0]["numel"] == 2 * hidden  # a decode step's
+    r = subprocess.run([BIN, "replay", str(session), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["outcome"] == "reproduced", j.get("engine_divergence")
+    assert j["fingerprints"]["compared"] == 1

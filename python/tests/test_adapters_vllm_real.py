@@ -224,3 +224,38 @@ def test_a_vllm_session_replays_reproduced_with_its_weights_verified(tmp_path):
     assert j["outcome"] == "reproduced" and j["step"] == 5
     # 15 parameters and the 8 kv-cache scale buffers vLLM's Attention keeps
     assert j["weights"] == "verified 23 tensors of 1 rank (vllm layout)"
+
+
+def test_fingerprint_hooks_on_vllms_model_record_what_its_modules_computed_and_replay_agrees(tmp_path):
+    # crashreplay.vllm.attach(fingerprints=True) hooks vLLM's own model
+    # (LlamaForCausalLM from get_model) at tp 1: every boundary it can name.
+    # vLLM's VocabParallelEmbedding runs on each step's tokens; its output's
+    # fingerprint is held against the replay's embedding.
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    ckpt = tmp_path / "llama"
+    r = subprocess.run([BIN, "make-model", str(ckpt), "--arch", "llama", "--quant", "bf16", "--vocab", "300"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, CHILD, str(ckpt), str(tmp_path / "session"), str(port),
+                        json.dumps({**SCHEDULE, "fingerprints": True})], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    names = json.loads(r.stdout.strip().splitlines()[-1])["boundaries"]
+    layers = json.load(open(ckpt / "config.json"))["num_hidden_layers"]
+    want = ["embedding"] + [f"L{n}.{b}" for n in range(layers) for b in ("attention", "o_proj", "mlp")]
+    assert names == want + ["final_norm", "lm_head"]
+    (f,) = crashreplay.read_capture(str(tmp_path / "session"))["files"]
+    fps = f["fingerprints"]
+    assert [r["step"] for r in fps] == list(range(6))
+    assert all([x["name"] for x in r["fingerprints"]] == ["embedding"] for r in fps)
+    r = subprocess.run([BIN, "replay", str(tmp_path / "session"), "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["outcome"] == "reproduced", j.get("engine_divergence")
+    assert j["fingerprints"]["compared"] == 1

@@ -17,7 +17,8 @@ What is vLLM's own and what is not:
     (written by vLLM's add_request). vLLM has no CPU attention backend
     without its CPU build (vllm._C, triton-cpu): the platform's attention
     selector is pointed at CPUAttentionBackend so the model can be built;
-    attention never runs here.
+    attention never runs here. With "fingerprints" in the schedule, vLLM's
+    embedding module runs on each step's tokens.
 """
 import dataclasses
 import json
@@ -75,7 +76,8 @@ def main(model_dir, session_dir, port, schedule):
         SamplingStates.add_request(states, slots[i], SamplingParams(temperature=r.get("temperature", 0.0),
                                                                     seed=r.get("seed")))
     runner.sampler = SimpleNamespace(sampling_states=states)
-    adapter = cr_vllm.attach(runner, session_dir, install_signal_handlers=False)
+    fingerprints = bool(schedule.get("fingerprints"))
+    adapter = cr_vllm.attach(runner, session_dir, install_signal_handlers=False, fingerprints=fingerprints)
     cr_vllm.record_weights(adapter, runner)
 
     pool = BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=block)
@@ -117,6 +119,11 @@ def main(model_dir, session_dir, port, schedule):
         ib = InputBatch(**{k: v for k, v in values.items() if k in fields})
         adapter.after_prepare_v2(runner, ib)
         adapter.after_attn_v2(runner, ib, ((table,), slot_mapping[None, :]))
+        if fingerprints:
+            # vLLM's own embedding module on the step's tokens, then the end
+            # of execute_model (where the adapter summarises the step).
+            runner.model.model.embed_tokens(ib.input_ids)
+            adapter.flush_fingerprints()
         for i in range(n):
             computed[i] += int(scheduled[i])
 
@@ -124,7 +131,8 @@ def main(model_dir, session_dir, port, schedule):
     for step in range(schedule["decode_steps"]):
         run_step([[(5 * step + 13 * i + 1) % vocab] for i in range(n)])
     adapter.recorder.close()
-    print(json.dumps({"path": adapter.recorder.path}))
+    print(json.dumps({"path": adapter.recorder.path,
+                      "boundaries": adapter.hooks.names if adapter.hooks is not None else []}))
 
 
 if __name__ == "__main__":
