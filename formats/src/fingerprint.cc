@@ -77,31 +77,41 @@ std::string NonFiniteText(const Fingerprint& f) {
 // element). min, max and max |x| do not depend on the order.
 constexpr int kLanes = 8;
 
+// Two lanes in one vector (GCC/Clang vector extensions: SSE2 on x86-64,
+// NEON on aarch64, plain code elsewhere), four vectors for the eight lanes:
+// lane j is vector j / 2, element j % 2, the same lanes as scalar code.
+typedef double D2 __attribute__((vector_size(16)));
+typedef int64_t I2 __attribute__((vector_size(16)));
+constexpr int kVecs = kLanes / 2;
+
 struct Lanes {
-  double sum[kLanes] = {};
-  double sq[kLanes] = {};
-  double lo[kLanes], hi[kLanes], abs_max[kLanes] = {};
+  D2 sum[kVecs] = {};
+  D2 sq[kVecs] = {};
+  D2 lo[kVecs], hi[kVecs], abs_max[kVecs] = {};
   bool any = false;
   Lanes() {
-    for (int j = 0; j < kLanes; ++j) {
-      lo[j] = std::numeric_limits<double>::infinity();
-      hi[j] = -std::numeric_limits<double>::infinity();
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < kVecs; ++k) {
+      lo[k] = D2{inf, inf};
+      hi[k] = D2{-inf, -inf};
     }
   }
 };
 
-double Combine(const double (&v)[kLanes]) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+double Combine(const D2 (&v)[kVecs]) {
+  return ((v[0][0] + v[0][1]) + (v[1][0] + v[1][1])) + ((v[2][0] + v[2][1]) + (v[3][0] + v[3][1]));
 }
+
+inline D2 Abs(D2 x) { return reinterpret_cast<D2>(reinterpret_cast<I2>(x) & I2{INT64_MAX, INT64_MAX}); }
 
 // Accumulates v (finite) at element index i into its lane.
 inline void AddFinite(Lanes& a, uint64_t i, double v) {
-  const int lane = static_cast<int>(i % kLanes);
-  a.sum[lane] += v;
-  a.sq[lane] += v * v;
-  a.lo[lane] = std::min(a.lo[lane], v);
-  a.hi[lane] = std::max(a.hi[lane], v);
-  a.abs_max[lane] = std::max(a.abs_max[lane], std::fabs(v));
+  const int k = static_cast<int>(i % kLanes) / 2, e = static_cast<int>(i % 2);
+  a.sum[k][e] += v;
+  a.sq[k][e] += v * v;
+  a.lo[k][e] = std::min(static_cast<double>(a.lo[k][e]), v);
+  a.hi[k][e] = std::max(static_cast<double>(a.hi[k][e]), v);
+  a.abs_max[k][e] = std::max(static_cast<double>(a.abs_max[k][e]), std::fabs(v));
   a.any = true;
 }
 
@@ -128,18 +138,19 @@ void Accumulate(Fingerprint& f, uint64_t numel, Decode decode) {
   uint64_t i = 0;
   for (; i + kLanes <= numel; i += kLanes) {
     double v[kLanes];
-    bool finite = true;
-    for (int j = 0; j < kLanes; ++j) {
-      v[j] = decode(i + j);
-      finite &= std::isfinite(v[j]);
-    }
-    if (finite) {
-      for (int j = 0; j < kLanes; ++j) {
-        a.sum[j] += v[j];
-        a.sq[j] += v[j] * v[j];
-        a.lo[j] = std::min(a.lo[j], v[j]);
-        a.hi[j] = std::max(a.hi[j], v[j]);
-        a.abs_max[j] = std::max(a.abs_max[j], std::fabs(v[j]));
+    for (int j = 0; j < kLanes; ++j) v[j] = decode(i + j);
+    D2 x[kVecs];
+    for (int k = 0; k < kVecs; ++k) x[k] = D2{v[2 * k], v[2 * k + 1]};
+    // x - x is 0 for a finite x and NaN for NaN and +-Inf.
+    const D2 z = ((x[0] - x[0]) + (x[1] - x[1])) + ((x[2] - x[2]) + (x[3] - x[3]));
+    if (z[0] == 0 && z[1] == 0) {
+      for (int k = 0; k < kVecs; ++k) {
+        a.sum[k] += x[k];
+        a.sq[k] += x[k] * x[k];
+        a.lo[k] = x[k] < a.lo[k] ? x[k] : a.lo[k];  // std::min's choice
+        a.hi[k] = a.hi[k] < x[k] ? x[k] : a.hi[k];  // std::max's choice
+        const D2 m = Abs(x[k]);
+        a.abs_max[k] = a.abs_max[k] < m ? m : a.abs_max[k];
       }
       a.any = true;
       continue;
@@ -161,9 +172,18 @@ void Accumulate(Fingerprint& f, uint64_t numel, Decode decode) {
     }
   }
   if (!a.any) return;
-  f.min = *std::min_element(a.lo, a.lo + kLanes);
-  f.max = *std::max_element(a.hi, a.hi + kLanes);
-  f.max_abs = *std::max_element(a.abs_max, a.abs_max + kLanes);
+  f.min = f.max = f.max_abs = 0;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo, abs_max = 0;
+  for (int k = 0; k < kVecs; ++k) {
+    for (int e = 0; e < 2; ++e) {
+      lo = std::min(lo, static_cast<double>(a.lo[k][e]));
+      hi = std::max(hi, static_cast<double>(a.hi[k][e]));
+      abs_max = std::max(abs_max, static_cast<double>(a.abs_max[k][e]));
+    }
+  }
+  f.min = lo;
+  f.max = hi;
+  f.max_abs = abs_max;
   f.sum = Combine(a.sum);
   f.sum_squares = Combine(a.sq);
 }

@@ -136,6 +136,15 @@ def _host_only(values: Iterable[Any]) -> bool:
     return True
 
 
+def _host_copy(name: str, t: Any) -> Any:
+    """A device tensor's host copy (torch: .detach().cpu(), a synchronisation); host tensors as they are."""
+    if not is_device_tensor(t):
+        return t
+    if not hasattr(t, "cpu"):
+        raise ValueError(f"fingerprint {name}: a device tensor without .cpu(); pass a host copy")
+    return t.detach().cpu() if hasattr(t, "detach") else t.cpu()
+
+
 def _named(tensors: Mapping[str, Any]) -> List[Tuple[str, Any, str]]:
     out = []
     for name, t in tensors.items():
@@ -305,21 +314,19 @@ class Recorder:
         fp64 sum and sum of squares, the first non-finite element's (token,
         column) over the last dimension, an integer tensor's range and hash)
         is computed now, on this thread, from any host DLPack tensor (numpy,
-        torch CPU; bf16, fp16, fp32, fp8, int32/int64). The step's
+        torch CPU; bf16, fp16, fp32, fp8, int32/int64), or a torch CUDA
+        tensor through a host copy (a synchronisation; the zero-copy device
+        path, DeviceFingerprints in C++, has no binding yet). The step's
         fingerprints are written when the next step's first one arrives, at
         close(), or by on_failure() (then marked incomplete: the last one is
         the last boundary that ran). step defaults to the step last given to
-        record_step()/snapshot(). Device tensors are refused (ValueError):
-        the device path (a kernel writing into mapped host memory) is not in
-        this build.
+        record_step()/snapshot(). A device tensor that cannot copy itself to
+        the host (no .cpu()) is refused with ValueError.
         """
         step = self.current_step if step is None else step
         if step is None:
             raise ValueError("fingerprint: no step given and none recorded yet")
-        if is_device_tensor(tensor):
-            raise ValueError(f"fingerprint {name}: device tensors are not supported by this build; "
-                             "pass a host copy or leave fingerprints off on the GPU")
-        (entry,) = _named({name: tensor})
+        (entry,) = _named({name: _host_copy(name, tensor)})
         self._impl.fingerprint(step, str(name), entry)
 
     def fingerprints(self, tensors: Any, step: Optional[int] = None) -> None:
@@ -336,10 +343,7 @@ class Recorder:
         items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
         entries = []
         for name, t in items:
-            if is_device_tensor(t):
-                raise ValueError(f"fingerprint {name}: device tensors are not supported by this build; "
-                                 "pass a host copy or leave fingerprints off on the GPU")
-            arr, dtype = host_view(t)
+            arr, dtype = host_view(_host_copy(name, t))
             entries.append((str(name), arr, dtype))
         self._impl.fingerprints(step, entries)
 

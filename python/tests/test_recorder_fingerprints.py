@@ -119,3 +119,34 @@ def test_one_bad_tensor_in_a_batch_is_named(tmp_path):
         rec.record_step(0, mode="decode", token_ids=np.arange(1))
         with pytest.raises(Exception, match="L0.mlp"):
             rec.fingerprints({"L0.attention": np.zeros((1, 4), np.float32), "L0.mlp": np.zeros((1, 4), np.complex64)})
+
+
+class _DeviceArray:
+    """A DLPack producer that says it lives on CUDA (device type 2): no CUDA here to make a real one."""
+
+    def __init__(self, host=None):
+        self._host = host
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("a device tensor's memory must not be read on the host")
+
+
+class _CopyableDeviceArray(_DeviceArray):
+    def cpu(self):
+        return self._host
+
+
+def test_a_device_tensor_is_summarised_from_its_host_copy_or_refused_by_name(tmp_path):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with make(tmp_path) as rec:
+        rec.record_step(0, mode="decode", token_ids=np.arange(3))
+        rec.fingerprint("L0.mlp", _CopyableDeviceArray(a))
+        with pytest.raises(ValueError, match="L0.o_proj: a device tensor without .cpu()"):
+            rec.fingerprints([("L0.o_proj", _DeviceArray())])
+        path = rec.path
+    (r,) = crashreplay.read_capture(path)["fingerprints"]
+    (f,) = r["fingerprints"]
+    assert f["name"] == "L0.mlp" and f["max"] == 11.0 and f["sum"] == 66.0

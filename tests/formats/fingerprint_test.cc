@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "capture_test_util.h"
 #include "crashreplay/formats/capture_encoder.h"
@@ -53,6 +54,35 @@ TEST(Fingerprint, Bf16AndF32ValuesDecodeExactly) {
   EXPECT_EQ(g.sum, 3.25);
   EXPECT_EQ(g.sum_squares, 0.25 + 0.0625 + 9.0);
   EXPECT_EQ(g.min, -0.25);
+}
+
+TEST(Fingerprint, SumsRunInEightInterleavedLanesAddedPairwise) {
+  // Values whose fp64 sum depends on the order: the documented order
+  // (element i in lane i % 8, lanes added ((0+1)+(2+3))+((4+5)+(6+7)))
+  // gives these bits on every host; element order would give others. 21
+  // elements: two whole blocks and a tail, a NaN in the second block (its
+  // block goes element by element into the same lanes).
+  // 1e17 and -1e17 share lane 0 and cancel there; in element order the
+  // ones between them are lost (fp64's spacing at 1e17 is 16).
+  std::vector<float> v(21, 1.0f);
+  v[0] = 1e17f;
+  v[8] = -1e17f;
+  v[11] = std::nanf("");
+  double lane[8] = {}, lane_sq[8] = {}, serial = 0;
+  for (int i = 0; i < 21; ++i) {
+    if (i == 11) continue;
+    lane[i % 8] += v[i];
+    lane_sq[i % 8] += static_cast<double>(v[i]) * v[i];
+    serial += v[i];
+  }
+  auto pairwise = [](const double (&l)[8]) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); };
+  const Fingerprint f = SummarizeTensor("x", DType::kF32, v.data(), v.size(), 21);
+  EXPECT_EQ(f.sum, pairwise(lane));
+  EXPECT_EQ(f.sum, 18.0);
+  EXPECT_EQ(f.sum_squares, pairwise(lane_sq));
+  EXPECT_NE(f.sum, serial) << "the data no longer tells the orders apart";
+  EXPECT_EQ(f.nan, 1u);
+  EXPECT_EQ(f.first_nonfinite_column, 11);
 }
 
 TEST(Fingerprint, IntegerTensorsGiveTheirRangeAndAHash) {
