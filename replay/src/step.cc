@@ -415,7 +415,7 @@ std::optional<Fault> StepProgram::RunNext() {
     if (watch_) Watch(k, &rec);
     // Fingerprints of the boundaries the kernel finished (not of a kernel
     // whose check fired: its outputs are partial).
-    if (watch_ && s.ok()) {
+    if (watch_ && fingerprint_ && s.ok()) {
       for (const Boundary& b : k.boundaries) fingerprints_.push_back(Summarize(b));
     }
   }

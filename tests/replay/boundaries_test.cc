@@ -78,5 +78,28 @@ TEST(Boundaries, TensorParallelRanksGiveTheSameTensorsAtEveryBoundary) {
   }
 }
 
+// Replay's earlier steps run only to rebuild the KV cache: without
+// fingerprints they compute the same bits and summarise nothing.
+TEST(Boundaries, AStepRunWithoutFingerprintsKeepsItsDigestAndSummarisesNothing) {
+  MakeModelOptions o;
+  auto engine = MakeEngine(o, {});
+  ASSERT_TRUE(engine);
+  StepLogRecorder log;
+  engine->Run(TwoRequests(1), &log);
+  auto a = MakeEngine(o, {});
+  auto b = MakeEngine(o, {});
+  auto with = a->Prepare(log.steps()[0].input);
+  with->RunAll();
+  auto without = b->Prepare(log.steps()[0].input);
+  without->set_fingerprints(false);
+  without->RunAll();
+  ASSERT_FALSE(with->fault());
+  ASSERT_FALSE(without->fault());
+  EXPECT_FALSE(with->fingerprints().empty());
+  EXPECT_TRUE(without->fingerprints().empty());
+  EXPECT_EQ(with->Digest(), without->Digest());
+  EXPECT_EQ(with->records().size(), without->records().size());
+}
+
 }  // namespace
 }  // namespace crashreplay::replay

@@ -208,6 +208,10 @@ class StepProgram {
   size_t next() const { return next_; }
   bool done() const { return next_ >= kernels_.size() || fault_.has_value(); }
   void set_watch(bool on) { watch_ = on; }
+  // Fingerprints of the boundaries (on by default, with the watcher): off
+  // for a step run only to rebuild state (replay's earlier steps), whose
+  // fingerprints nobody compares: each is an fp64 pass over its tensor.
+  void set_fingerprints(bool on) { fingerprint_ = on; }
   // Layer streaming: before each kernel, `model` (the device model the
   // program was lowered for) is made to hold the kernel's layer (-1: none),
   // after the device finished the kernels before it. A layer that cannot be
@@ -304,6 +308,7 @@ class StepProgram {
   std::vector<KernelRecord> records_;
   size_t next_ = 0;
   bool watch_ = true;
+  bool fingerprint_ = true;
   std::optional<Fault> fault_;
   DeviceModel* stream_ = nullptr;
   int arch_ = 0;  // device_arch (0: not modelled)
