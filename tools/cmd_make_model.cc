@@ -1,7 +1,8 @@
 // `crashreplay make-model DIR --arch ARCH --quant Q [size options]
 // [--threads N]`: writes a random checkpoint (config.json + safetensors) in
-// real HF layouts, with progress on stderr (redrawn on a terminal, plain
-// lines otherwise).
+// real HF layouts, tensor by tensor into the files (memory of about one
+// tensor, or one layer while an NVFP4 checkpoint is calibrated), with
+// progress on stderr (redrawn on a terminal, plain lines otherwise).
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
@@ -9,7 +10,6 @@
 
 #include "command.h"
 #include "commands_decl.h"
-#include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/replay/random_checkpoint.h"
 #include "exit_codes.h"
 
@@ -65,17 +65,14 @@ int RunMakeModel(int argc, char** argv) {
   o.progress = [&progress](std::string_view phase, int64_t done, int64_t total, int64_t bytes) {
     progress.Update(phase, done, total, bytes > 0 ? absl::StrFormat("%.1f MB", static_cast<double>(bytes) * 1e-6) : "");
   };
-  auto ckpt = replay::GenerateRandomCheckpoint(o);
-  if (!ckpt.ok()) return ReportError(ckpt.status());
-  if (rope_form != "legacy") ckpt->spec.rope_parameters = ckpt->spec.rope_legacy;
-  if (rope_form == "rope_parameters") ckpt->spec.rope_legacy.reset();
-  progress.Update("writing " + dir, 0, 0);
-  if (absl::Status s = replay::WriteCheckpointDir(dir, ckpt->spec, ckpt->tensors); !s.ok()) return ReportError(s);
+  o.rope_form = rope_form;
+  // Bounded memory: each tensor goes to its place in the files as it is made
+  // (random_checkpoint.h WriteRandomCheckpoint).
+  auto written = replay::WriteRandomCheckpoint(dir, o);
+  if (!written.ok()) return ReportError(written.status());
   progress.Finish();
-  size_t bytes = 0;
-  for (const auto& [name, t] : ckpt->tensors) bytes += t.bytes.size();
-  std::printf("wrote %s: %s %s, %zu tensors, %zu bytes\n", dir.c_str(), ckpt->spec.model_type.c_str(), o.quant.c_str(),
-              ckpt->tensors.size(), bytes);
+  std::printf("wrote %s: %s %s, %zu tensors, %llu bytes\n", dir.c_str(), written->spec.model_type.c_str(),
+              o.quant.c_str(), written->tensors, static_cast<unsigned long long>(written->tensor_bytes));
   return kExitOk;
 }
 

@@ -612,7 +612,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   m->shard_hashes.resize(tp);
   m->rank_weight_bytes.assign(tp, 0);
   Builder b(spec, tensors, cfg);
-  b.hashes_ = &m->shard_hashes;
+  b.hashes_ = options.hash ? &m->shard_hashes : nullptr;
   b.bytes_ = &m->rank_weight_bytes;
   const int64_t H = spec.hidden, hd = spec.head_dim;
 
@@ -632,7 +632,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   own(&m->embed);
   for (int r = 1; r < tp; ++r) {  // replicated: every rank holds (and hashes) it
     m->rank_weight_bytes[r] += m->embed.bytes();
-    m->shard_hashes[r]["model.embed_tokens.weight"] = m->shard_hashes[0]["model.embed_tokens.weight"];
+    if (options.hash) m->shard_hashes[r]["model.embed_tokens.weight"] = m->shard_hashes[0]["model.embed_tokens.weight"];
   }
   CR_ASSIGN_OR_RETURN(m->final_norm, b.Vector("model.norm.weight", H));
   const std::string head = tensors.count("lm_head.weight") ? "lm_head" : "model.embed_tokens";
@@ -655,7 +655,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
 
   if (options.stream) {
     m->stream = std::make_shared<LayerStream>(spec, tensors, cfg);
-    m->stream->builder.hashes_ = &m->shard_hashes;
+    m->stream->builder.hashes_ = options.hash ? &m->shard_hashes : nullptr;
     m->stream->builder.bytes_ = &m->rank_weight_bytes;
   }
   Builder& lb = m->stream ? m->stream->builder : b;
@@ -669,6 +669,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
     }
     m->layers.push_back(std::move(layer));
   }
+
+  if (!options.hash) m->shard_hashes.assign(tp, {});  // no entries (the router's replicated copies)
 
   // RoPE: the file as transformers 5 reads it, or one form only (rope_config);
   // ChooseRope says when that ignores keys the file has.

@@ -10,12 +10,15 @@
 #include "crashreplay/formats/block_quant.h"
 #include "crashreplay/formats/hf_config.h"
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
+#include "crashreplay/replay/checkpoint_io.h"
 #include "crashreplay/replay/cpu_pool.h"
 #include "crashreplay/replay/model.h"
 #include "crashreplay/replay/step.h"
+#include "streamed_safetensors.h"
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -58,29 +61,84 @@ class Normal {
   uint64_t next_ = 0;
 };
 
-template <typename T>
-HostTensor Make(DType dt, std::vector<int64_t> shape, const std::vector<T>& v) {
-  HostTensor t;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(t.bytes.mutable_data(), v.data(), t.bytes.size());
-  return t;
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
-HostTensor Bf16(std::vector<int64_t> shape, const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
-  return Make(DType::kBF16, std::move(shape), b);
-}
+uint64_t TensorByteSize(const PlannedTensor& t) { return DTypeBytes(t.dtype, static_cast<uint64_t>(Elements(t.shape))); }
 
-HostTensor Empty(DType dt, std::vector<int64_t> shape, size_t bytes) {
-  HostTensor t;
-  t.dtype = dt;
-  t.shape = std::move(shape);
-  t.bytes.resize(bytes);
-  return t;
-}
+// Where the generator's tensors go. Begin() declares the next tensor, in
+// generation order; Write() gives bytes [offset, offset + n) of the tensor
+// begun last, every byte once. A sink that wants no bytes (the planning
+// pass of the bounded writer) gets the declarations only: nothing large is
+// drawn for it.
+class TensorSink {
+ public:
+  virtual ~TensorSink() = default;
+  virtual bool wants_bytes() const { return true; }
+  virtual absl::Status Begin(const PlannedTensor& t) = 0;
+  virtual absl::Status Write(uint64_t offset, std::span<const uint8_t> bytes) = 0;
+};
+
+// Names, dtypes and shapes only.
+class PlanSink final : public TensorSink {
+ public:
+  bool wants_bytes() const override { return false; }
+  absl::Status Begin(const PlannedTensor& t) override {
+    plan.push_back(t);
+    return absl::OkStatus();
+  }
+  absl::Status Write(uint64_t, std::span<const uint8_t>) override {
+    return absl::InternalError("make-model: tensor bytes written while planning");
+  }
+  std::vector<PlannedTensor> plan;
+};
+
+// The whole checkpoint in memory (GenerateRandomCheckpoint).
+class MemorySink final : public TensorSink {
+ public:
+  absl::Status Begin(const PlannedTensor& t) override {
+    auto [it, fresh] = tensors.try_emplace(t.name);
+    if (!fresh) return absl::InternalError(Cat("make-model: tensor '", t.name, "' generated twice"));
+    it->second.dtype = t.dtype;
+    it->second.shape = t.shape;
+    it->second.bytes = std::vector<uint8_t>(TensorByteSize(t));
+    current_ = &it->second;
+    name_ = t.name;
+    return absl::OkStatus();
+  }
+  absl::Status Write(uint64_t offset, std::span<const uint8_t> bytes) override {
+    if (current_ == nullptr || offset > current_->bytes.size() || bytes.size() > current_->bytes.size() - offset) {
+      return absl::InternalError(Cat("make-model: bytes outside tensor '", name_, "'"));
+    }
+    std::memcpy(current_->bytes.mutable_data() + offset, bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
+  TensorSet tensors;
+
+ private:
+  HostTensor* current_ = nullptr;
+  std::string name_;
+};
+
+// Straight into the files planned from the same generator (WriteRandomCheckpoint).
+class FileSink final : public TensorSink {
+ public:
+  explicit FileSink(StreamedSafetensors* out) : out_(out) {}
+  absl::Status Begin(const PlannedTensor& t) override {
+    name_ = t.name;
+    return out_->Check(t.name, t.dtype, t.shape);
+  }
+  absl::Status Write(uint64_t offset, std::span<const uint8_t> bytes) override {
+    return out_->Write(name_, offset, bytes);
+  }
+
+ private:
+  StreamedSafetensors* out_;
+  std::string name_;
+};
 
 // Rows [r0, r1) of a matrix's slices, run on the pool: chunks of
 // `align`-row multiples (FP8 blocks are 128 rows), at least ~256K elements.
@@ -92,11 +150,79 @@ void ForRowChunks(CpuPool& pool, int64_t rows, int64_t cols, int64_t align,
   pool.Launch(n, [&](int64_t i, KernelStatus*) { fn(i * chunk, std::min(rows, (i + 1) * chunk)); });
 }
 
+// Draws every tensor of the checkpoint, in one fixed order (the order of the
+// draws in the stream), and hands it to a sink. A bf16 matrix goes out in
+// pieces as it is drawn; a quantized one is drawn whole in fp32 (NVFP4's
+// global scale is the amax over all of it), quantized and handed over; so
+// the generator holds at most one tensor (and a bf16 piece) at a time.
 class Generator {
  public:
-  Generator(const MakeModelOptions& o, ModelSpec spec, CpuPool* pool)
-      : o_(o), spec_(std::move(spec)), rng_(o.seed), pool_(pool) {}
+  Generator(const MakeModelOptions& o, const ModelSpec& spec, CpuPool* pool, TensorSink* sink)
+      : o_(o), spec_(spec), rng_(o.seed), pool_(pool), sink_(sink), draw_(sink->wants_bytes()) {}
 
+  absl::Status Build() {
+    const ModelSpec& s = spec_;
+    const int64_t H = s.hidden, hd = s.head_dim;
+    Report();
+    CR_RETURN_IF_ERROR(Bf16Matrix("model.embed_tokens.weight", s.vocab, H));
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const LayerNames n = NamesFor(s, l);
+      const std::string a = n.prefix + "self_attn.";
+      CR_RETURN_IF_ERROR(PutBf16(n.prefix + "input_layernorm.weight", Norm(H)));
+      CR_RETURN_IF_ERROR(PutBf16(n.prefix + "post_attention_layernorm.weight", Norm(H)));
+      if (s.mla.enabled()) {
+        CR_RETURN_IF_ERROR(MlaAttention(a, l));
+      } else {
+        CR_RETURN_IF_ERROR(Linear(a + "q_proj.weight", s.heads * hd, H));
+        CR_RETURN_IF_ERROR(Linear(a + "k_proj.weight", s.kv_heads * hd, H));
+        CR_RETURN_IF_ERROR(Linear(a + "v_proj.weight", s.kv_heads * hd, H));
+        CR_RETURN_IF_ERROR(Linear(a + "o_proj.weight", H, s.heads * hd));
+      }
+      if (s.attention_bias && !s.mla.enabled()) {
+        CR_RETURN_IF_ERROR(Bias(a + "q_proj.bias", s.heads * hd));
+        CR_RETURN_IF_ERROR(Bias(a + "k_proj.bias", s.kv_heads * hd));
+        CR_RETURN_IF_ERROR(Bias(a + "v_proj.bias", s.kv_heads * hd));
+      }
+      if (s.qk_norm) {
+        CR_RETURN_IF_ERROR(PutBf16(a + "q_norm.weight", Norm(hd)));
+        CR_RETURN_IF_ERROR(PutBf16(a + "k_norm.weight", Norm(hd)));
+      }
+      if (!s.layer_is_moe(l)) {
+        CR_RETURN_IF_ERROR(Linear(n.prefix + "mlp.gate_proj.weight", s.intermediate, H));
+        CR_RETURN_IF_ERROR(Linear(n.prefix + "mlp.up_proj.weight", s.intermediate, H));
+        CR_RETURN_IF_ERROR(Linear(n.prefix + "mlp.down_proj.weight", H, s.intermediate));
+        layers_done_ = l + 1;
+        Report();
+        continue;
+      }
+      CR_RETURN_IF_ERROR(Bf16Matrix(n.router(), s.num_experts, H));
+      if (s.scoring == "sigmoid") {
+        std::vector<float> bias(s.num_experts);
+        for (auto& x : bias) x = 0.05f * rng_.Next();
+        CR_RETURN_IF_ERROR(Put({n.bias(), DType::kF32, {s.num_experts}}, bias));
+      }
+      for (int64_t j = 0; j < s.num_experts; ++j) {
+        CR_RETURN_IF_ERROR(Linear(n.expert(j, "gate"), s.moe_intermediate, H));
+        CR_RETURN_IF_ERROR(Linear(n.expert(j, "up"), s.moe_intermediate, H));
+        CR_RETURN_IF_ERROR(Linear(n.expert(j, "down"), H, s.moe_intermediate));
+      }
+      if (s.n_shared_experts > 0) {
+        const int64_t si = s.moe_intermediate * s.n_shared_experts;
+        CR_RETURN_IF_ERROR(Linear(n.shared("gate"), si, H));
+        CR_RETURN_IF_ERROR(Linear(n.shared("up"), si, H));
+        CR_RETURN_IF_ERROR(Linear(n.shared("down"), H, si));
+      }
+      layers_done_ = l + 1;
+      Report();
+    }
+    CR_RETURN_IF_ERROR(PutBf16("model.norm.weight", Norm(H)));
+    if (!s.tie_embeddings) CR_RETURN_IF_ERROR(Bf16Matrix("lm_head.weight", s.vocab, H));
+    layers_done_ = s.layers;
+    Report();
+    return absl::OkStatus();
+  }
+
+ private:
   // out x in weights of std 1/sqrt(in), drawn on the pool.
   std::vector<float> Matrix(int64_t out, int64_t in) {
     std::vector<float> w(out * in);
@@ -113,6 +239,54 @@ class Generator {
     return w;
   }
 
+  // One tensor, whole (only declared when the sink wants no bytes).
+  template <typename T>
+  absl::Status Put(const PlannedTensor& t, const std::vector<T>& v) {
+    CR_RETURN_IF_ERROR(sink_->Begin(t));
+    const uint64_t n = TensorByteSize(t);
+    bytes_ += static_cast<int64_t>(n);
+    if (!draw_) return absl::OkStatus();
+    if (v.size() * sizeof(T) != n) {
+      return absl::InternalError(Cat("make-model: tensor '", t.name, "' has ", v.size() * sizeof(T), " bytes, not ", n));
+    }
+    CR_RETURN_IF_ERROR(sink_->Write(0, {reinterpret_cast<const uint8_t*>(v.data()), n}));
+    Report();
+    return absl::OkStatus();
+  }
+  absl::Status Declare(const std::vector<PlannedTensor>& ts) {
+    for (const PlannedTensor& t : ts) CR_RETURN_IF_ERROR(Put(t, std::vector<uint8_t>{}));
+    return absl::OkStatus();
+  }
+  // A 1-D bf16 tensor of `v`.
+  absl::Status PutBf16(const std::string& name, const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
+    return Put({name, DType::kBF16, {static_cast<int64_t>(v.size())}}, b);
+  }
+
+  // An out x in bf16 matrix (std 1/sqrt(in)), drawn and converted on the
+  // pool in pieces of ~32 MB, each handed to the sink as it is done.
+  absl::Status Bf16Matrix(const std::string& name, int64_t out, int64_t in) {
+    CR_RETURN_IF_ERROR(sink_->Begin({name, DType::kBF16, {out, in}}));
+    const uint64_t first = rng_.Take(out * in), seed = rng_.seed();
+    bytes_ += out * in * 2;
+    if (!draw_) return absl::OkStatus();
+    const float s = 1.0f / std::sqrt(static_cast<float>(in));
+    const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(in, 1));
+    std::vector<uint16_t> buf(std::min(out, piece) * in);
+    for (int64_t p0 = 0; p0 < out; p0 += piece) {
+      const int64_t p1 = std::min(out, p0 + piece);
+      const uint64_t base = first + static_cast<uint64_t>(p0 * in);
+      ForRowChunks(*pool_, p1 - p0, in, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t i = r0 * in; i < r1 * in; ++i) buf[i] = FloatToBf16(NormalAt(seed, base + static_cast<uint64_t>(i)) * s);
+      });
+      CR_RETURN_IF_ERROR(sink_->Write(static_cast<uint64_t>(p0 * in * 2),
+                                      {reinterpret_cast<const uint8_t*>(buf.data()), static_cast<size_t>((p1 - p0) * in * 2)}));
+      Report();
+    }
+    return absl::OkStatus();
+  }
+
   // Whether the checkpoint quantizes module `base` (the ignore list, and
   // DeepSeek's bf16 indexer weights_proj in FP8 checkpoints).
   bool Quantized(const std::string& base) const {
@@ -123,28 +297,27 @@ class Generator {
     return q.IsQuantized(base);
   }
 
-  // Adds `name` (+ its scale tensors) quantized as the checkpoint's linear
-  // layers are, each row chunk on the pool (rows are independent; FP8 chunks
-  // hold whole 128-row blocks, NVFP4's global scale is the amax over all).
-  void Linear(const std::string& name, int64_t out, int64_t in) {
-    const std::vector<float> w = Matrix(out, in);
+  // `name` (+ its scale tensors) quantized as the checkpoint's linear layers
+  // are, each row chunk on the pool (rows are independent; FP8 chunks hold
+  // whole 128-row blocks, NVFP4's global scale is the amax over all).
+  absl::Status Linear(const std::string& name, int64_t out, int64_t in) {
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    const QuantKind kind = Quantized(base) ? spec_.quant : QuantKind::kNone;
+    if (kind == QuantKind::kNone) return Bf16Matrix(name, out, in);
+    std::vector<float> w;
+    if (draw_) {
+      w = Matrix(out, in);
+    } else {
+      rng_.Take(out * in);
+    }
     CpuPool& pool = *pool_;
-    switch (Quantized(base) ? spec_.quant : QuantKind::kNone) {
-      case QuantKind::kNone: {
-        HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
-        uint8_t* dst = t.bytes.mutable_data();
-        ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
-          for (int64_t i = r0 * in; i < r1 * in; ++i) {
-            const uint16_t h = FloatToBf16(w[i]);
-            std::memcpy(dst + 2 * i, &h, 2);
-          }
-        });
-        Add(name, std::move(t));
-        return;
-      }
+    switch (kind) {
+      case QuantKind::kNone: break;
       case QuantKind::kFp8Block: {
         const int64_t br = 128, bc = 128, sr = (out + br - 1) / br, sc = (in + bc - 1) / bc;
+        const std::vector<PlannedTensor> t = {{name, DType::kF8E4M3, {out, in}},
+                                              {base + ".weight_scale_inv", DType::kF32, {sr, sc}}};
+        if (!draw_) return Declare(t);
         std::vector<float> scale(sr * sc);
         std::vector<uint8_t> q(out * in);
         ForRowChunks(pool, out, in, br, [&](int64_t r0, int64_t r1) {
@@ -159,11 +332,13 @@ class Generator {
               for (int64_t c = 0; c < in; ++c) q[r * in + c] = QuantFp8(w[r * in + c], scale[rb * sc + c / bc]);
           }
         });
-        Add(name, Make(DType::kF8E4M3, {out, in}, q));
-        Add(base + ".weight_scale_inv", Make(DType::kF32, {sr, sc}, scale));
-        return;
+        w = {};
+        CR_RETURN_IF_ERROR(Put(t[0], q));
+        return Put(t[1], scale);
       }
       case QuantKind::kFp8Tensor: {  // ModelOpt FP8: one scale, amax / 448
+        const std::vector<PlannedTensor> t = {{name, DType::kF8E4M3, {out, in}}, {base + ".weight_scale", DType::kF32, {}}};
+        if (!draw_) return Declare(t);
         float amax = 0.0f;
         for (float v : w) amax = AbsMaxAccumulate(amax, v);
         const float scale = Fp8BlockScale(amax, 1e-12f, false);
@@ -171,11 +346,16 @@ class Generator {
         ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
           for (int64_t i = r0 * in; i < r1 * in; ++i) q[i] = QuantFp8(w[i], scale);
         });
-        Add(name, Make(DType::kF8E4M3, {out, in}, q));
-        Add(base + ".weight_scale", Make(DType::kF32, {}, std::vector<float>{scale}));
-        return;
+        w = {};
+        CR_RETURN_IF_ERROR(Put(t[0], q));
+        return Put(t[1], std::vector<float>{scale});
       }
       case QuantKind::kNvfp4: {
+        const std::vector<PlannedTensor> t = {{name, DType::kU8, {out, in / 2}},
+                                              {base + ".weight_scale", DType::kF8E4M3, {out, in / 16}},
+                                              {base + ".weight_scale_2", DType::kF32, {}},
+                                              {base + ".input_scale", DType::kF32, {}}};
+        if (!draw_) return Declare(t);
         const float global = Nvfp4GlobalScale(w);
         std::vector<uint8_t> scales(out * (in / 16)), packed(out * in / 2, 0);
         ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
@@ -189,14 +369,17 @@ class Generator {
                 SetNibble(packed.data(), r * in + c, QuantNvfp4(w[r * in + c], s8, global));
             }
         });
-        Add(name, Make(DType::kU8, {out, in / 2}, packed));
-        Add(base + ".weight_scale", Make(DType::kF8E4M3, {out, in / 16}, scales));
-        Add(base + ".weight_scale_2", Make(DType::kF32, {}, std::vector<float>{global}));
+        w = {};
+        CR_RETURN_IF_ERROR(Put(t[0], packed));
+        CR_RETURN_IF_ERROR(Put(t[1], scales));
+        CR_RETURN_IF_ERROR(Put(t[2], std::vector<float>{global}));
         // Placeholder until CalibrateInputScales measures the input's amax.
-        Add(base + ".input_scale", Make(DType::kF32, {}, std::vector<float>{1.0f}));
-        return;
+        return Put(t[3], std::vector<float>{1.0f});
       }
       case QuantKind::kMxfp4: {
+        const std::vector<PlannedTensor> t = {{name, DType::kU8, {out, in / 2}},
+                                              {base + ".weight_scale", DType::kU8, {out, in / 32}}};
+        if (!draw_) return Declare(t);
         std::vector<uint8_t> scales(out * (in / 32)), packed(out * in / 2, 0);
         ForRowChunks(pool, out, in, 1, [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r)
@@ -209,131 +392,56 @@ class Generator {
                 SetNibble(packed.data(), r * in + c, QuantMxfp4(w[r * in + c], s8));
             }
         });
-        Add(name, Make(DType::kU8, {out, in / 2}, packed));
-        Add(base + ".weight_scale", Make(DType::kU8, {out, in / 32}, scales));
-        return;
+        w = {};
+        CR_RETURN_IF_ERROR(Put(t[0], packed));
+        return Put(t[1], scales);
       }
     }
+    return absl::InternalError(Cat("make-model: no quantization for '", name, "'"));
   }
 
   // MLA attention in transformers' names and layouts (DeepseekV3Attention,
   // DeepseekV32Indexer).
-  void MlaAttention(const std::string& a, int64_t l) {
+  absl::Status MlaAttention(const std::string& a, int64_t l) {
     const ModelSpec& s = spec_;
     const MlaSpec& m = s.mla;
     const int64_t H = s.hidden;
     if (m.q_lora_rank > 0) {
-      Linear(a + "q_a_proj.weight", m.q_lora_rank, H);
-      Add(a + "q_a_layernorm.weight", Bf16({m.q_lora_rank}, Norm(m.q_lora_rank)));
-      Linear(a + "q_b_proj.weight", s.heads * m.qk_head_dim(), m.q_lora_rank);
+      CR_RETURN_IF_ERROR(Linear(a + "q_a_proj.weight", m.q_lora_rank, H));
+      CR_RETURN_IF_ERROR(PutBf16(a + "q_a_layernorm.weight", Norm(m.q_lora_rank)));
+      CR_RETURN_IF_ERROR(Linear(a + "q_b_proj.weight", s.heads * m.qk_head_dim(), m.q_lora_rank));
     } else {
-      Linear(a + "q_proj.weight", s.heads * m.qk_head_dim(), H);
+      CR_RETURN_IF_ERROR(Linear(a + "q_proj.weight", s.heads * m.qk_head_dim(), H));
     }
-    Linear(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, H);
-    Add(a + "kv_a_layernorm.weight", Bf16({m.kv_lora_rank}, Norm(m.kv_lora_rank)));
-    Linear(a + "kv_b_proj.weight", s.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank);
-    Linear(a + "o_proj.weight", H, s.heads * m.v_head_dim);
-    if (!m.layer_has_indexer(l)) return;
-    Linear(a + "indexer.wq_b.weight", m.index_n_heads * m.index_head_dim, m.q_lora_rank);
-    Linear(a + "indexer.wk.weight", m.index_head_dim, H);
-    Linear(a + "indexer.weights_proj.weight", m.index_n_heads, H);
-    Add(a + "indexer.k_norm.weight", Bf16({m.index_head_dim}, Norm(m.index_head_dim)));
-    Bias(a + "indexer.k_norm.bias", m.index_head_dim);
+    CR_RETURN_IF_ERROR(Linear(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, H));
+    CR_RETURN_IF_ERROR(PutBf16(a + "kv_a_layernorm.weight", Norm(m.kv_lora_rank)));
+    CR_RETURN_IF_ERROR(Linear(a + "kv_b_proj.weight", s.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank));
+    CR_RETURN_IF_ERROR(Linear(a + "o_proj.weight", H, s.heads * m.v_head_dim));
+    if (!m.layer_has_indexer(l)) return absl::OkStatus();
+    CR_RETURN_IF_ERROR(Linear(a + "indexer.wq_b.weight", m.index_n_heads * m.index_head_dim, m.q_lora_rank));
+    CR_RETURN_IF_ERROR(Linear(a + "indexer.wk.weight", m.index_head_dim, H));
+    CR_RETURN_IF_ERROR(Linear(a + "indexer.weights_proj.weight", m.index_n_heads, H));
+    CR_RETURN_IF_ERROR(PutBf16(a + "indexer.k_norm.weight", Norm(m.index_head_dim)));
+    return Bias(a + "indexer.k_norm.bias", m.index_head_dim);
   }
 
-  void Bias(const std::string& name, int64_t n) {
+  absl::Status Bias(const std::string& name, int64_t n) {
     std::vector<float> b(n);
     for (auto& x : b) x = 0.1f * rng_.Next();
-    Add(name, Bf16({n}, b));
+    return PutBf16(name, b);
   }
 
-  // A bf16 matrix converted on the pool.
-  HostTensor Bf16Matrix(int64_t out, int64_t in) {
-    const std::vector<float> w = Matrix(out, in);
-    HostTensor t = Empty(DType::kBF16, {out, in}, w.size() * 2);
-    uint8_t* dst = t.bytes.mutable_data();
-    ForRowChunks(*pool_, out, in, 1, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 * in; i < r1 * in; ++i) {
-        const uint16_t h = FloatToBf16(w[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-    });
-    return t;
+  void Report() {
+    if (draw_ && o_.progress) o_.progress("generating weights (layers)", layers_done_, spec_.layers, bytes_);
   }
 
-  RandomCheckpoint Build() {
-    const ModelSpec& s = spec_;
-    const int64_t H = s.hidden, hd = s.head_dim;
-    Report(0);
-    Add("model.embed_tokens.weight", Bf16Matrix(s.vocab, H));
-    for (int64_t l = 0; l < s.layers; ++l) {
-      const LayerNames n = NamesFor(s, l);
-      const std::string a = n.prefix + "self_attn.";
-      Add(n.prefix + "input_layernorm.weight", Bf16({H}, Norm(H)));
-      Add(n.prefix + "post_attention_layernorm.weight", Bf16({H}, Norm(H)));
-      if (s.mla.enabled()) {
-        MlaAttention(a, l);
-      } else {
-        Linear(a + "q_proj.weight", s.heads * hd, H);
-        Linear(a + "k_proj.weight", s.kv_heads * hd, H);
-        Linear(a + "v_proj.weight", s.kv_heads * hd, H);
-        Linear(a + "o_proj.weight", H, s.heads * hd);
-      }
-      if (s.attention_bias && !s.mla.enabled()) {
-        Bias(a + "q_proj.bias", s.heads * hd);
-        Bias(a + "k_proj.bias", s.kv_heads * hd);
-        Bias(a + "v_proj.bias", s.kv_heads * hd);
-      }
-      if (s.qk_norm) {
-        Add(a + "q_norm.weight", Bf16({hd}, Norm(hd)));
-        Add(a + "k_norm.weight", Bf16({hd}, Norm(hd)));
-      }
-      if (!s.layer_is_moe(l)) {
-        Linear(n.prefix + "mlp.gate_proj.weight", s.intermediate, H);
-        Linear(n.prefix + "mlp.up_proj.weight", s.intermediate, H);
-        Linear(n.prefix + "mlp.down_proj.weight", H, s.intermediate);
-        Report(l + 1);
-        continue;
-      }
-      Add(n.router(), Bf16Matrix(s.num_experts, H));
-      if (s.scoring == "sigmoid") {
-        std::vector<float> bias(s.num_experts);
-        for (auto& x : bias) x = 0.05f * rng_.Next();
-        Add(n.bias(), Make(DType::kF32, {s.num_experts}, bias));
-      }
-      for (int64_t j = 0; j < s.num_experts; ++j) {
-        Linear(n.expert(j, "gate"), s.moe_intermediate, H);
-        Linear(n.expert(j, "up"), s.moe_intermediate, H);
-        Linear(n.expert(j, "down"), H, s.moe_intermediate);
-      }
-      if (s.n_shared_experts > 0) {
-        const int64_t si = s.moe_intermediate * s.n_shared_experts;
-        Linear(n.shared("gate"), si, H);
-        Linear(n.shared("up"), si, H);
-        Linear(n.shared("down"), H, si);
-      }
-      Report(l + 1);
-    }
-    Add("model.norm.weight", Bf16({H}, Norm(H)));
-    if (!s.tie_embeddings) Add("lm_head.weight", Bf16Matrix(s.vocab, H));
-    Report(s.layers);
-    return RandomCheckpoint{spec_, std::move(t_)};
-  }
-
- private:
-  void Add(const std::string& name, HostTensor t) {
-    bytes_ += static_cast<int64_t>(t.bytes.size());
-    t_[name] = std::move(t);
-  }
-  void Report(int64_t layers_done) {
-    if (o_.progress) o_.progress("generating weights (layers)", layers_done, spec_.layers, bytes_);
-  }
-
-  MakeModelOptions o_;
-  ModelSpec spec_;
+  const MakeModelOptions& o_;
+  const ModelSpec& spec_;
   Normal rng_;
   CpuPool* pool_;
-  TensorSet t_;
+  TensorSink* sink_;
+  bool draw_;
+  int64_t layers_done_ = 0;
   int64_t bytes_ = 0;
 };
 
@@ -374,31 +482,77 @@ absl::StatusOr<float> ExpertIntermediateAmax(Executor& exec, const ExpertShard& 
   return m;
 }
 
+// A HostTensor over `t`'s bytes without copying them: a deferred tensor or a
+// view as it is, an owned buffer as a view that does not own it (valid while
+// `t` lives: the calibration's model never outlives the tensors it reads).
+HostTensor Borrow(const HostTensor& t) {
+  if (t.bytes.deferred() || t.bytes.is_view()) return t;
+  static const auto kBorrowed = std::make_shared<int>(0);
+  return HostTensor{t.dtype, t.shape, TensorBytes::View(t.bytes.span(), kBorrowed)};
+}
+
+// The embedding rows of `tokens`, in order: the calibration model's whole
+// embedding (so neither the embedding nor lm_head is held: the layers'
+// inputs are the same bits, and no layer reads the vocabulary).
+absl::StatusOr<HostTensor> PromptEmbedding(const HostTensor& embed, const std::vector<int32_t>& tokens) {
+  if (embed.shape.size() != 2 || embed.shape[0] <= 0) return absl::InternalError("make-model: bad embedding shape");
+  CR_ASSIGN_OR_RETURN(const TensorBytes bytes, embed.bytes.Resolve());  // maps a deferred one; rows read only
+  const size_t row = bytes.size() / static_cast<size_t>(embed.shape[0]);
+  std::vector<uint8_t> out(tokens.size() * row);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= embed.shape[0]) return absl::InternalError("make-model: calibration token out of range");
+    std::memcpy(out.data() + i * row, bytes.data() + static_cast<size_t>(tokens[i]) * row, row);
+  }
+  return HostTensor{embed.dtype, {static_cast<int64_t>(tokens.size()), embed.shape[1]}, std::move(out)};
+}
+
 // ModelOpt-style calibration of an NVFP4 checkpoint's activation scales: runs
 // a calibration prompt through the model (fp4 weights, bf16 activations: the
-// w4a16 path), takes the amax of every linear layer's input and writes
-// input_scale = amax / (6 * 448), so that under w4a4 the calibrated amax maps
-// to the largest e2m1 value times the largest e4m3 block scale. Layers that
-// read the same activation (q/k/v, gate/up) get the same amax. Every expert
-// is calibrated on every token (not only the ones routed to it), so no
-// expert is left without a scale.
-absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions& opts, TensorSet* tensors) {
-  const uint64_t seed = opts.seed;
+// w4a16 path, which never reads input_scale), takes the amax of every linear
+// layer's input and returns input_scale = amax / (6 * 448) by tensor name
+// ("<layer>.input_scale"), so that under w4a4 the calibrated amax maps to the
+// largest e2m1 value times the largest e4m3 block scale. Layers that read
+// the same activation (q/k/v, gate/up) get the same amax. Every expert is
+// calibrated on every token (not only the ones routed to it), so no expert
+// is left without a scale.
+//
+// The model is built over `tensors` without copying them (an in-memory
+// checkpoint's buffers, or a written one's files, deferred) and without
+// hashing them; `stream` holds one layer's weights at a time (layer
+// streaming), so calibrating a written checkpoint needs about one layer of
+// memory. Its embedding is only the prompt's rows (PromptEmbedding), and
+// the tokens are renumbered to index them.
+absl::StatusOr<std::map<std::string, float>> CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions& opts,
+                                                                  const TensorSet& tensors, bool stream) {
+  const std::vector<int32_t> prompt = CalibrationTokens(spec, opts.seed);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  ModelSpec cal = spec;
+  cal.vocab = n;
+  cal.tie_embeddings = true;
+  TensorSet cal_tensors;
+  for (const auto& [name, t] : tensors) {
+    if (name != "model.embed_tokens.weight" && name != "lm_head.weight") cal_tensors.emplace(name, Borrow(t));
+  }
+  auto embed = tensors.find("model.embed_tokens.weight");
+  if (embed == tensors.end()) return absl::InternalError("make-model: no embedding to calibrate with");
+  CR_ASSIGN_OR_RETURN(cal_tensors["model.embed_tokens.weight"], PromptEmbedding(embed->second, prompt));
+
   EngineConfig cfg;
   cfg.nvfp4_activation = Nvfp4Activation::kW4a16;
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec, *tensors, cfg));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(cal, cal_tensors, cfg, {.stream = stream, .hash = false}));
   StepInput in;
   in.rows.resize(1);
   StepRow& row = in.rows[0];
-  row.tokens = CalibrationTokens(spec, seed);
-  const int64_t n = static_cast<int64_t>(row.tokens.size());
+  for (int32_t i = 0; i < n; ++i) row.tokens.push_back(i);
   const int64_t pages = (n + cfg.page_size - 1) / cfg.page_size;
   for (int64_t p = 0; p < pages; ++p) row.page_table.push_back(static_cast<int32_t>(p));
   CR_ASSIGN_OR_RETURN(std::unique_ptr<Executor> exec,
                       MakeExecutor("cpu", ExecMode::kKernelByKernel, MakeModelThreads(opts)));
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceModel> dm, DeviceModel::Upload(*model, exec.get()));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceModel> dm, stream ? DeviceModel::UploadStreaming(*model, exec.get())
+                                                              : DeviceModel::Upload(*model, exec.get()));
   CR_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, KvCache::Create(*model, cfg, pages, exec.get()));
   std::unique_ptr<StepProgram> program = StepProgram::Lower(*dm, cfg, kv.get(), in);
+  if (stream) program->set_streaming(dm.get());
   StepProgram& prog = *program;
   const int64_t L = spec.layers, H = spec.hidden;
   std::vector<float> qkv(L, 0.0f), o(L, 0.0f), mlp_in(L, 0.0f), down(L, 0.0f), shared_down(L, 0.0f);
@@ -407,7 +561,9 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
   int64_t done = 0;
   for (const KernelCall& k : prog.kernels()) {
     if (opts.progress) opts.progress("calibrating input_scale (kernels)", done++, total, 0);
-    if (prog.RunNext()) return absl::InternalError(Cat("make-model calibration failed in ", k.Label()));
+    if (prog.RunNext()) {
+      return absl::InternalError(Cat("make-model calibration failed in ", k.Label(), ": ", prog.status().message()));
+    }
     if (k.layer < 0) continue;
     const int64_t l = k.layer;
     // MLA's attention and the indexer stay bf16 in NVFP4 checkpoints (Generator::Quantized).
@@ -417,6 +573,7 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
     if (k.name != "post_attention_norm") continue;
     const Buffer* x = prog.buffer("x");
     mlp_in[l] = BufferAmax(x);
+    // The layer's weights are held now (the kernel just run is one of its own).
     const RankLayer& rl = model->layers[l].ranks[0];
     for (const ExpertShard& e : rl.experts) {
       CR_ASSIGN_OR_RETURN(const float amax, ExpertIntermediateAmax(*exec, e, x->f.data(), n, H));
@@ -427,10 +584,10 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
     }
   }
   if (opts.progress) opts.progress("calibrating input_scale (kernels)", total, total, 0);
+  std::map<std::string, float> scales;
   auto set = [&](const std::string& base, float amax) {
-    if (!tensors->count(base + ".weight_scale_2")) return;  // not NVFP4 (excluded, or MLA's attention)
-    const float scale = std::max(amax, 1e-6f) / (kE2m1Max * kE4m3Max);
-    (*tensors)[base + ".input_scale"] = Make(DType::kF32, {}, std::vector<float>{scale});
+    if (!tensors.count(base + ".weight_scale_2")) return;  // not NVFP4 (excluded, or MLA's attention)
+    scales[base + ".input_scale"] = std::max(amax, 1e-6f) / (kE2m1Max * kE4m3Max);
   };
   auto strip = [](const std::string& s) { return s.substr(0, s.size() - 7); };  // ".weight"
   for (int64_t l = 0; l < L; ++l) {
@@ -444,6 +601,10 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
       set(nm.prefix + "mlp.down_proj", down[l]);
       continue;
     }
+    if (static_cast<int64_t>(expert_down[l].size()) != spec.num_experts) {
+      return absl::InternalError(Cat("make-model calibration: layer ", l, " calibrated ", expert_down[l].size(),
+                                     " experts of ", spec.num_experts));
+    }
     for (int64_t j = 0; j < spec.num_experts; ++j) {
       set(strip(nm.expert(j, "gate")), mlp_in[l]);
       set(strip(nm.expert(j, "up")), mlp_in[l]);
@@ -455,7 +616,13 @@ absl::Status CalibrateInputScales(const ModelSpec& spec, const MakeModelOptions&
       set(strip(nm.shared("down")), shared_down[l]);
     }
   }
-  return absl::OkStatus();
+  return scales;
+}
+
+// The RoPE keys config.json carries (MakeModelOptions::rope_form).
+void ApplyRopeForm(const std::string& form, ModelSpec* spec) {
+  if (form != "legacy") spec->rope_parameters = spec->rope_legacy;
+  if (form == "rope_parameters") spec->rope_legacy.reset();
 }
 
 }  // namespace
@@ -470,7 +637,14 @@ std::vector<int32_t> CalibrationTokens(const ModelSpec& spec, uint64_t seed) {
   return t;
 }
 
-absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& o) {
+namespace {
+
+// The checkpoint's architecture from the options, checked.
+absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
+  if (o.rope_form != "legacy" && o.rope_form != "rope_parameters" && o.rope_form != "both") {
+    return absl::InvalidArgumentError(
+        Cat("make-model: unknown rope form '", o.rope_form, "' (legacy, rope_parameters, both)"));
+  }
   ModelSpec s;
   s.hidden = o.hidden;
   s.layers = o.layers;
@@ -616,11 +790,58 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
                                             o.quant, " block of ", bc));
     }
   }
-  CpuPool pool(MakeModelThreads(o));
-  Generator g(o, s, &pool);
-  RandomCheckpoint ck = g.Build();
-  if (s.quant == QuantKind::kNvfp4) CR_RETURN_IF_ERROR(CalibrateInputScales(ck.spec, o, &ck.tensors));
+  return s;
+}
+
+std::vector<uint8_t> F32Bytes(float v) {
+  std::vector<uint8_t> b(4);
+  std::memcpy(b.data(), &v, 4);
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& o) {
+  CR_ASSIGN_OR_RETURN(const ModelSpec s, SpecFor(o));
+  MemorySink sink;
+  {
+    CpuPool pool(MakeModelThreads(o));
+    Generator g(o, s, &pool, &sink);
+    CR_RETURN_IF_ERROR(g.Build());
+  }
+  RandomCheckpoint ck{s, std::move(sink.tensors)};
+  if (s.quant == QuantKind::kNvfp4) {
+    CR_ASSIGN_OR_RETURN(const auto scales, CalibrateInputScales(s, o, ck.tensors, /*stream=*/false));
+    for (const auto& [name, v] : scales) ck.tensors[name].bytes = F32Bytes(v);
+  }
+  ApplyRopeForm(o.rope_form, &ck.spec);
   return ck;
+}
+
+absl::StatusOr<WrittenCheckpoint> WriteRandomCheckpoint(const std::string& dir, const MakeModelOptions& o,
+                                                        uint64_t max_shard_bytes) {
+  CR_ASSIGN_OR_RETURN(const ModelSpec s, SpecFor(o));
+  CpuPool pool(MakeModelThreads(o));
+  // Every tensor's name, dtype and shape, from the generator itself.
+  PlanSink plan;
+  CR_RETURN_IF_ERROR(Generator(o, s, &pool, &plan).Build());
+  // The files at their final size, headers written: a bad directory or a
+  // full disk fails here, before any drawing.
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<StreamedSafetensors> out,
+                      StreamedSafetensors::Create(dir, plan.plan, max_shard_bytes, {{"format", "pt"}}));
+  FileSink sink(out.get());
+  CR_RETURN_IF_ERROR(Generator(o, s, &pool, &sink).Build());
+  if (s.quant == QuantKind::kNvfp4) {
+    // From the files, one layer at a time, then the placeholders patched.
+    CR_ASSIGN_OR_RETURN(const auto scales, CalibrateInputScales(s, o, out->Tensors(), /*stream=*/true));
+    for (const auto& [name, v] : scales) CR_RETURN_IF_ERROR(out->Write(name, 0, F32Bytes(v)));
+  }
+  if (o.progress) o.progress("flushing files", 0, 0, static_cast<int64_t>(out->data_bytes()));
+  CR_RETURN_IF_ERROR(out->Commit());
+  WrittenCheckpoint w{s, out->num_tensors(), out->data_bytes()};
+  ApplyRopeForm(o.rope_form, &w.spec);
+  CR_RETURN_IF_ERROR(WriteFileAtomically(dir + "/config.json", HfConfigToJson(HfConfigFromModelSpec(w.spec))));
+  return w;
 }
 
 }  // namespace crashreplay::replay

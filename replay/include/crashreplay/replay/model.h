@@ -163,8 +163,12 @@ struct Model {
 // With deferred tensors (checkpoint_io.h LoadOptions) a released layer
 // holds no mapping at all, so peak memory is the resident part plus one
 // layer's shards.
+//
+// hash: false leaves shard_hashes empty and reads no weight at build (make-model's
+// calibration, which compares no hashes); the model computes the same bits.
 struct BuildOptions {
   bool stream = false;
+  bool hash = true;
 };
 
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TensorSet& tensors,

@@ -17,6 +17,20 @@
 // calibration runs on a CPU executor with as many; the bytes are the same on
 // any thread count (random_checkpoint_test checks it).
 //
+// Memory: GenerateRandomCheckpoint returns the whole checkpoint in memory
+// (tests, benches). WriteRandomCheckpoint, what `make-model` runs, writes the
+// same files as GenerateRandomCheckpoint + WriteCheckpointDir, byte for byte,
+// without holding the model: a first pass of the generator lists every
+// tensor's name, dtype and shape (nothing drawn), which fixes every shard's
+// header and every tensor's offset; the shards are created at their final
+// size, and the second pass writes each tensor (a bf16 matrix in ~32 MB
+// pieces) where it belongs as soon as it is drawn and quantized. For NVFP4
+// the calibration then runs over the files with layer streaming (it uses
+// w4a16, which never reads input_scale), and the input_scale placeholders,
+// fixed-size f32 scalars, are patched in place. Peak memory: the largest
+// quantized tensor in fp32 (a bf16 one in pieces), or, calibrating, one
+// layer's weights (mapped from the files) plus the prompt's activations.
+//
 // MLA models are quantized as their real checkpoints are: FP8 blocks on
 // every linear but the indexer's weights_proj (DeepSeek-V3/V3.2); NVFP4 on
 // the routed experts and dense MLPs only, with attention (and the indexer),
@@ -76,6 +90,9 @@ struct MakeModelOptions {
   // glm_moe_dsa: per layer 'F' (runs its indexer) or 'S' (reuses the last
   // one's top-k), transformers' index_topk_pattern; empty: all 'F'.
   std::string index_pattern;
+  // The RoPE keys of config.json: legacy (rope_theta / rope_scaling),
+  // rope_parameters, or both. The tensors are the same for every form.
+  std::string rope_form = "legacy";
 };
 
 struct RandomCheckpoint {
@@ -83,7 +100,27 @@ struct RandomCheckpoint {
   TensorSet tensors;
 };
 
+// The whole checkpoint in memory. InvalidArgument for options that make no
+// model (unknown arch/quant/rope form, dimensions the quantization cannot
+// block, a bad --index-pattern).
 absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& options);
+
+// Writes the checkpoint into `dir` (created if missing) in bounded memory
+// (see above): config.json and safetensors shards of at most
+// `max_shard_bytes` tensor bytes, the files WriteCheckpointDir writes for
+// GenerateRandomCheckpoint's result. Each shard is written under a temporary
+// name and renamed when complete; on failure none is left. Errors: as
+// GenerateRandomCheckpoint's; FailedPrecondition naming `dir` when it cannot
+// be created (a file in the way, ...), PermissionDenied / ResourceExhausted
+// (no space) naming the file, all before anything is generated where the
+// file system reserves space (fallocate).
+struct WrittenCheckpoint {
+  ModelSpec spec;           // as config.json has it
+  size_t tensors = 0;
+  uint64_t tensor_bytes = 0;
+};
+absl::StatusOr<WrittenCheckpoint> WriteRandomCheckpoint(const std::string& dir, const MakeModelOptions& options,
+                                                        uint64_t max_shard_bytes = 1ull << 30);
 
 // The calibration prompt of an NVFP4 checkpoint: min(64, max_position) token
 // ids drawn from `seed` (the make-model seed), one request, prefilled once.

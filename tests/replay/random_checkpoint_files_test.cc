@@ -1,0 +1,180 @@
+// make-model's bounded writer (random_checkpoint.h WriteRandomCheckpoint)
+// writes the files the in-memory path writes (GenerateRandomCheckpoint, then
+// WriteCheckpointDir), byte for byte: one shard or several, every
+// quantization, the NVFP4 input_scales calibrated from the files and
+// patched in place. A directory it cannot use is a clear error before any
+// weight is drawn, and a failed write leaves no temporary files.
+//
+// Reproduce one case: crashreplay make-model /tmp/a --arch glm_moe_dsa
+// --quant nvfp4, then compare with the in-memory path (this test).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+#include "crashreplay/formats/hash.h"
+#include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/replay/random_checkpoint.h"
+
+namespace crashreplay::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("crashreplay_mmfiles_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d.string();
+}
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Every file of `dir` (name -> bytes).
+std::map<std::string, std::string> Files(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = ReadAll(e.path());
+  return out;
+}
+
+struct Case {
+  const char* arch;
+  const char* quant;
+  uint64_t max_shard_bytes;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << " " << c.quant << " shards<=" << c.max_shard_bytes; }
+
+class BoundedWriter : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BoundedWriter, WritesTheInMemoryPathsBytes) {
+  const Case& c = GetParam();
+  MakeModelOptions o;
+  o.arch = c.arch;
+  o.quant = c.quant;
+  o.layers = 3;  // MoE archs: a dense layer, then MoE layers
+  o.rope_form = "both";
+  o.threads = 1;
+  auto ck = GenerateRandomCheckpoint(o);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  const std::string mem = TempDir(std::string("mem_") + c.arch + c.quant);
+  ASSERT_TRUE(WriteCheckpointDir(mem, ck->spec, ck->tensors, c.max_shard_bytes).ok());
+
+  o.threads = 2;  // the bytes never depend on it
+  const std::string bounded = TempDir(std::string("bounded_") + c.arch + c.quant);
+  auto w = WriteRandomCheckpoint(bounded, o, c.max_shard_bytes);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->tensors, ck->tensors.size());
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : ck->tensors) bytes += t.bytes.size();
+  EXPECT_EQ(w->tensor_bytes, bytes);
+
+  const auto want = Files(mem), got = Files(bounded);
+  if (c.max_shard_bytes < bytes) {
+    EXPECT_TRUE(want.count("model.safetensors.index.json")) << "the case should span several shards";
+  }
+  ASSERT_EQ(got.size(), want.size()) << "files in " << bounded << " vs " << mem;
+  for (const auto& [name, b] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name << " missing from " << bounded;
+    EXPECT_EQ(it->second.size(), b.size()) << name;
+    EXPECT_TRUE(it->second == b) << name << " differs: cmp " << bounded << "/" << name << " " << mem << "/" << name;
+  }
+  fs::remove_all(mem);
+  fs::remove_all(bounded);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ArchsQuantsShards, BoundedWriter,
+    ::testing::Values(Case{"llama", "bf16", 1ull << 30}, Case{"llama", "bf16", 40 << 10},
+                      Case{"qwen3_moe", "fp8", 1ull << 30}, Case{"qwen3_moe", "fp8", 64 << 10},
+                      Case{"glm_moe_dsa", "nvfp4", 1ull << 30}, Case{"glm_moe_dsa", "nvfp4", 100 << 10},
+                      Case{"deepseek_v3", "nvfp4", 200 << 10}, Case{"glm4_moe", "nvfp4", 64 << 10},
+                      Case{"mixtral", "mxfp4", 64 << 10}, Case{"deepseek_v32", "fp8", 1ull << 30}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return std::string(i.param.arch) + "_" + i.param.quant + (i.param.max_shard_bytes < (1ull << 30) ? "_sharded" : "");
+    });
+
+// The calibration reads the layers from the files, one at a time, over an
+// embedding of the prompt's rows only; the input_scales are those the
+// in-memory generator wrote before it changed (pinned: XXH3-64 of the
+// model.safetensors that make-model wrote with these default options before
+// the bounded writer existed).
+TEST(BoundedWriter, Nvfp4CalibrationKeepsTheBytesMakeModelWroteBefore) {
+  struct Pinned {
+    const char* arch;
+    uint64_t digest;
+  };
+  for (const Pinned& p : {Pinned{"glm_moe_dsa", 0x2e68b7881e4b310cull}, Pinned{"deepseek_v3", 0xd0f9655cb7078a16ull},
+                          Pinned{"qwen3_moe", 0x157c8721d9d445fcull}}) {
+    MakeModelOptions o;
+    o.arch = p.arch;
+    o.quant = "nvfp4";
+    const std::string dir = TempDir(std::string("pinned_") + p.arch);
+    auto w = WriteRandomCheckpoint(dir, o);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::string file = ReadAll(fs::path(dir) / "model.safetensors");
+    EXPECT_EQ(XXH64Of(file.data(), file.size()), p.digest)
+        << p.arch << ": 0x" << std::hex << XXH64Of(file.data(), file.size());
+    fs::remove_all(dir);
+  }
+}
+
+TEST(BoundedWriter, ADirectoryItCannotMakeIsAClearErrorBeforeAnyWork) {
+  const std::string base = TempDir("blocked");
+  fs::create_directories(base);
+  const std::string file = base + "/not_a_dir";
+  std::ofstream(file) << "x";
+  MakeModelOptions o;
+  o.arch = "llama";
+  bool generated = false;
+  o.progress = [&](std::string_view phase, int64_t, int64_t, int64_t) {
+    if (phase.find("weights") != std::string_view::npos) generated = true;
+  };
+  for (const std::string& dir : {file + "/ckpt", file}) {
+    auto w = WriteRandomCheckpoint(dir, o);
+    ASSERT_FALSE(w.ok()) << dir;
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
+    EXPECT_NE(w.status().message().find(dir), std::string::npos) << "names the directory: " << w.status();
+  }
+  EXPECT_FALSE(generated) << "failed before drawing anything";
+  fs::remove_all(base);
+}
+
+TEST(BoundedWriter, AFailedWriteLeavesNoTemporaryFiles) {
+  const std::string dir = TempDir("nowhere_to_rename");
+  // model.safetensors is a non-empty directory: the last step (the rename)
+  // fails after every byte was written.
+  fs::create_directories(fs::path(dir) / "model.safetensors" / "x");
+  MakeModelOptions o;
+  o.arch = "qwen3_moe";
+  o.quant = "nvfp4";
+  auto w = WriteRandomCheckpoint(dir, o);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("model.safetensors"), std::string::npos) << w.status();
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path() << " left behind";
+  }
+  fs::remove_all(dir);
+}
+
+TEST(BoundedWriter, BadOptionsAreInvalidArgument) {
+  MakeModelOptions o;
+  o.rope_form = "yarn_only";
+  const std::string dir = TempDir("bad_options");
+  auto w = WriteRandomCheckpoint(dir, o);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("yarn_only"), std::string::npos) << w.status();
+  EXPECT_FALSE(fs::exists(dir)) << "nothing created for options that make no model";
+}
+
+}  // namespace
+}  // namespace crashreplay::replay
