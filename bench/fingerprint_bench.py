@@ -3,9 +3,10 @@
 A transformers llama (hidden 1024, 8 layers, float32 and bfloat16) decodes
 with and without crashreplay.transformers' fingerprint hooks; prints the
 decode step time of each, the difference per step, the time measured inside
-the fingerprint code in a decode step (hooks and the step's one summarising
-call: the figure that matters, the end-to-end difference is within a loaded
-machine's noise), per boundary, and its share of the step. The prefill's
+the fingerprint code in a decode step (the hooks' noting and the step's one
+summarising call), per boundary, and its share of the step; the end-to-end
+difference is each round's (on minus off, back to back), median and range:
+on a 2-core VM the range spans 1-3 ms, so read it beside the median. The prefill's
 fingerprints cost in proportion to its tokens (every row is summarised). Needs torch and transformers (scripts/test-engines.sh's
 venv):  ENGINES_VENV/bin/python bench/fingerprint_bench.py
 Figures, not a test: timings are medians of repeated generate() calls."""
@@ -60,12 +61,12 @@ class Timed:
         setattr(rec.hooks, name, timed)
 
 
-def main(rounds=3, new=16):
+def main(rounds=7, new=16):
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, 1 thread; ms per generated token,")
     print(f"medians of {rounds} interleaved rounds; 'in hooks': time measured inside the fingerprint code a decode step")
-    print(f"{'dtype':<10}{'plain':>9}{'steps':>9}{'+fps':>9}{'diff':>9}{'in hooks':>10}{'bounds':>8}"
-          f"{'us/bound':>10}{'share':>8}")
+    print(f"{'dtype':<10}{'plain':>9}{'steps':>9}{'+fps':>9}{'diff':>9}{'diff range':>16}{'e2e share':>10}"
+          f"{'in hooks':>10}{'bounds':>8}{'us/bound':>10}{'share':>8}")
     for dtype in (torch.float32, torch.bfloat16):
         m = model(dtype)
         decode_ms(m, reps=1)  # warm up
@@ -83,8 +84,12 @@ def main(rounds=3, new=16):
                     fps.append(decode_ms(m, new=new))
                     inside.append(hooks.seconds * 1e3 / len(hooks.steps))
         p, s_, f, i = (statistics.median(x) for x in (plain, steps, fps, inside))
+        # Each round's difference, fingerprints on minus off, measured back to back.
+        diffs = [b - a for a, b in zip(steps, fps)]
+        d = statistics.median(diffs)
         n = 3 + 5 * m.config.num_hidden_layers  # embedding, 5 a layer, final_norm, lm_head
-        print(f"{str(dtype).replace('torch.', ''):<10}{p:>9.2f}{s_:>9.2f}{f:>9.2f}{f - s_:>+9.2f}{i:>10.3f}{n:>8}"
+        print(f"{str(dtype).replace('torch.', ''):<10}{p:>9.2f}{s_:>9.2f}{f:>9.2f}{d:>+9.2f}"
+              f"{f'[{min(diffs):+.2f}, {max(diffs):+.2f}]':>16}{d / s_:>10.1%}{i:>10.3f}{n:>8}"
               f"{i * 1e3 / n:>10.1f}{i / p:>8.1%}")
 
 

@@ -15,6 +15,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -262,6 +264,42 @@ class PyRecorder {
     ThrowIfError(s);
   }
 
+  // Internal, for crashreplay._fingerprint_hooks: a step's boundaries as
+  // (name, address, element count, dtype name, columns) of contiguous host
+  // tensors the caller holds for the duration of the call. It skips the
+  // DLPack round trip, ~4 us a tensor through torch's __dlpack__ and the view
+  // checks: most of a decode step's fingerprint cost at 1,024 elements a
+  // boundary (bench/fingerprint_bench.py). Not for other callers: an address
+  // is trusted as given.
+  using RawBoundary = std::tuple<std::string, uintptr_t, int64_t, std::string, int64_t>;
+  void FingerprintsAt(uint64_t step, const std::vector<RawBoundary>& items) {
+    capture::Recorder& rec = Live();
+    std::vector<capture::TensorView> views(items.size());
+    std::vector<std::array<int64_t, 2>> shapes(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& [name, address, numel, dtype_name, columns] = items[i];
+      std::optional<DType> dtype = ParseDType(dtype_name);
+      if (!dtype) ThrowIfError(absl::InvalidArgumentError(absl::StrCat("fingerprint ", name, ": unknown dtype '", dtype_name, "'")));
+      if (numel < 0 || columns < 1 || (numel > 0 && address == 0) || numel % columns != 0) {
+        ThrowIfError(absl::InvalidArgumentError(absl::StrCat("fingerprint ", name, ": ", numel, " elements at 0x",
+                                                             absl::Hex(address), " in rows of ", columns)));
+      }
+      shapes[i] = {numel / columns, columns};
+      capture::TensorView& v = views[i];
+      v.name = name;
+      v.dtype = *dtype;
+      v.shape = shapes[i];
+      v.data = reinterpret_cast<const void*>(address);
+      v.byte_size = DTypeBytes(*dtype, static_cast<uint64_t>(numel));
+    }
+    absl::Status s;
+    {
+      nb::gil_scoped_release release;
+      for (size_t i = 0; i < views.size() && s.ok(); ++i) s = rec.RecordFingerprint(step, std::get<0>(items[i]), views[i]);
+    }
+    ThrowIfError(s);
+  }
+
   // Records load-time weight hashes computed earlier (hash_tensors, or one
   // tensor at a time for device weights); the root is computed here.
   nb::dict RecordWeightHashes(uint32_t rank, const std::vector<std::tuple<std::string, std::string, uint64_t>>& entries) {
@@ -417,6 +455,7 @@ void BindRecorder(nb::module_& m) {
       .def("submit_snapshot", &PyRecorder::SubmitSnapshot, nb::arg("step"), nb::arg("tensors"))
       .def("fingerprint", &PyRecorder::Fingerprint, nb::arg("step"), nb::arg("name"), nb::arg("tensor"))
       .def("fingerprints", &PyRecorder::Fingerprints, nb::arg("step"), nb::arg("tensors"))
+      .def("_fingerprints_at", &PyRecorder::FingerprintsAt, nb::arg("step"), nb::arg("items"))
       .def("record_weight_hashes", &PyRecorder::RecordWeightHashes, nb::arg("rank"), nb::arg("entries"))
       .def("register_weights", &PyRecorder::RegisterWeights, nb::arg("tensors"))
       .def("register_device_weights", &PyRecorder::RegisterDeviceWeights, nb::arg("tensors"))

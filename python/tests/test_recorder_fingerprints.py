@@ -121,6 +121,26 @@ def test_one_bad_tensor_in_a_batch_is_named(tmp_path):
             rec.fingerprints({"L0.attention": np.zeros((1, 4), np.float32), "L0.mlp": np.zeros((1, 4), np.complex64)})
 
 
+def test_the_hooks_by_address_call_checks_what_it_can_and_matches_dlpack(tmp_path):
+    # _fingerprints_at (crashreplay._fingerprint_hooks' call) trusts an
+    # address, but not a dtype name, an element count that is not whole rows,
+    # or a null address with elements; what it reads is what DLPack reads.
+    a = np.arange(-12, 12, dtype=np.float32).reshape(4, 6) / 7
+    with make(tmp_path) as rec:
+        rec.record_step(0, mode="decode", token_ids=np.arange(1))
+        for bad, what in [(("x", a.ctypes.data, 24, "F33", 6), "unknown dtype"),
+                          (("x", a.ctypes.data, 24, "F32", 5), "rows of 5"),
+                          (("x", 0, 24, "F32", 6), "24 elements at 0x0"),
+                          (("x", a.ctypes.data, -1, "F32", 6), "-1 elements")]:
+            with pytest.raises(ValueError, match=what):
+                rec._impl._fingerprints_at(0, [bad])
+        rec._impl._fingerprints_at(0, [("by_address", a.ctypes.data, a.size, "F32", 6)])
+        rec.fingerprints({"by_dlpack": a}, step=1)
+    (one,), (two,) = [r["fingerprints"] for r in crashreplay.read_capture(str(tmp_path / "cap.crcap"))["fingerprints"]]
+    assert (one.pop("name"), two.pop("name")) == ("by_address", "by_dlpack")
+    assert one == two and one["numel"] == 24 and one["columns"] == 6
+
+
 class _DeviceArray:
     """A DLPack producer that says it lives on CUDA (device type 2): no CUDA here to make a real one."""
 

@@ -85,3 +85,43 @@ def test_weight_hashes_of_a_torch_module(tmp_path):
     assert set(got["tensors"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
     w = model[0].weight.detach().numpy()
     assert got["tensors"]["0.weight"]["hash"] == crashreplay.hash_bytes(w.tobytes())
+
+
+def test_fingerprint_hooks_pass_tensors_by_address_with_the_same_records_as_dlpack(tmp_path):
+    # The hooks' flush hands host tensors to the recorder by address
+    # (_fingerprints_at); every dtype it names, a view that needs a copy
+    # (rows=) and an empty tensor give the same records as
+    # Recorder.fingerprints over DLPack. A dtype it has no name for goes
+    # through Recorder.fingerprints, whose error names the boundary.
+    from crashreplay import read_capture
+    from crashreplay._fingerprint_hooks import FingerprintHooks
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 24, generator=g) * 100
+    x[1, 2, 7] = float("nan")
+    x[2, 4, 1] = float("inf")
+    tensors = [("f32", x, None), ("bf16", x.to(torch.bfloat16), None), ("f16", (x * 1e3).to(torch.float16), None),
+               ("e4m3", x.clamp(-400, 400).to(torch.float8_e4m3fn), None),
+               ("i64", torch.randint(-9, 1 << 40, (4, 8), generator=g), None),
+               ("i32", torch.randint(0, 300, (16,), generator=g, dtype=torch.int32), None),
+               ("last_rows", x, lambda t: t[:, -1, :]), ("empty", torch.zeros(0, 4), None)]
+    rec = make(tmp_path)
+    hooks = FingerprintHooks(rec)
+    hooks.step = 0
+    for name, t, rows in tensors:
+        hooks._note(name, t, rows)
+    hooks.flush()
+    rec.fingerprints([(n, rows(t) if rows else t) for n, t, rows in tensors], step=1)
+    hooks.step = 2
+    hooks._note("complex", torch.zeros(4, dtype=torch.complex64), None)
+    with pytest.raises(Exception, match="complex"):
+        hooks.flush()
+    rec.close()
+    by_address, by_dlpack = read_capture(str(tmp_path / "t.crcap"))["fingerprints"][:2]
+    assert [f["name"] for f in by_address["fingerprints"]] == [n for n, _, _ in tensors]
+    assert by_address["fingerprints"] == by_dlpack["fingerprints"]
+    got = {f["name"]: f for f in by_address["fingerprints"]}
+    # [3, 5, 24] is 15 rows of 24: the NaN at [1, 2, 7] is row 7, column 7.
+    assert got["f32"]["nan"] == 1 and got["f32"]["pos_inf"] == 1 and got["f32"]["first_nonfinite"] == (7, 7)
+    assert got["last_rows"]["numel"] == 3 * 24 and got["last_rows"]["pos_inf"] == 1 and got["last_rows"]["nan"] == 0
+    assert got["empty"]["numel"] == 0 and got["i64"]["is_int"] and got["i64"]["max"] < (1 << 40)
