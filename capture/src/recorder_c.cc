@@ -78,6 +78,10 @@ void cr_recorder_options_init(cr_recorder_options* o) {
   o->weight_check_budget = d.weight_check_budget;
   o->weight_check_bytes_per_step = d.weight_check_bytes_per_step;
   o->weight_chunk_bytes = d.weight_chunk_bytes;
+  o->step_queue_wait_s = d.step_queue_wait_s;
+  o->held_steps = d.held_steps;
+  o->held_bytes = d.held_bytes;
+  o->disk_retry_interval_s = d.disk_retry_interval_s;
 }
 
 int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, cr_recorder** out) {
@@ -101,6 +105,10 @@ int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, c
     options.weight_check_budget = o->weight_check_budget;
     options.weight_check_bytes_per_step = o->weight_check_bytes_per_step;
     options.weight_chunk_bytes = o->weight_chunk_bytes;
+    options.step_queue_wait_s = o->step_queue_wait_s;
+    options.held_steps = o->held_steps;
+    options.held_bytes = o->held_bytes;
+    options.disk_retry_interval_s = o->disk_retry_interval_s;
   }
   absl::StatusOr<std::unique_ptr<Recorder>> r = Recorder::Begin(*manifest, options);
   if (!r.ok()) return Fail(r.status());
@@ -213,7 +221,9 @@ int cr_recorder_stats_get(const cr_recorder* r, cr_recorder_stats* out) {
                            s.snapshots_encoded,  s.snapshots_dropped, s.bytes_dropped,
                            s.ring_raw_bytes,     s.ring_encoded_bytes, s.weight_bytes,
                            s.weight_check_period_steps, s.weight_checks, s.corrupt_weight_slices,
-                           s.file_bytes};
+                           s.file_bytes,         s.steps_spilled,  s.steps_dropped,
+                           s.records_dropped,    s.write_errors,   s.steps_held,
+                           s.held_bytes};
   return CR_OK;
 }
 

@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define CR_RECORDER_ABI_VERSION 1
+#define CR_RECORDER_ABI_VERSION 2  /* 2: disk-full options and counters */
 
 /* Return codes: absl::StatusCode values. */
 enum {
@@ -75,6 +75,11 @@ typedef struct cr_recorder_options {
   double weight_check_budget;
   uint64_t weight_check_bytes_per_step;
   uint64_t weight_chunk_bytes;
+  /* ABI 2: disk full and slow disks (docs/capture.md). */
+  double step_queue_wait_s;      /* a full step queue waits this long once, then drops (counted) */
+  uint64_t held_steps;           /* newest step records held in memory while the disk refuses writes */
+  uint64_t held_bytes;           /* and at most these bytes of held records */
+  double disk_retry_interval_s;  /* how often the writer retries the file */
 } cr_recorder_options;
 
 typedef struct cr_tensor {
@@ -141,6 +146,10 @@ typedef struct cr_recorder_stats {
   uint32_t weight_check_period_steps;
   uint64_t weight_checks, corrupt_weight_slices;
   uint64_t file_bytes;
+  /* ABI 2: the disk counters (RecorderStats). */
+  uint64_t steps_spilled;
+  uint64_t steps_dropped, records_dropped, write_errors;
+  uint64_t steps_held, held_bytes;
 } cr_recorder_stats;
 
 int cr_recorder_abi_version(void);
