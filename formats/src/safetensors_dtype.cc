@@ -1,4 +1,4 @@
-#include "safetensors_dtype.h"
+#include "crashreplay/formats/safetensors_dtype.h"
 
 namespace crashreplay::safetensors_dtype {
 

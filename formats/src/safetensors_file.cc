@@ -9,7 +9,7 @@
 #include "crashreplay/base/status.h"
 #include "json_util.h"
 #include "mapped_file.h"
-#include "safetensors_dtype.h"
+#include "crashreplay/formats/safetensors_dtype.h"
 #include "safetensors_header.h"
 
 namespace crashreplay {

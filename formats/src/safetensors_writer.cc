@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "crashreplay/base/status.h"
-#include "safetensors_dtype.h"
+#include "crashreplay/formats/safetensors_dtype.h"
 
 namespace crashreplay {
 namespace {

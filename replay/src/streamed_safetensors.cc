@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/formats/safetensors_dtype.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "text_util.h"
 
@@ -24,32 +25,6 @@ absl::Status ErrnoError(int err, const std::string& what) {
   if (err == EACCES || err == EPERM || err == EROFS) return absl::PermissionDeniedError(msg);
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
   return absl::FailedPreconditionError(msg);
-}
-
-// safetensors' on-disk spelling and data order (formats/src/safetensors_dtype.cc,
-// private to formats/): the Python package's Dtype enum position.
-std::string DtypeName(DType t) { return t == DType::kF4E2M1 ? "F4" : std::string(DTypeName(t)); }
-int LayoutRank(DType t) {
-  switch (t) {
-    case DType::kBool: return 0;
-    case DType::kF4E2M1: return 1;
-    case DType::kU8: return 4;
-    case DType::kI8: return 5;
-    case DType::kF8E5M2: return 6;
-    case DType::kF8E4M3: return 7;
-    case DType::kF8E8M0: return 8;
-    case DType::kI16: return 9;
-    case DType::kU16: return 10;
-    case DType::kF16: return 11;
-    case DType::kBF16: return 12;
-    case DType::kI32: return 13;
-    case DType::kU32: return 14;
-    case DType::kF32: return 15;
-    case DType::kF64: return 17;
-    case DType::kI64: return 18;
-    case DType::kU64: return 19;
-  }
-  return 0;
 }
 
 bool PlainJson(const std::string& s) {
@@ -186,7 +161,7 @@ absl::StatusOr<std::unique_ptr<StreamedSafetensors>> StreamedSafetensors::Create
     // The header of SafetensorsWriter::Serialize.
     std::vector<const PlannedTensor*> order = groups[i];
     std::stable_sort(order.begin(), order.end(),
-                     [](const PlannedTensor* a, const PlannedTensor* b) { return LayoutRank(a->dtype) > LayoutRank(b->dtype); });
+                     [](const PlannedTensor* a, const PlannedTensor* b) { return safetensors_dtype::LayoutRank(a->dtype) > safetensors_dtype::LayoutRank(b->dtype); });
     std::string header = "{";
     if (!metadata.empty()) {
       header += "\"__metadata__\":{";
@@ -201,7 +176,7 @@ absl::StatusOr<std::unique_ptr<StreamedSafetensors>> StreamedSafetensors::Create
     for (const PlannedTensor* t : order) {
       Place& p = w->places_[t->name];
       if (header.size() > 1) header += ",";
-      header += Cat("\"", t->name, "\":{\"dtype\":\"", DtypeName(t->dtype), "\",\"shape\":[", JoinDims(t->shape),
+      header += Cat("\"", t->name, "\":{\"dtype\":\"", safetensors_dtype::Name(t->dtype), "\",\"shape\":[", JoinDims(t->shape),
                     "],\"data_offsets\":[", offset, ",", offset + p.bytes, "]}");
       p.shard = i;
       p.offset = offset;  // made absolute below
