@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
+
 #include "command.h"
 #include "crashreplay/base/status_line.h"
 #include "commands_decl.h"
@@ -198,6 +200,7 @@ int RunReplay(int argc, char** argv) {
   }
 
   replay::ReplayReport rep;
+  std::optional<replay::ReExecution> re_execution;
   if (engine.plan().fault || cap->steps.empty() || step >= static_cast<int64_t>(cap->steps.size())) {
     rep.step = step;
     if (engine.plan().fault) {
@@ -220,6 +223,12 @@ int RunReplay(int argc, char** argv) {
       progress.Update(phase, done, total, detail);
     };
     const std::string start_note = ChooseStart(*cap, config, step, from_start, &engine, &options);
+    if (!options.state_restored && step > 0) {
+      // Said before it starts: a long prefill re-executed takes minutes.
+      re_execution = replay::PlanReExecution(cap->steps, step);
+      progress.Note(absl::StrCat("re-executing steps 0..", step - 1, " to rebuild step ", step, "'s KV cache (",
+                                 start_note.empty() ? "no snapshot of it" : start_note, "): ", re_execution->Text()));
+    }
     rep = replay::ReplayStep(engine, cap->steps, step, options);
     rep.start_note = start_note;
   }
@@ -244,6 +253,11 @@ int RunReplay(int argc, char** argv) {
     j["config"] = nlohmann::json::object();
     for (const auto& [k, v] : config.Items()) j["config"][k] = v;
     if (cap->failure) j["recorded_signature"] = cap->failure->Signature();
+    if (re_execution) {
+      j["re_executed"] = {{"steps", re_execution->steps},
+                          {"tokens", re_execution->tokens},
+                          {"prefill_tokens", re_execution->prefill_tokens}};
+    }
     if (!cap->notes.empty()) j["notes"] = cap->notes;
     if (dump) j["dump"] = {{"path", dump_path}, {"tensors", dump->num_tensors()}, {"kernels", dump->dumped_kernels()}};
     std::printf("%s\n", j.dump(2).c_str());

@@ -67,6 +67,29 @@ def test_text_report_names_the_start(clean):
     assert "start: re-executed steps 0..1 (--from-start)" in r.stdout
 
 
+def test_a_re_execution_says_its_work_before_it_starts(clean):
+    # Before re-executing, replay says why and how much (tokens, as the
+    # capture's own step records count them), and its progress counts
+    # tokens; a snapshot start re-executes nothing and says nothing of it.
+    from crashreplay import read_capture
+
+    cap = read_capture(str(clean))
+    steps = (cap["files"][0] if "files" in cap else cap)["step_records"][:3]
+    tokens = sum(len(s["token_ids"]) for s in steps)
+    prefill = sum(len(s["token_ids"]) for s in steps if s["mode"] != "decode")
+    r = run("replay", clean, "--step", 3, "--from-start")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "to rebuild step 3's KV cache" in line]
+    assert said == [f"replay: re-executing steps 0..2 to rebuild step 3's KV cache (--from-start): "
+                    f"{tokens} tokens in 3 steps ({prefill} of prefill)"]
+    assert said[0] in r.stderr.split("re-executing steps (tokens)")[0]  # before the work
+    assert f"re-executing steps (tokens)  {tokens}/{tokens}" in r.stderr
+    rc, full = replay_json(clean, "--step", 3, "--from-start")
+    assert full["re_executed"] == {"steps": 3, "tokens": tokens, "prefill_tokens": prefill}
+    rc, snap = replay_json(clean, "--step", 3)
+    assert snap["start"] == "snapshot" and "re_executed" not in snap
+
+
 def test_only_the_last_steps_are_kept(model, tmp_path):
     cap = tmp_path / "cap"
     assert run("run", model, "--prompt", "Hi", "--max-new-tokens", 6, "--snapshots", 2,

@@ -1,5 +1,9 @@
 #include "crashreplay/replay/replay_session.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
 #include "text_util.h"
 
 namespace crashreplay::replay {
@@ -126,6 +130,33 @@ nlohmann::json ReplayReport::ToJson() const {
   return j;
 }
 
+namespace {
+
+int64_t Tokens(const StepInput& in) {
+  int64_t n = 0;
+  for (const StepRow& r : in.rows) n += static_cast<int64_t>(r.tokens.size());
+  return n;
+}
+
+}  // namespace
+
+ReExecution PlanReExecution(const std::vector<RecordedStep>& log, int64_t target) {
+  ReExecution r;
+  r.steps = std::clamp<int64_t>(target, 0, static_cast<int64_t>(log.size()));
+  for (int64_t i = 0; i < r.steps; ++i) {
+    const int64_t t = Tokens(log[i].input);
+    r.tokens += t;
+    if (log[i].input.mode != ForwardMode::kDecode) r.prefill_tokens += t;
+  }
+  return r;
+}
+
+std::string ReExecution::Text() const {
+  std::string s = absl::StrCat(tokens, " tokens in ", steps, steps == 1 ? " step" : " steps");
+  if (prefill_tokens > 0 && prefill_tokens != tokens) absl::StrAppend(&s, " (", prefill_tokens, " of prefill)");
+  return s;
+}
+
 ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, int64_t target,
                         const ReplayOptions& options) {
   const std::string& stop_after = options.stop_after;
@@ -145,11 +176,26 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   auto report = [&](std::string_view phase, int64_t done, int64_t total, std::string_view detail) {
     if (options.progress) options.progress(phase, done, total, detail);
   };
+  // Progress in tokens (a kernel of a step counts its share of the step's
+  // tokens), so a long prefill moves the line and the time left is an
+  // estimate over the whole re-execution.
+  const int64_t total_tokens = options.state_restored ? 0 : PlanReExecution(log, target).tokens;
+  int64_t tokens_done = 0;
   for (int64_t i = 0; i < target && !options.state_restored; ++i) {
-    report("re-executing steps", i, target, Cat("step ", log[i].input.step, " ", ForwardModeName(log[i].input.mode)));
+    const std::string what = Cat("step ", log[i].input.step, " ", ForwardModeName(log[i].input.mode));
+    const int64_t step_tokens = Tokens(log[i].input);
     auto prog = engine.Prepare(log[i].input);
     prog->set_fingerprints(false);  // only the target step's are compared
-    prog->RunAll();
+    const int64_t kernels = std::max<int64_t>(1, static_cast<int64_t>(prog->kernels().size()));
+    report("re-executing steps (tokens)", tokens_done, total_tokens, what);
+    while (!prog->done()) {
+      prog->RunNext();
+      const int64_t ran = static_cast<int64_t>(prog->records().size());
+      report("re-executing steps (tokens)", tokens_done + step_tokens * ran / kernels, total_tokens,
+             Cat(what, ": ", prog->records().back().label));
+    }
+    prog->RunAll();  // the streamed layer released, the device synchronized
+    tokens_done += step_tokens;
     if (prog->fault()) {
       rep.outcome = "failed";
       rep.fault = prog->fault();
@@ -162,7 +208,7 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
       rep.diverged_step = i;
     }
   }
-  if (target > 0 && !options.state_restored) report("re-executing steps", target, target, "");
+  if (target > 0 && !options.state_restored) report("re-executing steps (tokens)", total_tokens, total_tokens, "");
   const RecordedStep& rec = log[target];
   auto prog = engine.Prepare(rec.input);
   const std::string phase = Cat("step ", rec.input.step, " kernel by kernel");

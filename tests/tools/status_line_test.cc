@@ -84,4 +84,15 @@ TEST(StatusLine, QuietWritesNothing) {
 }
 
 }  // namespace
+TEST(StatusLine, TimeLeftIsThePaceSoFarAppliedToWhatRemains) {
+  EXPECT_EQ(StatusLine::TimeLeft(10.0, 1, 4), "  ~30s left");
+  EXPECT_EQ(StatusLine::TimeLeft(20.0, 100, 2600), "  ~8m 20s left");
+  EXPECT_EQ(StatusLine::TimeLeft(90.0, 1, 50), "  ~1h 13m left");
+  // Nothing to say: too early, nothing done yet, done, or no total.
+  EXPECT_EQ(StatusLine::TimeLeft(1.9, 1, 4), "");
+  EXPECT_EQ(StatusLine::TimeLeft(10.0, 0, 4), "");
+  EXPECT_EQ(StatusLine::TimeLeft(10.0, 4, 4), "");
+  EXPECT_EQ(StatusLine::TimeLeft(10.0, 3, 0), "");
+}
+
 }  // namespace crashreplay

@@ -7,7 +7,9 @@
 // and never wider than kMaxWidth, and Finish() erases it. Elsewhere (CI logs,
 // pipes) nothing is redrawn: a plain line is written when a phase starts,
 // each time a tenth of it is done, and when it ends, so a log of a long
-// replay stays a few dozen lines. Quiet writes nothing.
+// replay stays a few dozen lines. Once a phase with a known total has run
+// 2 s, the line ends with the time left at its pace so far ("~1m 20s
+// left"). Quiet writes nothing.
 //
 // Not thread-safe: one thread reports (the engine is serial).
 #pragma once
@@ -43,6 +45,18 @@ class StatusLine {
 
   bool live() const { return live_; }
 
+  // "  ~1m 20s left": the pace of `elapsed_s` seconds over `done` units
+  // applied to what remains of `total`; "" before 2 s (the pace says
+  // little yet, and short work needs no estimate) or without a total.
+  static std::string TimeLeft(double elapsed_s, int64_t done, int64_t total) {
+    if (total <= 0 || done <= 0 || done >= total || elapsed_s < 2.0) return "";
+    const int64_t left =
+        static_cast<int64_t>(elapsed_s * static_cast<double>(total - done) / static_cast<double>(done) + 0.5);
+    if (left < 60) return "  ~" + std::to_string(left) + "s left";
+    if (left < 3600) return "  ~" + std::to_string(left / 60) + "m " + std::to_string(left % 60) + "s left";
+    return "  ~" + std::to_string(left / 3600) + "h " + std::to_string(left % 3600 / 60) + "m left";
+  }
+
   // `done` of `total` units of `phase` are complete (total <= 0: unknown).
   void Update(std::string_view phase, int64_t done, int64_t total, std::string_view detail = "") {
     if (quiet_) return;
@@ -50,6 +64,7 @@ class StatusLine {
     if (new_phase) {
       phase_ = std::string(phase);
       last_tenth_ = -1;
+      phase_start_ = std::chrono::steady_clock::now();
     }
     const int64_t tenth = total > 0 ? done * 10 / total : -1;
     if (live_) {
@@ -91,7 +106,11 @@ class StatusLine {
       s += "  " + std::to_string(done);
     }
     if (!detail.empty()) s += "  " + std::string(detail);
+    s += Left(done, total);
     return s;
+  }
+  std::string Left(int64_t done, int64_t total) const {
+    return TimeLeft(std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_start_).count(), done, total);
   }
   void Clear() {
     if (live_ && drawn_) {
@@ -108,6 +127,7 @@ class StatusLine {
   int64_t last_tenth_ = -1;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point last_draw_{};
+  std::chrono::steady_clock::time_point phase_start_{};
 };
 
 }  // namespace crashreplay

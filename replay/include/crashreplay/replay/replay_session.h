@@ -129,6 +129,20 @@ struct ReplayOptions {
   ProgressFn progress;  // optional
 };
 
+// What rebuilding the state of step `target` by re-execution will run: the
+// steps before it and their tokens (those of prefill/extend steps apart).
+// `replay` says it before it starts, and its progress counts tokens, so the
+// time left is estimated from the pace as the work goes. (The capture's step
+// timestamps are no estimate: engines take them at different points, the
+// built-in engine after a step, sglang's adapter before it.)
+struct ReExecution {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  int64_t prefill_tokens = 0;
+  std::string Text() const;  // "2634 tokens in 9 steps (2600 of prefill)"
+};
+ReExecution PlanReExecution(const std::vector<RecordedStep>& log, int64_t target);
+
 // Replays `log` up to `target` (an index into the log) on `engine`, whose KV
 // cache must be fresh (or hold the target's state: state_restored). The
 // report's `start` says which: "re-executed" (steps 0..target-1 ran again,
