@@ -84,6 +84,22 @@ class FingerprintHooks:
         self._handles.append(module.register_forward_pre_hook(hook))
         self.names.append(name)
 
+    def capture(self, router: Any, name: str) -> None:
+        """Fingerprints the tensor an engine hands its capture callback at
+        `name`: vLLM's MoE routers call `set_capture_fn`'s function with the
+        logical top-k ids (before EPLB's mapping) inside the forward. Guarded
+        as the hooks are; remove() unsets it."""
+        def note(ids: Any) -> None:
+            if name in self._dropped:
+                return
+            try:
+                self._note(name, ids, None)
+            except Exception as e:  # noqa: BLE001 - a recording bug must not stop the model
+                self._drop(name, e)
+        router.set_capture_fn(note)
+        self._handles.append(_Unset(router))
+        self.names.append(name)
+
     def _drop(self, name: str, e: Exception) -> None:
         """A boundary whose hook failed is not fingerprinted again (warned once)."""
         self._dropped.add(name)
@@ -165,6 +181,16 @@ def _dtype_names() -> dict:
     return _DTYPE_NAMES
 
 
+class _Unset:
+    """remove() for a capture callback: the router's callback set back to none."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+
+    def remove(self) -> None:
+        self.router.set_capture_fn(None)
+
+
 def _topk_ids(out: Any) -> Any:
     """sglang's TopK module output (TopKOutput: topk_weights, topk_ids, ...) -> the ids."""
     ids = getattr(out, "topk_ids", None)
@@ -188,7 +214,8 @@ def install_engine_boundaries(hooks: FingerprintHooks, model: Any, tp_size: int)
     `.topk` for sglang's MoE, `model.norm`, `logits_processor`). Only points
     whose tensor is the replay's on every rank are hooked:
       * always: embedding (VocabParallelEmbedding all-reduces), L{n}.topk
-        (the router's ids, the same on every rank), final_norm (decode steps
+        (the router's ids, the same on every rank: sglang's `mlp.topk`
+        output, vLLM's `mlp.experts.router` capture callback), final_norm (decode steps
         only: there each row is one token, as in the replay), lm_head (the
         gathered logits of each row's last token);
       * at tp_size 1 only: L{n}.attention (o_proj's input: head-sharded
@@ -217,8 +244,14 @@ def install_engine_boundaries(hooks: FingerprintHooks, model: Any, tp_size: int)
         if mlp is None:
             continue
         topk = getattr(mlp, "topk", None)
+        router = getattr(getattr(mlp, "experts", None), "router", None)
         if topk is not None and hasattr(topk, "register_forward_hook"):
             hooks.output(topk, f"L{n}.topk", pick=_topk_ids)
+        elif hasattr(router, "set_capture_fn") and getattr(router, "capture_fn", None) is None:
+            # vLLM: the ids never leave FusedMoE's forward; its router hands
+            # them to a capture callback (left alone when vLLM's own
+            # routed-experts capture holds it).
+            hooks.capture(router, f"L{n}.topk")
         if tp_size == 1:
             hooks.output(mlp, f"L{n}.mlp")
     norm = getattr(inner, "norm", None)

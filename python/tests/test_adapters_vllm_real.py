@@ -259,3 +259,54 @@ def test_fingerprint_hooks_on_vllms_model_record_what_its_modules_computed_and_r
     j = json.loads(r.stdout)
     assert j["outcome"] == "reproduced", j.get("engine_divergence")
     assert j["fingerprints"]["compared"] == 1
+
+
+def test_vllms_moe_router_hands_its_logical_topk_ids_to_the_fingerprint_hooks(tmp_path):
+    # vLLM's router ids never leave FusedMoE's forward (no module returns
+    # them); its routers hand them to a capture callback, which the hooks
+    # take as L{n}.topk. Here vLLM's own CustomRoutingRouter with Llama 4's
+    # routing function (torch.topk, so it runs on the CPU), held where
+    # vLLM's decoder layers hold it (mlp.experts.router: vLLM's MoE models
+    # keep the FusedMoE runner at mlp.experts); the ids read back against
+    # torch.topk of the same logits. A router whose callback vLLM's own
+    # routed-experts capture holds is left alone, and remove() unsets ours.
+    from vllm.model_executor.layers.fused_moe.router.custom_routing_router import CustomRoutingRouter
+    from vllm.model_executor.models.llama4 import Llama4MoE
+
+    from crashreplay._fingerprint_hooks import FingerprintHooks, install_engine_boundaries
+
+    def layer(router):
+        mlp = torch.nn.Module()
+        mlp.experts = torch.nn.Module()
+        mlp.experts.router = router
+        block = torch.nn.Module()
+        block.mlp = mlp
+        return block
+
+    ours = CustomRoutingRouter(top_k=2, global_num_experts=16, renormalize=False,
+                               custom_routing_function=Llama4MoE.custom_routing_function)
+    theirs = CustomRoutingRouter(top_k=2, global_num_experts=16, renormalize=False,
+                                 custom_routing_function=Llama4MoE.custom_routing_function)
+    vllms_own = []
+    theirs.set_capture_fn(vllms_own.append)
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([layer(ours), layer(theirs)])
+
+    rec = crashreplay.Recorder(str(tmp_path / "r.crcap"), engine="vllm-unit", install_signal_handlers=False)
+    hooks = FingerprintHooks(rec)
+    assert install_engine_boundaries(hooks, model, tp_size=2) == ["L0.topk"]
+    hooks.step = 0
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 16, generator=g)
+    _, ids = ours.select_experts(torch.zeros(6, 8), logits)
+    theirs.select_experts(torch.zeros(6, 8), logits)
+    hooks.flush()
+    hooks.remove()
+    assert ours.capture_fn is None and len(vllms_own) == 1
+    rec.close()
+    (f,) = crashreplay.read_capture(str(tmp_path / "r.crcap"))["fingerprints"][0]["fingerprints"]
+    want = torch.topk(logits, 2, dim=-1).indices
+    assert f["name"] == "L0.topk" and f["is_int"] and f["numel"] == 12 and f["columns"] == 2
+    assert (f["min"], f["max"], f["sum"]) == (want.min().item(), want.max().item(), want.sum().item())
+    assert torch.equal(ids.long().sort(-1).values, want.sort(-1).values)
