@@ -42,11 +42,13 @@ struct Slot {
   float weight = 1.0f;
 };
 
-// The phases over a set of groups; owns the slot buffers.
+// The phases over a set of groups, in slot rows the caller owns (none for
+// a run that only checks coverage).
 class MoeRun {
  public:
-  MoeRun(const float* x, const uint8_t* xq, const uint8_t* xq_scales, int64_t hidden, DotKind dot, CpuIsa isa)
-      : x_(x), xq_(xq), xq_scales_(xq_scales), H_(hidden), dot_(dot), isa_(isa) {}
+  MoeRun(const float* x, const uint8_t* xq, const uint8_t* xq_scales, int64_t hidden, DotKind dot, CpuIsa isa,
+         std::vector<float>* buf = nullptr)
+      : x_(x), xq_(xq), xq_scales_(xq_scales), H_(hidden), dot_(dot), isa_(isa), buf_(buf) {}
 
   std::vector<Group> groups;
   std::vector<Slot> slots;
@@ -76,7 +78,7 @@ class MoeRun {
     nbm_ = (pm + kActBlock - 1) / kActBlock;
     qbytes_ = (Nvfp4ActValueBytes(pm) + Nvfp4ActScaleBytes(pm) + 3) / 4;
     per_slot_ = ph + nbh_ + 2 * mi_max_ + pm + nbm_ + qbytes_ + H_;
-    buf_.assign(static_cast<size_t>(S * per_slot_), 0.0f);
+    buf_->assign(static_cast<size_t>(S * per_slot_), 0.0f);
 
     // 1. inputs.
     std::vector<char> slot_q(S, 0);
@@ -142,7 +144,7 @@ class MoeRun {
 
   bool Ok(const QWeight& w, bool q) const { return cpu::DotCovered(w, dot_, q) && !cpu::DotMayFail(w, dot_, q); }
 
-  float* Base(int64_t s) { return buf_.data() + s * per_slot_; }
+  float* Base(int64_t s) { return buf_->data() + s * per_slot_; }
   float* X(int64_t s) { return Base(s); }
   float* XS(int64_t s) { return X(s) + PaddedCols(H_); }
   float* G(int64_t s) { return XS(s) + nbh_; }
@@ -209,52 +211,93 @@ class MoeRun {
   DotKind dot_;
   CpuIsa isa_;
   int64_t mi_max_ = 0, nbh_ = 0, nbm_ = 0, qbytes_ = 0, per_slot_ = 0;
-  std::vector<float> buf_;
+  std::vector<float>* buf_;  // the slot rows (the launcher's, reused by its chunks)
 };
+
+// Slot floats of a run whose widest expert has `mi_max` rows (MoeRun::Run's
+// layout), for sizing token chunks before the run exists.
+int64_t SlotFloats(int64_t hidden, int64_t mi_max) {
+  const int64_t ph = PaddedCols(hidden), pm = PaddedCols(mi_max);
+  const int64_t nbh = (hidden + kActBlock - 1) / kActBlock, nbm = (pm + kActBlock - 1) / kActBlock;
+  const int64_t qbytes = (Nvfp4ActValueBytes(pm) + Nvfp4ActScaleBytes(pm) + 3) / 4;
+  return ph + nbh + 2 * mi_max + pm + nbm + qbytes + hidden;
+}
 
 }  // namespace
 
+// The slot buffers hold a padded input row and an output row of `hidden`
+// floats for every (rank, token, k) routed to a local expert: at GLM-5's
+// dimensions and tp 8, 3.3 MB a token. So a long prefill runs in chunks of
+// tokens whose slots fit CpuScratchBytes(); each slot's rows are computed
+// alone, so the chunking changes how often a weight is read, not the bits.
 bool LaunchExpertsFast(const ExpertsOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
   *status = KernelStatus{};
   if (isa == CpuIsa::kReference || o.ranks <= 0 || o.tokens <= 0 || o.hidden <= 0) return false;
   const int64_t R = o.ranks, T = o.tokens, K = o.k, H = o.hidden;
-  MoeRun run(o.x, o.xq, o.xq_scales, H, o.dot, isa);
-  // Slots in (rank, token, k) order; groups in (rank, expert) order.
-  std::vector<int64_t> slot_of(R * T * K, -1);
-  std::vector<int64_t> group_of(R * o.stride, -1);
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t j = o.ids[t * K + k] - o.expert_begin[r];
-        if (j < 0 || j >= o.local_count[r]) continue;  // another rank's expert
-        int64_t& gi = group_of[r * o.stride + j];
-        if (gi < 0) {
-          gi = static_cast<int64_t>(run.groups.size());
-          Group g;
-          g.e = &o.experts[r * o.stride + j];
-          g.q_in = o.xq != nullptr && g.e->gate.act_fp4;
-          run.groups.push_back(std::move(g));
-        }
-        const int64_t s = static_cast<int64_t>(run.slots.size());
-        run.slots.push_back(Slot{r * T + t, t, o.weights[t * K + k]});
-        run.groups[gi].slots.push_back(s);
-        slot_of[(r * T + t) * K + k] = s;
+  // Every expert the step routes to must be covered before anything runs.
+  int64_t mi_max = 0;
+  {
+    MoeRun all(o.x, o.xq, o.xq_scales, H, o.dot, isa);
+    std::vector<char> seen(R * o.stride, 0);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < T * K; ++i) {
+        const int64_t j = o.ids[i] - o.expert_begin[r];
+        if (j < 0 || j >= o.local_count[r] || seen[r * o.stride + j]) continue;
+        seen[r * o.stride + j] = 1;
+        Group g;
+        g.e = &o.experts[r * o.stride + j];
+        g.q_in = o.xq != nullptr && g.e->gate.act_fp4;
+        mi_max = std::max(mi_max, g.e->gate.rows);
+        all.groups.push_back(std::move(g));
       }
     }
+    if (!all.Covered()) return false;
   }
-  if (!run.Covered()) return false;
-  run.Run(pool);
-  pool.Launch(R * T, [&](int64_t rt, KernelStatus*) {
-    float* out = o.partial + rt * H;
-    for (int64_t i = 0; i < H; ++i) out[i] = 0.0f;
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t s = slot_of[rt * K + k];
-      if (s < 0) continue;
-      const float w = run.slots[s].weight;
-      const float* y = run.Y(s);
-      for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], w, y[i]);
+  const int64_t per_token = std::max<int64_t>(1, R * K * SlotFloats(H, mi_max) * 4);
+  const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(CpuScratchBytes()) / per_token, 1, T);
+  std::vector<int64_t> slot_of;
+  std::vector<int64_t> group_of(R * o.stride);
+  std::vector<float> rows;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t t1 = std::min(T, t0 + chunk), C = t1 - t0;
+    MoeRun run(o.x, o.xq, o.xq_scales, H, o.dot, isa, &rows);
+    // Slots in (rank, token, k) order; groups in (rank, expert) order.
+    slot_of.assign(R * C * K, -1);
+    std::fill(group_of.begin(), group_of.end(), -1);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t j = o.ids[t * K + k] - o.expert_begin[r];
+          if (j < 0 || j >= o.local_count[r]) continue;  // another rank's expert
+          int64_t& gi = group_of[r * o.stride + j];
+          if (gi < 0) {
+            gi = static_cast<int64_t>(run.groups.size());
+            Group g;
+            g.e = &o.experts[r * o.stride + j];
+            g.q_in = o.xq != nullptr && g.e->gate.act_fp4;
+            run.groups.push_back(std::move(g));
+          }
+          const int64_t s = static_cast<int64_t>(run.slots.size());
+          run.slots.push_back(Slot{r * T + t, t, o.weights[t * K + k]});
+          run.groups[gi].slots.push_back(s);
+          slot_of[(r * C + t - t0) * K + k] = s;
+        }
+      }
     }
-  });
+    run.Run(pool);
+    pool.Launch(R * C, [&](int64_t rc, KernelStatus*) {
+      const int64_t r = rc / C, t = t0 + rc % C;
+      float* out = o.partial + (r * T + t) * H;
+      for (int64_t i = 0; i < H; ++i) out[i] = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t s = slot_of[rc * K + k];
+        if (s < 0) continue;
+        const float w = run.slots[s].weight;
+        const float* y = run.Y(s);
+        for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], w, y[i]);
+      }
+    });
+  }
   return true;
 }
 
@@ -262,24 +305,43 @@ bool LaunchSharedExpertFast(const SharedExpertOp& o, CpuPool& pool, CpuIsa isa, 
   *status = KernelStatus{};
   if (isa == CpuIsa::kReference || o.ranks <= 0 || o.tokens <= 0 || o.hidden <= 0) return false;
   const int64_t R = o.ranks, T = o.tokens, H = o.hidden;
-  MoeRun run(o.x, o.xq, o.xq_scales, H, o.dot, isa);
-  for (int64_t r = 0; r < R; ++r) {
-    Group g;
-    g.e = &o.shared[r];
-    g.q_in = o.xq != nullptr && g.e->gate.act_fp4;
-    for (int64_t t = 0; t < T; ++t) {
-      g.slots.push_back(static_cast<int64_t>(run.slots.size()));
-      run.slots.push_back(Slot{r * T + t, t, 1.0f});
+  int64_t mi_max = 0;
+  {
+    MoeRun all(o.x, o.xq, o.xq_scales, H, o.dot, isa);
+    for (int64_t r = 0; r < R; ++r) {
+      Group g;
+      g.e = &o.shared[r];
+      g.q_in = o.xq != nullptr && g.e->gate.act_fp4;
+      mi_max = std::max(mi_max, g.e->gate.rows);
+      all.groups.push_back(std::move(g));
     }
-    run.groups.push_back(std::move(g));
+    if (!all.Covered()) return false;
   }
-  if (!run.Covered()) return false;
-  run.Run(pool);
-  pool.Launch(R * T, [&](int64_t rt, KernelStatus*) {
-    float* out = o.partial + rt * H;
-    const float* y = run.Y(rt);
-    for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], 1.0f, y[i]);
-  });
+  // In token chunks, as LaunchExpertsFast.
+  const int64_t per_token = std::max<int64_t>(1, R * SlotFloats(H, mi_max) * 4);
+  const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(CpuScratchBytes()) / per_token, 1, T);
+  std::vector<float> rows;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t t1 = std::min(T, t0 + chunk), C = t1 - t0;
+    MoeRun run(o.x, o.xq, o.xq_scales, H, o.dot, isa, &rows);
+    for (int64_t r = 0; r < R; ++r) {
+      Group g;
+      g.e = &o.shared[r];
+      g.q_in = o.xq != nullptr && g.e->gate.act_fp4;
+      for (int64_t t = t0; t < t1; ++t) {
+        g.slots.push_back(static_cast<int64_t>(run.slots.size()));
+        run.slots.push_back(Slot{r * T + t, t, 1.0f});
+      }
+      run.groups.push_back(std::move(g));
+    }
+    run.Run(pool);
+    pool.Launch(R * C, [&](int64_t rc, KernelStatus*) {
+      const int64_t r = rc / C, t = t0 + rc % C;
+      float* out = o.partial + (r * T + t) * H;
+      const float* y = run.Y(rc);
+      for (int64_t i = 0; i < H; ++i) out[i] = MulAdd(out[i], 1.0f, y[i]);
+    });
+  }
   return true;
 }
 

@@ -1,6 +1,7 @@
 #include "crashreplay/replay/cpu_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,13 @@ CpuIsa DefaultCpuIsa() {
   return best;
 }
 
+namespace {
+std::atomic<size_t> scratch_bytes{size_t{512} << 20};
+}  // namespace
+
+size_t CpuScratchBytes() { return scratch_bytes.load(std::memory_order_relaxed); }
+void SetCpuScratchBytes(size_t bytes) { scratch_bytes.store(bytes, std::memory_order_relaxed); }
+
 bool LaunchLinearFast(const LinearOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
   *status = KernelStatus{};
   if (isa == CpuIsa::kReference || o.ranks <= 0 || o.tokens <= 0 || o.rows <= 0) return false;
@@ -79,49 +87,58 @@ bool LaunchLinearFast(const LinearOp& o, CpuPool& pool, CpuIsa isa, KernelStatus
     if (w.rows != o.rows || w.cols != cols || !Covered(w, o.dot, quantized[r])) return false;
   }
   // Inputs as the dot engine reads them: in place where the rows already are
-  // padded float rows, else copied (odd widths) or decoded (w4a4).
+  // padded float rows, else copied (odd widths) or decoded (w4a4), in chunks
+  // of tokens whose copies fit the scratch bound.
   const bool copy = any_q || cols % 8 != 0;
   const int64_t nbq = (cols + kActBlock - 1) / kActBlock;
+  const int64_t chunk =
+      copy ? std::clamp<int64_t>(static_cast<int64_t>(CpuScratchBytes()) / (R * (pc + nbq) * 4), 1, T) : T;
   std::vector<float>& arena = Arena();
-  if (copy) arena.resize(static_cast<size_t>(R * T * (pc + nbq)));
-  std::vector<const float*> x(R * T), xs(R * T);
-  std::vector<float*> y(R * T);
-  for (int64_t rt = 0; rt < R * T; ++rt) {
-    const float* src = LinearInput(o, rt);
-    x[rt] = copy ? arena.data() + rt * pc : src;
-    xs[rt] = copy ? arena.data() + R * T * pc + rt * nbq : nullptr;
-    y[rt] = o.y + rt * o.rows;
-  }
-  if (copy) {
-    pool.Launch(R * T, [&](int64_t rt, KernelStatus*) {
-      float* dst = arena.data() + rt * pc;
-      const int64_t r = rt / T, xr = o.x_per_rank ? rt : rt % T;
-      if (quantized[r]) {
-        const QWeight xq = Fp4Row(o.xq, o.xq_scales, xr, cols, o.shards[r].w.act_scale);
-        cpu::PrepareQRow(xq, o.dot, dst, arena.data() + R * T * pc + rt * nbq);
-      } else {
-        cpu::PadRow(o.x + xr * cols, cols, dst);
-      }
+  const int64_t blocks = RowBlocks(o.rows);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t C = std::min(T, t0 + chunk) - t0;
+    if (copy) arena.resize(static_cast<size_t>(R * C * (pc + nbq)));
+    // Item rc = r * C + (t - t0) of the chunk.
+    std::vector<const float*> x(R * C), xs(R * C);
+    std::vector<float*> y(R * C);
+    for (int64_t rc = 0; rc < R * C; ++rc) {
+      const int64_t rt = rc / C * T + t0 + rc % C;
+      x[rc] = copy ? arena.data() + rc * pc : LinearInput(o, rt);
+      xs[rc] = copy ? arena.data() + R * C * pc + rc * nbq : nullptr;
+      y[rc] = o.y + rt * o.rows;
+    }
+    if (copy) {
+      pool.Launch(R * C, [&](int64_t rc, KernelStatus*) {
+        float* dst = arena.data() + rc * pc;
+        const int64_t r = rc / C, t = t0 + rc % C, xr = o.x_per_rank ? r * T + t : t;
+        if (quantized[r]) {
+          const QWeight xq = Fp4Row(o.xq, o.xq_scales, xr, cols, o.shards[r].w.act_scale);
+          cpu::PrepareQRow(xq, o.dot, dst, arena.data() + R * C * pc + rc * nbq);
+        } else {
+          cpu::PadRow(o.x + xr * cols, cols, dst);
+        }
+      });
+    }
+    std::vector<DotJob> jobs(R);
+    for (int64_t r = 0; r < R; ++r) {
+      DotJob& j = jobs[r];
+      j.w = &o.shards[r].w;
+      j.kind = o.dot;
+      j.q = quantized[r];
+      j.tokens = C;
+      j.x = x.data() + r * C;
+      j.xs = xs.data() + r * C;
+      j.x_global = o.shards[r].w.act_scale;
+      j.y = y.data() + r * C;
+      j.bias = o.shards[r].bias;
+    }
+    pool.Launch(R * blocks, [&](int64_t i, KernelStatus*) {
+      const int64_t r = i / blocks, r0 = (i % blocks) * kRowBlock;
+      cpu::RunRows(jobs[r], r0, std::min(o.rows, r0 + kRowBlock), isa);
     });
   }
-  std::vector<DotJob> jobs(R);
-  for (int64_t r = 0; r < R; ++r) {
-    DotJob& j = jobs[r];
-    j.w = &o.shards[r].w;
-    j.kind = o.dot;
-    j.q = quantized[r];
-    j.tokens = T;
-    j.x = x.data() + r * T;
-    j.xs = xs.data() + r * T;
-    j.x_global = o.shards[r].w.act_scale;
-    j.y = y.data() + r * T;
-    j.bias = o.shards[r].bias;
-  }
-  const int64_t blocks = RowBlocks(o.rows);
-  pool.Launch(R * blocks, [&](int64_t i, KernelStatus*) {
-    const int64_t r = i / blocks, r0 = (i % blocks) * kRowBlock;
-    cpu::RunRows(jobs[r], r0, std::min(o.rows, r0 + kRowBlock), isa);
-  });
+  // Kept for the next op up to a decode step's size; a prefill's is released.
+  if (arena.capacity() > (size_t{16} << 20)) std::vector<float>().swap(arena);
   return true;
 }
 

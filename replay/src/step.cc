@@ -169,12 +169,22 @@ absl::StatusOr<StepProgram::Buf*> StepProgram::Alloc(const std::string& name, st
   m.is_int = is_int;
   m.is_bytes = is_bytes;
   m.shape = b.shape;
+  const void* host = b.p;
+  if (!exec_->host_visible()) {
+    std::vector<uint8_t>& copy = host_copy_[name];
+    copy.assign(b.size(), 0);
+    host = copy.data();
+  }
+  const size_t count = static_cast<size_t>(n);
+  m.f = {};
+  m.i = {};
+  m.u8 = {};
   if (is_bytes) {
-    m.u8.assign(n, 0);
+    m.u8 = {static_cast<const uint8_t*>(host), count};
   } else if (is_int) {
-    m.i.assign(n, 0);
+    m.i = {static_cast<const int32_t*>(host), count};
   } else {
-    m.f.assign(n, 0.0f);
+    m.f = {static_cast<const float*>(host), count};
   }
   return &b;
 }
@@ -192,16 +202,20 @@ const Buffer* StepProgram::buffer(const std::string& name) const {
 // ---- StepProgram: running ------------------------------------------------------
 
 absl::Status StepProgram::Mirror(const std::string& name) {
+  if (exec_->host_visible()) return absl::OkStatus();  // the view is the buffer
   const Buf& b = bufs_.at(name);
-  Buffer& m = mirror_.at(name);
-  if (exec_->host_visible()) {
-    if (b.size()) std::memcpy(m.data(), b.p, b.size());
-    return absl::OkStatus();
-  }
-  return exec_->CopyToHost(m.data(), b.p, b.size());
+  return exec_->CopyToHost(host_copy_.at(name).data(), b.p, b.size());
 }
 
-// Statistics and digest of a kernel's output buffers (their host mirrors).
+absl::Status StepProgram::Upload(const std::string& name, const void* data, size_t bytes) {
+  const Buf& b = bufs_.at(name);
+  if (bytes == 0) return absl::OkStatus();
+  CR_RETURN_IF_ERROR(exec_->CopyToDevice(b.p, data, bytes));
+  if (!exec_->host_visible()) std::memcpy(host_copy_.at(name).data(), data, bytes);
+  return absl::OkStatus();
+}
+
+// Statistics and digest of a kernel's output buffers (as the host reads them).
 void StepProgram::Watch(const KernelCall& k, KernelRecord* rec) {
   Hasher128 hasher;
   double sum_abs = 0;

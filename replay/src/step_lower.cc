@@ -41,12 +41,10 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
     params.push_back(row.sampling);
   }
   const int64_t T = static_cast<int64_t>(ids.size());
-  CR_ASSIGN_OR_RETURN(Buf * ids_buf, Alloc("input_ids", {T}, true));
-  if (T > 0) CR_RETURN_IF_ERROR(exec_->CopyToDevice(ids_buf->p, ids.data(), ids.size() * 4));
-  mirror_["input_ids"].i = ids;
+  CR_RETURN_IF_ERROR(Alloc("input_ids", {T}, true).status());
+  CR_RETURN_IF_ERROR(Upload("input_ids", ids.data(), ids.size() * 4));
   CR_ASSIGN_OR_RETURN(Buf * pos_buf, Alloc("positions", {T}, true));
-  if (T > 0) CR_RETURN_IF_ERROR(exec_->CopyToDevice(pos_buf->p, pos.data(), pos.size() * 4));
-  mirror_["positions"].i = pos;
+  CR_RETURN_IF_ERROR(Upload("positions", pos.data(), pos.size() * 4));
   BatchView batch;
   batch.tokens = T;
   batch.positions = static_cast<const int32_t*>(pos_buf->p);

@@ -177,15 +177,12 @@ absl::Status StepProgram::LowerMlaAttention(const Lowering& c, int64_t l) {
         }
       }
       const int64_t n = static_cast<int64_t>(grow.size()), R = static_cast<int64_t>(begin.size());
-      CR_ASSIGN_OR_RETURN(Buf * br, Alloc("gather_row", {n}, true));
-      CR_ASSIGN_OR_RETURN(Buf * bp, Alloc("gather_pos", {n}, true));
-      CR_ASSIGN_OR_RETURN(Buf * bb, Alloc("gather_row_begin", {R}, true));
-      if (n > 0) CR_RETURN_IF_ERROR(exec_->CopyToDevice(br->p, grow.data(), grow.size() * 4));
-      if (n > 0) CR_RETURN_IF_ERROR(exec_->CopyToDevice(bp->p, gpos.data(), gpos.size() * 4));
-      if (R > 0) CR_RETURN_IF_ERROR(exec_->CopyToDevice(bb->p, begin.data(), begin.size() * 4));
-      mirror_["gather_row"].i = grow;
-      mirror_["gather_pos"].i = gpos;
-      mirror_["gather_row_begin"].i = begin;
+      CR_RETURN_IF_ERROR(Alloc("gather_row", {n}, true).status());
+      CR_RETURN_IF_ERROR(Alloc("gather_pos", {n}, true).status());
+      CR_RETURN_IF_ERROR(Alloc("gather_row_begin", {R}, true).status());
+      CR_RETURN_IF_ERROR(Upload("gather_row", grow.data(), grow.size() * 4));
+      CR_RETURN_IF_ERROR(Upload("gather_pos", gpos.data(), gpos.size() * 4));
+      CR_RETURN_IF_ERROR(Upload("gather_row_begin", begin.data(), begin.size() * 4));
     }
     const int64_t n = bufs_.at("gather_row").count;
     CR_RETURN_IF_ERROR(Ensure("latent_c", {N, n, lora}));

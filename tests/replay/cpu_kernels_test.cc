@@ -717,6 +717,30 @@ TEST(CpuKernels, ExpertsOddSizesAndManyTokens) {
   CheckMoe({Fmt::kFp8, DotKind::kUe8m0, false, 2, 30, 136, 72});
 }
 
+// A long prefill's inputs do not fit the launchers' scratch bound; they run
+// in chunks of tokens, and the bits are still the work items'. Bounds of one
+// token a chunk (the floor) and of a few, with a shorter last chunk.
+class ScratchBound {
+ public:
+  explicit ScratchBound(size_t bytes) : saved_(CpuScratchBytes()) { SetCpuScratchBytes(bytes); }
+  ~ScratchBound() { SetCpuScratchBytes(saved_); }
+
+ private:
+  size_t saved_;
+};
+
+TEST(CpuKernels, TokenChunksUnderASmallScratchBoundGiveTheWorkItemsBits) {
+  for (size_t bytes : {size_t{1}, size_t{12} << 10}) {
+    SCOPED_TRACE("scratch bound " + std::to_string(bytes));
+    ScratchBound bound(bytes);
+    CheckLinear({Fmt::kNvfp4, DotKind::kFused, true, 2, 7, 9, 96, true, true, false});  // w4a4, x per rank
+    CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 2, 9, 11, 131, false, true, true});  // odd width: copied
+    CheckLinear({Fmt::kFp8, DotKind::kFused, false, 1, 5, 4, 64, false, false, false});    // read in place
+    CheckMoe({Fmt::kNvfp4, DotKind::kDequant, true, 2, 7, 64, 40});
+    CheckMoe({Fmt::kBF16, DotKind::kDequant, false, 2, 11, 40, 24});
+  }
+}
+
 TEST(CpuKernels, ExpertsWithAnInvalidInputScaleLeaveTheOpToTheWorkItems) {
   const TestWeight gw = MakeWeight(Fmt::kNvfp4, 32, 32, 1, false, false);
   const TestWeight uw = MakeWeight(Fmt::kNvfp4, 32, 32, 2, false, false);

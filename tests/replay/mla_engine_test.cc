@@ -53,7 +53,7 @@ class Logits : public StepObserver {
   void BeforeStep(const StepInput&) override {}
   void AfterStep(const StepProgram& p) override {
     const Buffer* b = p.buffer("logits");
-    steps.push_back(b != nullptr ? b->f : std::vector<float>());
+    steps.push_back(b != nullptr ? std::vector<float>(b->f.begin(), b->f.end()) : std::vector<float>());
   }
   std::vector<std::vector<float>> steps;
 };

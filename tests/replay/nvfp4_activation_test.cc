@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <span>
 
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/replay/capture_io.h"
@@ -142,7 +143,7 @@ TEST(Nvfp4Activation, W4a4IsBitwiseDeterministicAcrossRunsAndThreads) {
 }
 
 // ||a - b|| / ||a|| over the finite elements.
-double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
+double RelL2(std::span<const float> a, std::span<const float> b) {
   double d = 0, m = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);

@@ -29,6 +29,11 @@
 // fast kernels do not cover (a block size that is not a multiple of 8, odd
 // e2m1 rows), they return false without writing anything, and the caller
 // runs the work items, which report the failure exactly as before.
+// Scratch: a launcher's working memory (inputs decoded for the dot engine,
+// the experts' per-slot rows) is bounded by CpuScratchBytes(); an op whose
+// tokens need more runs in chunks of tokens, each as one launch. Every
+// output element is still computed alone, so chunks change how often a
+// weight is read, never the bits.
 // Thread safety: a launch uses the pool's threads; one launch at a time per
 // pool, as CpuPool requires.
 #pragma once
@@ -48,6 +53,12 @@ const char* CpuIsaName(CpuIsa isa);
 bool CpuIsaSupported(CpuIsa isa);
 // The best supported ISA, or CRASHREPLAY_CPU_KERNELS when set and supported.
 CpuIsa DefaultCpuIsa();
+
+// The launchers' scratch bound in bytes (default 512 MiB, at least one token's
+// worth is always used). SetCpuScratchBytes changes it for the whole process
+// (tests force chunking with a small one); not to be called during a launch.
+size_t CpuScratchBytes();
+void SetCpuScratchBytes(size_t bytes);
 
 // Each returns false when it did not run the op (isa is kReference, or the
 // op is not covered: see above); then nothing was written. True: the op ran

@@ -19,13 +19,14 @@
 //
 // Ownership: the program borrows the device model, the KV cache and the
 // executor, which must outlive it; it owns its activation buffers (in the
-// executor's memory) and their host mirrors. Not thread-safe.
+// executor's memory) and, on a GPU, their host copies. Not thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -127,21 +128,25 @@ class KvCache {
   std::vector<const IndexPoolView*> index_views_;
 };
 
-// The host mirror of an activation buffer, as of the last kernel that wrote
-// it (the watcher refreshes a kernel's outputs after it runs).
+// An activation buffer as the host reads it. On an executor whose memory is
+// host memory (the CPU) it is a view of that memory: no copy, always the
+// buffer's current contents. Elsewhere (a GPU) it views a host copy the
+// program owns, refreshed by the watcher after every kernel that writes the
+// buffer (as of the last such kernel; zeros while the watcher is off).
+// Valid while the program lives.
 struct Buffer {
   bool is_int = false;
   // Raw bytes: NVFP4-quantized activations (packed e2m1 values, e4m3 block
   // scales; kernels/act_quant.h). Hashed like the others; no value statistics.
   bool is_bytes = false;
   std::vector<int64_t> shape;
-  std::vector<float> f;
-  std::vector<int32_t> i;
-  std::vector<uint8_t> u8;
+  // The elements, through the span of the buffer's kind (the others empty).
+  std::span<const float> f;
+  std::span<const int32_t> i;
+  std::span<const uint8_t> u8;
   const void* data() const {
     return is_bytes ? static_cast<const void*>(u8.data()) : is_int ? static_cast<const void*>(i.data()) : f.data();
   }
-  void* data() { return is_bytes ? static_cast<void*>(u8.data()) : is_int ? static_cast<void*>(i.data()) : f.data(); }
   size_t bytes() const { return is_bytes ? u8.size() : is_int ? i.size() * 4 : f.size() * 4; }
 };
 
@@ -229,7 +234,7 @@ class StepProgram {
   const absl::Status& status() const { return status_; }
 
   const std::vector<KernelRecord>& records() const { return records_; }
-  // The host mirror of an activation buffer (null for an unknown name).
+  // An activation buffer as the host reads it (null for an unknown name).
   const Buffer* buffer(const std::string& name) const;
   const std::map<std::string, Buffer>& buffers() const { return mirror_; }
   // The fingerprints of the boundaries whose kernels ran (watcher on), in
@@ -297,6 +302,8 @@ class StepProgram {
   // Streaming: holds kernel k's layer; the fault when it cannot.
   std::optional<Fault> HoldLayer(const KernelCall& k);
   absl::Status Mirror(const std::string& name);
+  // Copies `bytes` of host data into buffer `b` (and its host copy).
+  absl::Status Upload(const std::string& name, const void* data, size_t bytes);
   void Watch(const KernelCall& k, KernelRecord* rec);
 
   Executor* exec_;
@@ -304,6 +311,7 @@ class StepProgram {
   StepInput input_;
   std::map<std::string, Buf> bufs_;
   std::map<std::string, Buffer> mirror_;
+  std::map<std::string, std::vector<uint8_t>> host_copy_;  // executors whose memory the host cannot read
   std::vector<KernelCall> kernels_;
   std::vector<KernelRecord> records_;
   size_t next_ = 0;
