@@ -72,7 +72,7 @@ class DumpObserver : public replay::StepObserver {
 
 int RunRun(int argc, char** argv) {
   CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
-  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "16M";
+  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "64M";
   std::string tokenizer_choice = "auto";
   std::vector<std::string> prompts, prompt_ids, sets;
   int64_t max_new = 16;
@@ -101,7 +101,8 @@ int RunRun(int argc, char** argv) {
                  "with --record: keep state snapshots of the last N steps (written on failure and at the end), "
                  "or 'off'")->default_str("4");
   app.add_option("--snapshot-budget", snapshot_budget,
-                 "with --record: host memory for the snapshot ring (bytes, or with K/M/G)")->default_str("16M");
+                 "with --record: host memory for the snapshot ring (bytes, or with K/M/G); a step whose state is "
+                 "larger is not kept")->default_str("64M");
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_option("--tokenizer", tokenizer_choice,
                  "auto: MODEL_DIR/tokenizer.json when present (byte-level BPE), else bytes; 'bytes'; or a "
@@ -255,6 +256,14 @@ int RunRun(int argc, char** argv) {
   if (dump && !dump->status().ok()) return ReportError(dump->status());
   if (recorder) {
     if (absl::Status s = recorder->Finish(r.fault); !s.ok()) return ReportError(s);
+    if (auto big = recorder->last_state_oversized()) {
+      std::fprintf(stderr,
+                   "run: step %lld's state (%.1f MB of KV pages) is over --snapshot-budget (%.1f MB), so the capture "
+                   "has no snapshot of it: a replay of that step re-executes the steps before it; --snapshot-budget "
+                   "%lluM keeps it\n",
+                   static_cast<long long>(big->step), big->bytes / 1e6, snapshot_options.budget_bytes / 1e6,
+                   static_cast<unsigned long long>((big->bytes >> 20) + 1));
+    }
     if (!json) {
       const capture::RecorderStats st = recorder->stats();
       std::printf("recorded %s (%llu state snapshots taken, %llu dropped)\n", recorder->path().c_str(),

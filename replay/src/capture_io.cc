@@ -163,6 +163,10 @@ void CaptureRecorder::StateBeforeStep(const StepInput& in, const KvCache& kv) {
       views.push_back(capture::TensorView{names[i], p.dtype, p.shape, p.bytes.data(), p.bytes.size()});
     }
   }
+  uint64_t bytes = 0;
+  for (const capture::TensorView& v : views) bytes += v.byte_size;
+  last_oversized_.reset();
+  if (bytes > snapshots_.budget_bytes) last_oversized_ = Oversized{in.step, bytes};
   status_ = recorder_->SubmitSnapshot(static_cast<uint64_t>(in.step), views);
 }
 

@@ -56,14 +56,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const Model& m, const E
   const int32_t lora = static_cast<int32_t>(mla.kv_lora_rank), rope = static_cast<int32_t>(mla.qk_rope_head_dim);
   const int32_t tb = LatentTokenBytes(kv->fp8_, lora, rope);
   Pool latent{"latent", kv->fp8_ ? DType::kU8 : DType::kBF16, {ps, kv->fp8_ ? tb : lora + rope},
-              static_cast<size_t>(ps) * tb, {}};
+              static_cast<size_t>(ps) * tb, {}, m.tp};
   kv->pools_.push_back(std::move(latent));
   const bool index_fp8 = c.index_cache_dtype == KvCacheDType::kFp8E4m3;
   const int32_t idim = static_cast<int32_t>(mla.index_head_dim);
   if (mla.dsa()) {
     const int64_t ipb = IndexPageBytes(index_fp8, ps, idim);
     Pool index{"index_k", index_fp8 ? DType::kU8 : DType::kBF16,
-               index_fp8 ? std::vector<int64_t>{ipb} : std::vector<int64_t>{ps, idim}, static_cast<size_t>(ipb), {}};
+               index_fp8 ? std::vector<int64_t>{ipb} : std::vector<int64_t>{ps, idim}, static_cast<size_t>(ipb), {},
+               m.tp};
     kv->pools_.push_back(std::move(index));
   }
   for (int64_t l = 0; l < m.spec.layers; ++l) {

@@ -13,6 +13,7 @@
 #include "crashreplay/replay/capture_io.h"
 #include "crashreplay/replay/step_state.h"
 #include "engine_test_util.h"
+#include "exec_replay_test_util.h"
 #include "snapshot_test_util.h"
 
 namespace crashreplay::replay {
@@ -132,6 +133,66 @@ TEST_F(SnapshotStart, MlaLatentAndIndexKeyPagesReplayTheSameBits) {
   const absl::Status s = gqa->RestoreState(*state, cap.steps[2].input);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("kv.latent, kv.index_k"), std::string::npos) << s;
+}
+
+// Every rank holds the whole latent and index keys, so at tp 2 a snapshot
+// keeps one plane per layer (rank 0's) when the ranks agree: half the bytes,
+// the same bits from either start. The full form (every plane, as captures
+// before this were written) restores as well.
+TEST_F(SnapshotStart, ReplicatedMlaPlanesAreKeptOncePerLayerAtTp2) {
+  model_.arch = "glm_moe_dsa";
+  model_.layers = 2;
+  model_.index_topk = 64;
+  const std::vector<std::string> sets = {"tp_size=2", "page_size=64"};
+  const LoadedCapture cap = RecordCapture(sets, 16);
+  ASSERT_EQ(cap.steps.size(), 4u);
+  auto state = LoadStepState(cap, 3);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->pools.size(), 2u);
+  const int64_t n = static_cast<int64_t>(state->pages.size());
+  EXPECT_EQ(state->pools[0].shape[0], 2);  // 2 layers, not 2 x tp 2 planes
+  EXPECT_EQ(state->pools[0].shape[1], n);
+  EXPECT_EQ(state->pools[1].shape[0], 2);
+  for (int64_t step = 0; step < 4; ++step) ExpectBothStartsAgree(cap, sets, step);
+
+  // The full form: each plane twice.
+  StepState full = *state;
+  for (StatePool& p : full.pools) {
+    const size_t plane = p.bytes.size() / static_cast<size_t>(p.shape[0]);
+    std::vector<uint8_t> bytes;
+    for (int64_t g = 0; g < p.shape[0]; ++g) {
+      for (int r = 0; r < 2; ++r) bytes.insert(bytes.end(), p.bytes.begin() + g * plane, p.bytes.begin() + (g + 1) * plane);
+    }
+    p.bytes = std::move(bytes);
+    p.shape[0] *= 2;
+  }
+  auto a = MakeEngine(model_, sets);
+  ASSERT_TRUE(a->RestoreState(full, cap.steps[3].input).ok());
+  ReplayOptions o;
+  o.state_restored = true;
+  const ReplayReport from_full = ReplayStep(*a, cap.steps, 3, o);
+  auto b = MakeEngine(model_, sets);
+  ASSERT_TRUE(b->RestoreState(*state, cap.steps[3].input).ok());
+  const ReplayReport from_grouped = ReplayStep(*b, cap.steps, 3, o);
+  EXPECT_EQ(from_full.outcome, "reproduced");
+  EXPECT_EQ(from_full.digest, from_grouped.digest);
+
+  // Ranks that disagree keep every plane, so the snapshot shows it.
+  auto exec = MakeExecutor("cpu", ExecMode::kKernelByKernel, 1);
+  ASSERT_TRUE(exec.ok());
+  auto kv = KvCache::Create(a->model(), a->config(), testing::EnginePages(*a), exec->get());
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  StepState diverged = full;
+  const size_t plane = diverged.pools[0].bytes.size() / 4;
+  diverged.pools[0].bytes[plane + 7] ^= 0x40;  // layer 0, rank 1
+  std::vector<std::vector<uint8_t>> pools;
+  for (const StatePool& p : diverged.pools) pools.push_back(p.bytes);
+  ASSERT_TRUE((*kv)->WritePages(diverged.pages, pools).ok());
+  auto again = CaptureState(cap.steps[3].input, **kv);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->pools[0].shape[0], 4);  // every plane
+  EXPECT_EQ(again->pools[0].bytes, diverged.pools[0].bytes);
+  EXPECT_EQ(again->pools[1].shape[0], 2);  // the index keys still agree
 }
 
 TEST_F(SnapshotStart, TheRingKeepsTheLastSteps) {

@@ -53,7 +53,7 @@ namespace crashreplay::replay {
 
 struct SnapshotOptions {
   uint32_t steps = 4;                   // snapshots kept (the last steps); 0: none
-  uint64_t budget_bytes = 16ull << 20;  // the ring's byte budget (recorder.h)
+  uint64_t budget_bytes = 64ull << 20;  // the ring's byte budget (recorder.h)
 };
 
 // A run configured in a serving engine's words (`engine = "sglang"` in its
@@ -88,11 +88,20 @@ class CaptureRecorder : public StepObserver {
   absl::Status Finish(const std::optional<Fault>& fault);
   const std::string& path() const { return recorder_->path(); }
   capture::RecorderStats stats() const { return recorder_->stats(); }
+  // The last step's state snapshot, when its bytes were over the budget (so
+  // the ring could not keep it and a replay of that step re-executes the
+  // steps before it): its step and bytes.
+  struct Oversized {
+    int64_t step = -1;
+    uint64_t bytes = 0;
+  };
+  std::optional<Oversized> last_state_oversized() const { return last_oversized_; }
 
  private:
   std::unique_ptr<capture::Recorder> recorder_;
   SnapshotOptions snapshots_;
   absl::Status status_;
+  std::optional<Oversized> last_oversized_;
 };
 
 struct LoadedCapture {

@@ -93,6 +93,10 @@ class KvCache {
     std::vector<int64_t> page_shape;  // one page of one plane
     size_t page_bytes = 0;
     std::vector<uint8_t*> planes;     // executor memory, [pages * page_bytes] each
+    // Planes that hold the same bytes: plane g * replicas + r for r < replicas
+    // (MLA's latent and DSA's index keys: every rank holds the whole, so
+    // replicas = tp); 1 where each plane is its own (GQA's head-split K/V).
+    int replicas = 1;
   };
 
   // [ranks] views of one layer, in executor memory (what the ops read):

@@ -28,7 +28,12 @@
 //     kv.index_k      DSA: BF16 [indexer layers * tp, n, page_size,
 //                     index_head_dim] or U8 [.., n, page_bytes] (fp8);
 //                     planes of the layers that run their own indexer only;
-// the kv.* tensors are left out when n == 0. Captures from before MLA hold
+// A pool whose planes are replicas (KvCache::Pool::replicas: the latent
+// and the index keys, which every rank holds whole) is stored with one plane
+// per group, [planes / tp, n, ...] (rank 0's, plane l), when every rank's
+// bytes agree, as they do unless the engine diverged between ranks: tp
+// times smaller. RestoreState takes either form.
+// The kv.* tensors are left out when n == 0. Captures from before MLA hold
 // kv.k and kv.v, which are the GQA cache's pools: they read as before.
 //
 // Thread-compatible value types and pure functions over a KvCache.
