@@ -2,8 +2,8 @@
 // work items they replace, OpenBLAS, and the machine's memory bandwidth.
 //
 //   cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time]
-//                     [--only linear|experts] [--format F] [--dot fused|dequant|both]
-//                     [--json]
+//                     [--only linear|experts|indexer] [--format F] [--dot fused|dequant|both]
+//                     [--indexer-tokens T] [--json]
 //
 // --cpu-time times the process's CPU time (all threads) instead of wall
 // time: on a loaded machine, what the code costs rather than what the
@@ -27,6 +27,14 @@
 // scales) per second, and params per second, beside a read-only stream and
 // memcpy over 512 MiB on the same threads. A step reads each routed weight
 // byte once, so the stream rate is its bound.
+//
+// Indexer: DSA's lightning indexer at GLM-5's dimensions (32 heads x 128,
+// top-2048) for one prefill row of --indexer-tokens tokens (default 1024)
+// at tp 8, bf16 and fp8 index keys: the work items (every rank's items:
+// what the CPU executor ran before) beside the launcher (rank 0's items,
+// the other ranks' pages compared and their ids copied), with the
+// arithmetic the items do (2 * heads * dim flops per query and key, per
+// rank computed).
 //
 // Figures only; nothing here is asserted. Medians of --reps runs (default 7).
 #include <cblas.h>
@@ -94,6 +102,7 @@ void Launch(const Op& op, CpuPool& pool, CpuIsa isa) {
   bool fast = false;
   if constexpr (std::is_same_v<Op, LinearOp>) fast = LaunchLinearFast(op, pool, isa, &st);
   if constexpr (std::is_same_v<Op, ExpertsOp>) fast = LaunchExpertsFast(op, pool, isa, &st);
+  if constexpr (std::is_same_v<Op, IndexerOp>) fast = LaunchIndexerFast(op, pool, isa, &st);
   if (fast) return;
   if (isa != CpuIsa::kReference) {
     std::fprintf(stderr, "cpu_kernels_bench: the fast path did not take an op\n");
@@ -318,8 +327,62 @@ void Bandwidth(CpuPool& pool, int reps, double* read_gbs, double* copy_gbs) {
   *copy_gbs = static_cast<double>(n) / copy_ms * 1e-6;  // bytes copied (each read once and written once)
 }
 
+// ---- DSA indexer ------------------------------------------------------------
+
+struct IndexerFigures {
+  std::string keys;
+  int64_t tokens = 0;
+  double ref_ms = 0, fast_ms = 0, gflop_per_rank = 0;
+};
+
+int64_t g_indexer_tokens = 1024;
+
+IndexerFigures BenchIndexer(bool fp8, CpuPool& pool, CpuIsa isa, int reps) {
+  constexpr int32_t kDim = 128, kPageSize = 64;
+  constexpr int64_t kHeads = 32, kTopk = 2048, kRanks = 8;
+  const int64_t T = g_indexer_tokens, pages = (T + kPageSize - 1) / kPageSize;
+  std::vector<std::vector<uint8_t>> pools(kRanks, std::vector<uint8_t>(pages * IndexPageBytes(fp8, kPageSize, kDim)));
+  std::vector<IndexPoolView> views;
+  const std::vector<float> keys = Normal(T * kDim, 71, 1.0f);
+  std::vector<float> tmp(kDim);
+  for (int64_t r = 0; r < kRanks; ++r) {
+    IndexPoolView v{pools[r].data(), fp8, pages, kPageSize, kDim};
+    views.push_back(v);
+    for (int64_t t = 0; t < T; ++t) IndexKStore(v, t / kPageSize, t % kPageSize, keys.data() + t * kDim, tmp.data());
+  }
+  std::vector<int32_t> positions(T), token_row(T, 0), table(pages);
+  for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t);
+  for (int64_t p = 0; p < pages; ++p) table[p] = static_cast<int32_t>(p);
+  const std::vector<int64_t> offsets = {0, pages};
+  const std::vector<float> q = Normal(T * kHeads * kDim, 72, 1.0f), w = Normal(T * kHeads, 73, 1.0f);
+  std::vector<int32_t> ids(kRanks * T * kTopk);
+  IndexerOp op;
+  op.views = views.data();
+  op.q = q.data();
+  op.w = w.data();
+  op.ids = ids.data();
+  op.batch.positions = positions.data();
+  op.batch.token_row = token_row.data();
+  op.batch.page_tables = table.data();
+  op.batch.table_offset = offsets.data();
+  op.batch.tokens = T;
+  op.ranks = kRanks;
+  op.heads = kHeads;
+  op.dim = kDim;
+  op.topk = kTopk;
+  op.max_len = T;
+  op.fp8 = fp8;
+  IndexerFigures f;
+  f.keys = fp8 ? "fp8" : "bf16";
+  f.tokens = T;
+  f.gflop_per_rank = 2.0 * kHeads * kDim * (static_cast<double>(T) * (T + 1) / 2) * 1e-9;
+  f.fast_ms = MedianMs(reps, [&] { Launch(op, pool, isa); });
+  if (g_reference) f.ref_ms = MedianMs(1, [&] { Launch(op, pool, CpuIsa::kReference); });
+  return f;
+}
+
 int Usage(const char* msg) {
-  std::fprintf(stderr, "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only linear|experts] [--format F] [--dot fused|dequant|both] [--json]\n", msg);
+  std::fprintf(stderr, "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only linear|experts|indexer] [--format F] [--dot fused|dequant|both] [--indexer-tokens T] [--json]\n", msg);
   return 2;
 }
 
@@ -336,7 +399,12 @@ int main(int argc, char** argv) {
       g_reference = false;
     } else if (a == "--only" && i + 1 < argc) {
       g_only = argv[++i];
-      if (g_only != "linear" && g_only != "experts") return Usage("--only takes linear or experts");
+      if (g_only != "linear" && g_only != "experts" && g_only != "indexer") {
+        return Usage("--only takes linear, experts or indexer");
+      }
+    } else if (a == "--indexer-tokens" && i + 1 < argc) {
+      g_indexer_tokens = std::atoll(argv[++i]);
+      if (g_indexer_tokens < 1) return Usage("--indexer-tokens: expected a positive integer");
     } else if (a == "--format" && i + 1 < argc) {
       g_format = argv[++i];
     } else if (a == "--dot" && i + 1 < argc) {
@@ -357,14 +425,14 @@ int main(int argc, char** argv) {
   // build's experts on an AVX-512 host); the reference is never "best".
   const CpuIsa best = DefaultCpuIsa() == CpuIsa::kReference ? CpuIsa::kGeneric : DefaultCpuIsa();
   LinearFigures dec, pre;
-  if (g_only != "experts") {
+  if (g_only.empty() || g_only == "linear") {
     dec = BenchLayer(1, pool, threads, reps * 4);
     pre = BenchLayer(128, pool, threads, reps);
   }
   double read_gbs = 0, copy_gbs = 0;
   Bandwidth(pool, reps, &read_gbs, &copy_gbs);
   std::vector<MoeFigures> moe;
-  if (g_only != "linear") {
+  if (g_only.empty() || g_only == "experts") {
     for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "fp8 block", "bf16"}) {
       if (std::string(name).rfind(g_format, 0) != 0) continue;
       for (DotKind dot : {DotKind::kFused, DotKind::kDequant}) {
@@ -373,6 +441,10 @@ int main(int argc, char** argv) {
         moe.push_back(BenchExperts(name, dot, pool, best, reps * 3));
       }
     }
+  }
+  std::vector<IndexerFigures> indexer;
+  if (g_only.empty() || g_only == "indexer") {
+    for (bool fp8 : {false, true}) indexer.push_back(BenchIndexer(fp8, pool, best, std::max(1, reps / 3)));
   }
   if (json) {
     auto lin = [](const LinearFigures& f) {
@@ -389,29 +461,52 @@ int main(int argc, char** argv) {
       std::printf("%s{\"format\":\"%s\",\"dot\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
                   i ? "," : "", m.name.c_str(), m.dot.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
     }
+    std::printf("],\"indexer\":[");
+    for (size_t i = 0; i < indexer.size(); ++i) {
+      const IndexerFigures& x = indexer[i];
+      std::printf("%s{\"keys\":\"%s\",\"tokens\":%lld,\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"gflop_per_rank\":%.3f}",
+                  i ? "," : "", x.keys.c_str(), static_cast<long long>(x.tokens), x.ref_ms, x.fast_ms, x.gflop_per_rank);
+    }
     std::printf("]}\n");
     return 0;
   }
   std::printf("cpu_kernels_bench: %d thread(s), fast kernels: %s\n", threads, CpuIsaName(best));
-  std::printf("one llama layer's 7 bf16 projections (hidden 1024, intermediate 2816), ms (GFLOP/s):\n");
-  std::printf("  %-16s %16s %16s %16s %16s %16s\n", "", "work items", "generic", "avx2", "avx512", "OpenBLAS sgemm");
-  for (const auto& [label, f] : {std::pair<const char*, const LinearFigures&>{"1 token", dec}, {"128 tokens", pre}}) {
-    auto cell = [&](double ms) {
-      char b[32];
-      if (ms <= 0) return std::string("n/a");
-      std::snprintf(b, sizeof b, "%.3f (%.1f)", ms, f.gflop / ms * 1e3);
-      return std::string(b);
-    };
-    std::printf("  %-16s %16s %16s %16s %16s %16s\n", label, cell(f.ref_ms).c_str(), cell(f.generic_ms).c_str(),
-                cell(f.avx2_ms).c_str(), cell(f.avx512_ms).c_str(), cell(f.blas_ms).c_str());
+  if (g_only.empty() || g_only == "linear") {
+    std::printf("one llama layer's 7 bf16 projections (hidden 1024, intermediate 2816), ms (GFLOP/s):\n");
+    std::printf("  %-16s %16s %16s %16s %16s %16s\n", "", "work items", "generic", "avx2", "avx512", "OpenBLAS sgemm");
+    for (const auto& [label, f] : {std::pair<const char*, const LinearFigures&>{"1 token", dec}, {"128 tokens", pre}}) {
+      auto cell = [&](double ms) {
+        char b[32];
+        if (ms <= 0) return std::string("n/a");
+        std::snprintf(b, sizeof b, "%.3f (%.1f)", ms, f.gflop / ms * 1e3);
+        return std::string(b);
+      };
+      std::printf("  %-16s %16s %16s %16s %16s %16s\n", label, cell(f.ref_ms).c_str(), cell(f.generic_ms).c_str(),
+                  cell(f.avx2_ms).c_str(), cell(f.avx512_ms).c_str(), cell(f.blas_ms).c_str());
+    }
   }
   std::printf("memory: read-only stream %.2f GB/s, memcpy %.2f GB/s copied\n", read_gbs, copy_gbs);
-  std::printf("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):\n");
-  std::printf("  %-12s %-8s %10s %14s %14s %12s %12s\n", "format", "dot", "MB/step", "work items", "fast", "GB/s", "M params/s");
-  for (const MoeFigures& m : moe) {
-    std::printf("  %-12s %-8s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.dot.c_str(),
-                m.bytes_per_step * 1e-6,
-                m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6, m.params_per_step / m.fast_ms * 1e-3);
+  if (g_only.empty() || g_only == "experts") {
+    std::printf("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):\n");
+    std::printf("  %-12s %-8s %10s %14s %14s %12s %12s\n", "format", "dot", "MB/step", "work items", "fast", "GB/s", "M params/s");
+    for (const MoeFigures& m : moe) {
+      std::printf("  %-12s %-8s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.dot.c_str(),
+                  m.bytes_per_step * 1e-6,
+                  m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6, m.params_per_step / m.fast_ms * 1e-3);
+    }
+  }
+  if (!indexer.empty()) {
+    std::printf("DSA indexer, one %lld-token prefill row at tp 8 (32 heads x 128, top-2048; GFLOP/s per rank computed):\n",
+                static_cast<long long>(indexer[0].tokens));
+    std::printf("  %-6s %22s %22s %8s\n", "keys", "work items (8 ranks)", "launcher (1 rank)", "speedup");
+    for (const IndexerFigures& x : indexer) {
+      char a[48] = "n/a", b[48];
+      if (x.ref_ms > 0) std::snprintf(a, sizeof a, "%.0f ms (%.2f)", x.ref_ms, 8 * x.gflop_per_rank / x.ref_ms * 1e3);
+      std::snprintf(b, sizeof b, "%.0f ms (%.2f)", x.fast_ms, x.gflop_per_rank / x.fast_ms * 1e3);
+      char speedup[16] = "n/a";
+      if (x.ref_ms > 0) std::snprintf(speedup, sizeof speedup, "%.1fx", x.ref_ms / x.fast_ms);
+      std::printf("  %-6s %22s %22s %8s\n", x.keys.c_str(), a, b, speedup);
+    }
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 // kernel (a fired check is reported by the Launch that ran it). Projections,
 // MoE experts, attention (GQA reference, expanded MLA, DSA's sparse latent)
 // and MLA's absorbed query go through the SIMD launchers of cpu_kernels.h
-// (same bits as the work items); every other op, and an op those launchers
+// (same bits as the work items), DSA's indexer once for ranks that agree; every other op, and an op those launchers
 // do not cover, runs its work items.
 #include <algorithm>
 #include <cstdlib>
@@ -101,6 +101,7 @@ class CpuExecutor final : public Executor {
     if (const auto* m = std::get_if<MlaAttentionOp>(&op)) return LaunchMlaAttentionFast(*m, pool_, isa_, st);
     if (const auto* q = std::get_if<MlaQAbsorbOp>(&op)) return LaunchMlaQAbsorbFast(*q, pool_, isa_, st);
     if (const auto* l = std::get_if<LatentAttentionOp>(&op)) return LaunchLatentAttentionFast(*l, pool_, isa_, st);
+    if (const auto* x = std::get_if<IndexerOp>(&op)) return LaunchIndexerFast(*x, pool_, isa_, st);
     return false;
   }
 

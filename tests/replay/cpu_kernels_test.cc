@@ -772,5 +772,101 @@ TEST(CpuKernels, ExpertsWithAnInvalidInputScaleLeaveTheOpToTheWorkItems) {
   EXPECT_EQ(ref.check, Check::kNvfp4InputScale);
 }
 
+
+// ---- IndexerOp ------------------------------------------------------------------
+
+// Two ranks' index-key caches (bf16 or fp8) over 8 pages of 16 positions,
+// written as the engine writes them, and a batch of a 40-token prefill row
+// (pages 0-2) and a decode token at position 70 (pages 3-7).
+struct IndexerCase {
+  static constexpr int32_t kDim = 32, kPageSize = 16;
+  static constexpr int64_t kHeads = 4, kPages = 8, kTopk = 24, kRanks = 2;
+  std::vector<std::vector<uint8_t>> pools;
+  std::vector<IndexPoolView> views;
+  std::vector<int32_t> positions, token_row, tables = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<int64_t> offsets = {0, 3, 8};
+  std::vector<float> q, w;
+  IndexerOp op;
+
+  explicit IndexerCase(bool fp8) {
+    for (int32_t p = 0; p < 40; ++p) {
+      positions.push_back(p);
+      token_row.push_back(0);
+    }
+    positions.push_back(70);
+    token_row.push_back(1);
+    const int64_t T = static_cast<int64_t>(positions.size());
+    pools.assign(kRanks, std::vector<uint8_t>(kPages * IndexPageBytes(fp8, kPageSize, kDim)));
+    const std::vector<float> keys = RandomFloats(kPages * kPageSize * kDim, 61, false);
+    std::vector<float> tmp(kDim);
+    for (int64_t r = 0; r < kRanks; ++r) {
+      IndexPoolView v;
+      v.data = pools[r].data();
+      v.fp8 = fp8;
+      v.pages = kPages;
+      v.page_size = kPageSize;
+      v.dim = kDim;
+      views.push_back(v);
+      for (int64_t slot = 0; slot < kPages * kPageSize; ++slot) {
+        IndexKStore(v, slot / kPageSize, slot % kPageSize, keys.data() + slot * kDim, tmp.data());
+      }
+    }
+    q = RandomFloats(T * kHeads * kDim, 62, false);
+    w = RandomFloats(T * kHeads, 63, false);
+    op.views = views.data();
+    op.q = q.data();
+    op.w = w.data();
+    op.batch.positions = positions.data();
+    op.batch.token_row = token_row.data();
+    op.batch.page_tables = tables.data();
+    op.batch.table_offset = offsets.data();
+    op.batch.tokens = T;
+    op.ranks = kRanks;
+    op.heads = kHeads;
+    op.dim = kDim;
+    op.topk = kTopk;
+    op.max_len = 71;
+    op.fp8 = fp8;
+  }
+  std::vector<int32_t> Run(bool fast, bool* covered = nullptr) {
+    std::vector<int32_t> ids(kRanks * op.batch.tokens * kTopk, -7);
+    op.ids = ids.data();
+    if (fast) {
+      CpuPool pool(2);
+      KernelStatus st;
+      const bool ran = LaunchIndexerFast(op, pool, DefaultCpuIsa(), &st);
+      EXPECT_FALSE(st.fired);
+      if (covered != nullptr) *covered = ran;
+    } else {
+      EXPECT_FALSE(RunReference(op).fired);
+    }
+    return ids;
+  }
+};
+
+TEST(CpuKernels, IndexerRunsOnceForRanksWhosePagesAgree) {
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8 keys" : "bf16 keys");
+    IndexerCase c(fp8);
+    const std::vector<int32_t> ref = c.Run(false);
+    bool covered = false;
+    EXPECT_EQ(c.Run(true, &covered), ref);
+    EXPECT_TRUE(covered);
+    // Rank 1's cache differs in a page the decode token reads: rank 1 runs
+    // its own items, and its top-k is its own.
+    const int64_t page_bytes = IndexPageBytes(fp8, IndexerCase::kPageSize, IndexerCase::kDim);
+    for (int64_t i = 0; i < IndexerCase::kPageSize * IndexerCase::kDim; ++i) c.pools[1][5 * page_bytes + i] ^= 0x21;
+    const std::vector<int32_t> ref2 = c.Run(false);
+    EXPECT_EQ(c.Run(true, &covered), ref2);
+    EXPECT_TRUE(covered);
+    EXPECT_NE(ref2, ref);  // the change reached rank 1's scores
+    // A page outside the pool: the work items report it; nothing written.
+    c.tables[6] = 99;
+    std::vector<int32_t> untouched = c.Run(true, &covered);
+    EXPECT_FALSE(covered);
+    for (int32_t id : untouched) ASSERT_EQ(id, -7);
+  }
+}
+
 }  // namespace
 }  // namespace crashreplay::replay

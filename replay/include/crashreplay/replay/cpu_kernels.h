@@ -77,6 +77,10 @@ bool LaunchMlaAttentionFast(const MlaAttentionOp& op, CpuPool& pool, CpuIsa isa,
 // covered when kv_lora % 8 == 0 and a scaled kv_b_proj's blocks span whole
 // groups of 8 columns.
 bool LaunchMlaQAbsorbFast(const MlaQAbsorbOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
+// DSA's lightning indexer (IndexerOp) at tp > 1: rank 0's work items, and
+// rank 0's ids for every rank whose index-key pages (those the step reads)
+// hold rank 0's bytes (cpu_indexer.cc); covered unless a check would fire.
+bool LaunchIndexerFast(const IndexerOp& op, CpuPool& pool, CpuIsa isa, KernelStatus* status);
 // DSA decode's sparse reference attention over the latent cache
 // (LatentAttentionOp, kSparseReference): covered when kv_lora and
 // kv_lora + rope are multiples of 8 and every top-k index and its page is
