@@ -109,6 +109,27 @@ TEST_P(FastKernelsMatchWorkItems, EveryKernelOfEveryStep) {
   }
 }
 
+// A long prefill's launchers run in token chunks under the scratch bound;
+// with a bound of one token a chunk, whole runs still give the work items'
+// bits kernel by kernel: MoE with a shared expert and w4a4 projections, and
+// GLM-5's layout at tp 2 (whose indexer runs once for both ranks).
+TEST(FastKernelsMatchWorkItems, UnderAOneTokenScratchBound) {
+  for (const Case& c : {Case{"qwen3_moe", "nvfp4", {}}, Case{"glm_moe_dsa", "nvfp4", {"tp_size=2"}}}) {
+    SCOPED_TRACE(Name(c));
+    MakeModelOptions o;
+    o.arch = c.arch;
+    o.quant = c.quant;
+    o.layers = 2;
+    const Outcome ref = RunWith("reference", o, c.sets, 1);
+    ASSERT_FALSE(ref.result.fault.has_value());
+    const size_t saved = CpuScratchBytes();
+    SetCpuScratchBytes(1);
+    const Outcome got = RunWith(CpuIsaName(DefaultCpuIsa()), o, c.sets, 2);
+    SetCpuScratchBytes(saved);
+    ExpectSameBits(ref, got);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Configs, FastKernelsMatchWorkItems,
     ::testing::Values(Case{"llama", "bf16", {}}, Case{"qwen3", "fp8", {}},
