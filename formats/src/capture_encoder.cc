@@ -99,23 +99,33 @@ absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const EndRecord& r) {
   return EncodeRecord(RecordType::kEnd, r, 0);
 }
 
-EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
-                                      const BlobEncodeOptions& options) {
-  // The payload is built in place after room for the frame header, so a
-  // 64 MiB tensor is not copied a second time.
+namespace {
+
+// The payload is built in place after room for the frame header, so a
+// 64 MiB tensor is not copied a second time.
+EncodedFrame BlobFrame(const Hash128& hash, size_t raw_size, std::vector<unsigned char> bytes) {
   EncodedFrame f;
   f.type = static_cast<uint16_t>(RecordType::kBlob);
   f.blob_hash = hash;
-  f.raw_size = raw.size();
-  f.bytes = EncodeBlobPayload(raw, hash, element_size, options, kFrameHeaderSize);
+  f.raw_size = raw_size;
+  f.bytes = std::move(bytes);
   EncodeFrameHeader(f.type, 0, f.bytes.data() + kFrameHeaderSize, f.bytes.size() - kFrameHeaderSize,
                     f.bytes.data());
   return f;
 }
 
+}  // namespace
+
+EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
+                                      const BlobEncodeOptions& options) {
+  return BlobFrame(hash, raw.size(), EncodeBlobPayload(raw, hash, element_size, options, kFrameHeaderSize));
+}
+
 EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, size_t element_size,
                                       const BlobEncodeOptions& options) {
-  return EncodeBlob(raw, XXH128Of(raw), element_size, options);
+  Hash128 hash;
+  std::vector<unsigned char> bytes = EncodeBlobPayloadHashing(raw, element_size, options, kFrameHeaderSize, &hash);
+  return BlobFrame(hash, raw.size(), std::move(bytes));
 }
 
 EncodedFrame FrameEncoder::EncodeRaw(uint16_t type, uint16_t flags, std::span<const unsigned char> payload) {

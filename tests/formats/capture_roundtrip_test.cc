@@ -126,6 +126,42 @@ TEST(CaptureRoundTrip, ByteShuffleCompressesBf16Better) {
   EXPECT_EQ(*back, raw);
 }
 
+TEST(CaptureRoundTrip, FloatPlanesAtTheFastLevelAreSmallerThanLevel1AndRoundTrip) {
+  const auto raw = Bf16Normal(1 << 20, 4);  // 2 MiB: several 256 KiB chunks a plane
+  const Hash128 h = XXH128Of(raw.data(), raw.size());
+  BlobEncodeOptions level1;
+  level1.plane_level = 0;  // the planes at zstd_level (1), as before
+  const auto fast = EncodeBlobPayload(raw, h, 2, BlobEncodeOptions{});
+  const auto slow = EncodeBlobPayload(raw, h, 2, level1);
+  EXPECT_LT(fast.size(), slow.size());
+  EXPECT_GT(static_cast<double>(raw.size()) / static_cast<double>(fast.size()), 1.4);
+  for (const auto* payload : {&fast, &slow}) {
+    auto back = DecodeBlobPayload(payload->data(), payload->size(), 1 << 30);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, raw);
+  }
+}
+
+TEST(CaptureRoundTrip, BlobBytesDoNotDependOnTheThreadOrTheHashingVariant) {
+  // 5 MiB + 3 bytes: hashed on a second thread by the hashing variant, an
+  // odd tail after the planes.
+  auto raw = Bf16Normal(5 << 19, 6);
+  raw.resize(raw.size() + 3, std::byte{7});
+  const Hash128 h = XXH128Of(raw.data(), raw.size());
+  const auto first = EncodeBlobPayload(raw, h, 2, {}, 24);
+  Hash128 hashed;
+  EXPECT_EQ(EncodeBlobPayloadHashing(raw, 2, {}, 24, &hashed), first);
+  EXPECT_EQ(hashed, h);
+  std::vector<unsigned char> other;
+  std::thread t([&] { other = EncodeBlobPayload(raw, h, 2, {}, 24); });
+  t.join();
+  EXPECT_EQ(other, first);
+  EXPECT_EQ(EncodeBlobPayload(raw, h, 2, {}, 24), first);  // this thread's context, reused
+  auto back = DecodeBlobPayload(first.data() + 24, first.size() - 24, 1 << 30);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, raw);
+}
+
 TEST(CaptureRoundTrip, IncompressibleBlobIsStoredRaw) {
   std::vector<std::byte> noise(4096);
   std::mt19937 rng(1);

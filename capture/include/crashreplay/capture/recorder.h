@@ -96,7 +96,7 @@ struct RecorderOptions {
   // this budget (so at most about twice it in host memory).
   uint64_t snapshot_ring_bytes = kDefaultSnapshotRingBytes;
   uint32_t max_snapshots = 64;  // entries in the ring, whatever their size
-  BlobEncodeOptions blob;       // zstd level 1 + byte-plane shuffle by default
+  BlobEncodeOptions blob;       // byte planes at zstd -100 + Huffman literals, else level 1 (blob_codec.h)
   bool write_snapshots_on_close = false;
 
   // Step log queue. A step that finds every slot taken (the writer is that

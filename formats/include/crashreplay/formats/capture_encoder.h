@@ -52,6 +52,8 @@ class FrameEncoder {
   // byte-plane shuffle; 0 or 1 disables it.
   static EncodedFrame EncodeBlob(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
                                  const BlobEncodeOptions& options = {});
+  // The same, hashing while it encodes (EncodeBlobPayloadHashing): the
+  // frame's blob_hash is the hash.
   static EncodedFrame EncodeBlob(std::span<const std::byte> raw, size_t element_size,
                                  const BlobEncodeOptions& options = {});
 
