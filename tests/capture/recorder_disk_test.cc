@@ -180,7 +180,13 @@ TEST(RecorderDisk, WriterRetriesOnItsOwnWhenSpaceReturns) {
   ASSERT_TRUE(limit.ok());
   auto rec = Recorder::Begin(TestManifest(), o);
   ASSERT_TRUE(rec.ok()) << rec.status();
-  RecordSteps(**rec, 0, 300, &calls);
+  // Paced as a server would be (a step every few hundred microseconds at
+  // most), so that the writer meets the limit while steps still come and
+  // the next call after it carries the one report.
+  for (uint64_t i = 0; i < 300; i += 10) {
+    RecordSteps(**rec, i, i + 10, &calls);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   // Wait for the writer to have taken every step (into the file or held).
   for (int i = 0; i < 2000 && (*rec)->stats().steps_written + (*rec)->stats().steps_held < 300; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
