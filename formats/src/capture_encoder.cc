@@ -75,6 +75,11 @@ struct StepStreamEncoder::Stream {
     void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
   };
   std::unique_ptr<ZSTD_CCtx, Free> cctx{ZSTD_createCCtx()};
+  // zstd's output, kept from record to record: a vector of the bound's
+  // size would be zero-filled for every record (as large as the record,
+  // for a part a few dozen times smaller).
+  std::unique_ptr<unsigned char[]> out;
+  size_t out_size = 0;
 };
 
 StepStreamEncoder::StepStreamEncoder() : stream_(std::make_unique<Stream>()) {}
@@ -94,14 +99,15 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
     ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, kLevel);
     parts_ = 0;
   }
-  EncodedFrame f;
-  f.type = static_cast<uint16_t>(RecordType::kStep);
-  f.step = record.step;
-  constexpr size_t kFront = kFrameHeaderSize + kStreamPartHeaderSize;
   // A flush emits at most the bound plus block headers; grown if not.
-  f.bytes.resize(kFront + ZSTD_compressBound(payload->size()) + 64);
+  const size_t want = ZSTD_compressBound(payload->size()) + 64;
+  if (stream_->out_size < want) {
+    stream_->out.reset(new unsigned char[want]);  // default-initialised: not zero-filled
+    stream_->out_size = want;
+  }
   ZSTD_inBuffer in{payload->data(), payload->size(), 0};
-  ZSTD_outBuffer out{f.bytes.data() + kFront, f.bytes.size() - kFront, 0};
+  ZSTD_outBuffer out{stream_->out.get(), stream_->out_size, 0};
+  std::vector<unsigned char> spill;  // only if a flush ever passed the bound
   for (;;) {
     const size_t left = ZSTD_compressStream2(c, &out, &in, ZSTD_e_flush);
     if (ZSTD_isError(left)) {
@@ -110,12 +116,18 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
                                                  ZSTD_getErrorName(left)));
     }
     if (left == 0) break;
-    f.bytes.resize(f.bytes.size() * 2);
-    out.dst = f.bytes.data() + kFront;
-    out.size = f.bytes.size() - kFront;
+    spill.insert(spill.end(), stream_->out.get(), stream_->out.get() + out.pos);
+    out.pos = 0;
   }
   ++parts_;
-  f.bytes.resize(kFront + out.pos);
+  EncodedFrame f;
+  f.type = static_cast<uint16_t>(RecordType::kStep);
+  f.step = record.step;
+  constexpr size_t kFront = kFrameHeaderSize + kStreamPartHeaderSize;
+  f.bytes.reserve(kFront + spill.size() + out.pos);
+  f.bytes.resize(kFront);
+  f.bytes.insert(f.bytes.end(), spill.begin(), spill.end());
+  f.bytes.insert(f.bytes.end(), stream_->out.get(), stream_->out.get() + out.pos);
   unsigned char* part = f.bytes.data() + kFrameHeaderSize;
   std::memset(part, 0, kStreamPartHeaderSize);
   part[0] = start ? kStreamPartStart : 0;

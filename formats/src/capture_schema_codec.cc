@@ -511,14 +511,16 @@ std::vector<unsigned char> Flatten(capnp::MessageBuilder& message) {
   const size_t table_words = (segments.size() + 2) / 2;
   size_t words = table_words;
   for (const auto& seg : segments) words += seg.size();
-  std::vector<unsigned char> out(words * sizeof(capnp::word));
-  unsigned char* p = out.data();
-  StoreLE32(p, static_cast<uint32_t>(segments.size() - 1));
-  for (size_t i = 0; i < segments.size(); ++i) StoreLE32(p + 4 + 4 * i, static_cast<uint32_t>(segments[i].size()));
-  p += table_words * sizeof(capnp::word);
+  std::vector<unsigned char> out;
+  out.reserve(words * sizeof(capnp::word));  // written once: not zero-filled first
+  out.resize(table_words * sizeof(capnp::word));
+  StoreLE32(out.data(), static_cast<uint32_t>(segments.size() - 1));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    StoreLE32(out.data() + 4 + 4 * i, static_cast<uint32_t>(segments[i].size()));
+  }
   for (const auto& seg : segments) {
-    std::memcpy(p, seg.begin(), seg.size() * sizeof(capnp::word));
-    p += seg.size() * sizeof(capnp::word);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(seg.begin());
+    out.insert(out.end(), bytes, bytes + seg.size() * sizeof(capnp::word));
   }
   return out;
 }
