@@ -341,16 +341,25 @@ TEST(CaptureCompat, LargeStepRecordsAreCompressedAndReadBackExactly) {
   EXPECT_EQ(sum.step_raw_bytes, tiny_bytes + raw);
 }
 
+// A file as a writer of version major.minor began it: the file header
+// and the session manifest.
+std::vector<unsigned char> OldFileStart(uint16_t major, uint16_t minor) {
+  std::vector<unsigned char> bytes(kFileHeaderSize);
+  EncodeFileHeader(bytes.data());
+  StoreLE16(bytes.data() + 8, major);
+  StoreLE16(bytes.data() + 10, minor);
+  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  const EncodedFrame m = *FrameEncoder::Encode(TestManifest(0));
+  bytes.insert(bytes.end(), m.bytes.begin(), m.bytes.end());
+  return bytes;
+}
+
 // Files written before 2.0 (no compressed frames, major 1) are still read.
 TEST(CaptureCompat, Version1FilesAreRead) {
   TempDir dir;
   const std::string path = dir.File("v1.crcap");
-  std::vector<unsigned char> bytes(kFileHeaderSize);
-  EncodeFileHeader(bytes.data());
-  StoreLE16(bytes.data() + 8, 1);
-  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  std::vector<unsigned char> bytes = OldFileStart(1, 0);
   const auto put = [&](const EncodedFrame& f) { bytes.insert(bytes.end(), f.bytes.begin(), f.bytes.end()); };
-  put(*FrameEncoder::Encode(TestManifest(0)));
   for (uint64_t i = 0; i < 3; ++i) put(Uncompressed(*FrameEncoder::Encode(TestStep(i, 0))));
   WriteFileBytes(path, bytes);
   auto reader = CaptureReader::Open(path);
@@ -469,12 +478,8 @@ TEST(CaptureStream, TornStreamKeepsEveryCompletePart) {
 // (flag bit 1) still read; the stream flag is refused in them.
 TEST(CaptureCompat, Version21FilesAreReadAndRefuseTheStreamFlag) {
   auto file = [](bool stream) {
-    std::vector<unsigned char> bytes(kFileHeaderSize);
-    EncodeFileHeader(bytes.data());
-    StoreLE16(bytes.data() + 10, 1);
-    StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+    std::vector<unsigned char> bytes = OldFileStart(2, 1);
     const auto put = [&](const EncodedFrame& f) { bytes.insert(bytes.end(), f.bytes.begin(), f.bytes.end()); };
-    put(*FrameEncoder::Encode(TestManifest(0)));
     StepStreamEncoder s;
     for (uint64_t i = 0; i < 3; ++i) put(stream ? *s.Encode(DecodeStep(i)) : *FrameEncoder::Encode(DecodeStep(i)));
     return bytes;
