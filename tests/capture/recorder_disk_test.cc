@@ -206,6 +206,59 @@ TEST(RecorderDisk, WriterRetriesOnItsOwnWhenSpaceReturns) {
   ExpectSteps(*r, 300);
 }
 
+// The step log is one zstd stream (format 2.2) while the disk takes
+// writes. Steps the disk refused are held as frames of their own, and the
+// stream starts a new zstd frame after them, so that no part of it ever
+// follows one that is not in the file.
+TEST(RecorderDisk, StepStreamStartsAgainAfterStepsTheDiskRefused) {
+  RecorderTempDir dir;
+  const std::string path = dir.path() + "/stream.crcap";
+  RecorderOptions o = DiskOptions(path);
+  o.disk_retry_interval_s = 0.02;
+  Recorded calls;
+  FileSizeLimit limit(32 << 10);
+  ASSERT_TRUE(limit.ok());
+  auto rec = Recorder::Begin(TestManifest(), o);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  auto paced = [&](uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; i += 10) {
+      RecordSteps(**rec, i, i + 10, &calls);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  paced(0, 100);
+  for (int i = 0; i < 2000 && (*rec)->stats().steps_written + (*rec)->stats().steps_held < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT((*rec)->stats().steps_held, 0u);
+  limit.Raise();
+  for (int i = 0; i < 5000 && (*rec)->stats().steps_held > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  paced(100, 150);
+  EXPECT_TRUE((*rec)->Close().ok());
+  std::unique_ptr<CaptureReader> r = ReadCapture(path);
+  ASSERT_NE(r, nullptr);
+  ExpectSteps(*r, 150);
+  int starts = 0, alone = 0;
+  bool last_was_part = false;
+  for (const RecordInfo& info : r->records()) {
+    if (info.type != static_cast<uint16_t>(RecordType::kStep)) continue;
+    if ((info.flags & kFrameFlagZstdStream) == 0) {
+      ++alone;
+      last_was_part = false;
+      continue;
+    }
+    const bool start = r->Payload(info)[0] == kStreamPartStart;
+    starts += start;
+    EXPECT_TRUE(start || last_was_part) << "a stream part continues past a step frame of its own at "
+                                        << info.offset;
+    last_was_part = true;
+  }
+  EXPECT_GE(alone, 1);   // held while the disk refused them
+  EXPECT_GE(starts, 2);  // the first step, and again after the held ones
+}
+
 TEST(RecorderDisk, SpaceNeverReturnsCloseNamesWhatWasNotWrittenAndTheFileStaysIntact) {
   RecorderTempDir dir;
   const std::string path = dir.path() + "/full.crcap";
