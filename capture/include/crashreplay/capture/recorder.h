@@ -4,8 +4,9 @@
 // SESSION_DIR/rank-NNNNN.crcap (docs/capture.md: session directory layout).
 // It keeps two tiers (DESIGN "capture/"):
 //   * the step log: RecordStep() copies the step's small vectors into a
-//     preallocated slot; a background writer thread encodes (FrameEncoder)
-//     and appends them to the file continuously;
+//     preallocated slot; a background writer thread encodes them as parts
+//     of one zstd stream (StepStreamEncoder, format 2.2) and appends them
+//     to the file continuously;
 //   * tensor snapshots: SubmitSnapshot() memcpys host bytes into a bounded
 //     in-memory ring (a byte budget); a background encoder thread hashes
 //     (XXH3-128) and compresses them (zstd via the blob codec) and keeps the
