@@ -15,18 +15,27 @@
 //    of the same spans into one flat, pre-faulted buffer under the same
 //    pacing (the least any copy of the step can cost). Per run: min, p50,
 //    p99 per call and minor page faults per step on the calling thread.
-//    File bytes per step (step records are zstd-compressed while the writer
-//    keeps up). The writer's sustained rate (back-to-back run, until Flush) is printed
-//    beside memcpy and the `zstd -1` CLI on the same step-log bytes.
+//    File bytes per step. The writer's sustained rate (back-to-back run,
+//    until Flush) in MB/s of step records (each encoded whole and
+//    uncompressed: the bytes the writer compresses) and its ratio (those
+//    bytes over the file's), beside the `zstd -1` CLI's rate and ratio on a
+//    file of those same records uncompressed, and memcpy. Twice: the
+//    constant batch (only step, RNG offset and timestamp change) and an
+//    evolving one (Batch::Evolve: tokens, positions, lengths, cache slots
+//    and outputs change every step, as in a real decode).
 // 2. Snapshots of 1, 16 and 256 MiB of bf16-like data: SubmitSnapshot()
 //    per call (min and p50 over reps) beside memcpy of the same bytes under
 //    the same conditions (interleaved: a reused buffer that another thread
 //    reads after each copy, as the encoder reads the ring, then the same
 //    wait), into a reused buffer in this core's cache (best case), and into
 //    a fresh mapping (page faults included),
-//    and the encoder thread's throughput (XXH3-128 + byte-plane shuffle +
-//    zstd -1) beside in-process ZSTD_compress level 1 and the `zstd -1` CLI
-//    (process start and file read included) on the same bytes.
+//    the encoder thread's throughput as the recorder sees it (submit to
+//    encoded, its idle polling included), and the encoder's work alone
+//    (FrameEncoder::EncodeBlob on this thread: XXH3-128 + byte planes +
+//    zstd) beside in-process ZSTD_compress level 1 (best of reps each,
+//    alternating), with the ratio of the two speeds and of the two
+//    compression ratios, and the `zstd -1` CLI (process start and file
+//    read included) on the same bytes.
 // The machine's load average is printed first: on a shared machine the
 // figures move with it. Figures only; nothing here is asserted.
 #include <sys/mman.h>
@@ -50,6 +59,7 @@
 #include <vector>
 
 #include "crashreplay/capture/recorder.h"
+#include "crashreplay/formats/capture_encoder.h"
 #include "step_queue.h"  // capture/src: the copy RecordStep makes, measured alone
 
 namespace {
@@ -118,6 +128,27 @@ struct Batch {
     v.rng_offset = step * 4;
     v.output_token_ids = outputs;
     return v;
+  }
+  // A decode step as a real one follows the one before: each request's
+  // last output becomes its token, positions, lengths and cache slots
+  // advance by one, new outputs are drawn (a fixed generator: the same
+  // sequence every run). The constant batch (no Evolve) repeats all but
+  // the step number, RNG offset and timestamp.
+  void Evolve(uint64_t step) {
+    auto draw = [](uint64_t st, size_t i) {
+      uint64_t x = (st + 1) * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
+      x ^= x >> 31;
+      x *= 0x94d049bb133111ebull;
+      return static_cast<int64_t>((x >> 17) % 151000);
+    };
+    const auto d = static_cast<int64_t>(step);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = step == 0 ? static_cast<int64_t>(i * 13 % 151000) : draw(step - 1, i);
+      positions[i] = static_cast<int64_t>(500 + i) + d;
+      seq_lens[i] = static_cast<int64_t>(501 + i) + d;
+      out_loc[i] = static_cast<int64_t>(i * 2048 + 501) + d;
+      outputs[i] = draw(step, i);
+    }
   }
   // The bytes a step holds: the integer lists, sampling, request-id chars.
   size_t RawBytes() const {
@@ -253,17 +284,17 @@ struct RunResult {
   uint64_t file_bytes = 0;
   uint64_t spilled = 0;
   uint64_t written = 0;    // steps the writer wrote in `seconds`
-  std::string path;        // kept when asked (for the zstd comparison)
 };
 
 // One run of `steps` RecordStep calls (after a warm-up) under `pace`;
 // `memcpy_only` measures the FlatCopy reference instead.
-RunResult StepRun(const Batch& b, int steps, Pace pace, bool memcpy_only, Pacer& pacer, FlatCopy& flat,
-                  const std::string& keep_file = "") {
+RunResult StepRun(Batch& b, int steps, Pace pace, bool memcpy_only, Pacer& pacer, FlatCopy& flat,
+                  bool evolve = false) {
   const std::string dir = TempDir();
   std::unique_ptr<capture::Recorder> rec = Begin(dir, 1 << 20);
   constexpr int kWarmup = 512;
   for (int i = 0; i < kWarmup; ++i) {
+    if (evolve) b.Evolve(static_cast<uint64_t>(i));
     const capture::StepView v = b.View(static_cast<uint64_t>(i));
     if (memcpy_only) flat.Copy(v);
     else Check(rec->RecordStep(v));
@@ -274,6 +305,7 @@ RunResult StepRun(const Batch& b, int steps, Pace pace, bool memcpy_only, Pacer&
   const long f0 = MinorFaults();
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) {
+    if (evolve) b.Evolve(static_cast<uint64_t>(kWarmup + i));
     const capture::StepView v = b.View(static_cast<uint64_t>(kWarmup + i));
     const auto a = Clock::now();
     if (memcpy_only) flat.Copy(v);
@@ -291,7 +323,6 @@ RunResult StepRun(const Batch& b, int steps, Pace pace, bool memcpy_only, Pacer&
   Check(rec->Close());
   r.file_bytes = before;
   r.dist = Summarize(std::move(t), faults);
-  if (!keep_file.empty()) std::filesystem::copy_file(rec->path(), keep_file, std::filesystem::copy_options::overwrite_existing);
   std::filesystem::remove_all(dir);
   return r;
 }
@@ -317,6 +348,71 @@ double MemcpyMBs(size_t bytes) {
     best = std::min(best, Ns(t, Clock::now()));
   }
   return static_cast<double>(bytes) / best * 1e3;
+}
+
+// The step records of a run as the writer gets them, each encoded whole and
+// uncompressed (Cap'n Proto, 24-byte frame header), into one file: the
+// bytes the writer compresses, for the zstd CLI. Returns their size.
+uint64_t WriteRawStepLog(Batch& b, int steps, bool evolve, const std::string& path) {
+  capture::internal::StepQueue q(4, 8 << 20);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  StepRecord record;
+  uint64_t bytes = 0;
+  for (int i = 0; i < steps; ++i) {
+    if (evolve) b.Evolve(static_cast<uint64_t>(i));
+    q.Push(b.View(static_cast<uint64_t>(i)), 1700000000000000000ll + i * 1000000ll);
+    q.Unpack(q.head() - 1, 0, &record);
+    q.Release(q.head() - 1);
+    absl::StatusOr<EncodedFrame> f = FrameEncoder::Encode(record, /*compress=*/false);
+    Check(f.status());
+    out.write(reinterpret_cast<const char*>(f->bytes.data()), static_cast<std::streamsize>(f->bytes.size()));
+    bytes += f->bytes.size();
+  }
+  return bytes;
+}
+
+// zstd -1 CLI on a file: MB/s of input (process start included) and the
+// compression ratio.
+std::pair<double, double> ZstdCli(const std::string& path, size_t bytes) {
+  const std::string z = path + ".zst";
+  const auto a = Clock::now();
+  const int rc = std::system(("zstd -1 -q -f -o '" + z + "' '" + path + "'").c_str());
+  const double s = Ns(a, Clock::now()) * 1e-9;
+  std::error_code ec;
+  const uintmax_t zbytes = std::filesystem::file_size(z, ec);
+  std::filesystem::remove(z, ec);
+  if (rc != 0 || ec || zbytes == 0) return {0.0, 0.0};
+  return {static_cast<double>(bytes) / s / 1e6, static_cast<double>(bytes) / static_cast<double>(zbytes)};
+}
+
+// The writer's sustained rate: back to back, until everything is written,
+// in MB/s of step records (as encoded whole and uncompressed), beside the
+// `zstd -1` CLI on those same records.
+void WriterThroughput(Batch& b, int runs, int steps, bool evolve, Pacer& pacer, FlatCopy& flat) {
+  std::vector<double> rates;
+  RunResult last;
+  for (int r = 0; r < runs; ++r) {
+    last = StepRun(b, steps, Pace::kNone, false, pacer, flat, evolve);
+    rates.push_back(static_cast<double>(last.written) / last.seconds);
+  }
+  std::sort(rates.begin(), rates.end());
+  const int total = steps + 512;  // with the warm-up, as in the file
+  const std::string raw_path = (std::filesystem::temp_directory_path() / "recbench-steplog.raw").string();
+  const uint64_t raw_bytes = WriteRawStepLog(b, total, evolve, raw_path);
+  const double raw_per_step = static_cast<double>(raw_bytes) / total;
+  const double file_per_step = static_cast<double>(last.file_bytes) / total;
+  const double mbs = rates[rates.size() / 2] * raw_per_step / 1e6;
+  const double ratio = raw_per_step / file_per_step;
+  const auto [cli_mbs, cli_ratio] = ZstdCli(raw_path, raw_bytes);
+  std::filesystem::remove(raw_path);
+  std::printf("  writer, back to back, %s batch (load %s): %.0f steps/s (median of %d; min %.0f max %.0f) = %.1f MB/s "
+              "of step records (%.0f B/step), %.1f B/step in the file (ratio %.1f; the index at close not counted)\n",
+              evolve ? "evolving" : "constant", LoadAverage().c_str(), rates[rates.size() / 2], runs, rates.front(),
+              rates.back(), mbs, raw_per_step, file_per_step, ratio);
+  std::printf("    beside: zstd -1 CLI %.0f MB/s, ratio %.1f on the same records uncompressed (%llu bytes) | "
+              "writer/CLI: %.2fx speed, %.2fx ratio | memcpy %.0f MB/s\n",
+              cli_mbs, cli_ratio, static_cast<unsigned long long>(raw_bytes), cli_mbs > 0 ? mbs / cli_mbs : 0.0,
+              cli_ratio > 0 ? ratio / cli_ratio : 0.0, MemcpyMBs(raw_bytes));
 }
 
 void StepLog(const char* label, size_t slots_per_row, int runs, int steps, const std::vector<Pace>& paces) {
@@ -361,25 +457,7 @@ void StepLog(const char* label, size_t slots_per_row, int runs, int steps, const
     PrintDist("RecordStep", Across(rec_runs));
     PrintDist("memcpy", Across(ref_runs));
   }
-  // Writer throughput: back to back, until everything is written.
-  const std::string kept = (std::filesystem::temp_directory_path() / "recbench-steplog.crcap").string();
-  std::vector<double> rates;
-  RunResult last;
-  for (int r = 0; r < runs; ++r) {
-    last = StepRun(b, steps, Pace::kNone, false, pacer, flat, r == 0 ? kept : "");
-    rates.push_back(static_cast<double>(last.written) / last.seconds);
-  }
-  std::sort(rates.begin(), rates.end());
-  const double per_step = static_cast<double>(last.file_bytes) / (steps + 512);
-  const double mbs = rates[rates.size() / 2] * per_step / 1e6;
-  const size_t file_bytes = std::filesystem::file_size(kept);
-  std::printf("  writer, back to back: %.0f steps/s (median of %d; min %.0f max %.0f) = %.1f MB/s of file (%.0f B/step, "
-              "%llu spilled)\n",
-              rates[rates.size() / 2], runs, rates.front(), rates.back(), mbs, per_step,
-              static_cast<unsigned long long>(last.spilled));
-  std::printf("    beside: memcpy %.0f MB/s, zstd -1 CLI %.0f MB/s on the same step-log file (%zu bytes)\n",
-              MemcpyMBs(file_bytes), ZstdCliMBs(kept, file_bytes), file_bytes);
-  std::filesystem::remove(kept);
+  for (bool evolve : {false, true}) WriterThroughput(b, runs, steps, evolve, pacer, flat);
   if (flat.sink() == 1 && pacer.sink() == 1) std::printf(" ");
 }
 
@@ -472,11 +550,23 @@ void Snapshot(size_t mib, int reps) {
   const uint64_t dropped = rec->stats().snapshots_dropped;
   Check(rec->Close());
   std::filesystem::remove_all(dir);
-  // zstd -1: in process (no hash, no shuffle) and the CLI.
+  // The encoder's work alone, on this thread (FrameEncoder::EncodeBlob, as
+  // the ring's encoder calls it: hash + shuffle + compress), and zstd -1 in
+  // process (no hash, no shuffle, output buffer allocated beforehand),
+  // alternating; best of `reps` each.
+  double enc_best = 1e30, z_best = 1e30, enc_ratio = 0;
+  size_t zn = 0;
   std::vector<char> out(ZSTD_compressBound(bytes));
-  const auto z = Clock::now();
-  const size_t zn = ZSTD_compress(out.data(), out.size(), data.data(), bytes, 1);
-  const double z_s = Ns(z, Clock::now()) * 1e-9;
+  for (int i = 0; i < reps; ++i) {
+    const auto e = Clock::now();
+    const EncodedFrame f = FrameEncoder::EncodeBlob(data, 2, BlobEncodeOptions{});
+    enc_best = std::min(enc_best, Ns(e, Clock::now()));
+    enc_ratio = static_cast<double>(bytes) / static_cast<double>(f.bytes.size());
+    const auto z = Clock::now();
+    zn = ZSTD_compress(out.data(), out.size(), data.data(), bytes, 1);
+    z_best = std::min(z_best, Ns(z, Clock::now()));
+  }
+  const double z_s = z_best * 1e-9;
   const std::string path = (std::filesystem::temp_directory_path() / "recbench-zstd.bin").string();
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(bytes));
   const double cli = ZstdCliMBs(path, bytes);
@@ -490,10 +580,14 @@ void Snapshot(size_t mib, int reps) {
   std::printf("    memcpy, same conditions min %9.1f  p50 %9.1f us | reused hot buffer min %9.1f  p50 %9.1f us | "
               "fresh mapping p50 %9.1f us\n",
               min_us(same), Median(same) / 1e3, min_us(warm), Median(warm) / 1e3, Median(fresh) / 1e3);
-  std::printf("    encoder %5.0f MB/s (hash + shuffle + zstd -1, ratio %.2f) | zstd -1 in process %5.0f MB/s (ratio %.2f), "
-              "zstd -1 CLI %5.0f MB/s\n",
-              static_cast<double>(bytes) * reps / encode_ns * 1e3, ratio, static_cast<double>(bytes) / z_s / 1e6,
-              ZSTD_isError(zn) ? 0.0 : static_cast<double>(bytes) / static_cast<double>(zn), cli);
+  const double z_mbs = static_cast<double>(bytes) / z_s / 1e6;
+  const double z_ratio = ZSTD_isError(zn) ? 0.0 : static_cast<double>(bytes) / static_cast<double>(zn);
+  const double enc_mbs = static_cast<double>(bytes) / enc_best * 1e3;
+  std::printf("    encoder thread, submit to encoded %5.0f MB/s (ratio %.2f; its polling included)\n",
+              static_cast<double>(bytes) * reps / encode_ns * 1e3, ratio);
+  std::printf("    encoder alone %5.0f MB/s ratio %.3f (hash + byte planes + zstd) | zstd -1 in process %5.0f MB/s "
+              "ratio %.3f | encoder/zstd: %.2fx speed, %.2fx ratio | zstd -1 CLI %5.0f MB/s\n",
+              enc_mbs, enc_ratio, z_mbs, z_ratio, enc_mbs / z_mbs, enc_ratio / z_ratio, cli);
 }
 
 }  // namespace

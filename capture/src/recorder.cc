@@ -188,7 +188,7 @@ void Recorder::Impl::WriterLoop() {
     const uint64_t h = queue_.head();
     while (t < h) {
       queue_.Unpack(t, rank_, &record);
-      ProcessStep(record, h - t);
+      ProcessStep(record, /*last=*/t + 1 == h);
       queue_.Release(t);
       ++t;
     }
@@ -199,19 +199,24 @@ void Recorder::Impl::WriterLoop() {
   }
 }
 
-// A writer this many steps behind stores step records uncompressed until it
-// has caught up: compression (35-70 us for a 256-request decode step)
-// must not turn a burst into back-pressure on the serving thread.
-constexpr uint64_t kCompressUnlessBehindBy = 16;
-
-void Recorder::Impl::ProcessStep(StepRecord& record, uint64_t backlog) {
+void Recorder::Impl::ProcessStep(StepRecord& record, bool last) {
   if (failed_.load(std::memory_order_relaxed)) return;
   if (last_step_ts_ != 0 && record.timestamp_nanos > last_step_ts_) {
     const double interval = static_cast<double>(record.timestamp_nanos - last_step_ts_);
     step_interval_ns_ = step_interval_ns_ == 0 ? interval : 0.9 * step_interval_ns_ + 0.1 * interval;
   }
   last_step_ts_ = record.timestamp_nanos;
-  absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(record, backlog <= kCompressUnlessBehindBy);
+  // A part of the step stream while the disk takes writes: it decodes only
+  // after the parts before it, so while they may be held in memory (and
+  // dropped from there) each step is a frame of its own, and the stream
+  // starts again once the disk is back (StepStreamEncoder).
+  absl::StatusOr<EncodedFrame> frame;
+  if (disk_degraded_.load(std::memory_order_relaxed)) {
+    step_stream_.Restart();
+    frame = FrameEncoder::Encode(record);
+  } else {
+    frame = step_stream_.Encode(record);
+  }
   if (!frame.ok()) {
     SetError(frame.status());
     return;
@@ -230,6 +235,7 @@ void Recorder::Impl::ProcessStep(StepRecord& record, uint64_t backlog) {
   {
     std::lock_guard<std::mutex> lock(disk_mu_);
     AppendLocked(std::move(*frame));
+    if (disk_error_) step_stream_.Restart();  // the frame is held, not in the file
     WriteDroppedLocked(record.step);
     if (check) AppendLocked(FrameEncoder::Encode(*check));
   }
@@ -237,8 +243,11 @@ void Recorder::Impl::ProcessStep(StepRecord& record, uint64_t backlog) {
   last_step_.store(record.step, std::memory_order_relaxed);
   any_step_.store(true, std::memory_order_relaxed);
   // Before the step counts as written, so that a signal handler that waited
-  // for it finds a failure frame naming it.
-  EncodeSignalFrames(record.step, record.mode);
+  // for it finds a failure frame naming it. Only for the last step queued
+  // when the writer looked (5 failure records a step cost it 2-4 us): the
+  // handler waits for every accepted step, and the last one released is
+  // always such a step.
+  if (last) EncodeSignalFrames(record.step, record.mode);
 }
 
 void Recorder::Impl::EncodeSignalFrames(std::optional<uint64_t> step, ForwardMode mode) {

@@ -17,6 +17,7 @@
 
 #include "crash_handler.h"
 #include "crashreplay/capture/recorder.h"
+#include "crashreplay/formats/capture_encoder.h"
 #include "crashreplay/formats/capture_writer.h"
 #include "held_frames.h"
 #include "snapshot_ring.h"
@@ -58,7 +59,7 @@ class Recorder::Impl final : public internal::CrashTarget {
 
   void WriterLoop();
   void EncoderLoop();
-  void ProcessStep(StepRecord& record, uint64_t backlog);  // backlog: steps queued, this one included
+  void ProcessStep(StepRecord& record, bool last);  // last: the newest step queued when the batch began
   void EncodeSignalFrames(std::optional<uint64_t> step, ForwardMode mode);
   absl::Status WaitWritten(uint64_t target, double timeout_s);
   // Writes the held fingerprints (if any) as one record; fp_mu_ held.
@@ -137,6 +138,9 @@ class Recorder::Impl final : public internal::CrashTarget {
   internal::WeightIntegrity integrity_;
   // The drop counters last written (disk_mu_): snapshots, steps, records, write errors.
   uint64_t last_dropped_written_[4] = {0, 0, 0, 0};
+  // Step records as parts of one zstd stream (writer thread); restarted
+  // whenever a step frame does not go straight to the file.
+  StepStreamEncoder step_stream_;
   double step_interval_ns_ = 0;        // writer thread (EMA)
   int64_t last_step_ts_ = 0;           // writer thread
   std::atomic<uint32_t> period_steps_{0};

@@ -197,7 +197,14 @@ void SnapshotRing::EncodeTaken() {
   for (size_t i = 0; i < entry->num_tensors; ++i) {
     const StagedTensor& st = entry->tensors[i];
     std::span<const std::byte> raw(arena_.get() + st.offset, st.size);
-    const Hash128 hash = XXH128Of(raw);
+    // Hashed while it is compressed (on a second thread for a large
+    // tensor); a tensor identical to an earlier one of this snapshot is
+    // thus compressed for nothing, which is rare and costs no more than a
+    // distinct tensor would.
+    const int bits = DTypeBits(st.dtype);
+    const size_t element_size = bits >= 16 ? static_cast<size_t>(bits / 8) : 0;
+    EncodedFrame blob = FrameEncoder::EncodeBlob(raw, element_size, blob_);
+    const Hash128 hash = blob.blob_hash;
     TensorDescriptor d;
     d.name = st.name;
     d.dtype = std::string(DTypeName(st.dtype));
@@ -211,9 +218,7 @@ void SnapshotRing::EncodeTaken() {
       return f.blob_hash == hash;
     });
     if (duplicate) continue;
-    const int bits = DTypeBits(st.dtype);
-    const size_t element_size = bits >= 16 ? static_cast<size_t>(bits / 8) : 0;
-    frames.push_back(FrameEncoder::EncodeBlob(raw, hash, element_size, blob_));
+    frames.push_back(std::move(blob));
     bytes += frames.back().bytes.size();
   }
   absl::StatusOr<EncodedFrame> snapshot_frame = FrameEncoder::Encode(record);

@@ -1,13 +1,19 @@
 #include "crashreplay/formats/blob_codec.h"
 
+// ZSTD_c_literalCompressionMode is in zstd's advanced API (stable since
+// 1.5.0 in practice; an older libzstd refuses it and level 1 is used).
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 
@@ -72,65 +78,119 @@ void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigne
 
 namespace {
 
-// Scratch memory for the shuffle and the zstd output. Up to kKeepScratch a
-// buffer is kept per thread and reused from call to call: not zero-filled,
-// not faulted in again (a fresh zero-filled vector costs about 0.5 ms a MiB
-// here in page faults and zeroing, a third of compressing it). Larger ones
-// are allocated for the call, still without zero-filling, so a thread never
-// keeps more than 2 x kKeepScratch.
-constexpr size_t kKeepScratch = 64 << 20;
+// One compression context per thread, reused: ZSTD_compress() creates and
+// frees one (hundreds of KiB of tables) on every call.
+ZSTD_CCtx* ThreadCCtx() {
+  struct Free {
+    void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+  };
+  thread_local std::unique_ptr<ZSTD_CCtx, Free> cctx(ZSTD_createCCtx());
+  return cctx.get();
+}
 
-struct Scratch {
-  std::unique_ptr<unsigned char[]> kept;
-  size_t capacity = 0;
-  unsigned char* Get(size_t n, std::unique_ptr<unsigned char[]>* once) {
-    if (n > kKeepScratch) {
-      once->reset(new unsigned char[n]);  // default-initialised: not zero-filled
-      return once->get();
+// Plane p of the byte-plane shuffle for m elements of k bytes:
+// out[i] = in[i * k + p].
+void ExtractBytePlane(const unsigned char* in, size_t m, size_t k, size_t p, unsigned char* out) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  if (k == 2) {  // as ShuffleBytePlanes: 16 elements per iteration
+    const __m128i mask = _mm_set1_epi16(0x00ff);
+    for (; i + 16 <= m; i += 16) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i + 16));
+      const __m128i v = p == 0 ? _mm_packus_epi16(_mm_and_si128(a, mask), _mm_and_si128(b, mask))
+                               : _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), v);
     }
-    if (n > capacity) {
-      kept.reset(new unsigned char[n]);
-      capacity = n;
-    }
-    return kept.get();
   }
-};
+#endif
+  for (; i < m; ++i) out[i] = in[i * k + p];
+}
+
+// The shuffle and the compressor's output go through two small per-thread
+// buffers, a chunk at a time, so that they stay in this core's cache and a
+// blob of any size needs no scratch of its own size (a fresh 256 MiB buffer
+// cost about 160 ms in page faults here, more than compressing it).
+constexpr size_t kChunk = 256 << 10;
+
+// Streams `raw` into one zstd frame that states its content size, plane by
+// plane when `k` >= 2 (the byte-plane shuffle, without materialising it),
+// appending the frame to `out`. False when zstd fails (then `out` is
+// whatever it had appended).
+bool CompressPlanes(const unsigned char* src, size_t size, size_t k, const BlobEncodeOptions& options,
+                    std::vector<unsigned char>* out) {
+  ZSTD_CCtx* c = ThreadCCtx();
+  if (c == nullptr) return false;
+  ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
+  const bool planes = k >= 2;
+  int level = options.zstd_level;
+  if (planes && options.plane_level != 0) {
+    // Float planes are one part structure (sign, exponent) and one part
+    // noise: matches gain next to nothing, Huffman-coded literals gain the
+    // most. zstd's negative levels look for matches only every few hundred
+    // bytes (a long run is still found) but leave literals uncoded, so
+    // literal coding is asked for explicitly. If this libzstd does not
+    // take the request, level 1 as before.
+    level = options.plane_level;
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_literalCompressionMode, ZSTD_ps_enable))) {
+      level = options.zstd_level;
+    }
+  }
+  if (ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) ||
+      ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(c, size))) {
+    return false;
+  }
+  thread_local std::unique_ptr<unsigned char[]> plane_buf(new unsigned char[kChunk]);
+  thread_local std::unique_ptr<unsigned char[]> out_buf(new unsigned char[kChunk]);
+  ZSTD_outBuffer o{out_buf.get(), kChunk, 0};
+  auto feed = [&](const unsigned char* p, size_t n, ZSTD_EndDirective end) {
+    ZSTD_inBuffer in{p, n, 0};
+    for (;;) {
+      const size_t left = ZSTD_compressStream2(c, &o, &in, end);
+      if (ZSTD_isError(left)) return false;
+      if (o.pos == o.size || (end == ZSTD_e_end && left == 0)) {
+        out->insert(out->end(), out_buf.get(), out_buf.get() + o.pos);
+        o.pos = 0;
+      }
+      if (end == ZSTD_e_end ? left == 0 : in.pos == in.size) return true;
+    }
+  };
+  if (!planes) return feed(src, size, ZSTD_e_end);
+  const size_t n = size / k;
+  const size_t per_chunk = kChunk;  // elements of one plane per chunk
+  for (size_t p = 0; p < k; ++p) {
+    for (size_t i = 0; i < n; i += per_chunk) {
+      const size_t m = std::min(per_chunk, n - i);
+      ExtractBytePlane(src + i * k, m, k, p, plane_buf.get());
+      if (!feed(plane_buf.get(), m, ZSTD_e_continue)) return false;
+    }
+  }
+  return feed(src + n * k, size - n * k, ZSTD_e_end);  // the tail bytes, as they are
+}
 
 }  // namespace
 
 std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash,
                                              size_t element_size, const BlobEncodeOptions& options,
                                              size_t headroom) {
-  thread_local Scratch shuffle_scratch, zstd_scratch;
-  std::unique_ptr<unsigned char[]> shuffle_once, zstd_once;
   const auto* src = reinterpret_cast<const unsigned char*>(raw.data());
   const size_t size = raw.size();
   BlobHeader header;
   header.raw_size = size;
   header.hash = hash;
-
-  const unsigned char* to_compress = src;
   const bool shuffle = options.byte_plane_shuffle && element_size >= 2 && element_size <= 16 &&
                        size >= element_size;
-  if (shuffle) {
-    unsigned char* shuffled = shuffle_scratch.Get(size, &shuffle_once);
-    ShuffleBytePlanes(src, size, element_size, shuffled);
-    to_compress = shuffled;
-  }
-
-  const size_t bound = ZSTD_compressBound(size);
-  unsigned char* z = zstd_scratch.Get(bound, &zstd_once);
-  const size_t csize = ZSTD_compress(z, bound, to_compress, size, options.zstd_level);
-  const bool use_zstd = !ZSTD_isError(csize) &&
-                        static_cast<double>(csize) <= static_cast<double>(size) * (1.0 - options.min_saving);
-  // The payload is allocated at its final size and written once.
   const size_t front = headroom + kBlobHeaderSize;
-  const unsigned char* body = use_zstd ? z : src;  // stored as is, unshuffled: a reader then needs no work
-  const size_t body_size = use_zstd ? csize : size;
+  // Reserved at zstd's bound and written once: pages past what the frame
+  // fills are never touched (so never resident), and nothing is copied
+  // again when the vector would otherwise grow.
   std::vector<unsigned char> out;
-  out.reserve(front + body_size);
+  out.reserve(front + ZSTD_compressBound(size));
   out.resize(front);
-  out.insert(out.end(), body, body + body_size);
+  const bool compressed = CompressPlanes(src, size, shuffle ? element_size : 1, options, &out);
+  const size_t csize = out.size() - front;
+  const bool use_zstd =
+      compressed && static_cast<double>(csize) <= static_cast<double>(size) * (1.0 - options.min_saving);
   if (use_zstd) {
     header.codec = BlobCodec::kZstd;
     if (shuffle) {
@@ -138,8 +198,36 @@ std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, con
       header.element_size = static_cast<uint8_t>(element_size);
     }
   } else {
+    // Stored as is, unshuffled: a reader then needs no work.
     header.codec = BlobCodec::kNone;
+    out.resize(front);
+    out.insert(out.end(), src, src + size);
   }
+  EncodeBlobHeader(header, out.data() + headroom);
+  return out;
+}
+
+std::vector<unsigned char> EncodeBlobPayloadHashing(std::span<const std::byte> raw, size_t element_size,
+                                                    const BlobEncodeOptions& options, size_t headroom,
+                                                    Hash128* hash) {
+  // A thread costs some tens of microseconds to start: worth it only when
+  // hashing takes a millisecond or more (XXH3-128 runs at about 6 GB/s).
+  constexpr size_t kHashAsideFrom = 4 << 20;
+  std::thread aside;
+  if (raw.size() >= kHashAsideFrom) {
+    try {
+      aside = std::thread([raw, hash] { *hash = XXH128Of(raw); });
+    } catch (const std::system_error&) {  // no thread to be had: hash here
+    }
+  }
+  if (!aside.joinable()) *hash = XXH128Of(raw);
+  std::vector<unsigned char> out = EncodeBlobPayload(raw, Hash128{}, element_size, options, headroom);
+  if (aside.joinable()) aside.join();
+  // The header is written last, with the hash in it.
+  BlobHeader header;
+  const absl::Status parsed = ParseBlobHeader(out.data() + headroom, out.size() - headroom, &header);
+  (void)parsed;  // our own encoding: always parses
+  header.hash = *hash;
   EncodeBlobHeader(header, out.data() + headroom);
   return out;
 }

@@ -71,6 +71,66 @@ absl::Status Inflate(uint16_t type, std::span<const unsigned char> z, uint64_t l
   return absl::OkStatus();
 }
 
+// A part of a zstd stream of step records (frame flag kFrameFlagZstdStream,
+// format 2.2): its 8-byte part header, then zstd bytes that decode, after
+// the parts of the same zstd frame before it, to exactly the declared size
+// (at most the structured-payload limit). `open` says whether a zstd frame
+// has been started by an earlier part; it is closed again by any error.
+absl::Status InflateStreamPart(const FrameHeader& h, std::span<const unsigned char> p, uint64_t limit,
+                               DCtxPtr* dctx, bool* open, std::vector<unsigned char>* out) {
+  if (h.type != static_cast<uint16_t>(RecordType::kStep)) {
+    return absl::DataLossError("the zstd-stream flag on a record that is not a step record");
+  }
+  if ((h.flags & kFrameFlagZstd) != 0) return absl::DataLossError("both the zstd and the zstd-stream flags are set");
+  if (p.size() < kStreamPartHeaderSize) {
+    return absl::DataLossError(absl::StrFormat("zstd stream part of %d bytes, shorter than its %d-byte header",
+                                               p.size(), kStreamPartHeaderSize));
+  }
+  if (p[0] > kStreamPartStart || p[1] != 0 || p[2] != 0 || p[3] != 0) {
+    return absl::DataLossError(absl::StrFormat("zstd stream part header has unknown bits set (%02x %02x %02x %02x)",
+                                               p[0], p[1], p[2], p[3]));
+  }
+  const uint32_t size = LoadLE32(p.data() + 4);
+  if (size > limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "zstd stream part states %d decoded bytes, over the %d-byte limit for structured records", size, limit));
+  }
+  if (p[0] == kStreamPartStart) {
+    if (*dctx == nullptr) {
+      dctx->reset(ZSTD_createDCtx());
+      if (*dctx == nullptr) return absl::ResourceExhaustedError("cannot allocate a zstd decompression context");
+    }
+    ZSTD_DCtx_reset(dctx->get(), ZSTD_reset_session_and_parameters);
+    ZSTD_DCtx_setParameter(dctx->get(), ZSTD_d_windowLogMax, 27);
+    *open = true;
+  } else if (!*open) {
+    return absl::DataLossError(
+        "zstd stream part continues a zstd frame whose first part is not before it in the file");
+  }
+  *open = false;  // until this part has decoded cleanly
+  // One byte of room more than declared: a part that decodes to more is
+  // caught rather than left pending in the decoder.
+  out->resize(static_cast<size_t>(size) + 1);
+  ZSTD_inBuffer in{p.data() + kStreamPartHeaderSize, p.size() - kStreamPartHeaderSize, 0};
+  ZSTD_outBuffer o{out->data(), out->size(), 0};
+  for (;;) {
+    const size_t in_before = in.pos, out_before = o.pos;
+    const size_t r = ZSTD_decompressStream(dctx->get(), &o, &in);
+    if (ZSTD_isError(r)) {
+      return absl::DataLossError(absl::StrFormat("zstd stream part: zstd cannot decode it (%s)", ZSTD_getErrorName(r)));
+    }
+    if (o.pos == o.size) break;
+    if (in.pos == in.size && in.pos == in_before && o.pos == out_before) break;
+  }
+  if (o.pos != size || in.pos != in.size) {
+    return absl::DataLossError(absl::StrFormat("zstd stream part decodes to %s bytes, its header states %d",
+                                               o.pos > size ? "more" : absl::StrFormat("%d", o.pos), size));
+  }
+  out->resize(size);
+  *open = true;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CaptureReader::CaptureReader(std::string path, const CaptureLimits& limits)
@@ -133,6 +193,8 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
     truncated_ = torn;
   };
   DCtxPtr dctx(nullptr, ZSTD_freeDCtx);
+  DCtxPtr stream_dctx(nullptr, ZSTD_freeDCtx);  // the zstd stream of step records (2.2)
+  bool stream_open = false;
   std::vector<unsigned char> inflated;  // a compressed record's payload, reused
   while (pos < size_) {
     const uint64_t remaining = size_ - pos;
@@ -182,7 +244,7 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
       return absl::OkStatus();
     }
     const RecordInfo info{index, pos, h.type, h.flags, h.payload_size};
-    if ((h.flags & ~FrameFlagsKnown(major_)) != 0) {
+    if ((h.flags & ~FrameFlagsKnown(major_, minor_)) != 0) {
       stop(At(absl::UnimplementedError(absl::StrFormat(
                   "frame flags 0x%04x set bits format %d.%d does not define; use a newer crashreplay", h.flags,
                   major_, minor_)),
@@ -191,7 +253,15 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
       return absl::OkStatus();
     }
     std::span<const unsigned char> body(payload, static_cast<size_t>(h.payload_size));
-    if ((h.flags & kFrameFlagZstd) != 0) {
+    if ((h.flags & kFrameFlagZstdStream) != 0) {
+      if (absl::Status s = InflateStreamPart(h, body, limits_.max_structured_payload, &stream_dctx, &stream_open,
+                                             &inflated);
+          !s.ok()) {
+        stop(At(s, info), false);
+        return absl::OkStatus();
+      }
+      body = inflated;
+    } else if ((h.flags & kFrameFlagZstd) != 0) {
       if (absl::Status s = Inflate(h.type, body, limits_.max_structured_payload, &dctx, &inflated); !s.ok()) {
         stop(At(s, info), false);
         return absl::OkStatus();

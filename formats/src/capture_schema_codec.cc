@@ -504,14 +504,36 @@ void Read(s::EndRecord::Reader r, EndRecord* v) {
 
 // ---- framing of one message ---------------------------------------------------
 
+// The standard stream framing (segment count - 1, segment sizes, padding
+// to a word, segments) written straight into the vector that is returned.
+std::vector<unsigned char> Flatten(capnp::MessageBuilder& message) {
+  kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments = message.getSegmentsForOutput();
+  const size_t table_words = (segments.size() + 2) / 2;
+  size_t words = table_words;
+  for (const auto& seg : segments) words += seg.size();
+  std::vector<unsigned char> out;
+  out.reserve(words * sizeof(capnp::word));  // written once: not zero-filled first
+  out.resize(table_words * sizeof(capnp::word));
+  StoreLE32(out.data(), static_cast<uint32_t>(segments.size() - 1));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    StoreLE32(out.data() + 4 + 4 * i, static_cast<uint32_t>(segments[i].size()));
+  }
+  for (const auto& seg : segments) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(seg.begin());
+    out.insert(out.end(), bytes, bytes + seg.size() * sizeof(capnp::word));
+  }
+  return out;
+}
+
 template <typename Root, typename T>
 absl::StatusOr<std::vector<unsigned char>> Encode(const T& record) {
   try {
+    // Cap'n Proto's default segment sizes: one segment sized to the whole
+    // record measured faster by 2-3 us a decode step but compressed 10%
+    // worse in the step stream (and under the zstd CLI), so not done.
     capnp::MallocMessageBuilder message;
     Build(message.initRoot<Root>(), record);
-    kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
-    auto bytes = words.asBytes();
-    return std::vector<unsigned char>(bytes.begin(), bytes.end());
+    return Flatten(message);
   } catch (const kj::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrFormat("cannot encode capture record: %s", e.getDescription().cStr()));

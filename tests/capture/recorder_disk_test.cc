@@ -170,6 +170,33 @@ TEST(RecorderDisk, FileSizeLimitReportsOnceHoldsStepsAndWritesThemWhenSpaceRetur
               static_cast<unsigned long long>(sum.write_errors));
 }
 
+// Steps [from, to) ten at a time, 2 ms apart: paced as a server would be
+// (a step every few hundred microseconds at most), so that the writer meets
+// a limit while steps still come and the next call after it carries the
+// one report.
+void RecordPaced(Recorder& rec, uint64_t from, uint64_t to, Recorded* out) {
+  for (uint64_t i = from; i < to; i += 10) {
+    RecordSteps(rec, i, std::min(i + 10, to), out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// Steps [0, n) paced into a file under `limit`; once the writer has taken
+// them all (into the file or held), the limit is raised and the writer's
+// own rate-limited retry (no Flush) writes what it held.
+void FillThenFree(Recorder& rec, FileSizeLimit& limit, uint64_t n, Recorded* calls) {
+  RecordPaced(rec, 0, n, calls);
+  for (int i = 0; i < 2000 && rec.stats().steps_written + rec.stats().steps_held < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(rec.stats().steps_held, 0u);
+  limit.Raise();
+  for (int i = 0; i < 5000 && rec.stats().steps_held > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(rec.stats().steps_held, 0u);
+}
+
 TEST(RecorderDisk, WriterRetriesOnItsOwnWhenSpaceReturns) {
   RecorderTempDir dir;
   const std::string path = dir.path() + "/retry.crcap";
@@ -180,24 +207,35 @@ TEST(RecorderDisk, WriterRetriesOnItsOwnWhenSpaceReturns) {
   ASSERT_TRUE(limit.ok());
   auto rec = Recorder::Begin(TestManifest(), o);
   ASSERT_TRUE(rec.ok()) << rec.status();
-  RecordSteps(**rec, 0, 300, &calls);
-  // Wait for the writer to have taken every step (into the file or held).
-  for (int i = 0; i < 2000 && (*rec)->stats().steps_written + (*rec)->stats().steps_held < 300; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_GT((*rec)->stats().steps_held, 0u);
-  limit.Raise();
-  // No Flush: the writer thread's rate-limited retry writes them.
-  for (int i = 0; i < 5000 && (*rec)->stats().steps_held > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_EQ((*rec)->stats().steps_held, 0u);
+  FillThenFree(**rec, limit, 300, &calls);
+  RecordPaced(**rec, 300, 350, &calls);  // after the held steps: the step stream again
   EXPECT_EQ(calls.failed, 1u);
   EXPECT_TRUE((*rec)->Close().ok());
   std::unique_ptr<CaptureReader> r = ReadCapture(path);
   ASSERT_NE(r, nullptr);
   EXPECT_TRUE(r->end().has_value() && r->end()->ok);
-  ExpectSteps(*r, 300);
+  ExpectSteps(*r, 350);
+  // The step log is one zstd stream (format 2.2) while the disk takes
+  // writes; the steps it refused were held as frames of their own, and the
+  // stream started a new zstd frame after them: no part follows one that
+  // is not in the file.
+  int starts = 0, alone = 0;
+  bool last_was_part = false;
+  for (const RecordInfo& info : r->records()) {
+    if (info.type != static_cast<uint16_t>(RecordType::kStep)) continue;
+    if ((info.flags & kFrameFlagZstdStream) == 0) {
+      ++alone;
+      last_was_part = false;
+      continue;
+    }
+    const bool start = r->Payload(info)[0] == kStreamPartStart;
+    starts += start;
+    EXPECT_TRUE(start || last_was_part) << "a stream part continues past a step frame of its own at "
+                                        << info.offset;
+    last_was_part = true;
+  }
+  EXPECT_GE(alone, 1);   // held while the disk refused them
+  EXPECT_GE(starts, 2);  // the first step, and again after the held ones
 }
 
 TEST(RecorderDisk, SpaceNeverReturnsCloseNamesWhatWasNotWrittenAndTheFileStaysIntact) {

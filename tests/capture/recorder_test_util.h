@@ -63,13 +63,25 @@ struct TestBatch {
   TestBatch(uint64_t step_, size_t requests, size_t slots_per_row = 0) : step(step_) {
     for (size_t i = 0; i < requests; ++i) id_storage.push_back("req-" + std::to_string(i));
     for (const std::string& s : id_storage) ids.push_back(s);
+    // Tokens, outputs and cache slots are drawn afresh each step (full
+    // 63-bit values, nothing like the step before): the step log is a
+    // stream of zstd parts (format 2.2) that would otherwise shrink a
+    // repeating step to a few dozen bytes, and the disk tests need steps
+    // that fill a small file (about 1 KB a step of 16 requests).
+    auto draw = [](uint64_t x) {
+      x = (x + 1) * 0x9e3779b97f4a7c15ull;
+      x ^= x >> 31;
+      x *= 0x94d049bb133111ebull;
+      x ^= x >> 29;
+      return static_cast<int64_t>(x >> 1);
+    };
     for (size_t i = 0; i < requests; ++i) {
-      tokens.push_back(static_cast<int64_t>((step * 31 + i * 7) % 32000));
+      tokens.push_back(draw(step * 3 * requests + i));
       positions.push_back(static_cast<int64_t>(100 + step));
       seq_lens.push_back(static_cast<int64_t>(101 + step));
       pool.push_back(static_cast<int64_t>(i));
-      out_loc.push_back(static_cast<int64_t>(i * 4096 + step));
-      outputs.push_back(static_cast<int64_t>((step * 17 + i) % 32000));
+      out_loc.push_back(draw((step * 3 + 1) * requests + i));
+      outputs.push_back(draw((step * 3 + 2) * requests + i));
       SamplingParams p;
       p.temperature = 0.7f;
       p.top_k = 40;

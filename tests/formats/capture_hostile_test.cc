@@ -221,6 +221,42 @@ Bytes ZstdFlagOnBlob() {
   return out;
 }
 
+// Format 2.2: parts of a zstd stream of step records.
+Bytes StreamPart(uint64_t step, int which) {
+  StepStreamEncoder stream;
+  EncodedFrame f;
+  for (int i = 0; i <= which; ++i) f = *stream.Encode(BigStep(step + static_cast<uint64_t>(i)));
+  return Bytes(f.bytes.begin() + kFrameHeaderSize, f.bytes.end());
+}
+
+Bytes StreamPartWithoutStart() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, StreamPart(1, 1), kFrameFlagZstdStream));
+  return out;
+}
+
+Bytes StreamPartWrongSize() {
+  Bytes part = StreamPart(1, 0);
+  StoreLE32(part.data() + 4, LoadLE32(part.data() + 4) + 8);
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, part, kFrameFlagZstdStream));
+  return out;
+}
+
+Bytes StreamPartOverLimit() {
+  Bytes part = StreamPart(1, 0);
+  StoreLE32(part.data() + 4, 65u << 20);
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, part, kFrameFlagZstdStream));
+  return out;
+}
+
+Bytes StreamFlagOnBlob() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, StreamPart(1, 0), kFrameFlagZstdStream));
+  return out;
+}
+
 Bytes TooNewVersion() {
   Bytes out = ValidPrefix();
   StoreLE16(out.data() + 8, kCaptureMajorVersion + 1);
@@ -288,6 +324,13 @@ std::vector<HostileCase> Cases() {
        "states 68157440 decoded bytes, over the 67108864-byte limit"},
       {"zstd_record_truncated", ZstdRecordTruncated, {}, C::kOk, C::kDataLoss, "zstd cannot decode it"},
       {"zstd_flag_on_blob", ZstdFlagOnBlob, {}, C::kOk, C::kDataLoss, "a blob frame with the zstd flag"},
+      {"stream_part_without_start", StreamPartWithoutStart, {}, C::kOk, C::kDataLoss,
+       "continues a zstd frame whose first part is not before it"},
+      {"stream_part_wrong_size", StreamPartWrongSize, {}, C::kOk, C::kDataLoss, "zstd stream part decodes to"},
+      {"stream_part_over_limit", StreamPartOverLimit, {}, C::kOk, C::kResourceExhausted,
+       "states 68157440 decoded bytes, over the 67108864-byte limit"},
+      {"stream_flag_on_blob", StreamFlagOnBlob, {}, C::kOk, C::kDataLoss,
+       "the zstd-stream flag on a record that is not a step record"},
   };
 }
 

@@ -126,6 +126,42 @@ TEST(CaptureRoundTrip, ByteShuffleCompressesBf16Better) {
   EXPECT_EQ(*back, raw);
 }
 
+TEST(CaptureRoundTrip, FloatPlanesAtTheFastLevelAreSmallerThanLevel1AndRoundTrip) {
+  const auto raw = Bf16Normal(1 << 20, 4);  // 2 MiB: several 256 KiB chunks a plane
+  const Hash128 h = XXH128Of(raw.data(), raw.size());
+  BlobEncodeOptions level1;
+  level1.plane_level = 0;  // the planes at zstd_level (1), as before
+  const auto fast = EncodeBlobPayload(raw, h, 2, BlobEncodeOptions{});
+  const auto slow = EncodeBlobPayload(raw, h, 2, level1);
+  EXPECT_LT(fast.size(), slow.size());
+  EXPECT_GT(static_cast<double>(raw.size()) / static_cast<double>(fast.size()), 1.4);
+  for (const auto* payload : {&fast, &slow}) {
+    auto back = DecodeBlobPayload(payload->data(), payload->size(), 1 << 30);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, raw);
+  }
+}
+
+TEST(CaptureRoundTrip, BlobBytesDoNotDependOnTheThreadOrTheHashingVariant) {
+  // 5 MiB + 3 bytes: hashed on a second thread by the hashing variant, an
+  // odd tail after the planes.
+  auto raw = Bf16Normal(5 << 19, 6);
+  raw.resize(raw.size() + 3, std::byte{7});
+  const Hash128 h = XXH128Of(raw.data(), raw.size());
+  const auto first = EncodeBlobPayload(raw, h, 2, {}, 24);
+  Hash128 hashed;
+  EXPECT_EQ(EncodeBlobPayloadHashing(raw, 2, {}, 24, &hashed), first);
+  EXPECT_EQ(hashed, h);
+  std::vector<unsigned char> other;
+  std::thread t([&] { other = EncodeBlobPayload(raw, h, 2, {}, 24); });
+  t.join();
+  EXPECT_EQ(other, first);
+  EXPECT_EQ(EncodeBlobPayload(raw, h, 2, {}, 24), first);  // this thread's context, reused
+  auto back = DecodeBlobPayload(first.data() + 24, first.size() - 24, 1 << 30);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, raw);
+}
+
 TEST(CaptureRoundTrip, IncompressibleBlobIsStoredRaw) {
   std::vector<std::byte> noise(4096);
   std::mt19937 rng(1);
@@ -305,16 +341,25 @@ TEST(CaptureCompat, LargeStepRecordsAreCompressedAndReadBackExactly) {
   EXPECT_EQ(sum.step_raw_bytes, tiny_bytes + raw);
 }
 
+// A file as a writer of version major.minor began it: the file header
+// and the session manifest.
+std::vector<unsigned char> OldFileStart(uint16_t major, uint16_t minor) {
+  std::vector<unsigned char> bytes(kFileHeaderSize);
+  EncodeFileHeader(bytes.data());
+  StoreLE16(bytes.data() + 8, major);
+  StoreLE16(bytes.data() + 10, minor);
+  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  const EncodedFrame m = *FrameEncoder::Encode(TestManifest(0));
+  bytes.insert(bytes.end(), m.bytes.begin(), m.bytes.end());
+  return bytes;
+}
+
 // Files written before 2.0 (no compressed frames, major 1) are still read.
 TEST(CaptureCompat, Version1FilesAreRead) {
   TempDir dir;
   const std::string path = dir.File("v1.crcap");
-  std::vector<unsigned char> bytes(kFileHeaderSize);
-  EncodeFileHeader(bytes.data());
-  StoreLE16(bytes.data() + 8, 1);
-  StoreLE64(bytes.data() + 24, XXH64Of(bytes.data(), 24));
+  std::vector<unsigned char> bytes = OldFileStart(1, 0);
   const auto put = [&](const EncodedFrame& f) { bytes.insert(bytes.end(), f.bytes.begin(), f.bytes.end()); };
-  put(*FrameEncoder::Encode(TestManifest(0)));
   for (uint64_t i = 0; i < 3; ++i) put(Uncompressed(*FrameEncoder::Encode(TestStep(i, 0))));
   WriteFileBytes(path, bytes);
   auto reader = CaptureReader::Open(path);
@@ -323,6 +368,137 @@ TEST(CaptureCompat, Version1FilesAreRead) {
   EXPECT_EQ((*reader)->Summary().format_major, 1);
   ASSERT_EQ((*reader)->steps().size(), 3u);
   EXPECT_EQ((*reader)->steps()[2], TestStep(2, 0));
+}
+
+// A decode step of 256 requests that follows step - 1 as in a real decode:
+// the last outputs are the tokens, positions and cache slots move on, the
+// outputs are new.
+StepRecord DecodeStep(uint64_t step) {
+  auto output = [](uint64_t st, uint64_t i) { return static_cast<int64_t>((st * 7919 + i * i * 104729) % 151000); };
+  StepRecord r = TestStep(step, 0);
+  r.request_ids.clear();
+  r.token_ids.clear();
+  r.positions.clear();
+  r.out_cache_loc.clear();
+  r.output_token_ids.clear();
+  for (uint64_t i = 0; i < 256; ++i) {
+    r.request_ids.push_back("chatcmpl-" + std::to_string(1000000 + i));
+    r.token_ids.push_back(step == 0 ? 1 : output(step - 1, i));
+    r.positions.push_back(static_cast<int64_t>(500 + i + step));
+    r.out_cache_loc.push_back(static_cast<int64_t>(i * 2048 + 501 + step));
+    r.output_token_ids.push_back(output(step, i));
+  }
+  return r;
+}
+
+// Format 2.2: step records as parts of one zstd stream. Over a restart of
+// the stream (kRestartEvery) and a Restart() call, every step reads back
+// exactly, from far fewer bytes than frames compressed one by one.
+TEST(CaptureStream, StreamedStepsReadBackExactlyAcrossRestarts) {
+  TempDir dir;
+  const std::string path = dir.File("s.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(0));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  StepStreamEncoder stream;
+  const uint64_t n = StepStreamEncoder::kRestartEvery + 300;
+  uint64_t starts = 0, whole_frames = 0, streamed = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (i == 1100) stream.Restart();
+    if (i == 500) {  // another frame between parts
+      ASSERT_TRUE((*writer)->Append(TestStep(999, 0)).ok());
+    }
+    auto f = stream.Encode(DecodeStep(i));
+    ASSERT_TRUE(f.ok()) << f.status();
+    FrameHeader h;
+    ASSERT_TRUE(ParseFrameHeader(f->bytes.data(), &h));
+    ASSERT_EQ(h.flags, kFrameFlagZstdStream);
+    starts += f->bytes[kFrameHeaderSize] == kStreamPartStart;
+    streamed += f->bytes.size();
+    whole_frames += FrameEncoder::Encode(DecodeStep(i))->bytes.size();
+    ASSERT_TRUE((*writer)->Append(*f).ok());
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(starts, 3u);  // step 0, step kRestartEvery, step 1100
+  EXPECT_LT(streamed * 2, whole_frames) << "parts of a stream should be far smaller than whole frames";
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->Verify().status.ok()) << (*reader)->Verify().status;
+  EXPECT_TRUE((*reader)->Summary().ok);
+  ASSERT_EQ((*reader)->steps().size(), n + 1);
+  for (uint64_t i = 0, k = 0; i < n; ++i, ++k) {
+    if (i == 500) {
+      EXPECT_EQ((*reader)->steps()[k++], TestStep(999, 0));
+    }
+    ASSERT_EQ((*reader)->steps()[k], DecodeStep(i)) << "step " << i;
+  }
+}
+
+// The same records give the same bytes, whichever thread encodes them.
+TEST(CaptureStream, SameRecordsGiveTheSameBytesOnAnyThread) {
+  auto encode_all = [] {
+    StepStreamEncoder stream;
+    std::vector<unsigned char> out;
+    for (uint64_t i = 0; i < 64; ++i) {
+      auto f = stream.Encode(DecodeStep(i));
+      EXPECT_TRUE(f.ok());
+      out.insert(out.end(), f->bytes.begin(), f->bytes.end());
+    }
+    return out;
+  };
+  const auto here = encode_all();
+  std::vector<unsigned char> a, b;
+  std::thread ta([&] { a = encode_all(); });
+  std::thread tb([&] { b = encode_all(); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a, here);
+  EXPECT_EQ(b, here);
+}
+
+// A crash may cut the file anywhere: every part before the cut decodes.
+TEST(CaptureStream, TornStreamKeepsEveryCompletePart) {
+  TempDir dir;
+  const std::string path = dir.File("t.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(0));
+  ASSERT_TRUE(writer.ok());
+  StepStreamEncoder stream;
+  for (uint64_t i = 0; i < 40; ++i) ASSERT_TRUE((*writer)->Append(*stream.Encode(DecodeStep(i))).ok());
+  writer->reset();  // no Close: the process died
+  auto bytes = ReadFileBytes(path);
+  bytes.resize(bytes.size() - 7);  // into the last part
+  WriteFileBytes(path, bytes);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->Summary().truncated);
+  ASSERT_EQ((*reader)->steps().size(), 39u);
+  EXPECT_EQ((*reader)->steps()[38], DecodeStep(38));
+}
+
+// Files of 2.1 and before: step records compressed one frame at a time
+// (flag bit 1) still read; the stream flag is refused in them.
+TEST(CaptureCompat, Version21FilesAreReadAndRefuseTheStreamFlag) {
+  auto file = [](bool stream) {
+    std::vector<unsigned char> bytes = OldFileStart(2, 1);
+    const auto put = [&](const EncodedFrame& f) { bytes.insert(bytes.end(), f.bytes.begin(), f.bytes.end()); };
+    StepStreamEncoder s;
+    for (uint64_t i = 0; i < 3; ++i) put(stream ? *s.Encode(DecodeStep(i)) : *FrameEncoder::Encode(DecodeStep(i)));
+    return bytes;
+  };
+  TempDir dir;
+  WriteFileBytes(dir.File("old.crcap"), file(false));
+  auto reader = CaptureReader::Open(dir.File("old.crcap"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->scan_status().ok()) << (*reader)->scan_status();
+  EXPECT_EQ((*reader)->Summary().format_minor, 1);
+  ASSERT_EQ((*reader)->steps().size(), 3u);
+  EXPECT_EQ((*reader)->steps()[2], DecodeStep(2));
+  WriteFileBytes(dir.File("odd.crcap"), file(true));
+  reader = CaptureReader::Open(dir.File("odd.crcap"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->scan_status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE((*reader)->scan_status().message().find("frame flags 0x0004 set bits format 2.1 does not define"),
+            std::string_view::npos)
+      << (*reader)->scan_status();
 }
 
 TEST(CaptureCompat, NewerMinorVersionIsRead) {

@@ -4,8 +4,9 @@
 // SESSION_DIR/rank-NNNNN.crcap (docs/capture.md: session directory layout).
 // It keeps two tiers (DESIGN "capture/"):
 //   * the step log: RecordStep() copies the step's small vectors into a
-//     preallocated slot; a background writer thread encodes (FrameEncoder)
-//     and appends them to the file continuously;
+//     preallocated slot; a background writer thread encodes them as parts
+//     of one zstd stream (StepStreamEncoder, format 2.2) and appends them
+//     to the file continuously;
 //   * tensor snapshots: SubmitSnapshot() memcpys host bytes into a bounded
 //     in-memory ring (a byte budget); a background encoder thread hashes
 //     (XXH3-128) and compresses them (zstd via the blob codec) and keeps the
@@ -96,7 +97,7 @@ struct RecorderOptions {
   // this budget (so at most about twice it in host memory).
   uint64_t snapshot_ring_bytes = kDefaultSnapshotRingBytes;
   uint32_t max_snapshots = 64;  // entries in the ring, whatever their size
-  BlobEncodeOptions blob;       // zstd level 1 + byte-plane shuffle by default
+  BlobEncodeOptions blob;       // byte planes at zstd -100 + Huffman literals, else level 1 (blob_codec.h)
   bool write_snapshots_on_close = false;
 
   // Step log queue. A step that finds every slot taken (the writer is that

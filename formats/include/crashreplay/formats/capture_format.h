@@ -30,26 +30,45 @@ inline constexpr size_t kFileHeaderSize = 32;
 // read 1.x as well; bit 1 is refused in a 1.x file.
 inline constexpr uint16_t kCaptureMajorVersion = 2;
 // 2.1: fingerprint records (type 11, written skippable so 2.0 readers skip them).
-inline constexpr uint16_t kCaptureMinorVersion = 1;
+// 2.2: frame flag bit 2 (step records as parts of one zstd stream); a 2.1
+// reader refuses the bit with Unimplemented ("use a newer crashreplay").
+inline constexpr uint16_t kCaptureMinorVersion = 2;
 
 // ---- frame header (24 bytes) -----------------------------------------------
 //   0  4  frame marker "CRfr"
 //   4  2  record type (RecordType)
 //   6  2  flags: bit 0 = skippable; bit 1 = the payload is one zstd frame
 //         (content size stated) holding the record's Cap'n Proto message
-//         (format 2.0 on; structured records only, never a blob); other
-//         bits reserved, must be zero
+//         (format 2.0 on; structured records only, never a blob); bit 2 =
+//         the payload is a part of a zstd stream of step records (2.2 on,
+//         below; step records only, never with bit 1); other bits
+//         reserved, must be zero
 //   8  8  payload length in bytes
 //  16  8  XXH3-64 (seed 0) of header bytes 4..15 followed by the payload
 inline constexpr char kFrameMarker[4] = {'C', 'R', 'f', 'r'};
 inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr uint16_t kFrameFlagSkippable = 1u << 0;
 inline constexpr uint16_t kFrameFlagZstd = 1u << 1;
-inline constexpr uint16_t kFrameFlagsKnown = kFrameFlagSkippable | kFrameFlagZstd;
-// The flags a file of this major version may set.
-inline constexpr uint16_t FrameFlagsKnown(uint16_t major) {
-  return major >= 2 ? kFrameFlagsKnown : kFrameFlagSkippable;
+inline constexpr uint16_t kFrameFlagZstdStream = 1u << 2;
+// The flags a file of this version may set.
+inline constexpr uint16_t FrameFlagsKnown(uint16_t major, uint16_t minor) {
+  if (major < 2) return kFrameFlagSkippable;
+  if (major == 2 && minor < 2) return kFrameFlagSkippable | kFrameFlagZstd;
+  return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream;
 }
+
+// ---- zstd stream part (frame flag bit 2, format 2.2) -------------------------
+// The payload of a streamed step record: an 8-byte part header, then the
+// zstd bytes the compressor flushed for this record. The parts of one zstd
+// frame are consecutive step frames (other records may come between);
+// each decodes to exactly its record's Cap'n Proto message, given the
+// parts of the same zstd frame before it.
+//   0  1  1 = this part starts a new zstd frame, 0 = it continues the
+//         frame of the step part before it
+//   1  3  reserved, must be zero
+//   4  4  the record's decoded size in bytes
+inline constexpr size_t kStreamPartHeaderSize = 8;
+inline constexpr uint8_t kStreamPartStart = 1;
 
 enum class RecordType : uint16_t {
   kManifest = 1,       // SessionManifest, exactly one, the first frame
