@@ -281,7 +281,8 @@ int RunRun(int argc, char** argv) {
     out["steps"] = nlohmann::json::array();
     for (const auto& s : r.steps) {
       out["steps"].push_back({{"step", s.step}, {"mode", replay::ForwardModeName(s.mode)}, {"rows", s.rows},
-                              {"tokens", s.tokens}, {"digest", s.digest.Hex()}, {"sampled", s.sampled}});
+                              {"tokens", s.tokens}, {"digest", s.digest.Hex()}, {"sampled", s.sampled},
+                              {"activation_bytes", s.activation_bytes}});
     }
     out["tokenizer"] = (*tokenizer)->Describe();
     out["outputs"] = nlohmann::json::array();

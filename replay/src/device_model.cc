@@ -14,6 +14,7 @@ absl::StatusOr<void*> ExecMemory::Alloc(size_t bytes) {
   auto p = exec_->Allocate(bytes);
   if (!p.ok()) return p.status();
   owned_.push_back(*p);
+  bytes_ += bytes;
   return *p;
 }
 

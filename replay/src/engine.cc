@@ -201,6 +201,7 @@ RunResult Engine::Run(const std::vector<Request>& requests, StepObserver* observ
     sum.mode = in.mode;
     sum.rows = static_cast<int64_t>(in.rows.size());
     for (const StepRow& r : in.rows) sum.tokens += static_cast<int64_t>(r.tokens.size());
+    sum.activation_bytes = prog->activation_bytes();
     if (prog->fault()) {
       result.fault = prog->fault();
       result.steps.push_back(sum);

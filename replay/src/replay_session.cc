@@ -96,6 +96,7 @@ nlohmann::json ReplayReport::ToJson() const {
   j["outcome"] = outcome;
   j["step"] = step;
   j["digest"] = digest.Hex();
+  j["activation_bytes"] = activation_bytes;
   j["kernels"] = nlohmann::json::array();
   for (const KernelRecord& k : kernels) j["kernels"].push_back(KernelRecordToJson(k));
   if (fault) {
@@ -233,6 +234,7 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   rep.first_nonfinite = prog->first_nonfinite();
   rep.fault = prog->fault();
   rep.mode = rec.input.mode;
+  rep.activation_bytes = prog->activation_bytes();
   if (!rep.fault && prog->done()) rep.digest = prog->Digest();
   CompareFingerprints(rec, *prog, &rep);
   const std::string engine_note =

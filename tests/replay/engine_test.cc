@@ -78,6 +78,35 @@ TEST(EngineTensorParallel, EmulatedRanksMatchOneRankWithinTolerance) {
   for (size_t i = 0; i < a->f.size(); ++i) EXPECT_NEAR(a->f[i], b->f[i], 1e-4 + 1e-4 * std::abs(a->f[i])) << i;
 }
 
+// A step's activation_bytes is the executor memory it allocated: its
+// buffers (each as buffer() shows it), plus the batch's tables and the ops'
+// views, which are small; a prefill of more tokens holds more.
+TEST(EngineMemory, ActivationBytesAreTheStepsBuffersAndTheirTables) {
+  struct Sizes : StepObserver {
+    std::vector<std::pair<uint64_t, uint64_t>> steps;  // activation_bytes, sum of buffer bytes
+    void BeforeStep(const StepInput&) override {}
+    void AfterStep(const StepProgram& p) override {
+      uint64_t sum = 0;
+      for (const auto& [name, b] : p.buffers()) sum += b.bytes();
+      steps.emplace_back(p.activation_bytes(), sum);
+    }
+  } sizes;
+  MakeModelOptions o;
+  o.arch = "glm_moe_dsa";
+  auto e = MakeEngine(o, {"tp_size=2"});
+  ASSERT_TRUE(e);
+  const RunResult r = e->Run(TwoRequests(2), &sizes);
+  ASSERT_FALSE(r.fault.has_value());
+  ASSERT_EQ(sizes.steps.size(), 2u);
+  for (const auto& [all, buffers] : sizes.steps) {
+    EXPECT_GT(buffers, 0u);
+    EXPECT_GE(all, buffers);
+    EXPECT_LT(all - buffers, buffers / 4) << "tables and views are a small part";
+  }
+  EXPECT_GT(sizes.steps[0].first, sizes.steps[1].first);  // the prefill's tokens against the decode step's
+  EXPECT_EQ(r.steps[0].activation_bytes, sizes.steps[0].first);
+}
+
 TEST(EngineFaults, Paged64WithSmallPagesPrefillsThenFailsInDecodeAttention) {
   auto e = MakeEngine(Opts("glm4_moe", "nvfp4"), {"attention_backend=paged64", "page_size=16"});
   RunResult r = e->Run(TwoRequests(3));

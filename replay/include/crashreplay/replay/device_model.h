@@ -61,10 +61,13 @@ class ExecMemory {
     return static_cast<const T*>(*p);
   }
   Executor* exec() const { return exec_; }
+  // Bytes allocated so far (Alloc, Copy, and Share where it copied).
+  uint64_t bytes() const { return bytes_; }
 
  private:
   Executor* exec_;
   std::vector<void*> owned_;
+  uint64_t bytes_ = 0;
 };
 
 class DeviceModel {

@@ -53,6 +53,7 @@ struct StepSummary {
   int64_t tokens = 0;
   Hash128 digest;
   std::vector<int32_t> sampled;
+  uint64_t activation_bytes = 0;  // StepProgram::activation_bytes
 };
 
 // Hooks for a recorder: called around every step with the exact inputs.

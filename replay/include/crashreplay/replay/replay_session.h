@@ -82,6 +82,7 @@ struct ReplayReport {
   std::string outcome;   // reproduced | diverged | failed
   int64_t step = -1;     // the target step
   Hash128 digest;        // the target step's digest (zero when it failed)
+  uint64_t activation_bytes = 0;  // the target step's (StepProgram::activation_bytes)
   std::vector<KernelRecord> kernels;  // the target step's kernels as run
   std::optional<Fault> fault;
   std::string first_nonfinite;        // first kernel with a NaN/Inf output in the target step

@@ -248,6 +248,11 @@ class StepProgram {
   const std::string& first_nonfinite() const { return first_nonfinite_; }
   const std::optional<Fault>& fault() const { return fault_; }
   const StepInput& input() const { return input_; }
+  // The executor memory the step allocated: its activation buffers, the
+  // batch's tables and the ops' views (the KV cache and weights are not
+  // the step's). On the CPU the fast launchers' scratch comes on top
+  // (cpu_kernels.h: at most CpuScratchBytes()).
+  uint64_t activation_bytes() const { return mem_.bytes(); }
 
   // Sampled token per row (after the sampler ran).
   std::vector<int32_t> SampledTokens() const;
