@@ -72,7 +72,8 @@ class DumpObserver : public replay::StepObserver {
 
 int RunRun(int argc, char** argv) {
   CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
-  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "64M";
+  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "64M",
+              page_deltas = "on";
   std::string tokenizer_choice = "auto";
   std::vector<std::string> prompts, prompt_ids, sets;
   int64_t max_new = 16;
@@ -103,6 +104,11 @@ int RunRun(int argc, char** argv) {
   app.add_option("--snapshot-budget", snapshot_budget,
                  "with --record: host memory for the snapshot ring (bytes, or with K/M/G); a step whose state is "
                  "larger is not kept")->default_str("64M");
+  app.add_option("--page-table-deltas", page_deltas,
+                 "with --record: write page-table rows as deltas (capture format 2.3), or 'off' for every row "
+                 "whole (a file crashreplay before 2.3 reads)")
+      ->default_str("on")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_option("--tokenizer", tokenizer_choice,
                  "auto: MODEL_DIR/tokenizer.json when present (byte-level BPE), else bytes; 'bytes'; or a "
@@ -120,6 +126,7 @@ int RunRun(int argc, char** argv) {
   auto budget = ParseBytes("--snapshot-budget", snapshot_budget);
   if (!budget.ok()) return ReportError(budget.status());
   snapshot_options.budget_bytes = *budget;
+  snapshot_options.page_table_deltas = page_deltas == "on";
 
   replay::Config config = replay::Config::Defaults();
   if (!config_file.empty()) {

@@ -125,6 +125,7 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
     }
     if (queue_.Full()) {
       overflowing_ = true;
+      PushStep(step, 0, /*dropped=*/true);  // its rows still count for the deltas after it
       if (steps_dropped_.fetch_add(1, std::memory_order_relaxed) == 0) {
         std::fprintf(stderr,
                      "crashreplay: capture %s: the writer is %u steps behind (the disk is slow); step %llu and later "
@@ -142,7 +143,7 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
   }
   last_accepted_step_.store(step.step, std::memory_order_relaxed);
   last_accepted_mode_.store(step.mode, std::memory_order_relaxed);
-  queue_.Push(step, step.timestamp_nanos != 0 ? step.timestamp_nanos : RealtimeNanos());
+  PushStep(step, step.timestamp_nanos != 0 ? step.timestamp_nanos : RealtimeNanos(), /*dropped=*/false);
   // No wake-up call: a futex wake is a system call of several microseconds
   // on the serving thread. The writer polls (IdleWait) instead.
   if (report_pending_.load(std::memory_order_relaxed) && report_pending_.exchange(false)) {
@@ -154,6 +155,72 @@ absl::Status Recorder::Impl::RecordStep(const StepView& step) {
                         pending_report_.message(), step.step)));
   }
   return absl::OkStatus();
+}
+
+void Recorder::Impl::PushStep(const StepView& step, int64_t timestamp_nanos, bool dropped) {
+  const size_t rows = step.page_table_offsets.empty() ? 0 : step.page_table_offsets.size() - 1;
+  if (rows == 0) {
+    if (!dropped) queue_.Push(step, timestamp_nanos);
+    return;
+  }
+  // Without deltas in the file, rows given as deltas are still resolved:
+  // a new epoch every step passes each row on whole.
+  if (!options_.page_table_deltas) given_rows_.NewEpoch();
+  queue_offsets_.resize(rows + 1);
+  queue_starts_.resize(rows);
+  queue_slots_.clear();
+  queue_offsets_[0] = 0;
+  for (size_t i = 0; i < rows; ++i) {
+    const int64_t pool = i < step.req_pool_indices.size() ? step.req_pool_indices[i] : -1;
+    const int64_t start = step.page_table_starts.empty() ? 0 : step.page_table_starts[i];
+    const auto from = static_cast<size_t>(step.page_table_offsets[i]);
+    const auto to = static_cast<size_t>(step.page_table_offsets[i + 1]);
+    const internal::PageRowTracker::Out out = given_rows_.Apply(
+        pool, start, start > 0, step.page_table_slots.subspan(from, to - from), options_.page_table_deltas);
+    if (dropped) continue;
+    queue_slots_.insert(queue_slots_.end(), out.slots.begin(), out.slots.end());
+    queue_offsets_[i + 1] = static_cast<int64_t>(queue_slots_.size());
+    // The queue's start codes (StepQueue::Unpack): >= 0 continues the
+    // previous row from that column, < 0 marks the columns before -c - 1
+    // unknown.
+    queue_starts_[i] = out.from_previous || out.start == 0 ? out.start : -out.start - 1;
+  }
+  page_rows_incomplete_.store(given_rows_.incomplete(), std::memory_order_relaxed);
+  if (dropped) {
+    given_rows_.NewEpoch();  // the writer never sees this step's rows: whole rows next
+    return;
+  }
+  StepView queued = step;
+  queued.page_table_offsets = queue_offsets_;
+  queued.page_table_slots = queue_slots_;
+  queued.page_table_starts = queue_starts_;
+  queue_.Push(queued, timestamp_nanos);
+}
+
+void Recorder::Impl::DeltaPageRows(StepRecord& record, bool restart) {
+  if (!options_.page_table_deltas) return;  // the queue holds whole rows
+  // Whole rows again after a restart of the stream (the frames before may
+  // never reach the file) and whenever the deltas since the last whole
+  // rows weigh kWholeRowsEvery times the rows: a reader never has to
+  // follow an unbounded chain, and the whole rows add at most about
+  // 1/kWholeRowsEvery to the file, whatever the context length. (Every
+  // reader starts at the file's first step; a torn tail loses nothing
+  // before it.)
+  constexpr uint64_t kWholeRowsEvery = 8;
+  if (restart || page_units_since_whole_ >= kWholeRowsEvery * written_rows_.held_slots()) {
+    written_rows_.NewEpoch();
+    page_units_since_whole_ = 0;
+  }
+  for (PageTableRow& row : record.page_table) {
+    const internal::PageRowTracker::Out out =
+        written_rows_.Apply(row.req_pool_index, row.start, row.from_previous, row.token_slots, /*minimize=*/false);
+    if (out.slots.data() != row.token_slots.data() || out.slots.size() != row.token_slots.size()) {
+      row.token_slots.assign(out.slots.begin(), out.slots.end());
+    }
+    row.start = out.start;
+    row.from_previous = out.from_previous;
+    page_units_since_whole_ += out.slots.size() + kRequestUnits;
+  }
 }
 
 absl::Status Recorder::Impl::SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors) {
@@ -211,7 +278,9 @@ void Recorder::Impl::ProcessStep(StepRecord& record, bool last) {
   // dropped from there) each step is a frame of its own, and the stream
   // starts again once the disk is back (StepStreamEncoder).
   absl::StatusOr<EncodedFrame> frame;
-  if (disk_degraded_.load(std::memory_order_relaxed)) {
+  const bool degraded = disk_degraded_.load(std::memory_order_relaxed);
+  DeltaPageRows(record, degraded || step_stream_.restarted());
+  if (degraded) {
     step_stream_.Restart();
     frame = FrameEncoder::Encode(record);
   } else {
@@ -689,6 +758,7 @@ RecorderStats Recorder::Impl::stats() const {
   s.steps_held = held_.steps();
   s.held_bytes = held_.bytes();
   s.steps_dropped = steps_dropped_.load() + held_.steps_dropped();
+  s.page_rows_incomplete = page_rows_incomplete_.load(std::memory_order_relaxed);
   s.records_dropped = held_.records_dropped();
   s.write_errors = writer_->write_errors();
   // Steps the writer has taken in and that are in the file: neither held

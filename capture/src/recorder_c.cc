@@ -82,6 +82,7 @@ void cr_recorder_options_init(cr_recorder_options* o) {
   o->held_steps = d.held_steps;
   o->held_bytes = d.held_bytes;
   o->disk_retry_interval_s = d.disk_retry_interval_s;
+  o->page_table_deltas = d.page_table_deltas ? 1 : 0;
 }
 
 int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, cr_recorder** out) {
@@ -109,6 +110,7 @@ int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, c
     options.held_steps = o->held_steps;
     options.held_bytes = o->held_bytes;
     options.disk_retry_interval_s = o->disk_retry_interval_s;
+    options.page_table_deltas = o->page_table_deltas != 0;
   }
   absl::StatusOr<std::unique_ptr<Recorder>> r = Recorder::Begin(*manifest, options);
   if (!r.ok()) return Fail(r.status());
@@ -150,6 +152,7 @@ int cr_recorder_record_step(cr_recorder* r, const cr_step* s) {
   v.req_pool_indices = Span(s->req_pool_indices, s->num_req_pool_indices);
   if (s->page_table_offsets != nullptr) v.page_table_offsets = Span(s->page_table_offsets, s->num_page_table_rows + 1);
   v.page_table_slots = Span(s->page_table_slots, s->num_page_table_slots);
+  if (s->page_table_starts != nullptr) v.page_table_starts = Span(s->page_table_starts, s->num_page_table_rows);
   v.out_cache_loc = Span(s->out_cache_loc, s->num_out_cache_loc);
   v.sampling = sampling;
   v.rng_seed = s->rng_seed;
@@ -223,7 +226,7 @@ int cr_recorder_stats_get(const cr_recorder* r, cr_recorder_stats* out) {
                            s.weight_check_period_steps, s.weight_checks, s.corrupt_weight_slices,
                            s.file_bytes,         s.steps_spilled,  s.steps_dropped,
                            s.records_dropped,    s.write_errors,   s.steps_held,
-                           s.held_bytes};
+                           s.held_bytes,         s.page_rows_incomplete};
   return CR_OK;
 }
 

@@ -20,6 +20,7 @@
 #include "crashreplay/formats/capture_encoder.h"
 #include "crashreplay/formats/capture_writer.h"
 #include "held_frames.h"
+#include "page_row_tracker.h"
 #include "snapshot_ring.h"
 #include "step_queue.h"
 #include "weight_integrity.h"
@@ -118,6 +119,13 @@ class Recorder::Impl final : public internal::CrashTarget {
   // are being dropped without waiting (until the queue is half empty).
   std::atomic<uint64_t> steps_dropped_{0};
   bool overflowing_ = false;  // producer_mu_
+  // Page-table deltas, caller's side (producer_mu_): the rows given, and
+  // the step's rows as they go into the queue.
+  internal::PageRowTracker given_rows_;
+  std::vector<int64_t> queue_offsets_, queue_slots_, queue_starts_;
+  std::atomic<uint64_t> page_rows_incomplete_{0};
+  // Queues `step`, its page-table rows turned into deltas (producer_mu_).
+  void PushStep(const StepView& step, int64_t timestamp_nanos, bool dropped);
 
   // Disk errors. disk_mu_ orders every append to writer_ and held_.
   std::mutex disk_mu_;
@@ -141,6 +149,14 @@ class Recorder::Impl final : public internal::CrashTarget {
   // Step records as parts of one zstd stream (writer thread); restarted
   // whenever a step frame does not go straight to the file.
   StepStreamEncoder step_stream_;
+  // Page-table deltas, file side (writer thread): rows whole after a
+  // restart of the step stream and every so often (DeltaPageRows); the
+  // 8-byte units written since (a row's slots plus kRequestUnits for the
+  // request's other fields).
+  internal::PageRowTracker written_rows_;
+  uint64_t page_units_since_whole_ = 0;
+  static constexpr uint64_t kRequestUnits = 8;
+  void DeltaPageRows(StepRecord& record, bool restart);
   double step_interval_ns_ = 0;        // writer thread (EMA)
   int64_t last_step_ts_ = 0;           // writer thread
   std::atomic<uint32_t> period_steps_{0};

@@ -20,7 +20,7 @@ static_assert(std::is_trivially_copyable_v<Hash128>);
 constexpr size_t kLine = 64;
 constexpr uint64_t kMinArena = 64 << 10;
 
-enum Field { kTokens, kPositions, kSeqLens, kExtendLens, kPool, kPtOffsets, kPtSlots, kOutLoc, kOutputs, kFields };
+enum Field { kTokens, kPositions, kSeqLens, kExtendLens, kPool, kPtOffsets, kPtSlots, kPtStarts, kOutLoc, kOutputs, kFields };
 
 // The record layout, in this order, each part 8-byte aligned:
 //   Header
@@ -76,6 +76,7 @@ std::span<const int64_t> FieldOf(const StepView& v, int f) {
     case kPool: return v.req_pool_indices;
     case kPtOffsets: return v.page_table_offsets;
     case kPtSlots: return v.page_table_slots;
+    case kPtStarts: return v.page_table_starts;
     case kOutLoc: return v.out_cache_loc;
     default: return v.output_token_ids;
   }
@@ -131,6 +132,24 @@ absl::Status StepQueue::Validate(const StepView& v) {
     }
   } else if (!v.page_table_slots.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": page_table_slots without page_table_offsets"));
+  }
+  if (!v.page_table_starts.empty()) {
+    const size_t rows = v.page_table_offsets.empty() ? 0 : v.page_table_offsets.size() - 1;
+    if (v.page_table_starts.size() != rows) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": ", v.page_table_starts.size(),
+                                                     " page_table_starts for ", rows, " page-table rows"));
+    }
+    if (v.req_pool_indices.size() < rows) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": page_table_starts need a req_pool_index for "
+                                                     "each of the ", rows, " rows (", v.req_pool_indices.size(),
+                                                     " given)"));
+    }
+    for (size_t i = 0; i < rows; ++i) {
+      if (v.page_table_starts[i] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": page_table_starts[", i, "] is ",
+                                                       v.page_table_starts[i], "; a row starts at column 0 or later"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -310,6 +329,12 @@ void StepQueue::Unpack(uint64_t seq, uint32_t rank, StepRecord* r) const {
     row.req_pool_index = i < hd.len[kPool] ? ints[begin[kPool] + i] : -1;
     const int64_t* slots = ints + begin[kPtSlots];
     row.token_slots.assign(slots + ints[begin[kPtOffsets] + i], slots + ints[begin[kPtOffsets] + i + 1]);
+    // Start codes (StepQueue::Push): c >= 0 continues the previous row from
+    // column c (0: the whole row); c < 0 is a row whose columns before
+    // -c - 1 are unknown.
+    const int64_t code = i < hd.len[kPtStarts] ? ints[begin[kPtStarts] + i] : 0;
+    row.start = code >= 0 ? code : -code - 1;
+    row.from_previous = code > 0;
   }
   field(kOutLoc, &r->out_cache_loc);
   r->sampling.resize(hd.num_sampling);

@@ -168,9 +168,16 @@ struct Digest {
 }
 
 # One row of the page table: the KV slots a request's tokens occupy.
+# Format 2.3 on, a row may be a delta (frame flag bit 3 marks a step frame
+# holding any row with start != 0 or fromPrevious): tokenSlots are the
+# row's columns from `start` on; with fromPrevious, columns 0..start-1 are
+# those of the previous row of the same reqPoolIndex in this file (the
+# same rank), without it they were never recorded (an incomplete row).
 struct PageTableRow {
   reqPoolIndex @0 :Int64;
   tokenSlots @1 :List(Int64);
+  start @2 :Int64;
+  fromPrevious @3 :Bool;
 }
 
 struct StepRecord {

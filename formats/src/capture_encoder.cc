@@ -38,7 +38,16 @@ absl::StatusOr<EncodedFrame> EncodeRecord(RecordType type, const T& record, uint
 // every frame still decodes alone (a crash may cut the file anywhere).
 constexpr size_t kCompressFrom = 512;
 
-EncodedFrame EncodeStep(std::vector<unsigned char> payload, uint64_t step, bool compress) {
+// Frame flag bit 3 on a step whose rows are not all whole (2.3 readers
+// resolve them; an older reader refuses the frame instead of misreading it).
+uint16_t StepFlags(const StepRecord& r) {
+  for (const PageTableRow& row : r.page_table) {
+    if (!row.complete()) return kFrameFlagPageDeltas;
+  }
+  return 0;
+}
+
+EncodedFrame EncodeStep(std::vector<unsigned char> payload, uint64_t step, bool compress, uint16_t flags) {
   struct Free {
     void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
   };
@@ -52,11 +61,11 @@ EncodedFrame EncodeStep(std::vector<unsigned char> payload, uint64_t step, bool 
                                        payload.data(), payload.size(), 1);
     if (!ZSTD_isError(z) && z < payload.size()) {
       f.bytes.resize(kFrameHeaderSize + z);
-      EncodeFrameHeader(f.type, kFrameFlagZstd, f.bytes.data() + kFrameHeaderSize, z, f.bytes.data());
+      EncodeFrameHeader(f.type, kFrameFlagZstd | flags, f.bytes.data() + kFrameHeaderSize, z, f.bytes.data());
       return f;
     }
   }
-  EncodedFrame f = Frame(RecordType::kStep, 0, payload.data(), payload.size());
+  EncodedFrame f = Frame(RecordType::kStep, flags, payload.data(), payload.size());
   f.step = step;
   return f;
 }
@@ -91,7 +100,7 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
   ZSTD_CCtx* c = stream_->cctx.get();
   if (c == nullptr || payload->size() > UINT32_MAX) {  // on its own, as FrameEncoder would
     parts_ = 0;
-    return EncodeStep(*std::move(payload), record.step, /*compress=*/true);
+    return EncodeStep(*std::move(payload), record.step, /*compress=*/true, StepFlags(record));
   }
   const bool start = parts_ == 0 || parts_ >= kRestartEvery;
   if (start) {
@@ -132,7 +141,7 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
   std::memset(part, 0, kStreamPartHeaderSize);
   part[0] = start ? kStreamPartStart : 0;
   StoreLE32(part + 4, static_cast<uint32_t>(payload->size()));
-  EncodeFrameHeader(f.type, kFrameFlagZstdStream, part, f.bytes.size() - kFrameHeaderSize, f.bytes.data());
+  EncodeFrameHeader(f.type, kFrameFlagZstdStream | StepFlags(record), part, f.bytes.size() - kFrameHeaderSize, f.bytes.data());
   return f;
 }
 
@@ -145,7 +154,7 @@ absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const WeightHashesRecord& r) {
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const StepRecord& r, bool compress) {
   absl::StatusOr<std::vector<unsigned char>> payload = internal::ToPayload(r);
   if (!payload.ok()) return payload.status();
-  return EncodeStep(*std::move(payload), r.step, compress);
+  return EncodeStep(*std::move(payload), r.step, compress, StepFlags(r));
 }
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const SnapshotRecord& r) {
   return EncodeRecord(RecordType::kSnapshot, r, r.step);

@@ -252,6 +252,10 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
            false);
       return absl::OkStatus();
     }
+    if ((h.flags & kFrameFlagPageDeltas) != 0 && h.type != static_cast<uint16_t>(RecordType::kStep)) {
+      stop(At(absl::DataLossError("the page-table-deltas flag on a record that is not a step record"), info), false);
+      return absl::OkStatus();
+    }
     std::span<const unsigned char> body(payload, static_cast<size_t>(h.payload_size));
     if ((h.flags & kFrameFlagZstdStream) != 0) {
       if (absl::Status s = InflateStreamPart(h, body, limits_.max_structured_payload, &stream_dctx, &stream_open,
@@ -283,6 +287,56 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
   return absl::OkStatus();
 }
 
+// Page-table deltas (format 2.3): each row becomes the row as far as the
+// file knows it, from the last row of the same (rank, req_pool_index).
+absl::Status CaptureReader::ResolvePageRows(bool marked, StepRecord* r) {
+  for (PageTableRow& row : r->page_table) {
+    const std::pair<uint32_t, int64_t> key{r->rank, row.req_pool_index};
+    if (row.complete()) {
+      page_rows_[key] = KnownRow{0, row.token_slots};
+      continue;
+    }
+    if (!marked) {
+      return absl::DataLossError(absl::StrFormat(
+          "step %d: the page-table row of req_pool_index %d starts at column %d, but its frame is not marked as "
+          "holding page-table deltas (frame flag bit 3)",
+          r->step, row.req_pool_index, row.start));
+    }
+    if (row.start < 0) {
+      return absl::DataLossError(absl::StrFormat("step %d: the page-table row of req_pool_index %d starts at column %d",
+                                                 r->step, row.req_pool_index, row.start));
+    }
+    auto it = page_rows_.find(key);
+    if (row.from_previous && it == page_rows_.end()) {
+      return absl::DataLossError(absl::StrFormat(
+          "step %d rank %d: the page-table row of req_pool_index %d continues a previous row from column %d, but "
+          "no earlier step record holds that row",
+          r->step, r->rank, row.req_pool_index, row.start));
+    }
+    if (it == page_rows_.end()) it = page_rows_.emplace(key, KnownRow{}).first;
+    KnownRow& known = it->second;
+    if (!row.from_previous || row.start <= known.start) {
+      // Whatever came before is unknown to the file (or replaced whole).
+      known.start = row.start;
+      known.slots = row.token_slots;
+    } else {
+      const int64_t have = known.start + static_cast<int64_t>(known.slots.size());
+      if (row.start > have) {
+        return absl::DataLossError(absl::StrFormat(
+            "step %d rank %d: the page-table row of req_pool_index %d continues a previous row from column %d, but "
+            "the previous row holds columns %d..%d only",
+            r->step, r->rank, row.req_pool_index, row.start, known.start, have - 1));
+      }
+      known.slots.resize(static_cast<size_t>(row.start - known.start));
+      known.slots.insert(known.slots.end(), row.token_slots.begin(), row.token_slots.end());
+    }
+    row.start = known.start;
+    row.from_previous = false;
+    row.token_slots = known.slots;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const unsigned char> payload) {
   if (end_.has_value()) return absl::DataLossError("a record follows the end record");
   const auto type = static_cast<RecordType>(info.type);
@@ -303,6 +357,7 @@ absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const
     case RecordType::kStep: {
       StepRecord r;
       CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
+      CR_RETURN_IF_ERROR(ResolvePageRows((info.flags & kFrameFlagPageDeltas) != 0, &r));
       steps_.push_back(std::move(r));
       return absl::OkStatus();
     }

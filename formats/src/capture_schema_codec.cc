@@ -148,6 +148,8 @@ void Build(s::StepRecord::Builder b, const StepRecord& v) {
   for (size_t i = 0; i < v.page_table.size(); ++i) {
     auto row = pt[static_cast<unsigned>(i)];
     row.setReqPoolIndex(v.page_table[i].req_pool_index);
+    row.setStart(v.page_table[i].start);
+    row.setFromPrevious(v.page_table[i].from_previous);
     FillInts(row.initTokenSlots(static_cast<unsigned>(v.page_table[i].token_slots.size())),
              v.page_table[i].token_slots);
   }
@@ -399,7 +401,8 @@ void Read(s::StepRecord::Reader r, StepRecord* v) {
   v->extend_lens = ReadInts<int64_t>(r.getExtendLens());
   v->req_pool_indices = ReadInts<int64_t>(r.getReqPoolIndices());
   for (auto row : r.getPageTable()) {
-    v->page_table.push_back(PageTableRow{row.getReqPoolIndex(), ReadInts<int64_t>(row.getTokenSlots())});
+    v->page_table.push_back(PageTableRow{row.getReqPoolIndex(), ReadInts<int64_t>(row.getTokenSlots()),
+                                         row.getStart(), row.getFromPrevious()});
   }
   v->out_cache_loc = ReadInts<int64_t>(r.getOutCacheLoc());
   for (auto sp : r.getSampling()) {

@@ -53,15 +53,18 @@ def _to_numpy(x: Any, dtype) -> Optional[np.ndarray]:
     return np.ascontiguousarray(a.reshape(-1))
 
 
-def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
-    """CSR (offsets, slots) from rows, a (offsets, slots) pair, or a 2-D array."""
+def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
+    """CSR (offsets, slots, starts) from rows, an (offsets, slots[, starts])
+    tuple, or a 2-D array; starts None: every row whole."""
     if page_table is None:
-        return None, None
-    if isinstance(page_table, tuple) and len(page_table) == 2:
-        return _to_numpy(page_table[0], _I64), _to_numpy(page_table[1], _I64)
+        return None, None, None
+    if isinstance(page_table, tuple) and len(page_table) in (2, 3):
+        starts = _to_numpy(page_table[2], _I64) if len(page_table) == 3 else None
+        return _to_numpy(page_table[0], _I64), _to_numpy(page_table[1], _I64), starts
     if isinstance(page_table, np.ndarray) and page_table.ndim == 2:
         n, w = page_table.shape
-        return np.arange(0, (n + 1) * w, w, dtype=np.int64), np.ascontiguousarray(page_table, dtype=np.int64).reshape(-1)
+        return (np.arange(0, (n + 1) * w, w, dtype=np.int64),
+                np.ascontiguousarray(page_table, dtype=np.int64).reshape(-1), None)
     rows = [_to_numpy(r, _I64) for r in page_table]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     if rows:
@@ -69,7 +72,7 @@ def _page_table(page_table: Any) -> Tuple[Optional[np.ndarray], Optional[np.ndar
         slots = np.concatenate(rows) if offsets[-1] else np.zeros(0, dtype=np.int64)
     else:
         slots = np.zeros(0, dtype=np.int64)
-    return offsets, slots
+    return offsets, slots, None
 
 
 def _trim_rows(rows: Any, lengths: Any) -> Tuple[np.ndarray, np.ndarray]:
@@ -219,8 +222,12 @@ class Recorder:
 
         Per-token vectors: token_ids, positions, out_cache_loc. Per-request:
         request_ids, seq_lens, extend_lens, req_pool_indices, page_table
-        (one row of KV slots per request: a list of rows, a 2-D array, or
-        CSR (offsets, slots)), sampling ({temperatures, top_ps, top_ks,
+        (one row of KV slots per request: a list of rows, a 2-D array,
+        CSR (offsets, slots), or {"rows": padded 2-D, "lengths": per row};
+        with "starts" (or a third CSR array) a row holds its columns from
+        starts[i] on, the columns before being those of the last row given
+        for the same req_pool_index: a decode step passes one new slot a
+        request, and the cost stays flat as context grows), sampling ({temperatures, top_ps, top_ks,
         min_ps, seeds} or a list of per-request dicts). digests: name ->
         uint64 or 32-hex hash. CUDA tensors are staged asynchronously.
 
@@ -256,6 +263,8 @@ class Recorder:
         if isinstance(page_table, Mapping):
             fields["_pt_rows"] = page_table["rows"]
             fields["_pt_lengths"] = page_table["lengths"]
+            if page_table.get("starts") is not None:
+                fields["_pt_starts"] = page_table["starts"]
             page_table = "padded"
         if isinstance(sampling, Mapping):
             for k, v in sampling.items():
@@ -272,14 +281,15 @@ class Recorder:
                           req_pool_indices, page_table, out_cache_loc, sampling, rng_seed, rng_offset,
                           output_token_ids, digests, timestamp_nanos, **parts) -> None:
         if isinstance(page_table, str):  # "padded": rows cut to their lengths
-            page_table = _trim_rows(parts.pop("_pt_rows"), parts.pop("_pt_lengths"))
+            starts = parts.pop("_pt_starts", None)
+            page_table = _trim_rows(parts.pop("_pt_rows"), parts.pop("_pt_lengths")) + (starts,)
         elif isinstance(page_table, Mapping):
-            page_table = _trim_rows(page_table["rows"], page_table["lengths"])
+            page_table = _trim_rows(page_table["rows"], page_table["lengths"]) + (page_table.get("starts"),)
         if isinstance(sampling, str):  # "fields": the sampling dict, flattened
             sampling = {k[3:]: parts.pop(k) for k in list(parts) if k.startswith("_s_")}
         if parts:
             raise ValueError(f"record_step: unexpected fields {sorted(parts)}")
-        offsets, slots = _page_table(page_table)
+        offsets, slots, starts = _page_table(page_table)
         temperatures, top_ps, top_ks, min_ps, seeds, has_seed = _sampling(sampling)
         self._impl.record_step(
             step, mode, request_ids,
@@ -287,7 +297,7 @@ class Recorder:
             _to_numpy(extend_lens, _I64), _to_numpy(req_pool_indices, _I64), offsets, slots,
             _to_numpy(out_cache_loc, _I64), temperatures, top_ps, top_ks, min_ps, seeds, has_seed,
             rng_seed, rng_offset, _to_numpy(output_token_ids, _I64), sorted(digests.items()) if digests else [],
-            timestamp_nanos)
+            timestamp_nanos, starts)
 
     def snapshot(self, step: int, tensors: Mapping[str, Any]) -> None:
         """Submits the step's input tensors to the snapshot ring.

@@ -15,7 +15,10 @@ What is recorded, and from where (sglang's own names):
                       (batch_size ones: a decode step adds one token each)
   req_pool_indices    req_pool_indices
   page_table          req_to_token_pool.req_to_token[req_pool_indices, :max(seq_lens_cpu)],
-                      each row cut to its seq_len: TOKEN SLOTS of the KV pool
+                      each row cut to its seq_len (DECODE: out_cache_loc as each
+                      row's slot at column seq_len - 1, page_table_starts; the
+                      recorder keeps whole rows from the prefill's, docs/capture.md
+                      "Page-table deltas"): TOKEN SLOTS of the KV pool
                       (one per token; a page of page_size tokens is
                       slot // page_size), toggle sglang.page_table_unit = "token"
   out_cache_loc       out_cache_loc
@@ -121,13 +124,19 @@ def forward_mode_name(mode: Any) -> str:
     return _MODE_NAMES.get(getattr(mode, "name", str(mode)), "unknown")
 
 
-def extract_step(forward_batch: Any, req_to_token: Any = None) -> Dict[str, Any]:
+def extract_step(forward_batch: Any, req_to_token: Any = None, page_deltas: bool = True) -> Dict[str, Any]:
     """record_step keyword arguments for one ForwardBatch.
 
     Values stay the engine's tensors (CUDA in production): the Recorder
     stages them asynchronously. Nothing here synchronises the device: the
     page-table width comes from the host mirror seq_lens_cpu, and rows are
-    not recorded when sglang does not provide it.
+    not recorded when sglang does not provide it. With page_deltas, a
+    DECODE batch gives each row as its one new slot (out_cache_loc, which
+    sglang wrote to req_to_token[req_pool_index, seq_len - 1] before the
+    forward) from column seq_len - 1: the copy stays one slot a request
+    whatever the context length, and the recorder rebuilds the whole rows
+    from the rows it was given before (the request's prefill, recorded
+    whole). Other modes give whole rows.
     """
     fb = forward_batch
     require_fields(fb, _FORWARD_BATCH_FIELDS, "ForwardBatch", "sglang")
@@ -145,8 +154,16 @@ def extract_step(forward_batch: Any, req_to_token: Any = None) -> Dict[str, Any]
         fields["request_ids"] = [str(r) for r in rids]
     seq_cpu = getattr(fb, "seq_lens_cpu", None)
     if req_to_token is not None and seq_cpu is not None and len(seq_cpu) > 0:
-        width = int(seq_cpu.max()) if hasattr(seq_cpu, "max") else max(int(x) for x in seq_cpu)
-        fields["page_table"] = {"rows": req_to_token[fb.req_pool_indices, :width], "lengths": fb.seq_lens}
+        n = len(seq_cpu)
+        loc = fb.out_cache_loc
+        if (page_deltas and getattr(fb.forward_mode, "name", "") == "DECODE" and loc is not None
+                and tuple(getattr(loc, "shape", ())) == (n,)):
+            starts = np.asarray(seq_cpu, dtype=np.int64) - 1
+            fields["page_table"] = {"rows": loc.reshape(n, 1), "lengths": np.ones(n, dtype=np.int64),
+                                    "starts": starts}
+        else:
+            width = int(seq_cpu.max()) if hasattr(seq_cpu, "max") else max(int(x) for x in seq_cpu)
+            fields["page_table"] = {"rows": req_to_token[fb.req_pool_indices, :width], "lengths": fb.seq_lens}
     si = getattr(fb, "sampling_info", None)
     if si is not None:
         sampling = {"temperatures": si.temperatures, "top_ps": si.top_ps, "top_ks": si.top_ks,
@@ -164,7 +181,7 @@ def snapshot_tensors(fields: Dict[str, Any], kv_pool: Any = None) -> Dict[str, A
     snap = {k: fields[k] for k in ("token_ids", "positions", "seq_lens", "req_pool_indices", "out_cache_loc")
             if fields.get(k) is not None}
     pt = fields.get("page_table")
-    if isinstance(pt, dict):
+    if isinstance(pt, dict) and pt.get("starts") is None:  # whole rows (a decode step's delta rows are in the log)
         snap["req_to_token_rows"] = pt["rows"]
         if kv_pool is not None:
             slots = pt["rows"].reshape(-1)
@@ -309,7 +326,8 @@ class SGLangAdapter:
             step = self.step
             self.step += 1
         pool = getattr(runner, "req_to_token_pool", None)
-        fields = extract_step(forward_batch, getattr(pool, "req_to_token", None))
+        # The KV snapshot gathers at every slot of the rows: whole rows then.
+        fields = extract_step(forward_batch, getattr(pool, "req_to_token", None), page_deltas=not self.snapshot_kv)
         if self.snapshot:
             kv = getattr(runner, "token_to_kv_pool", None) if self.snapshot_kv else None
             self.recorder.snapshot(step, snapshot_tensors(fields, kv))

@@ -130,6 +130,7 @@ nb::dict StatsToPython(const capture::RecorderStats& s) {
   d["write_errors"] = s.write_errors;
   d["steps_held"] = s.steps_held;
   d["held_bytes"] = s.held_bytes;
+  d["page_rows_incomplete"] = s.page_rows_incomplete;
   return d;
 }
 
@@ -170,7 +171,7 @@ class PyRecorder {
                   const OptF32& top_ps, const std::optional<I64>& top_ks, const OptF32& min_ps,
                   const OptI64& seeds, const std::optional<U8>& has_seed, uint64_t rng_seed, uint64_t rng_offset,
                   const OptI64& output_token_ids, const std::vector<std::pair<std::string, nb::object>>& digests,
-                  int64_t timestamp_nanos) {
+                  int64_t timestamp_nanos, const OptI64& page_table_starts) {
     capture::Recorder& rec = Live();
     capture::StepView v;
     v.step = step;
@@ -187,6 +188,7 @@ class PyRecorder {
     v.req_pool_indices = Span(req_pool_indices);
     v.page_table_offsets = Span(page_table_offsets);
     v.page_table_slots = Span(page_table_slots);
+    v.page_table_starts = Span(page_table_starts);
     v.out_cache_loc = Span(out_cache_loc);
     std::vector<SamplingParams> sampling = Sampling(temperatures, top_ps, top_ks, min_ps, seeds, has_seed);
     v.sampling = sampling;
@@ -451,7 +453,8 @@ void BindRecorder(nb::module_& m) {
            nb::arg("out_cache_loc").none(), nb::arg("temperatures").none(), nb::arg("top_ps").none(),
            nb::arg("top_ks").none(), nb::arg("min_ps").none(), nb::arg("seeds").none(),
            nb::arg("has_seed").none(), nb::arg("rng_seed"), nb::arg("rng_offset"),
-           nb::arg("output_token_ids").none(), nb::arg("digests"), nb::arg("timestamp_nanos"))
+           nb::arg("output_token_ids").none(), nb::arg("digests"), nb::arg("timestamp_nanos"),
+           nb::arg("page_table_starts").none() = nb::none())
       .def("submit_snapshot", &PyRecorder::SubmitSnapshot, nb::arg("step"), nb::arg("tensors"))
       .def("fingerprint", &PyRecorder::Fingerprint, nb::arg("step"), nb::arg("name"), nb::arg("tensor"))
       .def("fingerprints", &PyRecorder::Fingerprints, nb::arg("step"), nb::arg("tensors"))

@@ -123,6 +123,7 @@ nb::dict ToPython(const StepRecord& s) {
     nb::dict row;
     row["req_pool_index"] = r.req_pool_index;
     row["token_slots"] = r.token_slots;
+    if (r.start != 0) row["start"] = r.start;  // an incomplete row: columns before it were never recorded
     rows.append(row);
   }
   d["page_table"] = rows;

@@ -151,6 +151,7 @@ def main(model_dir, session_dir, rank, tp, port, schedule):
         runner.forward(fb)
     adapter.recorder.close()
     print(json.dumps({"rank": rank, "path": adapter.recorder.path,
+                      "rows": [req_to_token.req_to_token[pool_idx[i], :seq[i]].tolist() for i in range(n)],
                       "boundaries": adapter.hooks.names if adapter.hooks is not None else []}))
 
 

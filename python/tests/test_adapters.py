@@ -48,11 +48,14 @@ REQ_TO_TOKEN = np.array([[20, 21, 0, 0, 0, 0],
 
 
 def test_sglang_extract_step_maps_forward_batch_fields():
-    f = cr_sglang.extract_step(fake_forward_batch(), REQ_TO_TOKEN)
+    f = cr_sglang.extract_step(fake_forward_batch(), REQ_TO_TOKEN, page_deltas=False)
     assert f["mode"] == "decode" and f["request_ids"] == ["req-a", "req-b"]
     assert f["token_ids"].tolist() == [101, 202] and f["out_cache_loc"].tolist() == [13, 21]
     # rows selected by req_pool_indices, cut to the widest seq_len
     assert f["page_table"]["rows"].tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
+    # by default a decode step's rows are their new slot, from column seq_len - 1
+    d = cr_sglang.extract_step(fake_forward_batch(), REQ_TO_TOKEN)["page_table"]
+    assert d["rows"].tolist() == [[13], [21]] and d["starts"].tolist() == [3, 1] and d["lengths"].tolist() == [1, 1]
     assert f["sampling"]["seeds"].tolist() == [7, 8]
     # a decode step adds one token per request (sglang's ForwardBatch has no
     # extend_seq_lens then); without it the replay could not split the tokens

@@ -83,9 +83,14 @@ def real_batch(pool):
 
 def test_a_real_forward_batch_is_recorded_and_reads_back(tmp_path):
     pool = ReqToTokenPool(size=4, max_context_len=8, device="cpu", enable_memory_saver=False)
-    f = cr_sglang.extract_step(real_batch(pool), pool.req_to_token)
+    # Whole rows (a first step of decode requests: the recorder has no prefill to continue).
+    f = cr_sglang.extract_step(real_batch(pool), pool.req_to_token, page_deltas=False)
     assert f["mode"] == "decode" and f["request_ids"] == ["req-a", "req-b"]
     assert f["page_table"]["rows"].tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
+    # By default a decode row is its new slot, where sglang's pool holds it.
+    d = cr_sglang.extract_step(real_batch(pool), pool.req_to_token)["page_table"]
+    assert d["starts"].tolist() == [3, 1]
+    assert d["rows"].reshape(-1).tolist() == [int(pool.req_to_token[1, 3]), int(pool.req_to_token[0, 1])]
 
     rec = crashreplay.Recorder(str(tmp_path / "c.crcap"), engine="sglang", install_signal_handlers=False)
     rec.record_step(0, **f)
@@ -257,6 +262,23 @@ def free_port():
 
 def record_tp2_session(session, ckpt, **schedule):
     return [rep["path"] for rep in record_tp2_session_reports(session, ckpt, **schedule)]
+
+
+def test_decode_rows_recorded_as_deltas_are_the_rows_sglangs_pool_holds(tmp_path):
+    # Decode steps give the recorder one slot a request (out_cache_loc from
+    # column seq_len - 1); every step's rows read back whole and, at the
+    # end, equal what sglang's ReqToTokenPool holds.
+    if not os.path.exists(BIN):
+        pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    ckpt = make_checkpoint(tmp_path)
+    reports = record_tp2_session_reports(tmp_path / "session", ckpt, decode_steps=70)
+    for rep in reports:
+        steps = crashreplay.read_capture(rep["path"])["step_records"]
+        assert [s["mode"] for s in steps] == ["extend"] + ["decode"] * 70
+        assert [r["token_slots"] for r in steps[-1]["page_table"]] == rep["rows"]
+        for s in steps:
+            assert [len(r["token_slots"]) for r in s["page_table"]] == s["seq_lens"]
+            assert all("start" not in r for r in s["page_table"])
 
 
 def record_tp2_session_reports(session, ckpt, **schedule):

@@ -249,3 +249,46 @@ def test_registered_host_weights_catch_an_in_place_overwrite(tmp_path):
     cap = crashreplay.read_capture(rec.path)
     bad = [s for r in cap["weight_check_records"] for s in r["slices"] if s["corrupt"]]
     assert bad and bad[0]["tensor"] == "a" and bad[0]["byte_begin"] <= 400 < bad[0]["byte_end"]
+
+
+@pytest.mark.parametrize("deltas_in_file", [True, False])
+def test_page_table_given_as_deltas_reads_back_as_whole_rows(tmp_path, deltas_in_file):
+    # A prefill gives two rows whole; each decode step gives one new slot a
+    # request ({"starts": ...} and the CSR triple); a retraction cuts a row
+    # back. Whatever the file holds, the reader returns the whole rows.
+    rows = {3: [10, 11, 12], 9: [20, 21]}
+    with make(tmp_path, page_table_deltas=deltas_in_file) as rec:
+        rec.record_step(0, mode="extend", req_pool_indices=[3, 9],
+                        page_table={"rows": np.array([[10, 11, 12], [20, 21, -1]]), "lengths": [3, 2]})
+        for step in range(1, 40):
+            new = [100 + step, 200 + step]
+            starts = np.array([len(rows[3]), len(rows[9])])
+            rows[3].append(new[0])
+            rows[9].append(new[1])
+            if step % 2:
+                pt = {"rows": np.array(new).reshape(2, 1), "lengths": [1, 1], "starts": starts}
+            else:
+                pt = (np.array([0, 1, 2]), np.array(new), starts)
+            rec.record_step(step, mode="decode", req_pool_indices=[3, 9], page_table=pt)
+        del rows[9][5:]  # retracted: the whole (shorter) row again
+        rec.record_step(40, mode="extend", req_pool_indices=[9], page_table=[np.array(rows[9])])
+        stats = rec.stats()
+        path = rec.path
+    assert stats["page_rows_incomplete"] == 0
+    steps = crashreplay.read_capture(path)["step_records"]
+    assert len(steps) == 41
+    assert steps[39]["page_table"] == [{"req_pool_index": 3, "token_slots": rows[3]},
+                                       {"req_pool_index": 9, "token_slots": [20, 21] + [200 + s for s in range(1, 40)]}]
+    assert steps[40]["page_table"] == [{"req_pool_index": 9, "token_slots": rows[9]}]
+    assert steps[1]["page_table"][0]["token_slots"] == [10, 11, 12, 101]
+
+
+def test_page_table_deltas_past_what_was_recorded_are_kept_incomplete(tmp_path):
+    with make(tmp_path) as rec:
+        rec.record_step(0, mode="decode", req_pool_indices=[5], page_table=([0, 1], [77], [30]))
+        assert rec.stats()["page_rows_incomplete"] == 1
+        with pytest.raises(ValueError, match=r"1 page_table_starts for 2 page-table rows"):
+            rec.record_step(1, mode="decode", req_pool_indices=[5, 6], page_table=([0, 1, 2], [78, 79], [31]))
+        path = rec.path
+    (s,) = crashreplay.read_capture(path)["step_records"]
+    assert s["page_table"] == [{"req_pool_index": 5, "token_slots": [77], "start": 30}]

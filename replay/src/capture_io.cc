@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
   o.session_dir = session_dir;
   o.overwrite = true;
   o.install_signal_handlers = false;
+  o.page_table_deltas = snapshots.page_table_deltas;
   // The ring holds the last `steps` snapshots within the budget; it is
   // written on failure (OnFailure) and, for the built-in engine, on a clean
   // close too, so that any capture can start a replay from a snapshot.
@@ -300,6 +301,13 @@ absl::Status BuildStepRows(const std::string& file, const StepRecord& s, const i
     tok += n;
     row.start_pos = s.seq_lens[r] - n;
     if (row.start_pos < 0) return absl::InvalidArgumentError(Cat(where, ": sequence length ", s.seq_lens[r], " < ", n));
+    if (!s.page_table[r].complete()) {
+      return absl::FailedPreconditionError(Cat(
+          where, ": its page-table row (req_pool_index ", s.page_table[r].req_pool_index, ") holds columns from ",
+          s.page_table[r].start, " on only: the recorder never had columns 0..", s.page_table[r].start - 1,
+          " (it began after the request's prefill, or the steps that held them were lost); replay a step from "
+          "after the request's next prefill"));
+    }
     CR_ASSIGN_OR_RETURN(row.page_table,
                         internal::RowPages(unit, s.page_table[r].token_slots, s.seq_lens[r], page_size, where));
     if (!s.sampling.empty()) {

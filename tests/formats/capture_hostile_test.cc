@@ -257,6 +257,47 @@ Bytes StreamFlagOnBlob() {
   return out;
 }
 
+// Page-table deltas (2.3): a step whose row 1 continues a previous row.
+Bytes DeltaStep(uint64_t step, int64_t pool) {
+  StepRecord s = TestStep(step, 0);
+  s.page_table = {{pool, {40, 41}, 3, true}};
+  return RawPayload(*FrameEncoder::Encode(s, /*compress=*/false));
+}
+
+Bytes PageDeltaWithoutFlag() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, DeltaStep(1, 1)));
+  return out;
+}
+
+Bytes PageDeltaWithoutPreviousRow() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, DeltaStep(1, 7), kFrameFlagPageDeltas));  // the prefix holds rows 0 and 1 only
+  return out;
+}
+
+Bytes PageDeltaPastPreviousRow() {
+  Bytes out = ValidPrefix();
+  StepRecord s = TestStep(1, 0);
+  s.page_table = {{1, {40}, 5, true}};  // row 1 holds columns 0..1
+  Put(out, Frame(RecordType::kStep, RawPayload(*FrameEncoder::Encode(s, false)), kFrameFlagPageDeltas));
+  return out;
+}
+
+Bytes PageDeltaFlagIn2_2() {
+  Bytes out = ValidPrefix();
+  StoreLE16(out.data() + 10, 2);  // a 2.2 file: no deltas there
+  StoreLE64(out.data() + 24, XXH64Of(out.data(), 24));
+  Put(out, Frame(RecordType::kStep, DeltaStep(1, 1), kFrameFlagPageDeltas));
+  return out;
+}
+
+Bytes PageDeltaFlagOnBlob() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kBlob, Bytes(64, 0), kFrameFlagPageDeltas));
+  return out;
+}
+
 Bytes TooNewVersion() {
   Bytes out = ValidPrefix();
   StoreLE16(out.data() + 8, kCaptureMajorVersion + 1);
@@ -331,6 +372,16 @@ std::vector<HostileCase> Cases() {
        "states 68157440 decoded bytes, over the 67108864-byte limit"},
       {"stream_flag_on_blob", StreamFlagOnBlob, {}, C::kOk, C::kDataLoss,
        "the zstd-stream flag on a record that is not a step record"},
+      {"page_delta_without_flag", PageDeltaWithoutFlag, {}, C::kOk, C::kDataLoss,
+       "starts at column 3, but its frame is not marked as holding page-table deltas"},
+      {"page_delta_without_previous_row", PageDeltaWithoutPreviousRow, {}, C::kOk, C::kDataLoss,
+       "req_pool_index 7 continues a previous row from column 3, but no earlier step record holds that row"},
+      {"page_delta_past_previous_row", PageDeltaPastPreviousRow, {}, C::kOk, C::kDataLoss,
+       "continues a previous row from column 5, but the previous row holds columns 0..1 only"},
+      {"page_delta_flag_in_2_2", PageDeltaFlagIn2_2, {}, C::kOk, C::kUnimplemented,
+       "frame flags 0x0008 set bits format 2.2 does not define; use a newer crashreplay"},
+      {"page_delta_flag_on_blob", PageDeltaFlagOnBlob, {}, C::kOk, C::kDataLoss,
+       "the page-table-deltas flag on a record that is not a step record"},
   };
 }
 

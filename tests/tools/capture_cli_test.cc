@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../replay/snapshot_test_util.h"
+#include "crashreplay/formats/capture_format.h"
 #include "crashreplay/formats/capture_reader.h"
 
 namespace crashreplay {
@@ -292,6 +293,40 @@ TEST_F(CaptureCli, ACorruptSnapshotFallsBackToReExecutionWithAWarning) {
   EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
   // Other steps' snapshots are intact.
   EXPECT_EQ(nlohmann::json::parse(Run("replay " + dir_ + "/cap --step 2 --json").out)["start"], "snapshot");
+}
+
+// A capture whose page-table rows are deltas (the default) replays every
+// step to the digests of one written with whole rows (--page-table-deltas
+// off), and both reproduce.
+TEST_F(CaptureCli, PageTableDeltasReplayToTheDigestsOfWholeRows) {
+  ASSERT_EQ(Run("make-model " + dir_ + "/m --arch llama --quant bf16").exit_code, 0);
+  const std::string run = "run " + dir_ + "/m --prompt 'Say hello to the recorder' --max-new-tokens 6 --record ";
+  ASSERT_EQ(Run(run + dir_ + "/deltas").exit_code, 0);
+  ASSERT_EQ(Run(run + dir_ + "/whole --page-table-deltas off").exit_code, 0);
+  auto read = [&](const std::string& d) { return CaptureReader::Open(d + "/rank-00000.crcap"); };
+  auto deltas = read(dir_ + "/deltas");
+  auto whole = read(dir_ + "/whole");
+  ASSERT_TRUE(deltas.ok() && whole.ok());
+  int delta_frames = 0, whole_frames = 0;
+  for (const RecordInfo& r : (*deltas)->records()) delta_frames += (r.flags & kFrameFlagPageDeltas) != 0;
+  for (const RecordInfo& r : (*whole)->records()) whole_frames += (r.flags & kFrameFlagPageDeltas) != 0;
+  EXPECT_GT(delta_frames, 0);  // decode steps (a one-page row is whole again every few steps)
+  EXPECT_EQ(whole_frames, 0);
+  ASSERT_EQ((*deltas)->steps().size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ((*deltas)->steps()[i].page_table, (*whole)->steps()[i].page_table);
+  for (int step = 0; step < 6; ++step) {
+    for (const char* start : {"", " --from-start"}) {
+      Result a = Run("replay " + dir_ + "/deltas --step " + std::to_string(step) + start + " --json");
+      Result b = Run("replay " + dir_ + "/whole --step " + std::to_string(step) + start + " --json");
+      ASSERT_EQ(a.exit_code, 0) << a.err;
+      ASSERT_EQ(b.exit_code, 0) << b.err;
+      const nlohmann::json ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+      EXPECT_EQ(ja["outcome"], "reproduced") << "step " << step << start;
+      EXPECT_EQ(ja["digest"], jb["digest"]) << "step " << step << start;
+    }
+  }
+  Result bad = Run(run + dir_ + "/x --page-table-deltas maybe");
+  EXPECT_NE(bad.exit_code, 0);
 }
 
 }  // namespace

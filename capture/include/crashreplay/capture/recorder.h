@@ -117,6 +117,12 @@ struct RecorderOptions {
   // older ones dropped and counted), and how often the file is retried.
   uint64_t held_steps = 4096;
   uint64_t held_bytes = 64ull << 20;
+
+  // Page-table rows go to the file as deltas (format 2.3): a row is
+  // written whole once per zstd frame of the step stream, then only the
+  // columns that changed. false: every row whole, every step (the file an
+  // older crashreplay reads, at a cost that grows with context length).
+  bool page_table_deltas = true;
   double disk_retry_interval_s = 1.0;
 
   // Fatal-signal handlers (process-wide, chained to the previous ones).
@@ -169,6 +175,13 @@ struct StepView {
   // belongs to req_pool_indices[i]. Both empty: no rows recorded.
   std::span<const int64_t> page_table_offsets;
   std::span<const int64_t> page_table_slots;
+  // Optional, one per row: row i's slots are its columns from
+  // page_table_starts[i] on, the columns before being those of the last row
+  // given for the same req_pool_index (a decode step passes one new slot a
+  // request, not its whole row). Empty: every row is given whole. A start
+  // past what this recorder was given keeps the row as incomplete (counted
+  // in stats().page_rows_incomplete; replay names it).
+  std::span<const int64_t> page_table_starts;
   std::span<const int64_t> out_cache_loc;
   std::span<const SamplingParams> sampling;
   uint64_t rng_seed = 0;
@@ -209,6 +222,10 @@ struct RecorderStats {
   uint64_t write_errors = 0;
   uint64_t steps_held = 0;
   uint64_t held_bytes = 0;
+  // Page-table rows given as continuing columns the recorder never had
+  // (steps recorded before it began, or a caller's miscount): kept as
+  // incomplete rows, which replay names.
+  uint64_t page_rows_incomplete = 0;
 };
 
 class Recorder {

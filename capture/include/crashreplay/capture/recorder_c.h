@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define CR_RECORDER_ABI_VERSION 2  /* 2: disk-full options and counters */
+#define CR_RECORDER_ABI_VERSION 3  /* 2: disk-full options and counters; 3: page-table deltas */
 
 /* Return codes: absl::StatusCode values. */
 enum {
@@ -80,6 +80,8 @@ typedef struct cr_recorder_options {
   uint64_t held_steps;           /* newest step records held in memory while the disk refuses writes */
   uint64_t held_bytes;           /* and at most these bytes of held records */
   double disk_retry_interval_s;  /* how often the writer retries the file */
+  /* ABI 3: page-table rows to the file as deltas (RecorderOptions::page_table_deltas). */
+  int page_table_deltas;
 } cr_recorder_options;
 
 typedef struct cr_tensor {
@@ -126,6 +128,9 @@ typedef struct cr_step {
   uint64_t rng_offset;
   const int64_t* output_token_ids; size_t num_output_token_ids;
   const cr_digest* digests; size_t num_digests;
+  /* ABI 3: NULL, or one per page-table row: row i's slots are its columns
+   * from page_table_starts[i] on (StepView::page_table_starts). */
+  const int64_t* page_table_starts;
 } cr_step;
 
 typedef struct cr_failure {
@@ -150,6 +155,8 @@ typedef struct cr_recorder_stats {
   uint64_t steps_spilled;
   uint64_t steps_dropped, records_dropped, write_errors;
   uint64_t steps_held, held_bytes;
+  /* ABI 3 */
+  uint64_t page_rows_incomplete;
 } cr_recorder_stats;
 
 int cr_recorder_abi_version(void);

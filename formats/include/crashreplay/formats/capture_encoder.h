@@ -91,6 +91,9 @@ class StepStreamEncoder {
   // next record then starts a new zstd frame).
   absl::StatusOr<EncodedFrame> Encode(const StepRecord& record);
   void Restart() { parts_ = 0; }
+  // Whether the stream was restarted (or never started): the next record
+  // starts a zstd frame after a Restart(), not after kRestartEvery parts.
+  bool restarted() const { return parts_ == 0; }
 
  private:
   struct Stream;

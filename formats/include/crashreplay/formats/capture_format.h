@@ -32,7 +32,9 @@ inline constexpr uint16_t kCaptureMajorVersion = 2;
 // 2.1: fingerprint records (type 11, written skippable so 2.0 readers skip them).
 // 2.2: frame flag bit 2 (step records as parts of one zstd stream); a 2.1
 // reader refuses the bit with Unimplemented ("use a newer crashreplay").
-inline constexpr uint16_t kCaptureMinorVersion = 2;
+// 2.3: frame flag bit 3 (a step record whose page-table rows may be
+// deltas, PageTableRow.start/fromPrevious); a 2.2 reader refuses it.
+inline constexpr uint16_t kCaptureMinorVersion = 3;
 
 // ---- frame header (24 bytes) -----------------------------------------------
 //   0  4  frame marker "CRfr"
@@ -41,8 +43,9 @@ inline constexpr uint16_t kCaptureMinorVersion = 2;
 //         (content size stated) holding the record's Cap'n Proto message
 //         (format 2.0 on; structured records only, never a blob); bit 2 =
 //         the payload is a part of a zstd stream of step records (2.2 on,
-//         below; step records only, never with bit 1); other bits
-//         reserved, must be zero
+//         below; step records only, never with bit 1); bit 3 = the step
+//         record holds page-table deltas (2.3 on; step records only);
+//         other bits reserved, must be zero
 //   8  8  payload length in bytes
 //  16  8  XXH3-64 (seed 0) of header bytes 4..15 followed by the payload
 inline constexpr char kFrameMarker[4] = {'C', 'R', 'f', 'r'};
@@ -50,11 +53,13 @@ inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr uint16_t kFrameFlagSkippable = 1u << 0;
 inline constexpr uint16_t kFrameFlagZstd = 1u << 1;
 inline constexpr uint16_t kFrameFlagZstdStream = 1u << 2;
+inline constexpr uint16_t kFrameFlagPageDeltas = 1u << 3;
 // The flags a file of this version may set.
 inline constexpr uint16_t FrameFlagsKnown(uint16_t major, uint16_t minor) {
   if (major < 2) return kFrameFlagSkippable;
   if (major == 2 && minor < 2) return kFrameFlagSkippable | kFrameFlagZstd;
-  return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream;
+  if (major == 2 && minor < 3) return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream;
+  return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream | kFrameFlagPageDeltas;
 }
 
 // ---- zstd stream part (frame flag bit 2, format 2.2) -------------------------

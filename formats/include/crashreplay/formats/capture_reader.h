@@ -141,6 +141,7 @@ class CaptureReader {
   CaptureReader(std::string path, const CaptureLimits& limits);
   absl::Status ReadHeaderAndScan();
   absl::Status AcceptRecord(const RecordInfo& info, std::span<const unsigned char> payload);
+  absl::Status ResolvePageRows(bool marked, StepRecord* r);
   absl::StatusOr<std::vector<std::byte>> DecodeBlobAt(const RecordInfo& r, bool charge_total) const;
 
   const std::string path_;
@@ -171,6 +172,13 @@ class CaptureReader {
   std::optional<EndRecord> end_;
   uint64_t index_record_ = 0;  // record index of the IndexRecord, if any
   absl::flat_hash_map<Hash128, uint64_t, Hash128Hasher> blobs_;  // hash -> record index (first)
+  // Page-table deltas: the last row of each (rank, req_pool_index) so far,
+  // its columns from `start` on.
+  struct KnownRow {
+    int64_t start = 0;
+    std::vector<int64_t> slots;
+  };
+  absl::flat_hash_map<std::pair<uint32_t, int64_t>, KnownRow> page_rows_;
   mutable std::atomic<uint64_t> decoded_total_{0};
 };
 

@@ -138,9 +138,19 @@ struct Digest {
   friend bool operator==(const Digest&, const Digest&) = default;
 };
 
+// A request's page-table row. In a file (format 2.3 on) a row may be a
+// delta: token_slots are its columns from `start` on, and with
+// from_previous the columns before come from the previous row of the same
+// req_pool_index (docs/formats/capture.md, "Page-table deltas").
+// CaptureReader resolves deltas: the rows it returns have from_previous
+// false, and start is 0 unless the file never held the row's first
+// columns (the recorder lost them: steps dropped before it).
 struct PageTableRow {
   int64_t req_pool_index = 0;
   std::vector<int64_t> token_slots;
+  int64_t start = 0;
+  bool from_previous = false;
+  bool complete() const { return start == 0 && !from_previous; }
   friend bool operator==(const PageTableRow&, const PageTableRow&) = default;
 };
 

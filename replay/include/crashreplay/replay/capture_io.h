@@ -54,6 +54,8 @@ namespace crashreplay::replay {
 struct SnapshotOptions {
   uint32_t steps = 4;                   // snapshots kept (the last steps); 0: none
   uint64_t budget_bytes = 64ull << 20;  // the ring's byte budget (recorder.h)
+  // Page-table rows as deltas in the file (RecorderOptions::page_table_deltas).
+  bool page_table_deltas = true;
 };
 
 // A run configured in a serving engine's words (`engine = "sglang"` in its
