@@ -1,6 +1,6 @@
 """Per-call cost of the Python recorder's hot path, next to plain numpy copies.
 
-    PYTHONPATH=build/python:python python3 bench/python_recorder_bench.py
+    PYTHONPATH=build/python:python python3 bench/python_recorder_bench.py [--quick] [--only-context]
 
 Prints, for a decode step of 256 requests (256 request ids, token ids,
 positions, seq lens, pool indices, cache locations, outputs and sampling
@@ -15,6 +15,14 @@ parameters):
   * numpy's copy of the same arrays (np.concatenate) as the reference;
   * record_step with page-table rows of 512 slots per request (1 MiB a step;
     paced at 2 ms, about what the writer sustains for steps that large);
+  * page-table rows as context grows: batch 64 and 256 at 512, 4k and 16k
+    slots a request, each decode step adding one slot a row, recorded as
+    whole rows (a padded 2-D block and lengths, as the sglang adapter gave
+    them before) into a file of whole rows (page_table_deltas=False: the
+    recorder before deltas) and into one of deltas, and as deltas
+    ({"rows": new slots, "lengths", "starts"}, as the sglang adapter now
+    gives a decode step): p50 per call, and file bytes per step after the
+    warm-up; beside them numpy's copy of the whole rows;
   * snapshot() of 1, 16 and 256 MiB beside np.copyto of the same bytes. The
     encoder is let finish between calls (not timed), so every call is a real
     copy into the ring; the count of snapshots the ring evicted is printed.
@@ -55,7 +63,55 @@ def median_us(fn, reps, pace_s=0.0, between=None, work=False):
     return statistics.median(times) / 1e3
 
 
+def context_sweep(steps=60, warm=8):
+    print(f"page-table rows as context grows ({steps} decode steps per case after {warm}; p50 per call, us)")
+    print(f"  {'batch':>5} {'slots':>6}  {'rows':24s} {'p50 us':>10} {'file B/step':>12} {'np copy us':>11}")
+    for bs in (64, 256):
+        for ctx in (512, 4096, 16384):
+            width = ctx + warm + steps + 1
+            for how in ("whole, file whole", "whole, file deltas", "given as deltas"):
+                table = np.zeros((bs, width), dtype=np.int64)
+                table[:, :ctx] = np.arange(bs * ctx, dtype=np.int64).reshape(bs, ctx)
+                lens = np.full(bs, ctx, dtype=np.int64)
+                pool = np.arange(bs, dtype=np.int64)
+                ones = np.ones(bs, dtype=np.int64)
+                with tempfile.TemporaryDirectory() as d:
+                    rec = crashreplay.Recorder(os.path.join(d, "c.crcap"), engine="bench",
+                                               install_signal_handlers=False, step_queue_wait_s=600.0,
+                                               page_table_deltas=how != "whole, file whole")
+                    times, copies, bytes0 = [], [], 0
+                    for st in range(warm + steps):
+                        if st == warm:
+                            rec.flush()
+                            bytes0 = rec.stats()["file_bytes"]
+                        if st > 0:
+                            table[pool, lens] = 10**9 + st * bs + pool
+                            lens += 1
+                        if how == "given as deltas" and st > 0:
+                            pt = {"rows": table[pool, lens - 1].reshape(bs, 1), "lengths": ones, "starts": lens - 1}
+                        else:
+                            pt = {"rows": table[:, :int(lens.max())], "lengths": lens}
+                        t0 = time.perf_counter_ns()
+                        rec.record_step(st, mode="decode", seq_lens=lens, req_pool_indices=pool, page_table=pt,
+                                        out_cache_loc=table[pool, lens - 1], token_ids=ones)
+                        if st >= warm:
+                            times.append(time.perf_counter_ns() - t0)
+                            if how == "whole, file whole":
+                                t1 = time.perf_counter_ns()
+                                table[:, :int(lens.max())].copy()
+                                copies.append(time.perf_counter_ns() - t1)
+                        busy(0.0002)
+                    rec.flush()
+                    per_step = (rec.stats()["file_bytes"] - bytes0) / steps
+                    rec.close()
+                ref = f"{statistics.median(copies) / 1e3:11.1f}" if copies else ""
+                print(f"  {bs:5d} {ctx:6d}  {how:24s} {statistics.median(times) / 1e3:10.1f} {per_step:12.0f} {ref}")
+
+
 def main():
+    context_sweep(30 if "--quick" in os.sys.argv else 60)
+    if "--only-context" in os.sys.argv:
+        return
     bs, slots = 256, 512
     rng = np.random.default_rng(0)
     rids = [f"chatcmpl-{1000000 + i}" for i in range(bs)]

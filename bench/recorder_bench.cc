@@ -1,7 +1,8 @@
 // recorder_bench: the recorder's cost on the serving thread and its
 // background throughput, next to the reference a plain copy would cost.
 //
-//   recorder_bench [--runs R] [--steps N] [--quick] [--no-snapshots] [--no-steps]
+//   recorder_bench [--runs R] [--steps N] [--quick] [--no-snapshots] [--no-steps] [--no-context]
+//                  [--only-context]
 //
 // 1. Step log of a 256-request decode batch (with and without page-table
 //    rows). RecordStep() on the calling thread, R runs of N steps each after
@@ -36,6 +37,7 @@
 //    alternating), with the ratio of the two speeds and of the two
 //    compression ratios, and the `zstd -1` CLI (process start and file
 //    read included) on the same bytes.
+// 3. Page-table rows at 512, 4k and 16k slots a request (ContextSweep).
 // The machine's load average is printed first: on a shared machine the
 // figures move with it. Figures only; nothing here is asserted.
 #include <sys/mman.h>
@@ -592,15 +594,130 @@ void Snapshot(size_t mib, int reps) {
 
 }  // namespace
 
+// 3. Page-table rows as context grows (docs/capture.md, "Page-table
+// deltas"): a decode batch of B requests whose rows hold C slots each and
+// gain one a step, recorded three ways: whole rows into a file of whole
+// rows (page_table_deltas off: the recorder before deltas), whole rows
+// into a file of deltas (the recorder compares each row with the one it
+// holds), and rows given as deltas (one new slot a request from column
+// seq_len - 1, as the sglang adapter now gives a decode step). RecordStep
+// per call on the calling thread (p50 and mean; the mean includes waits
+// for a writer that fell a whole queue behind, as whole rows at 16k slots
+// make it), the writer's time to the last step (Flush) per step, and file
+// bytes per step, both after the warm-up (its first step writes the rows
+// whole; the writer writes them whole again once the deltas outweigh them
+// 8 times, about 1/8 more on a long run); beside them a memcpy of the
+// step's whole rows.
+void ContextSweep(int steps) {
+  std::printf("\npage-table rows as context grows: %d decode steps per case after 16 warm-up steps (load %s)\n", steps,
+              LoadAverage().c_str());
+  std::printf("  %5s %6s  %-24s %10s %10s %12s %12s %14s\n", "batch", "slots", "rows", "p50 us", "mean us",
+              "writer us", "file B/step", "memcpy rows us");
+  for (size_t batch : {size_t{64}, size_t{256}}) {
+    for (size_t ctx : {size_t{512}, size_t{4096}, size_t{16384}}) {
+      for (int how = 0; how < 3; ++how) {
+        const bool deltas_in_file = how > 0, given_deltas = how == 2;
+        std::vector<std::vector<int64_t>> rows(batch);
+        for (size_t i = 0; i < batch; ++i) {
+          rows[i].reserve(ctx + static_cast<size_t>(steps) + 32);
+          for (size_t j = 0; j < ctx; ++j) rows[i].push_back(static_cast<int64_t>(i << 20 | j));
+        }
+        std::vector<int64_t> pool(batch), lens(batch), offsets, slots, starts, out_loc(batch), tokens(batch, 7);
+        for (size_t i = 0; i < batch; ++i) pool[i] = static_cast<int64_t>(i);
+        const std::string path = (std::filesystem::temp_directory_path() / "recbench-ctx.crcap").string();
+        capture::RecorderOptions o;
+        o.path = path;
+        o.overwrite = true;
+        o.install_signal_handlers = false;
+        o.page_table_deltas = deltas_in_file;
+        o.step_queue_wait_s = 600;  // wait for the writer rather than drop: every case writes every step
+        auto rec = capture::Recorder::Begin(SessionManifest{}, o);
+        if (!rec.ok()) {
+          std::printf("  cannot record: %s\n", std::string(rec.status().message()).c_str());
+          return;
+        }
+        std::vector<double> calls;
+        std::vector<char> flat;
+        double memcpy_ns = 0;
+        const int warm = 16;
+        Clock::time_point t0;
+        uint64_t bytes0 = 0;
+        for (int st = 0; st < warm + steps; ++st) {
+          if (st == warm) {  // the first step's whole rows are written: time what follows
+            (void)(*rec)->Flush();
+            bytes0 = (*rec)->stats().file_bytes;
+            t0 = Clock::now();
+          }
+          offsets.assign(1, 0);
+          slots.clear();
+          starts.clear();
+          for (size_t i = 0; i < batch; ++i) {
+            if (st > 0) rows[i].push_back(static_cast<int64_t>(i << 20 | rows[i].size()));
+            lens[i] = static_cast<int64_t>(rows[i].size());
+            out_loc[i] = rows[i].back();
+            const bool delta = given_deltas && st > 0;
+            const size_t from = delta ? rows[i].size() - 1 : 0;
+            slots.insert(slots.end(), rows[i].begin() + static_cast<std::ptrdiff_t>(from), rows[i].end());
+            offsets.push_back(static_cast<int64_t>(slots.size()));
+            starts.push_back(static_cast<int64_t>(from));
+          }
+          capture::StepView v;
+          v.step = static_cast<uint64_t>(st);
+          v.mode = ForwardMode::kDecode;
+          v.token_ids = tokens;
+          v.seq_lens = lens;
+          v.req_pool_indices = pool;
+          v.out_cache_loc = out_loc;
+          v.page_table_offsets = offsets;
+          v.page_table_slots = slots;
+          if (given_deltas) v.page_table_starts = starts;
+          const auto a = Clock::now();
+          (void)(*rec)->RecordStep(v);
+          const auto b = Clock::now();
+          if (st >= warm) calls.push_back(Ns(a, b));
+          if (st >= warm && how == 0) {  // the reference: the whole rows copied once
+            flat.resize(batch * (ctx + static_cast<size_t>(steps) + 32) * sizeof(int64_t));
+            const auto c = Clock::now();
+            char* d = flat.data();
+            for (size_t i = 0; i < batch; ++i) {
+              std::memcpy(d, rows[i].data(), rows[i].size() * sizeof(int64_t));
+              d += rows[i].size() * sizeof(int64_t);
+            }
+            memcpy_ns += Ns(c, Clock::now());
+            if (flat[1] == 42) std::printf(" ");
+          }
+        }
+        (void)(*rec)->Flush();
+        const double writer_ns = Ns(t0, Clock::now());
+        const uint64_t bytes = (*rec)->stats().file_bytes - bytes0;
+        (void)(*rec)->Close();
+        std::filesystem::remove(path);
+        double mean = 0;
+        for (double c : calls) mean += c;
+        mean /= static_cast<double>(calls.size());
+        std::sort(calls.begin(), calls.end());
+        static const char* kHow[] = {"whole, file whole", "whole, file deltas", "given as deltas"};
+        char ref[32] = "";
+        if (how == 0) std::snprintf(ref, sizeof ref, "%.1f", memcpy_ns / steps / 1e3);
+        std::printf("  %5zu %6zu  %-24s %10.2f %10.2f %12.1f %12.0f %14s\n", batch, ctx, kHow[how],
+                    calls[calls.size() / 2] / 1e3, mean / 1e3, writer_ns / steps / 1e3,
+                    static_cast<double>(bytes) / steps, ref);
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   int runs = 5, steps = 4000;
-  bool quick = false, snapshots = true, step_log = true;
+  bool quick = false, snapshots = true, step_log = true, context = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
     else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(100, std::atoi(argv[++i]));
     else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--no-snapshots") == 0) snapshots = false;
     else if (std::strcmp(argv[i], "--no-steps") == 0) step_log = false;
+    else if (std::strcmp(argv[i], "--no-context") == 0) context = false;
+    else if (std::strcmp(argv[i], "--only-context") == 0) step_log = snapshots = false;
     else {
       std::fprintf(stderr, "recorder_bench: unknown argument '%s'\n", argv[i]);
       return 2;
@@ -616,6 +733,7 @@ int main(int argc, char** argv) {
     StepLog("step log, decode batch of 256 requests", 0, runs, steps, {Pace::kBusy, Pace::kSleep, Pace::kNone});
     StepLog("step log + page-table rows (256 x 64 slots)", 64, runs, steps, {Pace::kBusy, Pace::kNone});
   }
+  if (context) ContextSweep(quick ? 100 : 300);
   if (snapshots) {
     std::printf("\nsnapshots of bf16-like data\n");
     Snapshot(1, quick ? 5 : 20);
