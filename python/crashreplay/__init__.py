@@ -24,6 +24,7 @@ __path__ = _pkgutil.extend_path(__path__, __name__)
 from crashreplay._crashreplay import (  # noqa: E402
     CaptureCorruptError,
     CaptureFile,
+    DeviceFingerprints,
     Error,
     describe_tensor,
     hash_bytes,
@@ -44,6 +45,7 @@ def failure_hook(recorder: "Recorder", step=None, stage: str = "") -> FailureHoo
 __all__ = [
     "CaptureCorruptError",
     "CaptureFile",
+    "DeviceFingerprints",
     "FailureHook",
     "Recorder",
     "classify_failure",

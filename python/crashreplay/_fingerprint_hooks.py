@@ -7,9 +7,17 @@ just pushed the interpreter out of the caches); flush() summarises the
 noted tensors of a step in one Recorder.fingerprints() call. An output a
 later module changed in place (its version moved) is dropped for that step
 and summarised at once, inside its hook, from then on: a stale value is
-never recorded. Device tensors are copied to the host at flush (one
-synchronisation a step): the zero-copy device path (DeviceFingerprints) has
-no Python binding yet.
+never recorded.
+
+CUDA tensors take the device path (DeviceSteps): inside the hook, our
+summary kernel is queued on the module's stream behind its kernels and
+writes the record into pinned host memory mapped into the device - no copy,
+no synchronisation, and the records survive a sticky CUDA error (a
+device-side assert, an illegal address): Recorder.on_failure writes the
+failing step's boundaries that ran, marked incomplete, before the failure
+record. Where no table can be made (no device, a build without the CUDA
+backend) or for a dtype our kernel does not decode, device tensors are
+copied to the host at flush (one synchronisation a step), as before.
 
 Boundary names are the replay's (docs/replay.md "Boundaries"). Nothing here
 imports an engine; torch is imported by whoever builds the model.
@@ -40,8 +48,15 @@ def first_tensor(x: Any) -> Any:
 class FingerprintHooks:
     """The hooks on one model. Set `step` (and `mode`) before each forward."""
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Any, device: str = "auto", max_boundaries: int = 4096) -> None:
+        """device: "auto" (CUDA tensors take the device path when a table
+        can be made, else host copies), "host" (always host copies)."""
+        if device not in ("auto", "host"):
+            raise ValueError("device must be 'auto' or 'host'")
         self.rec = recorder
+        self._device_mode = device
+        self._max_boundaries = max_boundaries
+        self.device: Optional[DeviceSteps] = None  # made at the first CUDA tensor
         self.step: Optional[int] = None
         self.mode = ""
         self.names: List[str] = []  # boundaries hooked, in install order
@@ -110,15 +125,28 @@ class FingerprintHooks:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self.device is not None:
+            self.device.detach()
 
     # -- recording -------------------------------------------------------
     def _note(self, name: str, t: Any, rows: Optional[Callable]) -> None:
         if t is None or self.step is None:
             return
+        if t.is_cuda and self._device_mode == "auto" and self._on_device(name, t, rows):
+            return
         if name in self._now:
             self.rec.fingerprint(name, self._host(t, rows), step=self.step)
             return
         self._pending.append((name, t, t._version, rows, self.step))
+
+    def _on_device(self, name: str, t: Any, rows: Optional[Callable]) -> bool:
+        """Queues t's summary on the device; False: take the host path."""
+        if self.device is None:
+            self.device = DeviceSteps.make(self.rec, self._max_boundaries)
+            if self.device is None:
+                self._device_mode = "host"
+                return False
+        return self.device.enqueue(self.step, name, t, rows)
 
     @staticmethod
     def _host(t: Any, rows: Optional[Callable]) -> Any:
@@ -138,6 +166,8 @@ class FingerprintHooks:
         here until the call returns; a dtype it has no name for goes through
         Recorder.fingerprints, which says what is wrong with it.
         """
+        if self.device is not None:
+            self.device.end_step()
         pending, self._pending = self._pending, []
         batch: List[Tuple[str, int, int, str, int]] = []
         held: List[Any] = []
@@ -164,6 +194,120 @@ class FingerprintHooks:
     def _send(self, batch: List[Tuple[str, int, int, str, int]], step: Optional[int]) -> None:
         self.rec._impl._fingerprints_at(step, batch)
 
+
+class DeviceSteps:
+    """The device path: two DeviceFingerprints tables used on alternate steps.
+
+    A step's records are read when the step after next begins (its table is
+    needed again), once the event recorded at its end has completed - by
+    then it long has, so the engine's stream is never waited on in practice,
+    and a record is never read while its step's kernels may still write it.
+    After a fault, Recorder.on_failure calls failed(): both tables are read
+    without a CUDA call (the failing step's record is incomplete; the step
+    before it is complete if all its boundaries' kernels ran).
+
+    Not under CUDA-graph capture: a hook that runs while its stream is being
+    captured queues nothing (a graph-replayed step has no hooks either).
+    """
+
+    def __init__(self, recorder: Any, tables: List[Any], torch: Any) -> None:
+        self.rec = recorder
+        self.tables = tables
+        self.torch = torch
+        self.steps: List[Optional[int]] = [None, None]  # the step each table holds, until written
+        self.noted = [0, 0]  # summaries queued into each table's step
+        self.events: List[Any] = [None, None]
+        self.cur = 1
+        self.writes = 0  # records written (tests, stats)
+        recorder._before_failure.append(self.failed)
+        recorder._before_close.append(self.flush)
+
+    @staticmethod
+    def make(recorder: Any, max_boundaries: int) -> Optional["DeviceSteps"]:
+        """Two tables, or None (logged once) where none can be made."""
+        try:
+            import torch
+
+            from crashreplay._crashreplay import DeviceFingerprints
+
+            tables = [DeviceFingerprints(max_boundaries), DeviceFingerprints(max_boundaries)]
+        except Exception as e:  # noqa: BLE001 - no device, no CUDA backend: host copies
+            logger.info("crashreplay: device fingerprints unavailable (%s); CUDA tensors are copied to the host", e)
+            return None
+        return DeviceSteps(recorder, tables, torch)
+
+    def enqueue(self, step: int, name: str, t: Any, rows: Optional[Callable]) -> bool:
+        dtype = _DEVICE_DTYPES.get(_dtype_names().get(t.dtype))
+        if dtype is None:
+            return False  # fp8 e8m0, int8, fp64 ...: the host path
+        cuda = self.torch.cuda
+        if cuda.is_current_stream_capturing():
+            return True  # a graph being captured: nothing queued (see the class)
+        stream = cuda.current_stream(t.device)
+        if self.steps[self.cur] != step:
+            self._begin(step, stream)
+        if rows is not None:
+            t = rows(t)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        cols = t.shape[-1] if t.dim() and t.shape[-1] else 1
+        self.tables[self.cur].enqueue(name, t.data_ptr(), t.numel(), dtype, cols, stream.cuda_stream)
+        self.noted[self.cur] += 1
+        return True
+
+    def _begin(self, step: int, stream: Any) -> None:
+        nxt = self.cur ^ 1
+        self._write(nxt, wait=True)
+        self.tables[nxt].begin_step(step, stream.cuda_stream)
+        self.cur = nxt
+        self.steps[nxt], self.noted[nxt], self.events[nxt] = step, 0, None
+
+    def end_step(self) -> None:
+        """Marks the end of the current step's work on its stream."""
+        if self.steps[self.cur] is not None and self.events[self.cur] is None:
+            ev = self.torch.cuda.Event()
+            ev.record()
+            self.events[self.cur] = ev
+
+    def _write(self, i: int, wait: bool) -> None:
+        if self.steps[i] is None:
+            return
+        if wait and self.events[i] is not None:
+            self.events[i].synchronize()
+        noted = self.noted[i] if (not wait or self.events[i] is not None) else -1
+        self.steps[i] = None
+        if self.tables[i].write(self.rec._impl, noted):
+            self.writes += 1
+
+    def flush(self) -> None:
+        """Writes every step held (synchronises: close, tests)."""
+        self.end_step()
+        for i in (self.cur ^ 1, self.cur):
+            self._write(i, wait=True)
+
+    def failed(self) -> None:
+        """The failure path: both tables read from host memory, no CUDA call;
+        the step before the failing one first."""
+        older = self.cur ^ 1
+        self._write(older, wait=False)
+        if self.steps[self.cur] is not None:
+            self.steps[self.cur] = None
+            if self.tables[self.cur].write(self.rec._impl, -1):
+                self.writes += 1
+
+    def detach(self) -> None:
+        """Writes what is held and leaves the recorder's failure and close paths."""
+        try:
+            self.flush()
+        finally:
+            if self.failed in self.rec._before_failure:
+                self.rec._before_failure.remove(self.failed)
+            if self.flush in self.rec._before_close:
+                self.rec._before_close.remove(self.flush)
+
+
+# The dtypes our summary kernel decodes (capture/src/device_fingerprints.cu).
+_DEVICE_DTYPES = {n: n for n in ("F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "I32", "I64", "U8")}
 
 _DTYPE_NAMES: Optional[dict] = None
 

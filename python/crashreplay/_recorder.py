@@ -191,6 +191,11 @@ class Recorder:
         self.current_step: Optional[int] = None
         self.current_stage: str = ""
         self._host_weights: List[Any] = []
+        # Called by on_failure before the failure record, so that what is
+        # held elsewhere (the device fingerprint tables) reaches the file
+        # first; each is guarded: a failing callback never hides the failure.
+        self._before_failure: List[Any] = []
+        self._before_close: List[Any] = []  # the same for close()
 
     # -- properties ------------------------------------------------------
     @property
@@ -325,8 +330,8 @@ class Recorder:
         column) over the last dimension, an integer tensor's range and hash)
         is computed now, on this thread, from any host DLPack tensor (numpy,
         torch CPU; bf16, fp16, fp32, fp8, int32/int64), or a torch CUDA
-        tensor through a host copy (a synchronisation; the zero-copy device
-        path, DeviceFingerprints in C++, has no binding yet). The step's
+        tensor through a host copy (a synchronisation; the engine hooks use
+        the zero-copy device path, crashreplay.DeviceFingerprints). The step's
         fingerprints are written when the next step's first one arrives, at
         close(), or by on_failure() (then marked incomplete: the last one is
         the last boundary that ran). step defaults to the step last given to
@@ -419,6 +424,11 @@ class Recorder:
         """
         if self._stager is not None:
             self._stager.drain(staging_timeout_s)
+        for callback in list(self._before_failure):
+            try:
+                callback()
+            except Exception as e:  # the failure record matters more
+                warnings.warn(f"crashreplay: before the failure record: {type(e).__name__}: {e}", RuntimeWarning)
         self._impl.on_failure(reason, stage, step, failure_class, exception_type, backtrace)
 
     def flush(self) -> None:
@@ -439,6 +449,11 @@ class Recorder:
         """
         if self._stager is not None:
             self._stager.close()
+        for callback in list(self._before_close):
+            try:
+                callback()
+            except Exception as e:  # what is held must not stop the close
+                warnings.warn(f"crashreplay: before closing: {type(e).__name__}: {e}", RuntimeWarning)
         report = self._impl.close()
         self._host_weights.clear()
         if report:

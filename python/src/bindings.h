@@ -4,10 +4,17 @@
 
 #include <nanobind/nanobind.h>
 
+#include "crashreplay/capture/recorder.h"
+
 namespace crashreplay::python {
 
 void BindTensors(nanobind::module_& m);      // tensor_bindings.cc: DLPack intake, hashing
 void BindCaptureFile(nanobind::module_& m);  // capture_file_bindings.cc: the reader
 void BindRecorder(nanobind::module_& m);     // recorder_bindings.cc: the recorder
+void BindDeviceFingerprints(nanobind::module_& m);  // device_fingerprints_bindings.cc
+
+// The live C++ recorder of a _crashreplay.Recorder (recorder_bindings.cc);
+// raises if `recorder` is not one, or is closed.
+capture::Recorder& RecorderOf(nanobind::handle recorder);
 
 }  // namespace crashreplay::python

@@ -11,4 +11,5 @@ NB_MODULE(_crashreplay, m) {
   crashreplay::python::BindTensors(m);
   crashreplay::python::BindCaptureFile(m);
   crashreplay::python::BindRecorder(m);
+  crashreplay::python::BindDeviceFingerprints(m);
 }

@@ -394,7 +394,7 @@ class PyRecorder {
   nb::dict Stats() const { return StatsToPython(recorder_ ? recorder_->stats() : closed_stats_); }
   std::string Path() const { return recorder_ ? recorder_->path() : path_; }
 
- private:
+  // The C++ recorder; raises once closed (RecorderOf, for the other bindings).
   capture::Recorder& Live() {
     if (!recorder_) {
       ThrowIfError(absl::FailedPreconditionError(
@@ -402,6 +402,8 @@ class PyRecorder {
     }
     return *recorder_;
   }
+
+ private:
 
   static std::vector<SamplingParams> Sampling(const OptF32& temperatures, const OptF32& top_ps,
                                               const std::optional<I64>& top_ks, const OptF32& min_ps,
@@ -442,6 +444,14 @@ class PyRecorder {
 };
 
 }  // namespace
+
+capture::Recorder& RecorderOf(nb::handle recorder) {
+  PyRecorder* r = nullptr;
+  if (!nb::try_cast<PyRecorder*>(recorder, r) || r == nullptr) {
+    ThrowIfError(absl::InvalidArgumentError("expected a _crashreplay.Recorder (crashreplay.Recorder()._impl)"));
+  }
+  return r->Live();
+}
 
 void BindRecorder(nb::module_& m) {
   nb::class_<PyRecorder>(m, "Recorder", "The C++ recorder; use crashreplay.Recorder, which wraps it.")

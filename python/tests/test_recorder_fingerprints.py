@@ -170,3 +170,19 @@ def test_a_device_tensor_is_summarised_from_its_host_copy_or_refused_by_name(tmp
     (r,) = crashreplay.read_capture(path)["fingerprints"]
     (f,) = r["fingerprints"]
     assert f["name"] == "L0.mlp" and f["max"] == 11.0 and f["sum"] == 66.0
+
+
+def test_without_a_device_the_device_table_says_why_and_the_hooks_copy_to_the_host(tmp_path, caplog):
+    # The device path (DeviceFingerprints) needs a CUDA device; here the
+    # table refuses by name, and the hooks' device path steps aside (host
+    # copies) and says so once. tests/gpu (test_cuda_fingerprints.py) runs it.
+    with pytest.raises(crashreplay.Error, match="no CUDA (device|backend)"):
+        crashreplay.DeviceFingerprints(8)
+    from crashreplay._fingerprint_hooks import DeviceSteps, FingerprintHooks
+
+    with pytest.raises(ValueError, match="device must be"):
+        FingerprintHooks(None, device="gpu")
+    with make(tmp_path) as rec, caplog.at_level("INFO", logger="crashreplay"):
+        assert DeviceSteps.make(rec, 8) is None
+        assert "device fingerprints unavailable" in caplog.text
+        assert rec._before_failure == [] and rec._before_close == []

@@ -66,12 +66,18 @@ def test_sglang_extraction_with_torch_tensors(tmp_path):
         forward_mode=FakeMode(), input_ids=torch.tensor([11, 12]), positions=torch.tensor([2, 1]),
         seq_lens=torch.tensor([3, 2]), seq_lens_cpu=torch.tensor([3, 2]), req_pool_indices=torch.tensor([0, 1]),
         out_cache_loc=torch.tensor([9, 4]), sampling_info=None))()
-    f = cr_sglang.extract_step(fb, req_to_token)
-    rec = make(tmp_path)
-    rec.record_step(0, **f)
-    rec.close()
-    s = crashreplay.read_capture(rec.path)["step_records"][0]
-    assert [r["token_slots"] for r in s["page_table"]] == [[7, 8, 9], [3, 4]]
+    # Whole rows (page_deltas=False, as with snapshot_kv), then the default:
+    # a DECODE batch's rows as deltas, out_cache_loc from column seq_len - 1,
+    # which with no earlier row recorded stay incomplete and say where they start.
+    (tmp_path / "False").mkdir()
+    (tmp_path / "True").mkdir()
+    for deltas, want in ((False, [([7, 8, 9], None), ([3, 4], None)]), (True, [([9], 2), ([4], 1)])):
+        f = cr_sglang.extract_step(fb, req_to_token, page_deltas=deltas)
+        rec = make(tmp_path / str(deltas))
+        rec.record_step(0, **f)
+        rec.close()
+        s = crashreplay.read_capture(rec.path)["step_records"][0]
+        assert [(r["token_slots"], r.get("start")) for r in s["page_table"]] == want, deltas
 
 
 def test_weight_hashes_of_a_torch_module(tmp_path):

@@ -38,12 +38,12 @@ run gpu_test "$BUILD/tests/gpu_test" --gtest_output="xml:$OUT/gpu_test.xml"
 run cpu_parity "$BUILD/tests/replay_test" --gtest_filter='*StepOnFreshCpuExecutor*:StepFaults*:StepOnCpu*:ExecutorRegistry*' --gtest_output="xml:$OUT/cpu_parity.xml"
 run cli_cuda "$SRC/tests/gpu/cli_cuda.sh" "$BUILD/tools/crashreplay"
 run gpu_bench "$BUILD/bench/gpu_bench"
-# The Python module's CUDA paths (torch CUDA staging, a real device-side
-# assert), where torch with CUDA and the extension are importable.
+# The Python module's CUDA paths (torch CUDA staging, the fingerprint hooks'
+# device path, a real device-side assert), where torch with CUDA and the extension are importable.
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   if cmake --build "$BUILD" -j"$JOBS" --target _crashreplay >>"$OUT/build.log" 2>&1; then
     run python_cuda env PYTHONPATH="$BUILD/python:$SRC/python" CRASHREPLAY_BIN="$BUILD/tools/crashreplay" \
-      python3 -m pytest -q "$SRC/python/tests/test_cuda_staging.py"
+      python3 -m pytest -q "$SRC/python/tests/test_cuda_staging.py" "$SRC/python/tests/test_cuda_fingerprints.py"
   else
     echo "== python_cuda: the extension did not build (see $OUT/build.log)"; status=1
   fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU suite from tests/gpu/bundle.sh's archive on a machine with a
 # GPU but without crashreplay's build dependencies: `crashreplay devices`,
-# gpu_test, tests/gpu/cli_cuda.sh, gpu_bench, and compute-sanitizer's memcheck
+# gpu_test, tests/gpu/cli_cuda.sh, gpu_bench, the Python CUDA tests (where
+# torch with CUDA is installed), and compute-sanitizer's memcheck
 # on a glm_moe_dsa run where the tool is installed. Each part has a time
 # limit, cut to what is left of BUDGET_S seconds for the whole run (default
 # 900; a part with under 10 s left is skipped); logs and gpu_test's JUnit XML
@@ -46,6 +47,18 @@ part gpu_test 240 "$B/gpu_test" --gtest_output="xml:$OUT/gpu_test.xml"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |: Failure" "$OUT/gpu_test.log" | head -40
 part cli_cuda 240 bash "$SRC/tests/gpu/cli_cuda.sh" "$B/crashreplay"; grep -E "^(ok|FAIL)" "$OUT/cli_cuda.log"
 part gpu_bench 120 "$B/gpu_bench"; cat "$OUT/gpu_bench.log"
+# The Python CUDA tests (staging, the fingerprint hooks' device path, a real
+# device-side assert) with the bundled extension, where this python3 has
+# torch with CUDA and can import the extension.
+if PYTHONPATH="$G/py:$SRC/python" python3 -c \
+     "import torch, crashreplay._crashreplay; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  part python_cuda 180 env PYTHONPATH="$G/py:$SRC/python" CRASHREPLAY_BIN="$B/crashreplay" \
+    python3 -m pytest -q -p no:cacheprovider "$SRC/python/tests/test_cuda_staging.py" \
+    "$SRC/python/tests/test_cuda_fingerprints.py"
+  tail -5 "$OUT/python_cuda.log"
+else
+  echo "== python_cuda: skipped (no torch with CUDA, or the bundled extension does not import here)"
+fi
 if command -v compute-sanitizer >/dev/null; then
   W="$(mktemp -d)"
   "$B/crashreplay" make-model "$W/dsa" --arch glm_moe_dsa --quant nvfp4 >/dev/null 2>&1
