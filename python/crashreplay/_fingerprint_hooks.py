@@ -48,12 +48,22 @@ def first_tensor(x: Any) -> Any:
 class FingerprintHooks:
     """The hooks on one model. Set `step` (and `mode`) before each forward."""
 
-    def __init__(self, recorder: Any, device: str = "auto", max_boundaries: int = 4096) -> None:
+    def __init__(self, recorder: Any, device: str = "auto", max_boundaries: int = 4096,
+                 wrap_forward: bool = False) -> None:
         """device: "auto" (CUDA tensors take the device path when a table
-        can be made, else host copies), "host" (always host copies)."""
+        can be made, else host copies), "host" (always host copies).
+
+        wrap_forward: put a wrapper of the module's forward on the instance
+        instead of registering torch hooks. torch's module call leaves its
+        fast path for a module with any hook (~0.9 us a call in a tight
+        loop, several in a model whose kernels have just run); a wrapped
+        forward keeps it (~0.1 us). For plain torch modules (transformers);
+        not for the engines, whose CustomOp dispatch and torch.compile look
+        at a module's forward."""
         if device not in ("auto", "host"):
             raise ValueError("device must be 'auto' or 'host'")
         self.rec = recorder
+        self._wrap_forward = wrap_forward
         self._device_mode = device
         self._max_boundaries = max_boundaries
         self.device: Optional[DeviceSteps] = None  # made at the first CUDA tensor
@@ -84,7 +94,16 @@ class FingerprintHooks:
                     self.flush()
             except Exception as e:  # noqa: BLE001 - a recording bug must not stop the model
                 self._drop(name, e)
-        self._handles.append(module.register_forward_hook(hook))
+        if self._wrap_forward:
+            inner = module.forward
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                out = inner(*args, **kwargs)
+                hook(module, args, out)
+                return out
+            self._handles.append(_Wrapped(module, inner, forward))
+        else:
+            self._handles.append(module.register_forward_hook(hook))
         self.names.append(name)
 
     def input(self, module: Any, name: str) -> None:
@@ -96,7 +115,15 @@ class FingerprintHooks:
                 self._note(name, args[0] if args else None, None)
             except Exception as e:  # noqa: BLE001 - a recording bug must not stop the model
                 self._drop(name, e)
-        self._handles.append(module.register_forward_pre_hook(hook))
+        if self._wrap_forward:
+            inner = module.forward
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                hook(module, args)
+                return inner(*args, **kwargs)
+            self._handles.append(_Wrapped(module, inner, forward))
+        else:
+            self._handles.append(module.register_forward_pre_hook(hook))
         self.names.append(name)
 
     def capture(self, router: Any, name: str) -> None:
@@ -122,7 +149,7 @@ class FingerprintHooks:
                        name, type(e).__name__, e)
 
     def remove(self) -> None:
-        for h in self._handles:
+        for h in reversed(self._handles):  # wrappers of one module unwind in order
             h.remove()
         self._handles.clear()
         if self.device is not None:
@@ -325,6 +352,20 @@ def _dtype_names() -> dict:
     return _DTYPE_NAMES
 
 
+class _Wrapped:
+    """remove() for a wrapped forward: the module's own forward back."""
+
+    def __init__(self, module: Any, inner: Any, wrapper: Any) -> None:
+        self.module, self.inner = module, inner
+        module.forward = wrapper
+
+    def remove(self) -> None:
+        if getattr(self.inner, "__self__", None) is self.module and "forward" in vars(self.module):
+            del self.module.forward  # the class's forward again
+        else:
+            self.module.forward = self.inner  # an earlier wrapper (ours or anyone's)
+
+
 class _Unset:
     """remove() for a capture callback: the router's callback set back to none."""
 
@@ -333,6 +374,19 @@ class _Unset:
 
     def remove(self) -> None:
         self.router.set_capture_fn(None)
+
+
+def _has_own_forward(module: Any) -> bool:
+    """A torch module whose class defines (or inherits) a forward of its own."""
+    return class_has_own_forward(type(module))
+
+
+def class_has_own_forward(cls: type) -> bool:
+    """A torch module class with a forward other than nn.Module's (which raises)."""
+    for c in cls.__mro__:
+        if "forward" in vars(c):
+            return c.__module__ != "torch.nn.modules.module"
+    return False
 
 
 def _topk_ids(out: Any) -> Any:
@@ -361,7 +415,9 @@ def install_engine_boundaries(hooks: FingerprintHooks, model: Any, tp_size: int)
         (the router's ids, the same on every rank: sglang's `mlp.topk`
         output, vLLM's `mlp.experts.router` capture callback), final_norm (decode steps
         only: there each row is one token, as in the replay), lm_head (the
-        gathered logits of each row's last token);
+        gathered logits of each row's last token), L{n}.indexer_slots
+        (sglang's DSA indexer's top-k in its backend's transform: KV-pool
+        slots by default, -1 for none; the engine's alone, not compared);
       * at tp_size 1 only: L{n}.attention (o_proj's input: head-sharded
         under tp), L{n}.o_proj and L{n}.mlp (both engines may defer the
         all-reduce past these modules, leaving a rank's partial sum).
@@ -384,6 +440,19 @@ def install_engine_boundaries(hooks: FingerprintHooks, model: Any, tp_size: int)
         if tp_size == 1 and o_proj is not None:
             hooks.input(o_proj, f"L{n}.attention")
             hooks.output(o_proj, f"L{n}.o_proj")
+        # The DSA indexer's top-k as sglang's Indexer returns it: int32
+        # [tokens, index_topk], -1 for no entry, in its backend's transform
+        # (KV-pool slots by default; flattened KV positions or request
+        # positions in other modes), so not the replay's L{n}.indexer
+        # (sequence positions): its own name, which replay passes over, and
+        # its range shows an index past the pool before the sparse attention
+        # kernel asserts on it. Same on every rank (sglang replicates the
+        # indexer). vLLM's DeepseekV32Indexer is never called (its layer
+        # calls a function with the indexer's tensors): a module whose
+        # forward is nn.Module's own is not hooked.
+        indexer = getattr(attn, "indexer", None) if attn is not None else None
+        if indexer is not None and _has_own_forward(indexer):
+            hooks.output(indexer, f"L{n}.indexer_slots")
         mlp = getattr(layer, "mlp", None)
         if mlp is None:
             continue

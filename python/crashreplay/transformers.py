@@ -86,7 +86,7 @@ class TransformersRecorder:
         weights = {k: v.detach() for k, v in model.state_dict().items()}
         if all(t.device.type == "cpu" for t in weights.values()):
             self.rec.record_weight_hashes(weights)
-        self.hooks = FingerprintHooks(self.rec)
+        self.hooks = FingerprintHooks(self.rec, wrap_forward=True)
         self._install()
 
     # -- hooks -----------------------------------------------------------

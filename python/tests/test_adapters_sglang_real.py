@@ -410,3 +410,20 @@ def test_fingerprint_hooks_on_sglangs_model_record_what_its_modules_computed_and
     j = json.loads(r.stdout)
     assert j["outcome"] == "reproduced", j.get("engine_divergence")
     assert j["fingerprints"]["compared"] == 1
+
+
+def test_the_dsa_indexer_is_where_the_fingerprint_hooks_read_it():
+    # install_engine_boundaries hooks model.layers[n].self_attn.indexer when
+    # its class has a forward of its own (test_torch runs the hook on a
+    # stand-in: the real Indexer needs CUDA). Checked against this sglang:
+    # GLM-5 (GlmMoeDsaForCausalLM) and DeepSeek V3.2 are DeepseekV2 models
+    # whose MLA attention sets self.indexer, an Indexer with a forward.
+    from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
+    from sglang.srt.models import deepseek_v2, glm4_moe
+
+    from crashreplay._fingerprint_hooks import class_has_own_forward
+
+    assert issubclass(glm4_moe.GlmMoeDsaForCausalLM, deepseek_v2.DeepseekV2ForCausalLM)
+    assert "self.indexer = " in inspect.getsource(deepseek_v2.DeepseekV2AttentionMLA.__init__)
+    assert issubclass(Indexer, torch.nn.Module) and class_has_own_forward(Indexer)
+    assert not class_has_own_forward(torch.nn.Module)

@@ -37,6 +37,21 @@ def test_this_vllm_is_a_supported_version():
     cr_vllm.check_vllm_version(cr_vllm._vllm_version())
 
 
+def test_vllms_dsa_indexer_module_is_never_called_so_it_is_not_hooked():
+    # vLLM's DeepseekV32Indexer holds the indexer's weights and cache but has
+    # no forward: the attention calls sparse_attn_indexer() with them, into a
+    # buffer all layers share. install_engine_boundaries passes over such a
+    # module (a hook on it would never fire); docs/replay.md "Boundaries".
+    from crashreplay._fingerprint_hooks import class_has_own_forward
+
+    try:
+        from vllm.models.deepseek_v32.attention import DeepseekV32Indexer
+    except ImportError as e:  # its import chain needs a kernel package here
+        pytest.skip(f"vllm's deepseek_v32 does not import here: {e!r}")
+    assert issubclass(DeepseekV32Indexer, torch.nn.Module)
+    assert not class_has_own_forward(DeepseekV32Indexer)
+
+
 def test_the_runner_has_the_methods_the_hooks_wrap():
     names = ["load_model", "execute_model", "sample_tokens"]
     names += ["prepare_inputs", "prepare_attn"] if V2 else ["_prepare_inputs"]

@@ -131,3 +131,98 @@ def test_fingerprint_hooks_pass_tensors_by_address_with_the_same_records_as_dlpa
     assert got["f32"]["nan"] == 1 and got["f32"]["pos_inf"] == 1 and got["f32"]["first_nonfinite"] == (7, 7)
     assert got["last_rows"]["numel"] == 3 * 24 and got["last_rows"]["pos_inf"] == 1 and got["last_rows"]["nan"] == 0
     assert got["empty"]["numel"] == 0 and got["i64"]["is_int"] and got["i64"]["max"] < (1 << 40)
+
+
+def test_the_dsa_indexers_top_k_is_fingerprinted_as_its_own_boundary(tmp_path):
+    # install_engine_boundaries on a decoder laid out as sglang's DeepSeek/GLM-5
+    # models are (model.layers[n].self_attn.indexer): an indexer with a forward
+    # of its own (sglang's Indexer) is hooked as L{n}.indexer_slots, its int32
+    # top-k's range read back (a slot past the pool is visible); an output of
+    # None (sglang's dense short-prefill path) records nothing; an indexer
+    # module without a forward (vLLM's DeepseekV32Indexer, never called) is
+    # not hooked. The real Indexer needs CUDA: test_adapters_sglang_real checks
+    # that its class and attribute are where this reads them.
+    from crashreplay._fingerprint_hooks import FingerprintHooks, install_engine_boundaries
+
+    class TopK(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = None
+
+        def forward(self, x, **kwargs):
+            return self.out
+
+    class Attn(torch.nn.Module):
+        def __init__(self, indexer):
+            super().__init__()
+            self.indexer = indexer
+
+        def forward(self, x):
+            self.indexer(x=x, layer_id=0)
+            return x
+
+    class Layer(torch.nn.Module):
+        def __init__(self, indexer):
+            super().__init__()
+            self.self_attn = Attn(indexer)
+
+        def forward(self, x):
+            return self.self_attn(x)
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(TopK()), Layer(torch.nn.Module())])
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+
+    m = Model()
+    rec = make(tmp_path)
+    hooks = FingerprintHooks(rec)
+    assert install_engine_boundaries(hooks, m, tp_size=2) == ["L0.indexer_slots"]
+    ix = m.model.layers[0].self_attn.indexer
+    x = torch.zeros(3, 4)
+    for step, out in enumerate((torch.tensor([[5, 9, -1, -1], [5, 9, 70000, -1], [5, 9, 12, 3]], dtype=torch.int32),
+                                None)):
+        hooks.step, hooks.mode = step, "decode"
+        ix.out = out
+        m.model.layers[0](x)
+        hooks.flush()
+    rec.close()
+    (r,) = crashreplay.read_capture(rec.path)["fingerprints"]
+    (f,) = r["fingerprints"]
+    assert (r["step"], f["name"], f["dtype"], f["is_int"]) == (0, "L0.indexer_slots", "I32", True)
+    assert (f["min"], f["max"], f["numel"], f["columns"]) == (-1, 70000, 12, 4)
+
+
+def test_wrapped_forwards_record_what_hooks_record_and_unwind(tmp_path):
+    # FingerprintHooks(wrap_forward=True) (crashreplay.transformers' choice:
+    # torch's module call keeps its fast path) records the same boundaries as
+    # torch hooks, and remove() gives each module its own forward back.
+    from crashreplay._fingerprint_hooks import FingerprintHooks
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(3, 8)
+    got = {}
+    for wrap in (False, True):
+        (tmp_path / str(wrap)).mkdir()
+        rec = make(tmp_path / str(wrap))
+        hooks = FingerprintHooks(rec, wrap_forward=wrap)
+        hooks.input(lin, "L0.attention")
+        hooks.output(lin, "L0.o_proj")
+        assert ("forward" in vars(lin)) == wrap and bool(lin._forward_hooks) != wrap
+        hooks.step = 0
+        with torch.no_grad():
+            lin(x)
+        hooks.flush()
+        hooks.remove()
+        assert "forward" not in vars(lin) and not lin._forward_hooks and not lin._forward_pre_hooks
+        rec.close()
+        (r,) = crashreplay.read_capture(rec.path)["fingerprints"]
+        got[wrap] = r["fingerprints"]
+    assert [f["name"] for f in got[True]] == ["L0.attention", "L0.o_proj"]
+    assert got[True] == got[False]
