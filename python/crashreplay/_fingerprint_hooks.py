@@ -302,8 +302,8 @@ class DeviceSteps:
         if wait and self.events[i] is not None:
             self.events[i].synchronize()
         noted = self.noted[i] if (not wait or self.events[i] is not None) else -1
-        self.steps[i] = None
-        if self.tables[i].write(self.rec._impl, noted):
+        step, self.steps[i] = self.steps[i], None
+        if self.tables[i].write(self.rec._impl, noted, step):
             self.writes += 1
 
     def flush(self) -> None:
@@ -317,10 +317,9 @@ class DeviceSteps:
         the step before the failing one first."""
         older = self.cur ^ 1
         self._write(older, wait=False)
-        if self.steps[self.cur] is not None:
-            self.steps[self.cur] = None
-            if self.tables[self.cur].write(self.rec._impl, -1):
-                self.writes += 1
+        step, self.steps[self.cur] = self.steps[self.cur], None
+        if step is not None and self.tables[self.cur].write(self.rec._impl, -1, step):
+            self.writes += 1
 
     def detach(self) -> None:
         """Writes what is held and leaves the recorder's failure and close paths."""

@@ -73,12 +73,15 @@ class PyDeviceFingerprints {
   // The record of the step now running, as read_capture() shows records.
   nb::dict Collect(bool complete) const { return ToPython(table_->Collect(complete)); }
 
-  // Appends that record to `recorder`'s capture (a _crashreplay.Recorder),
-  // complete when it holds all `noted` boundaries the caller queued for the
-  // step (noted < 0: a step that failed). Returns how many it held; nothing
-  // is written when none ran. Reads host memory only.
-  size_t Write(nb::handle recorder, int64_t noted) const {
+  // Appends the record of step `step` to `recorder`'s capture (a
+  // _crashreplay.Recorder), complete when it holds all `noted` boundaries
+  // the caller queued for the step (noted < 0: a step that failed). Returns
+  // how many it held. Nothing is written when none ran, or when the table
+  // still shows an earlier step (a fault before this step's begin kernel
+  // ran: that step's record was written already). Reads host memory only.
+  size_t Write(nb::handle recorder, int64_t noted, uint64_t step) const {
     FingerprintRecord record = table_->Collect(false);
+    if (record.step != step) return 0;
     record.complete = noted >= 0 && record.fingerprints.size() == static_cast<uint64_t>(noted);
     if (!record.fingerprints.empty()) ThrowIfError(RecorderOf(recorder).RecordFingerprints(record));
     return record.fingerprints.size();
@@ -101,7 +104,7 @@ void BindDeviceFingerprints(nb::module_& m) {
       .def("enqueue", &PyDeviceFingerprints::Enqueue, nb::arg("name"), nb::arg("address"), nb::arg("numel"),
            nb::arg("dtype"), nb::arg("columns"), nb::arg("stream"))
       .def("collect", &PyDeviceFingerprints::Collect, nb::arg("complete"))
-      .def("write", &PyDeviceFingerprints::Write, nb::arg("recorder"), nb::arg("noted"))
+      .def("write", &PyDeviceFingerprints::Write, nb::arg("recorder"), nb::arg("noted"), nb::arg("step"))
       .def_prop_ro("boundaries", &PyDeviceFingerprints::Boundaries);
 }
 
