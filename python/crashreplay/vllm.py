@@ -38,7 +38,12 @@ the step is recorded when prepare_attn returns:
   extend_lens         num_scheduled_tokens
   req_pool_indices    idx_mapping_np (each request's request-state slot)
   page_table          block_tables[0] rows cut to ceil(seq_len / block_size),
-                      block_size = runner.block_tables.block_sizes[0]
+                      block_size = runner.block_tables.block_sizes[0]; a
+                      request that ran in the last recorded step from the
+                      same slot and continues where it stopped gives its
+                      row from the block of its first new token on
+                      ("starts", gathered on the device: the recorder's
+                      cost does not grow with context), others whole
   out_cache_loc       slot_mappings[0][:num_tokens]
   sampling            runner.sampler.sampling_states at idx_mapping
                       (temperature, top_p, top_k (vocab size -> -1), min_p,
@@ -162,11 +167,35 @@ def extract_step(runner: Any, scheduler_output: Any) -> Dict[str, Any]:
     return fields
 
 
-def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None) -> Dict[str, Any]:
+def _columns_from(table: Any, starts: np.ndarray, ends: np.ndarray) -> Any:
+    """Each row of `table` (a torch tensor, on its device: no synchronisation)
+    from column starts[i] on, padded to the widest ends[i] - starts[i]
+    (the padding repeats a column; record_step cuts rows to their lengths)."""
+    import torch
+
+    width = int((ends - starts).max())
+    cols = np.minimum(starts[:, None] + np.arange(width, dtype=np.int64)[None, :], table.shape[1] - 1)
+    index = torch.from_numpy(cols)
+    if table.device.type != "cpu":
+        index = index.pin_memory().to(table.device, non_blocking=True)
+    return torch.gather(table, 1, index)
+
+
+def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None,
+                    previous: Optional[Dict[str, Tuple[int, int]]] = None) -> Dict[str, Any]:
     """record_step keyword arguments for vLLM's second-generation model runner
     (vllm/v1/worker/gpu/model_runner.py, the only one since 0.2x): the
     InputBatch prepare_inputs returned and, when prepare_attn ran, its
-    (block_tables, slot_mappings)."""
+    (block_tables, slot_mappings).
+
+    previous: {request id: (request-state slot, seq_len)} of the rows the
+    last recorded step gave, updated here. A request that ran in that step
+    from the same slot and continues where it stopped (num_computed_tokens
+    = its seq_len then) has only gained blocks - vLLM appends to a running
+    request's row; a preempted one leaves the batch - so its row is given
+    from the block holding its first new token on (a delta: "starts"), the
+    columns before as recorded; every other row is given whole. None: whole
+    rows."""
     ib = input_batch
     require_fields(ib, ("req_ids", "num_reqs", "num_scheduled_tokens", "num_computed_tokens_np", "num_tokens",
                         "input_ids", "positions", "idx_mapping_np"), "InputBatch", "vllm")
@@ -184,9 +213,22 @@ def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None) -> Dict[str
         block_tables, slot_mappings = attn
         sizes = getattr(getattr(runner, "block_tables", None), "block_sizes", None)
         if block_tables and sizes:
-            blocks = (seq_lens + int(sizes[0]) - 1) // int(sizes[0])
-            fields["page_table"] = {"rows": block_tables[0][:num_reqs, :int(blocks.max()) if num_reqs else 0],
-                                    "lengths": blocks}
+            bs = int(sizes[0])
+            blocks = (seq_lens + bs - 1) // bs
+            table = block_tables[0][:num_reqs]
+            starts = None
+            if previous is not None:
+                starts = np.zeros(num_reqs, dtype=np.int64)
+                for i, r in enumerate(req_ids):
+                    if previous.get(r) == (int(idx[i]), int(computed[i])):
+                        starts[i] = computed[i] // bs
+                previous.clear()
+                previous.update((r, (int(idx[i]), int(seq_lens[i]))) for i, r in enumerate(req_ids))
+            if starts is not None and starts.any():
+                fields["page_table"] = {"rows": _columns_from(table, starts, blocks), "lengths": blocks - starts,
+                                        "starts": starts}
+            else:
+                fields["page_table"] = {"rows": table[:, :int(blocks.max()) if num_reqs else 0], "lengths": blocks}
         if slot_mappings is not None and len(slot_mappings) > 0:
             fields["out_cache_loc"] = slot_mappings[0][:n_tok]
     states = getattr(getattr(runner, "sampler", None), "sampling_states", None)
@@ -266,6 +308,9 @@ class VLLMAdapter:
         self.step = 0
         self.mode = ""
         self._pending: Any = None  # v2: an InputBatch whose prepare_attn has not returned yet
+        # v2: the rows the last recorded step gave (extract_step_v2's
+        # `previous`), so that running requests' rows go as deltas.
+        self._rows: Dict[str, Tuple[int, int]] = {}
 
     def after_prepare(self, runner: Any, scheduler_output: Any) -> None:
         self._record(extract_step(runner, scheduler_output))
@@ -280,12 +325,13 @@ class VLLMAdapter:
     def after_attn_v2(self, runner: Any, input_batch: Any, attn: Any) -> None:
         if self._pending is input_batch:
             self._pending = None
-            self._record(extract_step_v2(runner, input_batch, attn))
+            self._record(extract_step_v2(runner, input_batch, attn, previous=self._rows))
 
     def flush_pending(self, runner: Any) -> None:
         ib = self._pending
         if ib is not None:
             self._pending = None
+            self._rows.clear()  # a step without rows: the next gives them whole
             self._record(extract_step_v2(runner, ib))
 
     def install_hooks(self, runner: Any) -> None:

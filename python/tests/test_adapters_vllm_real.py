@@ -133,6 +133,48 @@ def test_a_v2_decode_step_is_recorded_with_block_rows_slots_and_sampling(tmp_pat
 
 
 @needs_v2
+def test_running_requests_rows_go_as_deltas_and_read_back_whole(tmp_path):
+    # vLLM's real InputBatch over five steps, block size 2: a prefill, three
+    # decode steps (rows gain a block every other step), then slot 2 taken by
+    # a new request. Running requests' rows are given from the block holding
+    # their first new token (the recorder is handed 1-2 block ids a row, not
+    # the row), a new request's whole; the capture reads back the whole rows
+    # of vLLM's block table at every step. Whole rows (snapshot off the
+    # delta path: previous=None) give the same capture rows.
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.block_tables = SimpleNamespace(block_sizes=[2])
+    runner.sampler = SimpleNamespace(sampling_states=None)
+    table = torch.zeros(3, 8, dtype=torch.int32)
+    table[0, :2] = torch.tensor([5, 6])  # req-a (slot 2): blocks for 3 tokens
+    table[1, :1] = torch.tensor([9])     # req-b (slot 0): 2 tokens
+    steps = [[0, 0], [3, 2], [4, 3], [5, 4], [6, 5]]
+    grown = {2: (0, 2, 7), 3: (1, 2, 4)}  # step: (row, column, block id) vLLM appends
+    given, want = [], []
+    rec = crashreplay.Recorder(str(tmp_path / "c.crcap"), engine="vllm", install_signal_handlers=False)
+    adapter = cr_vllm.VLLMAdapter(rec)
+    for step, computed in enumerate(steps):
+        ib = real_input_batch(computed)
+        if step == 4:  # req-a finished; req-c takes its slot and its row (prefix-cached start)
+            ib.req_ids[0] = "req-c"
+            table[0, :4] = torch.tensor([21, 22, 23, 24])
+        if step in grown:
+            r, c, b = grown[step]
+            table[r, c] = b
+        seq = np.array(computed) + np.asarray(ib.num_scheduled_tokens[:2])
+        blocks = (seq + 1) // 2
+        want.append([table[i, :blocks[i]].tolist() for i in range(2)])
+        adapter.after_prepare_v2(runner, ib)
+        fields = cr_vllm.extract_step_v2(runner, ib, ((table,), None), previous=dict(adapter._rows))
+        given.append(fields["page_table"].get("starts"))
+        adapter.after_attn_v2(runner, ib, ((table,), torch.zeros(1, 4, dtype=torch.int64)))
+    rec.close()
+    got = [[r["token_slots"] for r in s["page_table"]] for s in crashreplay.read_capture(rec.path)["step_records"]]
+    assert got == want
+    assert [None if g is None else g.tolist() for g in given] == [None, [1, 1], [2, 1], [2, 2], [0, 2]]
+    assert rec.stats()["page_rows_incomplete"] == 0
+
+
+@needs_v2
 def test_a_failing_execute_model_records_the_pending_step_then_the_failure(tmp_path, monkeypatch):
     monkeypatch.setenv("CRASHREPLAY_DIR", str(tmp_path / "session"))
     saved = {n: GPUModelRunner.__dict__[n] for n in ("load_model", "execute_model", "sample_tokens",
