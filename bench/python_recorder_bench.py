@@ -1,6 +1,7 @@
 """Per-call cost of the Python recorder's hot path, next to plain numpy copies.
 
     PYTHONPATH=build/python:python python3 bench/python_recorder_bench.py [--quick] [--only-context]
+    PYTHONPATH=build/python:python ENGINES_VENV/bin/python bench/python_recorder_bench.py --vllm [--quick]
 
 Prints, for a decode step of 256 requests (256 request ids, token ids,
 positions, seq lens, pool indices, cache locations, outputs and sampling
@@ -23,6 +24,8 @@ parameters):
     ({"rows": new slots, "lengths", "starts"}, as the sglang adapter now
     gives a decode step): p50 per call, and file bytes per step after the
     warm-up; beside them numpy's copy of the whole rows;
+  * with --vllm (and only that; needs torch): the vLLM adapter's block rows,
+    whole against deltas, batch 64 and 256 at 512, 4k and 16k tokens;
   * snapshot() of 1, 16 and 256 MiB beside np.copyto of the same bytes. The
     encoder is let finish between calls (not timed), so every call is a real
     copy into the ring; the count of snapshots the ring evicted is printed.
@@ -108,7 +111,56 @@ def context_sweep(steps=60, warm=8):
                 print(f"  {bs:5d} {ctx:6d}  {how:24s} {statistics.median(times) / 1e3:10.1f} {per_step:12.0f} {ref}")
 
 
+def vllm_sweep(steps=60, warm=8, block=16):
+    """The vLLM adapter's rows (crashreplay.vllm.extract_step_v2 then
+    record_step) as context grows: block ids of a torch block table, whole
+    rows (previous=None) against deltas from the block of each request's
+    first new token (the adapter's default); p50 per step of both calls and
+    file bytes per step. Needs torch (not vLLM: the InputBatch is a stand-in
+    with its fields)."""
+    import types
+
+    import torch
+
+    from crashreplay import vllm as cr_vllm
+
+    print(f"vLLM adapter rows as context grows (block size {block}; extract_step_v2 + record_step, p50 us)")
+    print(f"  {'batch':>5} {'tokens':>6}  {'rows':8s} {'p50 us':>10} {'file B/step':>12}")
+    runner = types.SimpleNamespace(block_tables=types.SimpleNamespace(block_sizes=[block]), sampler=None)
+    for bs in (64, 256):
+        for ctx in (512, 4096, 16384):
+            table = torch.randint(0, 1 << 20, (bs, (ctx + warm + steps) // block + 2), dtype=torch.int32)
+            for how in ("whole", "deltas"):
+                computed = np.full(bs, ctx, dtype=np.int64)
+                previous = cr_vllm.RowsGiven() if how == "deltas" else None
+                with tempfile.TemporaryDirectory() as d:
+                    rec = crashreplay.Recorder(os.path.join(d, "c.crcap"), engine="bench",
+                                               install_signal_handlers=False, step_queue_wait_s=600.0)
+                    times, bytes0 = [], 0
+                    for st in range(warm + steps):
+                        if st == warm:
+                            rec.flush()
+                            bytes0 = rec.stats()["file_bytes"]
+                        ib = types.SimpleNamespace(
+                            req_ids=[f"r{i}" for i in range(bs)], num_reqs=bs, num_scheduled_tokens=np.ones(bs),
+                            num_computed_tokens_np=computed, num_tokens=bs, input_ids=torch.arange(bs),
+                            positions=torch.from_numpy(computed), idx_mapping_np=np.arange(bs))
+                        t0 = time.perf_counter_ns()
+                        rec.record_step(st, **cr_vllm.extract_step_v2(runner, ib, ((table,), None), previous=previous))
+                        if st >= warm:
+                            times.append(time.perf_counter_ns() - t0)
+                        computed = computed + 1
+                        busy(0.0002)
+                    rec.flush()
+                    per_step = (rec.stats()["file_bytes"] - bytes0) / steps
+                    rec.close()
+                print(f"  {bs:5d} {ctx:6d}  {how:8s} {statistics.median(times) / 1e3:10.1f} {per_step:12.0f}")
+
+
 def main():
+    if "--vllm" in os.sys.argv:
+        vllm_sweep(30 if "--quick" in os.sys.argv else 60)
+        return
     context_sweep(30 if "--quick" in os.sys.argv else 60)
     if "--only-context" in os.sys.argv:
         return

@@ -181,15 +181,51 @@ def _columns_from(table: Any, starts: np.ndarray, ends: np.ndarray) -> Any:
     return torch.gather(table, 1, index)
 
 
+class RowsGiven:
+    """The rows the last recorded step gave: its request ids, their
+    request-state slots and seq_lens (extract_step_v2's `previous`)."""
+
+    def __init__(self) -> None:
+        self.ids: List[str] = []
+        self.idx = np.zeros(0, dtype=np.int64)
+        self.seq = np.zeros(0, dtype=np.int64)
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def copy(self) -> "RowsGiven":
+        c = RowsGiven()
+        c.ids, c.idx, c.seq = list(self.ids), self.idx.copy(), self.seq.copy()
+        return c
+
+    def update(self, ids: List[str], idx: np.ndarray, seq: np.ndarray) -> None:
+        self.ids, self.idx, self.seq = ids, np.array(idx, dtype=np.int64), np.array(seq, dtype=np.int64)
+
+    def starts(self, ids: List[str], idx: np.ndarray, computed: np.ndarray, block: int) -> np.ndarray:
+        """Per request: the block of its first new token when it continues its
+        last row (same request, same slot, num_computed_tokens = its seq_len
+        then), else 0 (whole)."""
+        if ids == self.ids:  # vLLM's persistent batch keeps its order: no per-request Python
+            prev_idx, prev_seq = self.idx, self.seq
+        else:
+            where = {r: i for i, r in enumerate(self.ids)}
+            pos = np.array([where.get(r, -1) for r in ids], dtype=np.int64)
+            known = pos >= 0
+            prev_idx = np.where(known, self.idx[pos] if len(self.ids) else -1, -1)
+            prev_seq = np.where(known, self.seq[pos] if len(self.ids) else -1, -1)
+        go_on = (prev_idx == idx) & (prev_seq == computed)
+        return np.where(go_on, computed // block, 0).astype(np.int64)
+
+
 def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None,
-                    previous: Optional[Dict[str, Tuple[int, int]]] = None) -> Dict[str, Any]:
+                    previous: Optional[RowsGiven] = None) -> Dict[str, Any]:
     """record_step keyword arguments for vLLM's second-generation model runner
     (vllm/v1/worker/gpu/model_runner.py, the only one since 0.2x): the
     InputBatch prepare_inputs returned and, when prepare_attn ran, its
     (block_tables, slot_mappings).
 
-    previous: {request id: (request-state slot, seq_len)} of the rows the
-    last recorded step gave, updated here. A request that ran in that step
+    previous: the rows the last recorded step gave (RowsGiven: request ids,
+    request-state slots, seq_lens), updated here. A request that ran in that step
     from the same slot and continues where it stopped (num_computed_tokens
     = its seq_len then) has only gained blocks - vLLM appends to a running
     request's row; a preempted one leaves the batch - so its row is given
@@ -218,12 +254,8 @@ def extract_step_v2(runner: Any, input_batch: Any, attn: Any = None,
             table = block_tables[0][:num_reqs]
             starts = None
             if previous is not None:
-                starts = np.zeros(num_reqs, dtype=np.int64)
-                for i, r in enumerate(req_ids):
-                    if previous.get(r) == (int(idx[i]), int(computed[i])):
-                        starts[i] = computed[i] // bs
-                previous.clear()
-                previous.update((r, (int(idx[i]), int(seq_lens[i]))) for i, r in enumerate(req_ids))
+                starts = previous.starts(req_ids, idx, computed, bs)
+                previous.update(req_ids, idx, seq_lens)
             if starts is not None and starts.any():
                 fields["page_table"] = {"rows": _columns_from(table, starts, blocks), "lengths": blocks - starts,
                                         "starts": starts}
@@ -310,7 +342,7 @@ class VLLMAdapter:
         self._pending: Any = None  # v2: an InputBatch whose prepare_attn has not returned yet
         # v2: the rows the last recorded step gave (extract_step_v2's
         # `previous`), so that running requests' rows go as deltas.
-        self._rows: Dict[str, Tuple[int, int]] = {}
+        self._rows = RowsGiven()
 
     def after_prepare(self, runner: Any, scheduler_output: Any) -> None:
         self._record(extract_step(runner, scheduler_output))

@@ -164,7 +164,7 @@ def test_running_requests_rows_go_as_deltas_and_read_back_whole(tmp_path):
         blocks = (seq + 1) // 2
         want.append([table[i, :blocks[i]].tolist() for i in range(2)])
         adapter.after_prepare_v2(runner, ib)
-        fields = cr_vllm.extract_step_v2(runner, ib, ((table,), None), previous=dict(adapter._rows))
+        fields = cr_vllm.extract_step_v2(runner, ib, ((table,), None), previous=adapter._rows.copy())
         given.append(fields["page_table"].get("starts"))
         adapter.after_attn_v2(runner, ib, ((table,), torch.zeros(1, 4, dtype=torch.int64)))
     rec.close()
