@@ -329,6 +329,37 @@ TEST_F(CaptureCli, PageTableDeltasReplayToTheDigestsOfWholeRows) {
   EXPECT_NE(bad.exit_code, 0);
 }
 
+TEST_F(CaptureCli, RunSaysWhenTheLastStepsStateIsOverTheSnapshotBudgetAndWhatBudgetKeepsIt) {
+  // A 1 KB budget cannot hold the last decode step's KV pages: run says so,
+  // names a budget that would keep them, and the replay of that step then
+  // re-executes the steps before it. With the budget named, run says
+  // nothing and the step replays from its snapshot.
+  ASSERT_EQ(Run("make-model " + dir_ + "/m --arch llama --quant bf16").exit_code, 0);
+  const std::string run = "run " + dir_ + "/m --prompt 'Say hello to the recorder' --max-new-tokens 4 --record ";
+  Result small = Run(run + dir_ + "/small --snapshot-budget 1K");
+  ASSERT_EQ(small.exit_code, 0) << small.err;
+  const size_t at = small.err.find("step 3's state (");
+  ASSERT_NE(at, std::string::npos) << small.err;
+  EXPECT_NE(small.err.find("is over --snapshot-budget", at), std::string::npos) << small.err;
+  const size_t end = small.err.find(" keeps it", at);
+  const size_t flag = small.err.rfind("--snapshot-budget ", end);
+  ASSERT_TRUE(end != std::string::npos && flag != std::string::npos && flag > at) << small.err;
+  const std::string budget = small.err.substr(flag + 18, end - flag - 18);
+  ASSERT_FALSE(budget.empty());
+  ASSERT_EQ(budget.back(), 'M') << budget;
+
+  Result kept = Run(run + dir_ + "/kept --snapshot-budget " + budget);
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(kept.err.find("is over --snapshot-budget"), std::string::npos) << kept.err;
+  for (const std::string d : {"/small", "/kept"}) {
+    Result r = Run("replay " + dir_ + d + " --step 3 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["outcome"], "reproduced") << d;
+    EXPECT_EQ(j.contains("re_executed"), d == "/small") << d;
+  }
+}
+
 }  // namespace
 }  // namespace crashreplay
 
