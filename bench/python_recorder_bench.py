@@ -1,6 +1,6 @@
 """Per-call cost of the Python recorder's hot path, next to plain numpy copies.
 
-    PYTHONPATH=build/python:python python3 bench/python_recorder_bench.py [--quick] [--only-context]
+    PYTHONPATH=build/python:python python3 bench/python_recorder_bench.py [--quick] [--only-context | --no-context]
     PYTHONPATH=build/python:python ENGINES_VENV/bin/python bench/python_recorder_bench.py --vllm [--quick]
 
 Prints, for a decode step of 256 requests (256 request ids, token ids,
@@ -11,8 +11,11 @@ parameters):
     0.5 ms of sleep ("sleep"). Not back to back: at tens of thousands of
     steps a second the recorder's writer thread is the bound and the figure
     would be its back-pressure, not the call;
-  * the same step handed straight to the extension (Recorder._impl, arrays
-    already normalised): the part of the cost below the Python layer;
+  * the same step handed straight to the extension's call that record_step
+    makes (Recorder._impl._record_step_fast: arrays read through the buffer
+    protocol), the part of the cost below the Python layer; and to the
+    ndarray-typed binding the general path uses (nanobind's caster asks each
+    array for a DLPack capsule), for comparison;
   * numpy's copy of the same arrays (np.concatenate) as the reference;
   * record_step with page-table rows of 512 slots per request (1 MiB a step;
     paced at 2 ms, about what the writer sustains for steps that large);
@@ -64,6 +67,23 @@ def median_us(fn, reps, pace_s=0.0, between=None, work=False):
         elif pace_s:
             time.sleep(pace_s)
     return statistics.median(times) / 1e3
+
+
+def interleaved_us(fns, reps, pace_s, work=False):
+    """p50 per call of each of fns, called in turn (one call of each per
+    round, paced after each call), so that the machine's drift over the run
+    weighs on all of them alike."""
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter_ns()
+            fn()
+            times[i].append(time.perf_counter_ns() - t0)
+            if work:
+                busy(pace_s)
+            else:
+                time.sleep(pace_s)
+    return [statistics.median(t) / 1e3 for t in times]
 
 
 def context_sweep(steps=60, warm=8):
@@ -161,7 +181,8 @@ def main():
     if "--vllm" in os.sys.argv:
         vllm_sweep(30 if "--quick" in os.sys.argv else 60)
         return
-    context_sweep(30 if "--quick" in os.sys.argv else 60)
+    if "--no-context" not in os.sys.argv:
+        context_sweep(30 if "--quick" in os.sys.argv else 60)
     if "--only-context" in os.sys.argv:
         return
     bs, slots = 256, 512
@@ -193,6 +214,11 @@ def main():
                                   m32, None, None, 0, 0, out, [], 0)
             step[0] += 1
 
+        def fast_only():
+            rec._impl._record_step_fast(step[0], "decode", rids, ids, pos, seq, None, pool, None, pos, sampling, 0, 0,
+                                        out, None, 0)
+            step[0] += 1
+
         def numpy_copy():
             np.concatenate(arrays)
 
@@ -202,11 +228,17 @@ def main():
                             out_cache_loc=pos, sampling=sampling, output_token_ids=out)
             step[0] += 1
 
-        print(f"decode step, {bs} requests (p50 per call, us)    busy 0.2 ms   sleep 0.5 ms")
-        for label, fn in (("Recorder.record_step", log_only), ("extension call only", extension_only),
-                          ("np.concatenate of the arrays", numpy_copy)):
-            median_us(fn, 200, 0.0005)
-            print(f"  {label:32s} {median_us(fn, 2000, 0.0002, work=True):10.1f} {median_us(fn, 2000, 0.0005):12.1f}")
+        print(f"decode step, {bs} requests (p50 per call, us; the four called in turn)    busy 0.2 ms   sleep 0.5 ms")
+        rows_ = (("Recorder.record_step", log_only), ("its buffer-protocol call only", fast_only),
+                 ("ndarray-typed binding only", extension_only), ("np.concatenate of the arrays", numpy_copy))
+        fns = [fn for _, fn in rows_]
+        interleaved_us(fns, 200, 0.0005)
+        busy_us = interleaved_us(fns, 2000, 0.0002, work=True)
+        sleep_us = interleaved_us(fns, 2000, 0.0005)
+        for (label, _), b, z in zip(rows_, busy_us, sleep_us):
+            print(f"  {label:32s} {b:10.1f} {z:12.1f}")
+        print(f"  record_step / numpy copy: {busy_us[0] / busy_us[3]:.2f}x busy, {sleep_us[0] / sleep_us[3]:.2f}x sleep"
+              " (issue 29's target: <= 2x)")
         median_us(log_with_rows, 20, 0.002)
         spilled0 = rec.stats()["steps_accepted"]
         print(f"  record_step + {slots}-slot rows (1 MiB), paced 2 ms: {median_us(log_with_rows, 300, 0.002):8.1f} us"

@@ -247,8 +247,17 @@ class Recorder:
             raise ValueError(f"mode '{mode}' is not one of {', '.join(_MODES)}")
         self.current_step = step
         self.current_stage = mode
+        unstaged = self._stager is None or not self._stager.pending()
+        # Host buffers of the exact types (int64, float32), as numpy gives
+        # them: taken as they are, in one call (no conversion here, no DLPack
+        # capsule there). Anything else comes back False, nothing recorded.
+        if unstaged and self._impl._record_step_fast(
+                step, mode, request_ids, token_ids, positions, seq_lens, extend_lens, req_pool_indices,
+                page_table, out_cache_loc, sampling, rng_seed, rng_offset, output_token_ids, digests,
+                timestamp_nanos):
+            return
         timestamp_nanos = int(timestamp_nanos) or time.time_ns()
-        if (self._stager is None or not self._stager.pending()) and _host_only(
+        if unstaged and _host_only(
                 (token_ids, positions, seq_lens, extend_lens, req_pool_indices, out_cache_loc, output_token_ids,
                  page_table if isinstance(page_table, Mapping) else None, sampling)):
             # Host memory only, nothing staged ahead of it: straight to the

@@ -2,7 +2,9 @@
 //
 // The Python class crashreplay.Recorder wraps this one; it normalises inputs
 // (lists and torch tensors to contiguous int64 numpy arrays, CUDA tensors
-// through pinned staging) so that this layer only borrows host memory.
+// through pinned staging) so that this layer only borrows host memory;
+// record_step's common case (numpy arrays of the exact types) skips that
+// and comes straight here (RecordStepFast), which takes it or declines.
 // Every call that may copy, hash or wait releases the GIL; the arrays it
 // borrows stay alive because their Python objects are arguments of the call.
 // Weights passed to register_weights are kept referenced until close(),
@@ -15,7 +17,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bindings.h"
+#include "buffer_vec.h"
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/capture/weight_hash.h"
 #include "manifest_from_python.h"
@@ -48,18 +54,53 @@ std::span<const int64_t> Span(const OptI64& a) {
   return {a->data(), a->shape(0)};
 }
 
+// Buffers the step calls fill, reused on each thread: a vector made afresh
+// for every call landed on pages the allocator had just handed back to the
+// system, and those first-touch faults were most of a decode step's
+// record_step (perf on bench/python_recorder_bench.py: 5 of 10 us for 256
+// requests' sampling parameters). A call nested in one that holds them (a
+// request id's __str__ recording a step) gets buffers of its own.
+struct StepScratch {
+  std::vector<std::string_view> ids;
+  std::vector<SamplingParams> sampling;
+  std::vector<int64_t> offsets, slots;
+  bool busy = false;
+};
+
+class ScratchLease {
+ public:
+  static constexpr size_t kKeptSlots = size_t{1} << 21;  // 16 MiB of page-table slots kept between calls
+
+  ScratchLease() {
+    thread_local StepScratch shared;
+    s_ = shared.busy ? &own_ : &shared;
+    s_->busy = true;
+  }
+  ~ScratchLease() {
+    s_->busy = false;
+    if (s_->slots.capacity() > kKeptSlots) std::vector<int64_t>().swap(s_->slots);  // one huge step's rows
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  StepScratch* operator->() const { return s_; }
+
+ private:
+  StepScratch own_;
+  StepScratch* s_;
+};
+
 // Request ids as views of each Python string's own UTF-8 (for an ASCII
 // str that is its storage: no copy, no allocation per id). Anything else
 // in the sequence goes through str() first, kept alive in `keep`. The
 // views last as long as `seq`, which the caller holds over the recorder
 // call.
-std::vector<std::string_view> IdViews(nb::handle ids, nb::object* seq, std::vector<nb::object>* keep) {
+void IdViews(nb::handle ids, nb::object* seq, std::vector<nb::object>* keep, std::vector<std::string_view>* out) {
   *seq = nb::steal(PySequence_Fast(ids.ptr(), "request_ids must be a sequence of str"));
   if (!seq->is_valid()) throw nb::python_error();
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq->ptr());
   PyObject** items = PySequence_Fast_ITEMS(seq->ptr());
-  std::vector<std::string_view> out;
-  out.reserve(static_cast<size_t>(n));
+  out->clear();
+  out->reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* o = items[i];
     if (!PyUnicode_Check(o)) {
@@ -69,9 +110,211 @@ std::vector<std::string_view> IdViews(nb::handle ids, nb::object* seq, std::vect
     Py_ssize_t len = 0;
     const char* chars = PyUnicode_AsUTF8AndSize(o, &len);
     if (chars == nullptr) throw nb::python_error();
-    out.emplace_back(chars, static_cast<size_t>(len));
+    out->emplace_back(chars, static_cast<size_t>(len));
   }
-  return out;
+}
+
+// A Python int (not bool, not another type: those take the general path)
+// as an unsigned or a signed 64-bit value; false, no error set, otherwise.
+bool U64(nb::handle h, uint64_t* out) {
+  if (!PyLong_CheckExact(h.ptr())) return false;
+  const unsigned long long x = PyLong_AsUnsignedLongLong(h.ptr());
+  if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+bool I64Of(nb::handle h, int64_t* out) {
+  if (!PyLong_CheckExact(h.ptr())) return false;
+  const long long x = PyLong_AsLongLong(h.ptr());
+  if (x == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+// The sampling vectors of a step, each empty when not given.
+struct SamplingSpans {
+  std::span<const float> temperatures, top_ps, min_ps;
+  std::span<const int64_t> top_ks, seeds;
+  std::span<const uint8_t> has_seed;  // empty: every request seeded iff seeds are given
+};
+
+// One SamplingParams a request. Every field given has the same number of
+// entries (one a request), else InvalidArgument naming the two counts.
+void Sampling(const SamplingSpans& s, std::vector<SamplingParams>* params) {
+  size_t n = 0;
+  auto take = [&n](size_t m, const char* what) {
+    if (m == 0) return;
+    if (n != 0 && m != n) {
+      ThrowIfError(absl::InvalidArgumentError(
+          absl::StrCat("sampling.", what, " has ", m, " entries but another field has ", n,
+                       "; every sampling field has one entry per request")));
+    }
+    n = m;
+  };
+  take(s.temperatures.size(), "temperatures");
+  take(s.top_ps.size(), "top_ps");
+  take(s.top_ks.size(), "top_ks");
+  take(s.min_ps.size(), "min_ps");
+  take(s.seeds.size(), "seeds");
+  take(s.has_seed.size(), "has_seed");
+  params->assign(n, SamplingParams{});
+  for (size_t i = 0; i < n; ++i) {
+    SamplingParams& p = (*params)[i];
+    if (!s.temperatures.empty()) p.temperature = s.temperatures[i];
+    if (!s.top_ps.empty()) p.top_p = s.top_ps[i];
+    if (!s.top_ks.empty()) p.top_k = static_cast<int32_t>(s.top_ks[i]);
+    if (!s.min_ps.empty()) p.min_p = s.min_ps[i];
+    if (!s.seeds.empty()) p.seed = static_cast<uint64_t>(s.seeds[i]);
+    p.has_seed = !s.has_seed.empty() ? s.has_seed[i] != 0 : !s.seeds.empty();
+  }
+}
+
+// A digest value: an unsigned 64-bit int, or 32 hex digits (128 bits).
+capture::DigestView Digest(std::string_view name_view, nb::handle value) {
+  const absl::string_view name(name_view.data(), name_view.size());
+  capture::DigestView d;
+  std::string hex;
+  uint64_t x = 0;
+  if (nb::try_cast<std::string>(value, hex)) {
+    std::optional<Hash128> h = Hash128::FromHex(hex);
+    if (!h) ThrowIfError(absl::InvalidArgumentError(absl::StrCat("digest '", name, "': '", hex, "' is not 32 hex digits")));
+    d.is_128 = true;
+    d.value128 = *h;
+  } else if (nb::try_cast<uint64_t>(value, x)) {
+    d.value64 = x;
+  } else {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("digest '", name, "': expected an unsigned 64-bit int or a 32-digit hex string")));
+  }
+  return d;
+}
+
+// Keys of a dict, all str and all among `allowed`; false otherwise.
+bool KeysAmong(PyObject* dict, std::initializer_list<std::string_view> allowed) {
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t at = 0;
+  while (PyDict_Next(dict, &at, &key, &value)) {
+    Py_ssize_t n = 0;
+    const char* chars = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &n) : nullptr;
+    if (chars == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    const std::string_view k(chars, static_cast<size_t>(n));
+    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) return false;
+  }
+  return true;
+}
+
+// The page table as the fast path takes it (RecordStepFast): CSR spans into
+// the caller's buffers, or into `own_*` where padded rows were cut to
+// their lengths.
+struct PageTableParts {
+  BufferVec a, b, c;
+  std::vector<int64_t>* own_offsets = nullptr;  // where padded rows are cut to CSR
+  std::vector<int64_t>* own_slots = nullptr;
+  std::span<const int64_t> offsets, slots, starts;
+};
+
+// Rows of a 2-D int64 buffer, row i cut to lengths[i] columns (all of them
+// when `lengths` is empty), as CSR in out->own_*. False when a length is
+// negative or past the width, or the counts differ (the general path names it).
+bool CutRows(const BufferVec& rows, std::span<const int64_t> lengths, bool whole, PageTableParts* out) {
+  const int64_t n = rows.size();
+  const int64_t width = rows.cols();
+  if (!whole && static_cast<int64_t>(lengths.size()) != n) return false;
+  out->own_offsets->resize(static_cast<size_t>(n) + 1);
+  (*out->own_offsets)[0] = 0;
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = whole ? width : lengths[static_cast<size_t>(i)];
+    if (len < 0 || len > width) return false;
+    total += len;
+    (*out->own_offsets)[static_cast<size_t>(i) + 1] = total;
+  }
+  out->own_slots->resize(static_cast<size_t>(total));
+  const char* base = rows.bytes();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = (*out->own_offsets)[static_cast<size_t>(i) + 1] - (*out->own_offsets)[static_cast<size_t>(i)];
+    if (len > 0) {
+      std::memcpy(out->own_slots->data() + (*out->own_offsets)[static_cast<size_t>(i)], base + i * rows.row_stride_bytes(),
+                  static_cast<size_t>(len) * sizeof(int64_t));
+    }
+  }
+  out->offsets = *out->own_offsets;
+  out->slots = *out->own_slots;
+  return true;
+}
+
+// page_table in a form the fast path takes: None, (offsets, slots[, starts]),
+// {"rows": 2-D, "lengths"[, "starts"]}, or a 2-D block (every row whole).
+bool TakePageTable(PyObject* pt, PageTableParts* out) {
+  using K = BufferVec::Kind;
+  if (pt == Py_None) return true;
+  if (PyTuple_Check(pt)) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(pt);
+    if (n != 2 && n != 3) return false;
+    if (!out->a.Take(PyTuple_GET_ITEM(pt, 0), K::kI64) || !out->b.Take(PyTuple_GET_ITEM(pt, 1), K::kI64) ||
+        (n == 3 && !out->c.Take(PyTuple_GET_ITEM(pt, 2), K::kI64))) {
+      return false;
+    }
+    out->offsets = out->a.span<int64_t>();
+    out->slots = out->b.span<int64_t>();
+    out->starts = out->c.span<int64_t>();
+    return true;
+  }
+  if (PyDict_Check(pt)) {
+    if (!KeysAmong(pt, {"rows", "lengths", "starts"})) return false;
+    PyObject* rows = PyDict_GetItemString(pt, "rows");
+    PyObject* lengths = PyDict_GetItemString(pt, "lengths");
+    PyObject* starts = PyDict_GetItemString(pt, "starts");
+    if (rows == nullptr || lengths == nullptr || rows == Py_None || lengths == Py_None) return false;
+    if (!out->a.Take(rows, K::kI64, 2) || !out->b.Take(lengths, K::kI64) ||
+        (starts != nullptr && !out->c.Take(starts, K::kI64))) {
+      return false;
+    }
+    out->starts = out->c.span<int64_t>();
+    return CutRows(out->a, out->b.span<int64_t>(), false, out);
+  }
+  if (!out->a.Take(pt, K::kI64, 2)) return false;
+  return CutRows(out->a, {}, true, out);
+}
+
+struct SamplingBuffers {
+  BufferVec temperatures, top_ps, top_ks, min_ps, seeds;
+  SamplingSpans spans;
+};
+
+// sampling in a form the fast path takes: None, or a dict of the known keys
+// whose values are None or vectors of their type (seeds as an array: every
+// request seeded, as the general path reads it).
+bool TakeSampling(PyObject* s, SamplingBuffers* out) {
+  using K = BufferVec::Kind;
+  if (s == Py_None) return true;
+  if (!PyDict_Check(s) || !KeysAmong(s, {"temperatures", "top_ps", "top_ks", "min_ps", "seeds"})) return false;
+  auto get = [s](const char* key) -> PyObject* {
+    PyObject* v = PyDict_GetItemString(s, key);
+    return v == nullptr ? Py_None : v;
+  };
+  if (!out->temperatures.Take(get("temperatures"), K::kF32) || !out->top_ps.Take(get("top_ps"), K::kF32) ||
+      !out->top_ks.Take(get("top_ks"), K::kI64) || !out->min_ps.Take(get("min_ps"), K::kF32) ||
+      !out->seeds.Take(get("seeds"), K::kI64)) {
+    return false;
+  }
+  out->spans.temperatures = out->temperatures.span<float>();
+  out->spans.top_ps = out->top_ps.span<float>();
+  out->spans.top_ks = out->top_ks.span<int64_t>();
+  out->spans.min_ps = out->min_ps.span<float>();
+  out->spans.seeds = out->seeds.span<int64_t>();
+  return true;  // has_seed empty: every request seeded when seeds are given
 }
 
 // (name, tensor, dtype_override) triples as the Python layer passes them.
@@ -177,10 +420,11 @@ class PyRecorder {
     v.step = step;
     v.mode = ValueOrThrow(ParseForwardMode(mode));
     v.timestamp_nanos = timestamp_nanos;
+    ScratchLease scratch;
     nb::object id_seq;
     std::vector<nb::object> id_strs;
-    const std::vector<std::string_view> ids = IdViews(request_ids, &id_seq, &id_strs);
-    v.request_ids = ids;
+    IdViews(request_ids, &id_seq, &id_strs, &scratch->ids);
+    v.request_ids = scratch->ids;
     v.token_ids = Span(token_ids);
     v.positions = Span(positions);
     v.seq_lens = Span(seq_lens);
@@ -190,40 +434,121 @@ class PyRecorder {
     v.page_table_slots = Span(page_table_slots);
     v.page_table_starts = Span(page_table_starts);
     v.out_cache_loc = Span(out_cache_loc);
-    std::vector<SamplingParams> sampling = Sampling(temperatures, top_ps, top_ks, min_ps, seeds, has_seed);
-    v.sampling = sampling;
+    SamplingSpans ss;
+    if (temperatures) ss.temperatures = {temperatures->data(), temperatures->shape(0)};
+    if (top_ps) ss.top_ps = {top_ps->data(), top_ps->shape(0)};
+    if (top_ks) ss.top_ks = {top_ks->data(), top_ks->shape(0)};
+    if (min_ps) ss.min_ps = {min_ps->data(), min_ps->shape(0)};
+    ss.seeds = Span(seeds);
+    if (has_seed) ss.has_seed = {has_seed->data(), has_seed->shape(0)};
+    Sampling(ss, &scratch->sampling);
+    v.sampling = scratch->sampling;
     v.rng_seed = rng_seed;
     v.rng_offset = rng_offset;
     v.output_token_ids = Span(output_token_ids);
     std::vector<std::string> digest_names;
-    std::vector<capture::DigestView> digest_views;
     digest_names.reserve(digests.size());
+    std::vector<capture::DigestView> digest_views;
     for (const auto& [name, value] : digests) {
       digest_names.push_back(name);
-      capture::DigestView d;
-      std::string hex;
-      uint64_t x = 0;
-      if (nb::try_cast<std::string>(value, hex)) {
-        std::optional<Hash128> h = Hash128::FromHex(hex);
-        if (!h) ThrowIfError(absl::InvalidArgumentError(absl::StrCat("digest '", name, "': '", hex, "' is not 32 hex digits")));
-        d.is_128 = true;
-        d.value128 = *h;
-      } else if (nb::try_cast<uint64_t>(value, x)) {
-        d.value64 = x;
-      } else {
-        ThrowIfError(absl::InvalidArgumentError(
-            absl::StrCat("digest '", name, "': expected an unsigned 64-bit int or a 32-digit hex string")));
-      }
-      digest_views.push_back(d);
+      digest_views.push_back(Digest(name, value));
     }
     for (size_t i = 0; i < digest_views.size(); ++i) digest_views[i].name = digest_names[i];
     v.digests = digest_views;
-    absl::Status s;
-    {
-      nb::gil_scoped_release release;
-      s = rec.RecordStep(v);
+    Record(rec, v);
+  }
+
+  // The hot path of crashreplay.Recorder.record_step, taking its arguments as
+  // given: every vector None or a host buffer of the exact type (BufferVec:
+  // int64, float32 for temperatures/top_ps/min_ps), page_table None, a CSR
+  // tuple (offsets, slots[, starts]), padded {"rows", "lengths"[, "starts"]}
+  // or a 2-D block, sampling None or a dict of such vectors, digests None or
+  // a dict. Returns false, having recorded nothing and raised nothing, when
+  // any argument is in another form: the Python layer then converts it (or
+  // says what is wrong with it) and calls record_step. Errors of the step
+  // itself (lengths that disagree, a closed recorder) raise as there.
+  bool RecordStepFast(nb::handle step, nb::handle mode, nb::handle request_ids, nb::handle token_ids,
+                      nb::handle positions, nb::handle seq_lens, nb::handle extend_lens,
+                      nb::handle req_pool_indices, nb::handle page_table, nb::handle out_cache_loc,
+                      nb::handle sampling, nb::handle rng_seed, nb::handle rng_offset,
+                      nb::handle output_token_ids, nb::handle digests, nb::handle timestamp_nanos) {
+    using K = BufferVec::Kind;
+    capture::StepView v;
+    int64_t stamp = 0;
+    if (!U64(step, &v.step) || !U64(rng_seed, &v.rng_seed) || !U64(rng_offset, &v.rng_offset) ||
+        !I64Of(timestamp_nanos, &stamp) || !PyUnicode_Check(mode.ptr())) {
+      return false;
     }
-    ThrowIfError(s);
+    v.timestamp_nanos = stamp;  // 0: the recorder stamps CLOCK_REALTIME, as time.time_ns() would
+    Py_ssize_t mode_len = 0;
+    const char* mode_chars = PyUnicode_AsUTF8AndSize(mode.ptr(), &mode_len);
+    if (mode_chars == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    absl::StatusOr<ForwardMode> parsed = ParseForwardMode(std::string(mode_chars, static_cast<size_t>(mode_len)));
+    if (!parsed.ok()) return false;
+    v.mode = *parsed;
+
+    BufferVec tok, pos, seq, ext, pool, loc, out;
+    if (!tok.Take(token_ids.ptr(), K::kI64) || !pos.Take(positions.ptr(), K::kI64) ||
+        !seq.Take(seq_lens.ptr(), K::kI64) || !ext.Take(extend_lens.ptr(), K::kI64) ||
+        !pool.Take(req_pool_indices.ptr(), K::kI64) || !loc.Take(out_cache_loc.ptr(), K::kI64) ||
+        !out.Take(output_token_ids.ptr(), K::kI64)) {
+      return false;
+    }
+    ScratchLease scratch;
+    PageTableParts pt;
+    pt.own_offsets = &scratch->offsets;
+    pt.own_slots = &scratch->slots;
+    if (!TakePageTable(page_table.ptr(), &pt)) return false;
+    SamplingBuffers sb;
+    if (!TakeSampling(sampling.ptr(), &sb)) return false;
+    std::vector<std::pair<std::string_view, PyObject*>> named;
+    if (digests.ptr() != Py_None) {
+      if (!PyDict_Check(digests.ptr())) return false;
+      PyObject* key = nullptr;
+      PyObject* value = nullptr;
+      Py_ssize_t at = 0;
+      while (PyDict_Next(digests.ptr(), &at, &key, &value)) {
+        Py_ssize_t n = 0;
+        const char* chars = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, &n) : nullptr;
+        if (chars == nullptr) {
+          PyErr_Clear();
+          return false;
+        }
+        named.emplace_back(std::string_view(chars, static_cast<size_t>(n)), value);
+      }
+      std::sort(named.begin(), named.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    }
+    // Every argument is in a form this path takes: from here on it records
+    // or raises, as record_step would.
+    capture::Recorder& rec = Live();
+    nb::object id_seq;
+    std::vector<nb::object> id_strs;
+    IdViews(request_ids, &id_seq, &id_strs, &scratch->ids);
+    v.request_ids = scratch->ids;
+    v.token_ids = tok.span<int64_t>();
+    v.positions = pos.span<int64_t>();
+    v.seq_lens = seq.span<int64_t>();
+    v.extend_lens = ext.span<int64_t>();
+    v.req_pool_indices = pool.span<int64_t>();
+    v.out_cache_loc = loc.span<int64_t>();
+    v.output_token_ids = out.span<int64_t>();
+    v.page_table_offsets = pt.offsets;
+    v.page_table_slots = pt.slots;
+    v.page_table_starts = pt.starts;
+    Sampling(sb.spans, &scratch->sampling);
+    v.sampling = scratch->sampling;
+    std::vector<capture::DigestView> digest_views;
+    digest_views.reserve(named.size());
+    for (const auto& [name, value] : named) {
+      digest_views.push_back(Digest(name, nb::handle(value)));
+      digest_views.back().name = name;
+    }
+    v.digests = digest_views;
+    Record(rec, v);
+    return true;
   }
 
   void SubmitSnapshot(uint64_t step, const std::vector<NamedTensor>& tensors) {
@@ -405,36 +730,13 @@ class PyRecorder {
 
  private:
 
-  static std::vector<SamplingParams> Sampling(const OptF32& temperatures, const OptF32& top_ps,
-                                              const std::optional<I64>& top_ks, const OptF32& min_ps,
-                                              const OptI64& seeds, const std::optional<U8>& has_seed) {
-    size_t n = 0;
-    auto take = [&n](size_t m, const char* what) {
-      if (m == 0) return;
-      if (n != 0 && m != n) {
-        ThrowIfError(absl::InvalidArgumentError(
-            absl::StrCat("sampling.", what, " has ", m, " entries but another field has ", n,
-                         "; every sampling field has one entry per request")));
-      }
-      n = m;
-    };
-    if (temperatures) take(temperatures->shape(0), "temperatures");
-    if (top_ps) take(top_ps->shape(0), "top_ps");
-    if (top_ks) take(top_ks->shape(0), "top_ks");
-    if (min_ps) take(min_ps->shape(0), "min_ps");
-    if (seeds) take(seeds->shape(0), "seeds");
-    if (has_seed) take(has_seed->shape(0), "has_seed");
-    std::vector<SamplingParams> out(n);
-    for (size_t i = 0; i < n; ++i) {
-      SamplingParams& p = out[i];
-      if (temperatures) p.temperature = temperatures->data()[i];
-      if (top_ps) p.top_p = top_ps->data()[i];
-      if (top_ks) p.top_k = static_cast<int32_t>(top_ks->data()[i]);
-      if (min_ps) p.min_p = min_ps->data()[i];
-      if (seeds) p.seed = static_cast<uint64_t>(seeds->data()[i]);
-      p.has_seed = has_seed ? has_seed->data()[i] != 0 : static_cast<bool>(seeds);
+  static void Record(capture::Recorder& rec, const capture::StepView& v) {
+    absl::Status s;
+    {
+      nb::gil_scoped_release release;
+      s = rec.RecordStep(v);
     }
-    return out;
+    ThrowIfError(s);
   }
 
   std::unique_ptr<capture::Recorder> recorder_;
@@ -465,6 +767,12 @@ void BindRecorder(nb::module_& m) {
            nb::arg("has_seed").none(), nb::arg("rng_seed"), nb::arg("rng_offset"),
            nb::arg("output_token_ids").none(), nb::arg("digests"), nb::arg("timestamp_nanos"),
            nb::arg("page_table_starts").none() = nb::none())
+      .def("_record_step_fast", &PyRecorder::RecordStepFast, nb::arg("step").none(), nb::arg("mode").none(),
+           nb::arg("request_ids").none(), nb::arg("token_ids").none(), nb::arg("positions").none(),
+           nb::arg("seq_lens").none(), nb::arg("extend_lens").none(), nb::arg("req_pool_indices").none(),
+           nb::arg("page_table").none(), nb::arg("out_cache_loc").none(), nb::arg("sampling").none(),
+           nb::arg("rng_seed").none(), nb::arg("rng_offset").none(), nb::arg("output_token_ids").none(),
+           nb::arg("digests").none(), nb::arg("timestamp_nanos").none())
       .def("submit_snapshot", &PyRecorder::SubmitSnapshot, nb::arg("step"), nb::arg("tensors"))
       .def("fingerprint", &PyRecorder::Fingerprint, nb::arg("step"), nb::arg("name"), nb::arg("tensor"))
       .def("fingerprints", &PyRecorder::Fingerprints, nb::arg("step"), nb::arg("tensors"))

@@ -292,3 +292,98 @@ def test_page_table_deltas_past_what_was_recorded_are_kept_incomplete(tmp_path):
         path = rec.path
     (s,) = crashreplay.read_capture(path)["step_records"]
     assert s["page_table"] == [{"req_pool_index": 5, "token_slots": [77], "start": 30}]
+
+
+def _step_args(**over):
+    """A decode step of 3 requests in the forms record_step's fast path takes (int64/float32 numpy)."""
+    i64 = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
+    f32 = lambda v: np.array(v, dtype=np.float32)  # noqa: E731
+    args = dict(mode="decode", request_ids=["r0", "r1", "r2"], token_ids=i64([5, 6, 7]), positions=i64([3, 1, 4]),
+                seq_lens=i64([4, 2, 5]), extend_lens=i64([1, 1, 1]), req_pool_indices=i64([2, 0, 1]),
+                page_table={"rows": i64([[10, 11, 12, 13, 0], [20, 21, 0, 0, 0], [30, 31, 32, 33, 34]]),
+                            "lengths": i64([4, 2, 5])},
+                out_cache_loc=i64([13, 21, 34]),
+                sampling={"temperatures": f32([0.7, 1.0, 0.0]), "top_ps": f32([1.0, 0.9, 1.0]),
+                          "top_ks": i64([-1, 40, 1]), "min_ps": f32([0.0, 0.05, 0.0]), "seeds": i64([9, 8, 7])},
+                rng_seed=11, rng_offset=4, output_token_ids=i64([42, 43, 44]),
+                digests={"logits": 123, "hidden": "0123456789abcdef0123456789abcdef"}, timestamp_nanos=1000)
+    args.update(over)
+    return args
+
+
+def _fast(rec, step, a):
+    return rec._impl._record_step_fast(step, a["mode"], a["request_ids"], a.get("token_ids"), a.get("positions"),
+                                       a.get("seq_lens"), a.get("extend_lens"), a.get("req_pool_indices"),
+                                       a.get("page_table"), a.get("out_cache_loc"), a.get("sampling"),
+                                       a.get("rng_seed", 0), a.get("rng_offset", 0), a.get("output_token_ids"),
+                                       a.get("digests"), a.get("timestamp_nanos", 0))
+
+
+def test_record_steps_fast_path_takes_exact_host_arrays_and_records_what_the_general_path_records(tmp_path):
+    # The same step through the buffer-protocol fast path (numpy int64 and
+    # float32, as given) and through the general path (lists, int32, the
+    # sampling as per-request dicts): identical records. The page table in
+    # every form the fast path takes: padded rows cut to their lengths, CSR,
+    # CSR with starts, a 2-D block, and padded rows with starts.
+    a = _step_args()
+    rows = a["page_table"]["rows"]
+    csr = (np.array([0, 4, 6, 11]), np.concatenate([rows[0, :4], rows[1, :2], rows[2]]))
+    forms = [a["page_table"], csr, (csr[0], csr[1], None), rows[:, :2].copy(), rows[:, :2]]
+    general = dict(a, token_ids=[5, 6, 7], positions=np.array([3, 1, 4], np.int32), seq_lens=[4, 2, 5],
+                   extend_lens=[1, 1, 1], req_pool_indices=[2, 0, 1], out_cache_loc=[13, 21, 34],
+                   output_token_ids=[42, 43, 44],
+                   sampling=[{"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 9},
+                             {"temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 8},
+                             {"temperature": 0.0, "top_p": 1.0, "top_k": 1, "min_p": 0.0, "seed": 7}])
+    with make(tmp_path, page_table_deltas=False) as rec:
+        for i, pt in enumerate(forms):
+            assert _fast(rec, 2 * i, dict(a, page_table=pt)) is True
+            rec.record_step(2 * i + 1, **dict(general, page_table=[list(r) for r in
+                                                                    (pt[:, :] if isinstance(pt, np.ndarray) else
+                                                                     [rows[0, :4], rows[1, :2], rows[2]])]))
+        path = rec.path
+    steps = crashreplay.read_capture(path)["step_records"]
+    assert len(steps) == 2 * len(forms)
+    for fast, slow in zip(steps[::2], steps[1::2]):
+        fast.pop("step"), slow.pop("step")
+        assert fast == slow
+    assert steps[0]["page_table"][1] == {"req_pool_index": 0, "token_slots": [20, 21]}
+    assert steps[0]["sampling"][2]["seed"] == 7 and steps[0]["timestamp_nanos"] == 1000
+
+
+def test_record_steps_fast_path_refuses_every_other_form_and_records_nothing(tmp_path):
+    i64 = np.arange(3, dtype=np.int64)
+    refused = {
+        "int32 tokens": dict(token_ids=i64.astype(np.int32)),
+        "a list": dict(positions=[3, 1, 4]),
+        "a strided view": dict(seq_lens=np.arange(6, dtype=np.int64)[::2]),
+        "big-endian": dict(extend_lens=i64.astype(">i8")),
+        "2-D for a vector": dict(req_pool_indices=i64.reshape(3, 1)),
+        "float64 temperatures": dict(sampling={"temperatures": np.ones(3)}),
+        "an unknown sampling key": dict(sampling={"temp": np.ones(3, np.float32)}),
+        "seeds as a list": dict(sampling={"seeds": [1, None, 2]}),
+        "page rows as lists": dict(page_table=[[1], [2], [3]]),
+        "a length past the row": dict(page_table={"rows": i64.reshape(3, 1), "lengths": np.full(3, 2)}),
+        "fewer lengths than rows": dict(page_table={"rows": i64.reshape(3, 1), "lengths": np.ones(2, np.int64)}),
+        "a CSR tuple of 4": dict(page_table=(i64, i64, i64, i64)),
+        "a numpy rng_seed": dict(rng_seed=np.int64(3)),
+        "bool offset": dict(rng_offset=True),
+        "digests not a dict": dict(digests=[("a", 1)]),
+        "an unknown mode": dict(mode="decoding"),
+    }
+    with make(tmp_path) as rec:
+        for what, over in refused.items():
+            assert _fast(rec, 0, _step_args(**over)) is False, what
+        rec.flush()
+        assert rec.stats()["steps_accepted"] == 0
+        # The general path still takes what it converts, and names what is wrong.
+        rec.record_step(0, **_step_args(token_ids=i64.astype(np.int32), positions=[3, 1, 4]))
+        with pytest.raises(ValueError, match="a length 2 exceeds the row width 1"):
+            rec.record_step(1, **_step_args(page_table={"rows": i64.reshape(3, 1), "lengths": np.full(3, 2)}))
+        with pytest.raises(ValueError, match="unknown keys"):
+            rec.record_step(1, **_step_args(sampling={"temp": np.ones(3, np.float32)}))
+        # Errors of the step itself raise from the fast path as from the general one.
+        with pytest.raises(ValueError, match="one entry per request"):
+            _fast(rec, 1, _step_args(sampling={"temperatures": np.ones(3, np.float32), "top_ps": np.ones(2, np.float32)}))
+        path = rec.path
+    assert [s["step"] for s in crashreplay.read_capture(path)["step_records"]] == [0]
