@@ -17,24 +17,34 @@ PageRowTracker::Out PageRowTracker::Apply(int64_t pool, int64_t start, bool from
                                           std::span<const int64_t> slots, bool minimize) {
   if (pool < 0 || start < 0) return Out{start, from_previous && start > 0, slots};
   Row& row = Find(pool);
-  held_slots_ -= row.slots.size();
-  const int64_t held_end = row.start + static_cast<int64_t>(row.slots.size());
+  held_slots_ -= row.held();
+  const int64_t held_end = row.start + static_cast<int64_t>(row.held());
   Out delta;
   bool have_delta = false;
   if (from_previous && start > 0) {
     if (row.known && row.start <= start && start <= held_end) {
-      row.slots.resize(static_cast<size_t>(start - row.start));
-      row.slots.insert(row.slots.end(), slots.begin(), slots.end());
+      if (start == held_end && slots.size() <= kTail) {
+        // The common case: appended at the end, into the tail.
+        if (row.tail_n + slots.size() > kTail) row.Flush();
+        std::copy(slots.begin(), slots.end(), row.tail.begin() + row.tail_n);
+        row.tail_n += static_cast<uint32_t>(slots.size());
+      } else {
+        row.Flush();
+        row.slots.resize(static_cast<size_t>(start - row.start));
+        row.slots.insert(row.slots.end(), slots.begin(), slots.end());
+      }
       delta = Out{start, true, slots};
       have_delta = true;
     } else {
       ++incomplete_;  // the columns before `start` were never given (or were replaced)
       row.start = start;
+      row.tail_n = 0;
       row.slots.assign(slots.begin(), slots.end());
     }
   } else if (minimize && row.known && row.start == start) {
     // Given whole: pass on from the first column that differs (nothing for
     // an unchanged row; a shorter row is passed on as its new end).
+    row.Flush();
     const size_t n = std::min(row.slots.size(), slots.size());
     const size_t same = static_cast<size_t>(
         std::mismatch(row.slots.begin(), row.slots.begin() + static_cast<std::ptrdiff_t>(n), slots.begin()).first -
@@ -45,12 +55,14 @@ PageRowTracker::Out PageRowTracker::Apply(int64_t pool, int64_t start, bool from
     have_delta = same > 0;
   } else {
     row.start = start;
+    row.tail_n = 0;
     row.slots.assign(slots.begin(), slots.end());
   }
   row.known = true;
-  held_slots_ += row.slots.size();
+  held_slots_ += row.held();
   if (have_delta && row.epoch == epoch_) return delta;
   row.epoch = epoch_;
+  row.Flush();  // passed on whole
   return Out{row.start, false, row.slots};
 }
 

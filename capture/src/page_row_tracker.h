@@ -13,6 +13,7 @@
 // rows outweigh the rows several times: Recorder::Impl::DeltaPageRows).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -52,11 +53,25 @@ class PageRowTracker {
   uint64_t held_slots() const { return held_slots_; }
 
  private:
+  // A decode step appends a slot or two to each row. The end of a long row
+  // is a line nobody touched since the last step (256 rows of 16k slots
+  // are 32 MiB), so appending there cost a cache miss a row a step and made
+  // the caller's cost grow with context (docs/capture.md, "Page-table
+  // deltas"). Appends go to a short tail inside the Row instead, moved into
+  // `slots` kTail at a time or before anything reads the row whole.
+  static constexpr size_t kTail = 6;
   struct Row {
     int64_t start = 0;
-    std::vector<int64_t> slots;
+    std::vector<int64_t> slots;  // columns [start, start + slots.size()), then the tail's
+    std::array<int64_t, kTail> tail{};
+    uint32_t tail_n = 0;
     uint64_t epoch = 0;  // the epoch it was last passed on in; 0: never
     bool known = false;  // given at least once
+    size_t held() const { return slots.size() + tail_n; }
+    void Flush() {
+      slots.insert(slots.end(), tail.begin(), tail.begin() + tail_n);
+      tail_n = 0;
+    }
   };
   Row& Find(int64_t pool);
 

@@ -409,5 +409,71 @@ TEST(PageRowTracker, PassesOnWhatChangedWithinAnEpochAndWholeRowsAfter) {
   EXPECT_EQ(t.incomplete(), 0u);
 }
 
+TEST(PageRowTracker, WhatItPassesOnRebuildsEveryRowThroughAppendsRewindsWholeRowsAndEpochs) {
+  // A receiver that applies each Out as the writer does holds, after every
+  // call, exactly the row given: over runs of one- and two-slot appends
+  // (the tracker's tail, flushed every few steps), appends longer than the
+  // tail, rewinds into the row, rows given whole (minimized or not),
+  // replaced rows and new epochs.
+  capture::internal::PageRowTracker t;
+  std::mt19937 rng(7);
+  auto draw = [&rng](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
+  constexpr int kPools = 5;
+  std::vector<std::vector<int64_t>> truth(kPools), received(kPools);
+  std::vector<int64_t> received_start(kPools, 0);
+  std::vector<bool> given(kPools, false);
+  int64_t next_slot = 1;
+  uint64_t deltas = 0;
+  for (int call = 0; call < 20000; ++call) {
+    const int pool = static_cast<int>(draw(kPools));
+    std::vector<int64_t>& row = truth[static_cast<size_t>(pool)];
+    const uint32_t what = draw(100);
+    std::vector<int64_t> sent;
+    int64_t start = 0;
+    bool from_previous = false;
+    if (given[static_cast<size_t>(pool)] && what < 85) {
+      // A delta: append 1-2 slots (often), up to 9, or rewind first.
+      start = static_cast<int64_t>(row.size());
+      if (what >= 80 && !row.empty()) start = draw(static_cast<uint32_t>(row.size()) + 1);
+      row.resize(static_cast<size_t>(start));
+      const uint32_t n = what < 70 ? 1 + draw(2) : draw(10);
+      for (uint32_t i = 0; i < n; ++i) row.push_back(next_slot++);
+      sent.assign(row.begin() + start, row.end());
+      from_previous = start > 0;
+    } else {
+      // Given whole: the same row grown or cut, or a new one.
+      if (what < 93 && !row.empty()) {
+        row.resize(draw(static_cast<uint32_t>(row.size()) + 1));
+        for (uint32_t i = draw(3); i > 0; --i) row.push_back(next_slot++);
+      } else {
+        row.assign(1 + draw(40), 0);
+        for (int64_t& x : row) x = next_slot++;
+      }
+      sent = row;
+    }
+    if (draw(500) == 0) t.NewEpoch();
+    const auto out = t.Apply(pool, start, from_previous, sent, /*minimize=*/what % 2 == 0);
+    given[static_cast<size_t>(pool)] = true;
+    std::vector<int64_t>& r = received[static_cast<size_t>(pool)];
+    if (out.from_previous) {
+      ++deltas;
+      ASSERT_GE(out.start, received_start[static_cast<size_t>(pool)]) << "call " << call;
+      ASSERT_LE(out.start - received_start[static_cast<size_t>(pool)], static_cast<int64_t>(r.size())) << "call " << call;
+      r.resize(static_cast<size_t>(out.start - received_start[static_cast<size_t>(pool)]));
+      r.insert(r.end(), out.slots.begin(), out.slots.end());
+    } else {
+      received_start[static_cast<size_t>(pool)] = out.start;
+      r.assign(out.slots.begin(), out.slots.end());
+    }
+    ASSERT_EQ(received_start[static_cast<size_t>(pool)], 0) << "call " << call;
+    ASSERT_EQ(r, row) << "call " << call << ", pool " << pool;
+    uint64_t held = 0;
+    for (const auto& x : truth) held += x.size();
+    ASSERT_EQ(t.held_slots(), held) << "call " << call;
+  }
+  EXPECT_EQ(t.incomplete(), 0u);
+  EXPECT_GT(deltas, 10000u);  // most calls went on as deltas, through the tail
+}
+
 }  // namespace
 }  // namespace crashreplay::testing
