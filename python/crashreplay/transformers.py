@@ -21,17 +21,22 @@ capture against the checkpoint; activations are stored in the model's dtype
 
 The cache maps onto the replay's paged cache as token slots: sequence b of
 the batch holds slots b * stride + position, stride a multiple of 64 that
-covers the longest sequence generate() can make. Left padding is not
-modelled: a batch whose attention mask holds zeros is refused (ValueError).
-Runs where the model runs (CPU or GPU); fingerprints of device tensors are
-taken from host copies (a synchronisation per boundary): the zero-copy
-device path is not built yet.
+covers the longest sequence generate() can make. A step that continues the
+rows given at the step before (same stride) gives only its new slots (page-
+table deltas, docs/capture.md), so the recorder's cost stays flat as the
+context grows. Left padding is not modelled: a batch whose attention mask
+holds zeros is refused (ValueError). Runs where the model runs (CPU or
+GPU); fingerprints of CUDA tensors take the device path of the engine hooks
+(crashreplay.DeviceFingerprints) where the extension was built with CUDA,
+host copies otherwise.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
 
 from crashreplay._fingerprint_hooks import FingerprintHooks
 from crashreplay._recorder import Recorder
@@ -72,7 +77,8 @@ class TransformersRecorder:
         self.mode = "prefill"
         self._sampling: Dict[str, Any] = {}
         self._handles: List[Any] = []
-        self._last_rows: Optional[List[int]] = None
+        self._stride = 0  # the page-table stride of the rows given last
+        self._rows_end = 0  # and the columns they covered
         cfg = model.config
         dtype = str(model.dtype).replace("torch.", "")
         path = checkpoint_path or getattr(cfg, "_name_or_path", "") or ""
@@ -140,20 +146,29 @@ class TransformersRecorder:
         self.hooks.step = self.step
         self.mode = "prefill" if start == 0 else ("decode" if tokens == 1 else "extend")
         total = self.max_length or (start + tokens)
-        stride = ((max(total, start + tokens) + 63) // 64) * 64
-        self._stride = max(getattr(self, "_stride", 0), stride)
-        positions = list(range(start, start + tokens))
-        rows = [[b * self._stride + p for p in range(start + tokens)] for b in range(batch)]
+        stride = max(self._stride, ((max(total, start + tokens) + 63) // 64) * 64)
+        b = np.arange(batch, dtype=np.int64)
+        pos = np.arange(start, start + tokens, dtype=np.int64)
+        base = (b * stride)[:, None]
+        if start > 0 and start == self._rows_end and stride == self._stride:
+            # The rows given last hold columns [0, start): only the new ones.
+            page_table = {"rows": base + pos[None, :], "lengths": np.full(batch, tokens, np.int64),
+                          "starts": np.full(batch, start, np.int64)}
+        else:
+            page_table = {"rows": base + np.arange(start + tokens, dtype=np.int64)[None, :],
+                          "lengths": np.full(batch, start + tokens, np.int64)}
+        self._stride, self._rows_end = stride, start + tokens
         s = self._sampling
-        sampling = {"temperatures": [s.get("temperature", 0.0)] * batch, "top_ps": [s.get("top_p", 1.0)] * batch,
-                    "top_ks": [s.get("top_k", -1)] * batch, "min_ps": [s.get("min_p", 0.0)] * batch,
-                    "seeds": [None] * batch}
+        sampling = {"temperatures": np.full(batch, s.get("temperature", 0.0), np.float32),
+                    "top_ps": np.full(batch, s.get("top_p", 1.0), np.float32),
+                    "top_ks": np.full(batch, s.get("top_k", -1), np.int64),
+                    "min_ps": np.full(batch, s.get("min_p", 0.0), np.float32)}  # no seeds: unseeded
         self.rec.record_step(
-            self.step, mode=self.mode, request_ids=[str(b) for b in range(batch)],
-            token_ids=ids.detach().reshape(-1).cpu().numpy(), positions=positions * batch,
-            seq_lens=[start + tokens] * batch, extend_lens=[tokens] * batch,
-            req_pool_indices=list(range(batch)), page_table=rows,
-            out_cache_loc=[b * self._stride + p for b in range(batch) for p in positions],
+            self.step, mode=self.mode, request_ids=[str(i) for i in range(batch)],
+            token_ids=ids.detach().reshape(-1).cpu().numpy().astype(np.int64, copy=False),
+            positions=np.tile(pos, batch), seq_lens=np.full(batch, start + tokens, np.int64),
+            extend_lens=np.full(batch, tokens, np.int64), req_pool_indices=b, page_table=page_table,
+            out_cache_loc=(base + pos[None, :]).reshape(-1),
             sampling=sampling, rng_seed=int(torch.initial_seed()))
 
     # -- generate --------------------------------------------------------

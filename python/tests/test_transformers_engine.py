@@ -141,3 +141,35 @@ def test_an_output_changed_in_place_later_is_never_recorded_stale(tmp_path):
         # The value the module returned, not the doubled one.
         want = seen[step].reshape(-1, seen[step].shape[-1]).numpy().astype(np.float64)
         assert f["max_abs"] == pytest.approx(float(np.abs(want).max()), rel=1e-6)
+
+
+def test_decode_steps_give_their_page_rows_as_deltas_and_replay_to_whole_rows(tmp_path):
+    # After the prefill each step hands the recorder only its new slot per
+    # sequence ("starts"); the capture still reads back every sequence's
+    # whole row (sequence b at b * stride + position), and each step replays.
+    from crashreplay import read_capture
+
+    model = checkpoint(tmp_path / "ckpt", hot=False)
+    prompts = torch.tensor([PROMPT[0], PROMPT[0][::-1]])
+    given = []
+    with crt.record(model, str(tmp_path / "session"), checkpoint_path=str(tmp_path / "ckpt"),
+                    install_signal_handlers=False) as rec:
+        inner = rec.rec.record_step
+
+        def spy(step, **kw):
+            given.append(kw["page_table"])
+            return inner(step, **kw)
+        rec.rec.record_step = spy
+        out = model.generate(input_ids=prompts, do_sample=False, max_new_tokens=4)
+    assert "starts" not in given[0] and all("starts" in pt for pt in given[1:])
+    assert all(pt["rows"].shape == (2, 1) for pt in given[1:])
+    (path,) = [p for p in (tmp_path / "session").iterdir() if p.suffix == ".crcap"]
+    steps = read_capture(str(path))["step_records"]
+    assert len(steps) == out.shape[1] - len(PROMPT[0])
+    stride = ((out.shape[1] + 63) // 64) * 64
+    for s in steps:
+        assert s["page_table"] == [{"req_pool_index": b, "token_slots": [b * stride + p for p in range(n)]}
+                                   for b, n in enumerate(s["seq_lens"])]
+    for step in range(len(steps)):
+        rc, rep = replay(tmp_path / "session", "--step", step)
+        assert rc == 0 and rep["outcome"] == "reproduced", rep["detail"]
