@@ -1,6 +1,7 @@
 """Cost of engine fingerprints on the CPU, beside the step they watch.
 
-A transformers llama (hidden 1024, 8 layers, float32 and bfloat16) decodes
+A transformers llama (--shape small: hidden 1024, 8 layers; --shape 1b:
+Llama 3.2 1B's dimensions; float32 and bfloat16, random weights) decodes
 with and without crashreplay.transformers' fingerprint hooks; prints the
 decode step time of each, the difference per step, the time measured inside
 the fingerprint code in a decode step (the hooks' noting and the step's one
@@ -20,11 +21,21 @@ import transformers
 import crashreplay.transformers as crt
 
 
-def model(dtype):
+# The watched model's shape: "small" (the default: hidden 1024, 8 layers,
+# 0.1B parameters, where a boundary's fixed cost weighs most) and "1b"
+# (Llama 3.2 1B's dimensions, random weights: what a CPU transformers user
+# runs).
+SHAPES = {
+    "small": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                  num_key_value_heads=4, vocab_size=32000),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
+}
+
+
+def model(dtype, shape="small"):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
-                                   max_position_embeddings=1024)
+    cfg = transformers.LlamaConfig(max_position_embeddings=1024, **SHAPES[shape])
     return transformers.LlamaForCausalLM(cfg).to(dtype).eval()
 
 
@@ -61,21 +72,27 @@ class Timed:
         setattr(rec.hooks, name, timed)
 
 
-def main(rounds=7, new=16):
+def main(rounds=7, new=16, shape="small"):
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, 1 thread; ms per generated token,")
-    print(f"medians of {rounds} interleaved rounds; 'in hooks': time measured inside the fingerprint code a decode step")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, 1 thread, shape {shape}"
+          f" ({SHAPES[shape]}); ms per generated token,")
+    print(f"medians of {rounds} rounds (plain, recorder, recorder + fingerprints in turn, rotated); 'in hooks': time measured inside the fingerprint code a decode step")
     print(f"{'dtype':<10}{'plain':>9}{'steps':>9}{'+fps':>9}{'diff':>9}{'diff range':>16}{'e2e share':>10}"
           f"{'in hooks':>10}{'bounds':>8}{'us/bound':>10}{'share':>8}")
     for dtype in (torch.float32, torch.bfloat16):
-        m = model(dtype)
+        m = model(dtype, shape)
         decode_ms(m, reps=1)  # warm up
         plain, steps, fps, inside = [], [], [], []
-        for _ in range(rounds):
+
+        def run_plain():
             plain.append(decode_ms(m, new=new))
+
+        def run_steps():
             with tempfile.TemporaryDirectory() as d:
                 with crt.record(m, d, install_signal_handlers=False, fingerprints=False):
                     steps.append(decode_ms(m, new=new))
+
+        def run_fps():
             with tempfile.TemporaryDirectory() as d:
                 with crt.record(m, d, install_signal_handlers=False) as rec:
                     # What the hooks do: note each output, and summarise the
@@ -83,6 +100,13 @@ def main(rounds=7, new=16):
                     hooks = Timed(rec, ("_note", "flush"))
                     fps.append(decode_ms(m, new=new))
                     inside.append(hooks.seconds * 1e3 / len(hooks.steps))
+
+        # The three in turn, the order rotated each round, so that whatever
+        # drifts within a round weighs on each alike.
+        order = [run_plain, run_steps, run_fps]
+        for r in range(rounds):
+            for run in order[r % 3:] + order[:r % 3]:
+                run()
         p, s_, f, i = (statistics.median(x) for x in (plain, steps, fps, inside))
         # Each round's difference, fingerprints on minus off, measured back to back.
         diffs = [b - a for a, b in zip(steps, fps)]
@@ -94,4 +118,11 @@ def main(rounds=7, new=16):
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--new", type=int, default=16, help="tokens generated per timed generate()")
+    o = ap.parse_args()
+    main(o.rounds, o.new, o.shape)
