@@ -32,7 +32,7 @@ logger = logging.getLogger("crashreplay")
 
 def first_tensor(x: Any) -> Any:
     """The first tensor of a module's output (a tensor, a tuple, a ModelOutput)."""
-    if hasattr(x, "_version") and hasattr(x, "shape"):
+    if isinstance(x, _tensor_type()):  # not hasattr(x, "_version"): an inference tensor raises there
         return x
     if isinstance(x, (tuple, list)):
         for v in x:
@@ -74,6 +74,7 @@ class FingerprintHooks:
         self._pending: List[Tuple[str, Any, int, Optional[Callable], int]] = []
         self._now: set = set()
         self._dropped: set = set()
+        self._slow: set = set()  # _now | _dropped: boundaries the wrappers' fast path leaves to the hook
 
     # -- installing ------------------------------------------------------
     def output(self, module: Any, name: str, pick: Optional[Callable[[Any], Any]] = None,
@@ -96,11 +97,24 @@ class FingerprintHooks:
                 self._drop(name, e)
         if self._wrap_forward:
             inner = module.forward
+            tensor = _tensor_type()
+            note = self._fast_note(name, rows)
 
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                out = inner(*args, **kwargs)
-                hook(module, args, out)
-                return out
+            if when is None and pick is None and not flush:
+                def forward(*args: Any, **kwargs: Any) -> Any:
+                    out = inner(*args, **kwargs)
+                    # The common case in this frame: a host tensor (or a tuple's
+                    # first) noted for the step's summary; anything else, the hook.
+                    t = out if type(out) is tensor else (
+                        out[0] if type(out) is tuple and out and type(out[0]) is tensor else None)
+                    if t is None or not note(t):
+                        hook(module, args, out)
+                    return out
+            else:
+                def forward(*args: Any, **kwargs: Any) -> Any:
+                    out = inner(*args, **kwargs)
+                    hook(module, args, out)
+                    return out
             self._handles.append(_Wrapped(module, inner, forward))
         else:
             self._handles.append(module.register_forward_hook(hook))
@@ -117,9 +131,12 @@ class FingerprintHooks:
                 self._drop(name, e)
         if self._wrap_forward:
             inner = module.forward
+            tensor = _tensor_type()
+            note = self._fast_note(name, None)
 
             def forward(*args: Any, **kwargs: Any) -> Any:
-                hook(module, args)
+                if not (args and type(args[0]) is tensor and note(args[0])):
+                    hook(module, args)
                 return inner(*args, **kwargs)
             self._handles.append(_Wrapped(module, inner, forward))
         else:
@@ -142,9 +159,33 @@ class FingerprintHooks:
         self._handles.append(_Unset(router))
         self.names.append(name)
 
+    def _fast_note(self, name: str, rows: Optional[Callable]) -> Callable[[Any], bool]:
+        """What a wrapped forward calls with its tensor: notes a host tensor
+        of a step for the step's summary, as _note does, and says True; False
+        (nothing done) for what _note decides otherwise - no step, a CUDA
+        tensor, a boundary summarised at once or dropped, a tensor without a
+        version counter (inference mode) - so that the hook takes it. One
+        call a boundary: in a model whose kernels have just evicted the
+        interpreter's data, each Python call costs microseconds
+        (bench/fingerprint_bench.py; docs/replay.md)."""
+        pending, slow = self._pending, self._slow
+
+        def note(t: Any) -> bool:
+            step = self.step
+            if step is None or t.is_cuda or name in slow:
+                return False
+            try:
+                version = t._version
+            except RuntimeError:  # an inference tensor: the hook's path says so
+                return False
+            pending.append((name, t, version, rows, step))
+            return True
+        return note
+
     def _drop(self, name: str, e: Exception) -> None:
         """A boundary whose hook failed is not fingerprinted again (warned once)."""
         self._dropped.add(name)
+        self._slow.add(name)
         logger.warning("crashreplay: fingerprint %s failed (%s: %s); that boundary is no longer recorded",
                        name, type(e).__name__, e)
 
@@ -162,9 +203,24 @@ class FingerprintHooks:
         if t.is_cuda and self._device_mode == "auto" and self._on_device(name, t, rows):
             return
         if name in self._now:
-            self.rec.fingerprint(name, self._host(t, rows), step=self.step)
+            self._summarise_now(name, t, rows)
             return
-        self._pending.append((name, t, t._version, rows, self.step))
+        try:
+            version = t._version
+        except RuntimeError:
+            # An inference tensor (torch.inference_mode: vLLM's workers, sglang
+            # with SGLANG_ENABLE_TORCH_INFERENCE_MODE) has no version counter,
+            # so a later in-place change could not be told: summarised now.
+            self._summarise_now(name, t, rows)
+            return
+        self._pending.append((name, t, version, rows, self.step))
+
+    def _summarise_now(self, name: str, t: Any, rows: Optional[Callable]) -> None:
+        """t's summary now, after those noted before it (the step's records
+        stay in the engine's order, which the replay's comparison follows)."""
+        if self._pending:
+            self._summarise_pending()
+        self.rec.fingerprint(name, self._host(t, rows), step=self.step)
 
     def _on_device(self, name: str, t: Any, rows: Optional[Callable]) -> bool:
         """Queues t's summary on the device; False: take the host path."""
@@ -195,7 +251,11 @@ class FingerprintHooks:
         """
         if self.device is not None:
             self.device.end_step()
-        pending, self._pending = self._pending, []
+        self._summarise_pending()
+
+    def _summarise_pending(self) -> None:
+        pending = self._pending[:]  # the wrappers hold this list: emptied in place
+        del self._pending[:]
         batch: List[Tuple[str, int, int, str, int]] = []
         held: List[Any] = []
         step = None
@@ -207,10 +267,14 @@ class FingerprintHooks:
             step = s
             if t._version != version:
                 self._now.add(name)
+                self._slow.add(name)
                 continue
             h = self._host(t, rows)
             dtype = names.get(h.dtype)
-            if dtype is None:
+            if dtype is None:  # named (or refused) by Recorder.fingerprints, after those before it
+                if batch:
+                    self._send(batch, step)
+                    batch, held = [], []
                 self.rec.fingerprints([(name, h)], step=s)
                 continue
             held.append(h)
@@ -375,6 +439,13 @@ class _Unset:
         self.router.set_capture_fn(None)
 
 
+def _tensor_type() -> type:
+    """torch.Tensor (imported by the model's owner already)."""
+    import torch
+
+    return torch.Tensor
+
+
 def _has_own_forward(module: Any) -> bool:
     """A torch module whose class defines (or inherits) a forward of its own."""
     return class_has_own_forward(type(module))
@@ -393,7 +464,7 @@ def _topk_ids(out: Any) -> Any:
     ids = getattr(out, "topk_ids", None)
     if ids is None and isinstance(out, (tuple, list)) and len(out) > 1:
         ids = out[1]
-    return ids if hasattr(ids, "_version") else None
+    return ids if isinstance(ids, _tensor_type()) else None  # not hasattr(ids, "_version"): see first_tensor
 
 
 def _next_token_logits(out: Any) -> Any:

@@ -201,7 +201,9 @@ def test_the_dsa_indexers_top_k_is_fingerprinted_as_its_own_boundary(tmp_path):
 def test_wrapped_forwards_record_what_hooks_record_and_unwind(tmp_path):
     # FingerprintHooks(wrap_forward=True) (crashreplay.transformers' choice:
     # torch's module call keeps its fast path) records the same boundaries as
-    # torch hooks, and remove() gives each module its own forward back.
+    # torch hooks, and remove() gives each module its own forward back; the
+    # same under torch.inference_mode (vLLM's workers run in it), whose
+    # tensors have no version counter: they are summarised at once.
     from crashreplay._fingerprint_hooks import FingerprintHooks
 
     torch.manual_seed(0)
@@ -209,20 +211,23 @@ def test_wrapped_forwards_record_what_hooks_record_and_unwind(tmp_path):
     x = torch.randn(3, 8)
     got = {}
     for wrap in (False, True):
-        (tmp_path / str(wrap)).mkdir()
-        rec = make(tmp_path / str(wrap))
-        hooks = FingerprintHooks(rec, wrap_forward=wrap)
-        hooks.input(lin, "L0.attention")
-        hooks.output(lin, "L0.o_proj")
-        assert ("forward" in vars(lin)) == wrap and bool(lin._forward_hooks) != wrap
-        hooks.step = 0
-        with torch.no_grad():
-            lin(x)
-        hooks.flush()
-        hooks.remove()
-        assert "forward" not in vars(lin) and not lin._forward_hooks and not lin._forward_pre_hooks
-        rec.close()
-        (r,) = crashreplay.read_capture(rec.path)["fingerprints"]
-        got[wrap] = r["fingerprints"]
-    assert [f["name"] for f in got[True]] == ["L0.attention", "L0.o_proj"]
-    assert got[True] == got[False]
+        for mode in ("no_grad", "inference_mode"):
+            d = tmp_path / f"{wrap}-{mode}"
+            d.mkdir()
+            rec = make(d)
+            hooks = FingerprintHooks(rec, wrap_forward=wrap)
+            hooks.input(lin, "L0.attention")
+            hooks.output(lin, "L0.o_proj")
+            assert ("forward" in vars(lin)) == wrap and bool(lin._forward_hooks) != wrap
+            hooks.step = 0
+            with getattr(torch, mode)():
+                lin(x)
+            hooks.flush()
+            hooks.remove()
+            assert "forward" not in vars(lin) and not lin._forward_hooks and not lin._forward_pre_hooks
+            rec.close()
+            (r,) = crashreplay.read_capture(rec.path)["fingerprints"]
+            got[wrap, mode] = r["fingerprints"]
+    assert [f["name"] for f in got[True, "no_grad"]] == ["L0.attention", "L0.o_proj"]
+    for key in got:
+        assert got[key] == got[True, "no_grad"], key
