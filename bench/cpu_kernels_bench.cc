@@ -52,9 +52,9 @@
 
 #include "crashreplay/formats/block_quant.h"
 #include "crashreplay/formats/numeric.h"
-#include "crashreplay/replay/cpu_kernels.h"
-#include "crashreplay/replay/cpu_pool.h"
-#include "crashreplay/replay/ops.h"
+#include "crashreplay/replay/cpu/cpu_kernels.h"
+#include "crashreplay/replay/cpu/cpu_pool.h"
+#include "crashreplay/replay/kernels/ops.h"
 
 extern "C" void openblas_set_num_threads(int);
 

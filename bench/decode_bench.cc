@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "crashreplay/formats/numeric.h"
-#include "crashreplay/replay/checkpoint_io.h"
-#include "crashreplay/replay/engine.h"
-#include "crashreplay/replay/toggles.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
+#include "crashreplay/replay/session/engine.h"
+#include "crashreplay/replay/config/toggles.h"
 
 extern "C" void openblas_set_num_threads(int);
 

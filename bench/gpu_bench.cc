@@ -19,9 +19,9 @@
 #include "crashreplay/capture/device_fingerprints.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/cuda/cuda_executor.h"
-#include "crashreplay/replay/engine.h"
-#include "crashreplay/replay/step.h"
-#include "crashreplay/replay/random_checkpoint.h"
+#include "crashreplay/replay/session/engine.h"
+#include "crashreplay/replay/program/step.h"
+#include "crashreplay/replay/make_model/random_checkpoint.h"
 
 namespace cr = crashreplay::replay;
 

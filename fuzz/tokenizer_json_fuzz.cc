@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "crashreplay/replay/tokenizer.h"
+#include "crashreplay/replay/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

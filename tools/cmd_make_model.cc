@@ -10,7 +10,7 @@
 
 #include "command.h"
 #include "commands_decl.h"
-#include "crashreplay/replay/random_checkpoint.h"
+#include "crashreplay/replay/make_model/random_checkpoint.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {

@@ -7,9 +7,9 @@
 
 #include "command.h"
 #include "commands_decl.h"
-#include "crashreplay/replay/engine_vocab.h"
-#include "crashreplay/replay/kernel_archs.h"
-#include "crashreplay/replay/toggles.h"
+#include "crashreplay/replay/config/engine_vocab.h"
+#include "crashreplay/replay/config/kernel_archs.h"
+#include "crashreplay/replay/config/toggles.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {

@@ -8,7 +8,7 @@
 
 #include "command.h"
 #include "commands_decl.h"
-#include "crashreplay/replay/tokenizer.h"
+#include "crashreplay/replay/tokenizer/tokenizer.h"
 #include "exit_codes.h"
 
 namespace crashreplay::tools {

@@ -2,7 +2,7 @@
 
 #include <sys/resource.h>
 
-#include "crashreplay/replay/host_memory.h"
+#include "crashreplay/replay/model/host_memory.h"
 
 namespace crashreplay::tools {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "crashreplay/replay/capture_io.h"
+#include "crashreplay/replay/captures/capture_io.h"
 
 namespace crashreplay::tools {
 

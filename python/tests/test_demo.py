@@ -12,7 +12,7 @@ RTX PRO 6000, sm_120) and the mechanism behind each failure:
   dies before serving. The culprit is exactly the two memory changes.
 * launch2_assert.toml differs in the same keys, but at 0.88 the memory fits;
   the first decode step runs flashmla_kv's kernel, FlashMLA's sparse decode,
-  which has no sm_120 code (replay/src/kernel_archs.cc): unsupported_arch.
+  which has no sm_120 code (replay/config/src/kernel_archs.cc): unsupported_arch.
   The culprit is exactly {dsa_decode_backend: flashmla_kv}.
 """
 import json

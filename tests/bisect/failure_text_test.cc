@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,21 @@ FailureSignature Sig(std::string_view text) {
   auto s = SignatureFromOutput(text);
   EXPECT_TRUE(s.has_value()) << text;
   return s.value_or(FailureSignature{});
+}
+
+// A message and what it must be named: its class and its check.
+struct Named {
+  std::string text;
+  FailureClass failure_class;
+  std::string check;
+};
+
+void ExpectNamed(const std::vector<Named>& cases) {
+  for (const Named& c : cases) {
+    const FailureSignature s = Sig(c.text);
+    EXPECT_EQ(s.failure_class, c.failure_class) << c.text;
+    EXPECT_EQ(s.check, c.check) << c.text;
+  }
 }
 
 TEST(FailureText, EveryCudaRuntimeErrorStringNamesItsError) {
@@ -86,31 +102,27 @@ TEST(FailureText, TorchDeviceAssertNamesTheKernelAndTheAssertion) {
 }
 
 TEST(FailureText, OutOfMemoryFormsAreOomAndTellDeviceKvPoolAndHostApart) {
-  const char* cuda[] = {
-      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.22 GiB. GPU 0 has a total capacity of "
-      "15.77 GiB of which 959.44 MiB is free. Process 12447 has 14.83 GiB memory in use.",
-      "RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB "
-      "already allocated; 47.06 MiB free; 188.00 MiB reserved in total by PyTorch)",
-      "torch.cuda.OutOfMemoryError: CUDA out of memory.",
-      "RuntimeError: CUDA error: out of memory",
-      "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-  };
-  for (const char* m : cuda) {
-    const FailureSignature s = Sig(m);
-    EXPECT_EQ(s.failure_class, FailureClass::kOom) << m;
-    EXPECT_EQ(s.check, "cuda") << m;
-  }
-  for (const char* m : {"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-                        "Current value: mem_fraction_static=0.1",
-                        "ValueError: No available memory for the cache blocks. Try increasing "
-                        "`gpu_memory_utilization` when initializing the engine."}) {
-    EXPECT_EQ(Sig(m).check, "kv_cache") << m;
-  }
-  for (const char* m : {"terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc",
-                        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nMemoryError",
-                        "OSError: [Errno 12] Cannot allocate memory"}) {
-    EXPECT_EQ(Sig(m).check, "host") << m;
-  }
+  const FailureClass oom = FailureClass::kOom;
+  ExpectNamed({
+      {"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.22 GiB. GPU 0 has a total capacity of "
+       "15.77 GiB of which 959.44 MiB is free. Process 12447 has 14.83 GiB memory in use.",
+       oom, "cuda"},
+      {"RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB "
+       "already allocated; 47.06 MiB free; 188.00 MiB reserved in total by PyTorch)",
+       oom, "cuda"},
+      {"torch.cuda.OutOfMemoryError: CUDA out of memory.", oom, "cuda"},
+      {"RuntimeError: CUDA error: out of memory", oom, "cuda"},
+      {"RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", oom, "cuda"},
+      {"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+       "Current value: mem_fraction_static=0.1",
+       oom, "kv_cache"},
+      {"ValueError: No available memory for the cache blocks. Try increasing "
+       "`gpu_memory_utilization` when initializing the engine.",
+       oom, "kv_cache"},
+      {"terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc", oom, "host"},
+      {"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nMemoryError", oom, "host"},
+      {"OSError: [Errno 12] Cannot allocate memory", oom, "host"},
+  });
 }
 
 TEST(FailureText, SglangGraphCaptureFailureIsInTheGraphCaptureStage) {
@@ -147,36 +159,35 @@ TEST(FailureText, TheFirstCudaFailureWinsOverItsConsequences) {
 }
 
 TEST(FailureText, NcclErrorsAreNamedByTheirResult) {
-  const FailureSignature remote = Sig(
+  const std::string remote =
       "[rank1]: torch.distributed.DistBackendError: NCCL error in: /tmp/torch/csrc/distributed/c10d/"
       "NCCLUtils.cpp:77, remote process exited or there was a network error, NCCL version 2.26.2\n"
       "[rank1]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
-      "prematurely.\n");
-  EXPECT_EQ(remote.failure_class, FailureClass::kNcclError);
-  EXPECT_EQ(remote.check, "ncclRemoteError");
-  const FailureSignature internal = Sig(
+      "prematurely.\n";
+  const std::string internal =
       "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1249, "
       "internal error - please report this issue to the NCCL developers, NCCL version 2.18.5\n"
-      "ncclInternalError: Internal check failed.\nLast error:\nBootstrap : no socket interface found\n");
-  EXPECT_EQ(internal.check, "ncclInternalError");
-  const FailureSignature watchdog = Sig(
-      "[E ProcessGroupNCCL.cpp:828] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
-      "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600039 milliseconds before timing out.\n");
-  EXPECT_EQ(watchdog.check, "watchdog_timeout");
-  EXPECT_FALSE(SameBug(remote, internal));
+      "ncclInternalError: Internal check failed.\nLast error:\nBootstrap : no socket interface found\n";
+  const FailureClass nccl = FailureClass::kNcclError;
+  ExpectNamed({
+      {remote, nccl, "ncclRemoteError"},
+      {internal, nccl, "ncclInternalError"},
+      {"[E ProcessGroupNCCL.cpp:828] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+       "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600039 milliseconds before timing out.\n",
+       nccl, "watchdog_timeout"},
+  });
+  EXPECT_FALSE(SameBug(Sig(remote), Sig(internal)));
 }
 
 TEST(FailureText, NonFiniteMessages) {
-  const FailureSignature probs =
-      Sig("RuntimeError: probability tensor contains either `inf`, `nan` or element < 0\n");
-  EXPECT_EQ(probs.failure_class, FailureClass::kNonFinite);
-  EXPECT_EQ(probs.check, "probabilities");
-  const FailureSignature logits = Sig(
-      "[TP0] Detected errors during sampling! NaN in the logits.\n"
-      "ValueError: Detected errors during sampling! NaN in the logits.\n");
-  EXPECT_EQ(logits.failure_class, FailureClass::kNonFinite);
-  EXPECT_EQ(logits.check, "logits");
-  EXPECT_EQ(Sig("RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.").check, "autograd");
+  const FailureClass non_finite = FailureClass::kNonFinite;
+  ExpectNamed({
+      {"RuntimeError: probability tensor contains either `inf`, `nan` or element < 0\n", non_finite, "probabilities"},
+      {"[TP0] Detected errors during sampling! NaN in the logits.\n"
+       "ValueError: Detected errors during sampling! NaN in the logits.\n",
+       non_finite, "logits"},
+      {"RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.", non_finite, "autograd"},
+  });
 }
 
 TEST(FailureText, PythonExceptionTypeOfTheLastTracebackLine) {

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "crashreplay/replay/replay_session.h"
+#include "crashreplay/replay/session/replay_session.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

@@ -1,11 +1,11 @@
-// The step's boundaries (replay/src/boundaries.cc): the names engines'
+// The step's boundaries (replay/program/src/boundaries.cc): the names engines'
 // fingerprints use, in run order, with shapes that do not depend on how
 // many tensor-parallel ranks the replay emulates.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "crashreplay/replay/replay_session.h"
+#include "crashreplay/replay/session/replay_session.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

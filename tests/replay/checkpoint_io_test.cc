@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "crashreplay/replay/checkpoint_io.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

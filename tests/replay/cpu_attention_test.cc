@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "crashreplay/formats/numeric.h"
-#include "crashreplay/replay/cpu_kernels.h"
-#include "crashreplay/replay/cpu_pool.h"
-#include "crashreplay/replay/ops.h"
+#include "crashreplay/replay/cpu/cpu_kernels.h"
+#include "crashreplay/replay/cpu/cpu_pool.h"
+#include "crashreplay/replay/kernels/ops.h"
 
 namespace crashreplay::replay {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "crashreplay/replay/cpu_kernels.h"
+#include "crashreplay/replay/cpu/cpu_kernels.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

@@ -13,9 +13,9 @@
 
 #include "cpu_dot.h"
 #include "crashreplay/formats/numeric.h"
-#include "crashreplay/replay/cpu_kernels.h"
-#include "crashreplay/replay/cpu_pool.h"
-#include "crashreplay/replay/ops.h"
+#include "crashreplay/replay/cpu/cpu_kernels.h"
+#include "crashreplay/replay/cpu/cpu_pool.h"
+#include "crashreplay/replay/kernels/ops.h"
 #include "lanes_test_util.h"
 
 namespace crashreplay::replay {

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <string>
 
-#include "crashreplay/replay/engine_vocab.h"
-#include "crashreplay/replay/kernel_archs.h"
-#include "crashreplay/replay/toggles.h"
+#include "crashreplay/replay/config/engine_vocab.h"
+#include "crashreplay/replay/config/kernel_archs.h"
+#include "crashreplay/replay/config/toggles.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

@@ -10,8 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "crashreplay/replay/executor.h"
-#include "crashreplay/replay/step.h"
+#include "crashreplay/replay/kernels/executor.h"
+#include "crashreplay/replay/program/step.h"
+#include "crashreplay/replay/session/backends.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay::testing {

@@ -15,7 +15,8 @@
 #include <map>
 #include <memory>
 
-#include "crashreplay/replay/executor.h"
+#include "crashreplay/replay/kernels/executor.h"
+#include "crashreplay/replay/session/backends.h"
 
 namespace crashreplay::replay::testing {
 

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "crashreplay/replay/cpu_pool.h"
+#include "crashreplay/replay/cpu/cpu_pool.h"
 #include "crashreplay/replay/kernels/attention.h"
 #include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/linear.h"

@@ -10,8 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "crashreplay/replay/checkpoint_io.h"
-#include "crashreplay/replay/device_model.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
+#include "crashreplay/replay/program/device_model.h"
 #include "engine_test_util.h"
 #include "guarded_executor.h"
 

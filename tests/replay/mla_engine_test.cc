@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "crashreplay/replay/planner.h"
+#include "crashreplay/replay/model/planner.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

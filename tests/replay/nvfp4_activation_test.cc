@@ -13,7 +13,7 @@
 #include <span>
 
 #include "crashreplay/capture/recorder.h"
-#include "crashreplay/replay/capture_io.h"
+#include "crashreplay/replay/captures/capture_io.h"
 #include "engine_test_util.h"
 #include "absl/strings/str_join.h"
 

@@ -3,7 +3,7 @@
 // get_batch_sizes_to_capture drops them and captures the pool size).
 #include <gtest/gtest.h>
 
-#include "crashreplay/replay/planner.h"
+#include "crashreplay/replay/model/planner.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

@@ -19,8 +19,8 @@
 #include <string>
 
 #include "crashreplay/formats/hash.h"
-#include "crashreplay/replay/checkpoint_io.h"
-#include "crashreplay/replay/random_checkpoint.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
+#include "crashreplay/replay/make_model/random_checkpoint.h"
 
 namespace crashreplay::replay {
 namespace {

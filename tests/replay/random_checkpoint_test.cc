@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "crashreplay/formats/hash.h"
-#include "crashreplay/replay/random_checkpoint.h"
+#include "crashreplay/replay/make_model/random_checkpoint.h"
 
 namespace crashreplay::replay {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "crashreplay/replay/replay_session.h"
+#include "crashreplay/replay/session/replay_session.h"
 #include "engine_test_util.h"
 
 namespace crashreplay::replay {

@@ -10,8 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "crashreplay/replay/capture_io.h"
-#include "crashreplay/replay/step_state.h"
+#include "crashreplay/replay/captures/capture_io.h"
+#include "crashreplay/replay/session/step_state.h"
+#include "crashreplay/replay/session/backends.h"
 #include "engine_test_util.h"
 #include "exec_replay_test_util.h"
 #include "snapshot_test_util.h"

@@ -2,7 +2,7 @@
 // every dumped kernel's tensors hash to the digest the replay reported, the
 // file does not depend on the thread count, and a faulting step dumps what
 // ran up to and including the faulting kernel.
-#include "crashreplay/replay/step_dump.h"
+#include "crashreplay/replay/session/step_dump.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "crashreplay/replay/toggles.h"
+#include "crashreplay/replay/config/toggles.h"
 
 #include <gtest/gtest.h>
 

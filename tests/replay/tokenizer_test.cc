@@ -2,7 +2,7 @@
 // tokens, split behaviours, lossy decoding, and errors that name the field.
 // The comparison against HF `tokenizers` on trained files is
 // python/tests/test_tokenizer_json.py.
-#include "crashreplay/replay/tokenizer.h"
+#include "crashreplay/replay/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 

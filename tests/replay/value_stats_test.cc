@@ -1,4 +1,4 @@
-// The watcher's value statistics (replay/src/value_stats.h) against a plain
+// The watcher's value statistics (replay/program/src/value_stats.h) against a plain
 // loop over every element: counts, extremes and magnitudes exactly, the sum
 // of magnitudes exactly against its 8-lane definition and within rounding of
 // a long double sum, on every tail length and with non-finite values mixed in.

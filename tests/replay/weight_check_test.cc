@@ -2,15 +2,15 @@
 // names the tensor, the shape found and the shape the config implies; tensors
 // the config does not imply are dropped with a note or refused where they
 // would hide a mismatch.
-#include "crashreplay/replay/weight_check.h"
+#include "crashreplay/replay/model/weight_check.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "crashreplay/replay/checkpoint_io.h"
-#include "crashreplay/replay/random_checkpoint.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
+#include "crashreplay/replay/make_model/random_checkpoint.h"
 
 namespace crashreplay::replay {
 namespace {

@@ -1,6 +1,6 @@
 // How dtypes are spelled in safetensors headers, and the order the Python
 // package lays tensors out in: formats' reader and writer, and replay's
-// streamed checkpoint writer (replay/src/streamed_safetensors.h).
+// streamed checkpoint writer (replay/make_model/src/streamed_safetensors.h).
 //
 // crashreplay's DType names follow safetensors except for 4-bit e2m1, which
 // the safetensors package spells "F4" and dtype.h spells "F4_E2M1": headers
