@@ -44,4 +44,11 @@ $PY -c "import scikit_build_core" 2>/dev/null || {
   echo "setup: installing Python package: scikit-build-core"
   $PY -m pip install -q --disable-pip-version-check --root-user-action=ignore scikit-build-core
 }
+# The one clang-format version scripts/format.sh lays the sources out with.
+cf_version=$(sed -n 's/^CLANG_FORMAT_VERSION=//p' "$(dirname "$0")/format.sh")
+$PY -c "import clang_format, importlib.metadata as m, sys; sys.exit(m.version('clang-format') != '$cf_version')" \
+  2>/dev/null || {
+  echo "setup: installing Python package: clang-format==$cf_version"
+  $PY -m pip install -q --disable-pip-version-check --root-user-action=ignore "clang-format==$cf_version"
+}
 echo "setup: dependencies present"
