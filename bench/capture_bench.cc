@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   const size_t bytes = mib << 20;
   std::printf("capture_bench: %zu MiB of bf16 ~ N(0,1), single thread, best of 3\n\n", mib);
   const std::vector<std::byte> data = Bf16Normal(bytes);
-  const std::filesystem::path tmp = std::filesystem::temp_directory_path() / ("capture_bench." + std::to_string(::getpid()));
+  const std::filesystem::path tmp =
+      std::filesystem::temp_directory_path() / ("capture_bench." + std::to_string(::getpid()));
   std::filesystem::create_directories(tmp);
   const std::string raw_path = (tmp / "data.bf16").string();
   {
@@ -110,8 +111,10 @@ int main(int argc, char** argv) {
   BlobEncodeOptions with_shuffle;
   BlobEncodeOptions no_shuffle;
   no_shuffle.byte_plane_shuffle = false;
-  const double t_shuf = BestSeconds(3, [&] { shuffled_size = FrameEncoder::EncodeBlob(data, 2, with_shuffle).bytes.size(); });
-  const double t_plain = BestSeconds(3, [&] { plain_size = FrameEncoder::EncodeBlob(data, 2, no_shuffle).bytes.size(); });
+  const double t_shuf =
+      BestSeconds(3, [&] { shuffled_size = FrameEncoder::EncodeBlob(data, 2, with_shuffle).bytes.size(); });
+  const double t_plain =
+      BestSeconds(3, [&] { plain_size = FrameEncoder::EncodeBlob(data, 2, no_shuffle).bytes.size(); });
   Row("capture blob, byte-plane shuffle", static_cast<double>(mib), t_shuf, static_cast<double>(bytes) / shuffled_size);
   Row("capture blob, no shuffle", static_cast<double>(mib), t_plain, static_cast<double>(bytes) / plain_size);
 
@@ -139,7 +142,8 @@ int main(int argc, char** argv) {
     const double t = RunTimed("zstd -1 -q -f -o " + zst + " " + raw_path);
     if (t > 0) t_cli = std::min(t_cli, t);
   }
-  const double cli_ratio = std::filesystem::exists(zst) ? static_cast<double>(bytes) / std::filesystem::file_size(zst) : 0;
+  const double cli_ratio =
+      std::filesystem::exists(zst) ? static_cast<double>(bytes) / std::filesystem::file_size(zst) : 0;
   Row("zstd -1 (file to file, incl. process start)", static_cast<double>(mib), t_cli < 1e29 ? t_cli : -1, cli_ratio);
   std::string zb;
   if (RunTimed("zstd -b1 -i1 " + raw_path + " 2>&1", &zb) > 0) {
@@ -154,21 +158,26 @@ int main(int argc, char** argv) {
 
   std::printf("\nwhere the blob encoder's time goes (library calls, in memory):\n");
   std::vector<unsigned char> planes(bytes);
-  const double t_shuffle = BestSeconds(3, [&] {
-    ShuffleBytePlanes(reinterpret_cast<const unsigned char*>(data.data()), bytes, 2, planes.data());
-  });
+  const double t_shuffle = BestSeconds(
+      3, [&] { ShuffleBytePlanes(reinterpret_cast<const unsigned char*>(data.data()), bytes, 2, planes.data()); });
   Row("byte-plane shuffle alone", static_cast<double>(mib), t_shuffle, 0);
   std::vector<unsigned char> zout(ZSTD_compressBound(bytes));
   size_t zsize = 0;
-  const double t_z_planes = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data(), bytes, 1); });
-  Row("ZSTD_compress level 1, shuffled planes", static_cast<double>(mib), t_z_planes, static_cast<double>(bytes) / zsize);
-  const double t_z_plain = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), data.data(), bytes, 1); });
+  const double t_z_planes =
+      BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data(), bytes, 1); });
+  Row("ZSTD_compress level 1, shuffled planes", static_cast<double>(mib), t_z_planes,
+      static_cast<double>(bytes) / zsize);
+  const double t_z_plain =
+      BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), data.data(), bytes, 1); });
   Row("ZSTD_compress level 1, interleaved", static_cast<double>(mib), t_z_plain, static_cast<double>(bytes) / zsize);
   const size_t half = bytes / 2;
-  const double t_hi = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data() + half, half, 1); });
-  Row("ZSTD_compress level 1, high-byte plane only", static_cast<double>(mib) / 2, t_hi, static_cast<double>(half) / zsize);
+  const double t_hi =
+      BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data() + half, half, 1); });
+  Row("ZSTD_compress level 1, high-byte plane only", static_cast<double>(mib) / 2, t_hi,
+      static_cast<double>(half) / zsize);
   const double t_lo = BestSeconds(3, [&] { zsize = ZSTD_compress(zout.data(), zout.size(), planes.data(), half, 1); });
-  Row("ZSTD_compress level 1, low-byte plane only", static_cast<double>(mib) / 2, t_lo, static_cast<double>(half) / zsize);
+  Row("ZSTD_compress level 1, low-byte plane only", static_cast<double>(mib) / 2, t_lo,
+      static_cast<double>(half) / zsize);
 
   std::printf("\nXXH3-128 hashing:\n");
   std::vector<std::byte> small(100 * 1024);

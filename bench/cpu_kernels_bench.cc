@@ -45,9 +45,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
-#include <ctime>
 #include <vector>
 
 #include "crashreplay/formats/block_quant.h"
@@ -109,7 +109,8 @@ void Launch(const Op& op, CpuPool& pool, CpuIsa isa) {
     std::exit(1);
   }
   const int64_t scratch = ScratchFloats(op);
-  pool.Launch(Items(op), [&](int64_t i, KernelStatus* s) { RunItem(op, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s); });
+  pool.Launch(Items(op),
+              [&](int64_t i, KernelStatus* s) { RunItem(op, i, scratch > 0 ? ThreadScratch(scratch) : nullptr, s); });
 }
 
 std::vector<float> Normal(int64_t n, uint32_t seed, float scale) {
@@ -249,9 +250,12 @@ MoeFigures BenchExperts(const std::string& name, DotKind dot, CpuPool& pool, Cpu
   store.reserve(3 * E);
   std::vector<ExpertView> experts(E);
   auto make = [&](int64_t rows, int64_t cols, uint32_t seed, float act) {
-    if (nvfp4) store.push_back(MakeNvfp4(rows, cols, seed, w4a4, act));
-    else if (name == "fp8 block") store.push_back(MakeFp8(rows, cols, seed));
-    else store.push_back(MakeBf16(rows, cols, seed));
+    if (nvfp4)
+      store.push_back(MakeNvfp4(rows, cols, seed, w4a4, act));
+    else if (name == "fp8 block")
+      store.push_back(MakeFp8(rows, cols, seed));
+    else
+      store.push_back(MakeBf16(rows, cols, seed));
     return store.back().w;
   };
   for (int64_t e = 0; e < E; ++e) {
@@ -293,8 +297,15 @@ MoeFigures BenchExperts(const std::string& name, DotKind dot, CpuPool& pool, Cpu
   f.dot = dot == DotKind::kDequant ? "dequant" : "fused";
   f.bytes_per_step = 3.0 * K * static_cast<double>(store[0].bytes());
   f.params_per_step = 3.0 * K * static_cast<double>(mi * H);
-  if (g_reference) f.ref_ms = MedianMs(std::max(1, reps / 3), [&] { route(); Launch(op, pool, CpuIsa::kReference); });
-  f.fast_ms = MedianMs(reps, [&] { route(); Launch(op, pool, isa); });
+  if (g_reference)
+    f.ref_ms = MedianMs(std::max(1, reps / 3), [&] {
+      route();
+      Launch(op, pool, CpuIsa::kReference);
+    });
+  f.fast_ms = MedianMs(reps, [&] {
+    route();
+    Launch(op, pool, isa);
+  });
   return f;
 }
 
@@ -382,7 +393,11 @@ IndexerFigures BenchIndexer(bool fp8, CpuPool& pool, CpuIsa isa, int reps) {
 }
 
 int Usage(const char* msg) {
-  std::fprintf(stderr, "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only linear|experts|indexer] [--format F] [--dot fused|dequant|both] [--indexer-tokens T] [--json]\n", msg);
+  std::fprintf(
+      stderr,
+      "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only "
+      "linear|experts|indexer] [--format F] [--dot fused|dequant|both] [--indexer-tokens T] [--json]\n",
+      msg);
   return 2;
 }
 
@@ -449,23 +464,28 @@ int main(int argc, char** argv) {
   if (json) {
     auto lin = [](const LinearFigures& f) {
       char b[256];
-      std::snprintf(b, sizeof b, "{\"reference_ms\":%.3f,\"generic_ms\":%.3f,\"avx2_ms\":%.3f,\"avx512_ms\":%.3f,\"openblas_ms\":%.3f,\"gflop\":%.4f}",
+      std::snprintf(b, sizeof b,
+                    "{\"reference_ms\":%.3f,\"generic_ms\":%.3f,\"avx2_ms\":%.3f,\"avx512_ms\":%.3f,\"openblas_ms\":%."
+                    "3f,\"gflop\":%.4f}",
                     f.ref_ms, f.generic_ms, f.avx2_ms, f.avx512_ms, f.blas_ms, f.gflop);
       return std::string(b);
     };
-    std::printf("{\"threads\":%d,\"isa\":\"%s\",\"linear_decode\":%s,\"linear_prefill\":%s,\"read_gbs\":%.2f,"
-                "\"memcpy_gbs\":%.2f,\"experts\":[",
-                threads, CpuIsaName(best), lin(dec).c_str(), lin(pre).c_str(), read_gbs, copy_gbs);
+    std::printf(
+        "{\"threads\":%d,\"isa\":\"%s\",\"linear_decode\":%s,\"linear_prefill\":%s,\"read_gbs\":%.2f,"
+        "\"memcpy_gbs\":%.2f,\"experts\":[",
+        threads, CpuIsaName(best), lin(dec).c_str(), lin(pre).c_str(), read_gbs, copy_gbs);
     for (size_t i = 0; i < moe.size(); ++i) {
       const MoeFigures& m = moe[i];
-      std::printf("%s{\"format\":\"%s\",\"dot\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
-                  i ? "," : "", m.name.c_str(), m.dot.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
+      std::printf(
+          "%s{\"format\":\"%s\",\"dot\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
+          i ? "," : "", m.name.c_str(), m.dot.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
     }
     std::printf("],\"indexer\":[");
     for (size_t i = 0; i < indexer.size(); ++i) {
       const IndexerFigures& x = indexer[i];
       std::printf("%s{\"keys\":\"%s\",\"tokens\":%lld,\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"gflop_per_rank\":%.3f}",
-                  i ? "," : "", x.keys.c_str(), static_cast<long long>(x.tokens), x.ref_ms, x.fast_ms, x.gflop_per_rank);
+                  i ? "," : "", x.keys.c_str(), static_cast<long long>(x.tokens), x.ref_ms, x.fast_ms,
+                  x.gflop_per_rank);
     }
     std::printf("]}\n");
     return 0;
@@ -488,16 +508,18 @@ int main(int argc, char** argv) {
   std::printf("memory: read-only stream %.2f GB/s, memcpy %.2f GB/s copied\n", read_gbs, copy_gbs);
   if (g_only.empty() || g_only == "experts") {
     std::printf("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):\n");
-    std::printf("  %-12s %-8s %10s %14s %14s %12s %12s\n", "format", "dot", "MB/step", "work items", "fast", "GB/s", "M params/s");
+    std::printf("  %-12s %-8s %10s %14s %14s %12s %12s\n", "format", "dot", "MB/step", "work items", "fast", "GB/s",
+                "M params/s");
     for (const MoeFigures& m : moe) {
       std::printf("  %-12s %-8s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.dot.c_str(),
-                  m.bytes_per_step * 1e-6,
-                  m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6, m.params_per_step / m.fast_ms * 1e-3);
+                  m.bytes_per_step * 1e-6, m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6,
+                  m.params_per_step / m.fast_ms * 1e-3);
     }
   }
   if (!indexer.empty()) {
-    std::printf("DSA indexer, one %lld-token prefill row at tp 8 (32 heads x 128, top-2048; GFLOP/s per rank computed):\n",
-                static_cast<long long>(indexer[0].tokens));
+    std::printf(
+        "DSA indexer, one %lld-token prefill row at tp 8 (32 heads x 128, top-2048; GFLOP/s per rank computed):\n",
+        static_cast<long long>(indexer[0].tokens));
     std::printf("  %-6s %22s %22s %8s\n", "keys", "work items (8 ranks)", "launcher (1 rank)", "speedup");
     for (const IndexerFigures& x : indexer) {
       char a[48] = "n/a", b[48];

@@ -14,12 +14,10 @@
 // LM head), B vectors per step, same thread count (openblas_set_num_threads):
 // sgemv over float32 copies (Debian's OpenBLAS 0.3.21 is built without the
 // bf16 sbgemv, so the reference reads twice the bytes the engine does). That
-// is the GEMV part of the step alone, with the machine's tuned BLAS kernel. The engine does not call OpenBLAS because its
-// summation order is chosen at run time per CPU model (and thread split),
-// so a capture's digests would not reproduce on another machine
-// (docs/replay.md, "Performance"). MoE checkpoints: the reference counts
-// every layer's experts, which a decode step does not read; it is printed
-// for dense models only.
+// is the GEMV part of the step alone, with the machine's tuned BLAS kernel. The engine does not call OpenBLAS because
+// its summation order is chosen at run time per CPU model (and thread split), so a capture's digests would not
+// reproduce on another machine (docs/replay.md, "Performance"). MoE checkpoints: the reference counts every layer's
+// experts, which a decode step does not read; it is printed for dense models only.
 //
 // bench/decode_vs_torch.py runs this beside PyTorch eager on the same
 // checkpoint. Figures only; nothing here is asserted.
@@ -34,9 +32,9 @@
 #include <vector>
 
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/config/toggles.h"
 #include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/session/engine.h"
-#include "crashreplay/replay/config/toggles.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -45,9 +43,7 @@ namespace {
 using namespace crashreplay;
 using Clock = std::chrono::steady_clock;
 
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 struct StepTimer : replay::StepObserver {
   Clock::time_point t0;
@@ -146,7 +142,8 @@ int main(int argc, char** argv) {
   for (int64_t r = 0; r < batch; ++r) {
     auto& q = requests[static_cast<size_t>(r)];
     q.id = r;
-    for (int64_t j = 0; j < prompt_len; ++j) q.prompt.push_back(static_cast<int32_t>((r * 131 + j * 17 + 1) % spec.vocab));
+    for (int64_t j = 0; j < prompt_len; ++j)
+      q.prompt.push_back(static_cast<int32_t>((r * 131 + j * 17 + 1) % spec.vocab));
     q.max_new_tokens = steps + 1;  // the prefill samples the first token
   }
 

@@ -19,9 +19,9 @@
 #include "crashreplay/capture/device_fingerprints.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/cuda/cuda_executor.h"
-#include "crashreplay/replay/session/engine.h"
-#include "crashreplay/replay/program/step.h"
 #include "crashreplay/replay/make_model/random_checkpoint.h"
+#include "crashreplay/replay/program/step.h"
+#include "crashreplay/replay/session/engine.h"
 
 namespace cr = crashreplay::replay;
 
@@ -151,10 +151,10 @@ int FingerprintCost() {
       const bool is_topk = n.size() > 5 && n.compare(n.size() - 5, 5, ".topk") == 0;
       cap::TensorView v = n == "lm_head" ? cap::TensorView{n, crashreplay::DType::kF32, logit_shape, logits,
                                                            static_cast<uint64_t>(tokens * vocab_shard * 4)}
-                          : is_topk     ? cap::TensorView{n, crashreplay::DType::kI32, ids_shape, ids,
+                          : is_topk      ? cap::TensorView{n, crashreplay::DType::kI32, ids_shape, ids,
                                                       static_cast<uint64_t>(tokens * topk * 4)}
-                                        : cap::TensorView{n, crashreplay::DType::kBF16, act_shape, act,
-                                                          static_cast<uint64_t>(tokens * hidden * 2)};
+                                         : cap::TensorView{n, crashreplay::DType::kBF16, act_shape, act,
+                                                      static_cast<uint64_t>(tokens * hidden * 2)};
       ok = ok && (*table)->Enqueue(v, stream).ok();
     }
     if (!ok || cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
@@ -178,10 +178,11 @@ int FingerprintCost() {
     cudaEventElapsedTime(&ms, e0, e1);
     const double per_step_us = ms * 1e3 / reps;
     const size_t collected = (*table)->Collect(true).fingerprints.size();
-    std::printf("fingerprints (GLM-5 decode, %3lld tokens, %zu boundaries in a CUDA graph, %zu collected) "
-                "%8.1f us a step, %5.2f us a boundary, %5.2f%% of a 40 ms step\n",
-                static_cast<long long>(tokens), names.size(), collected, per_step_us, per_step_us / names.size(),
-                per_step_us / 400.0);
+    std::printf(
+        "fingerprints (GLM-5 decode, %3lld tokens, %zu boundaries in a CUDA graph, %zu collected) "
+        "%8.1f us a step, %5.2f us a boundary, %5.2f%% of a 40 ms step\n",
+        static_cast<long long>(tokens), names.size(), collected, per_step_us, per_step_us / names.size(),
+        per_step_us / 400.0);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
@@ -274,10 +275,14 @@ int main() {
         const double s = time_op(op);
         if (s < 0) return 1;
         const double bytes = static_cast<double>(wbytes) + tokens * (cols + rows) * 4.0;
-        std::printf("linear %-5s %-7s tokens %2lld: %8.1f us  %7.1f GB/s  %5.1f%% of memcpy (%.0f GB/s)  %5.1f%% of peak\n",
-                    kind.c_str(), variant == 0 ? "dequant" : variant == 1 ? "fused" : "w4a4",
-                    static_cast<long long>(tokens), s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / ref, ref / 1e9,
-                    peak > 0 ? 100.0 * bytes / s / peak : 0.0);
+        std::printf(
+            "linear %-5s %-7s tokens %2lld: %8.1f us  %7.1f GB/s  %5.1f%% of memcpy (%.0f GB/s)  %5.1f%% of peak\n",
+            kind.c_str(),
+            variant == 0   ? "dequant"
+            : variant == 1 ? "fused"
+                           : "w4a4",
+            static_cast<long long>(tokens), s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / ref, ref / 1e9,
+            peak > 0 ? 100.0 * bytes / s / peak : 0.0);
       }
     }
   }

@@ -155,7 +155,9 @@ struct Batch {
   // The bytes a step holds: the integer lists, sampling, request-id chars.
   size_t RawBytes() const {
     size_t n = (tokens.size() + positions.size() + seq_lens.size() + pool.size() + out_loc.size() + outputs.size() +
-                offsets.size() + slots.size()) * sizeof(int64_t) + sampling.size() * sizeof(SamplingParams);
+                offsets.size() + slots.size()) *
+                   sizeof(int64_t) +
+               sampling.size() * sizeof(SamplingParams);
     for (std::string_view id : ids) n += id.size();
     return n;
   }
@@ -167,9 +169,9 @@ class FlatCopy {
   explicit FlatCopy(size_t bytes) : buf_(bytes + 4096, 1) {}
   void Copy(const capture::StepView& v) {
     char* d = buf_.data();
-    const std::span<const int64_t> fields[] = {v.token_ids,          v.positions,        v.seq_lens,
-                                               v.extend_lens,        v.req_pool_indices, v.page_table_offsets,
-                                               v.page_table_slots,   v.out_cache_loc,    v.output_token_ids};
+    const std::span<const int64_t> fields[] = {v.token_ids,        v.positions,        v.seq_lens,
+                                               v.extend_lens,      v.req_pool_indices, v.page_table_offsets,
+                                               v.page_table_slots, v.out_cache_loc,    v.output_token_ids};
     for (const auto& f : fields) {
       std::memcpy(d, f.data(), f.size_bytes());
       d += f.size_bytes();
@@ -290,16 +292,17 @@ struct RunResult {
 
 // One run of `steps` RecordStep calls (after a warm-up) under `pace`;
 // `memcpy_only` measures the FlatCopy reference instead.
-RunResult StepRun(Batch& b, int steps, Pace pace, bool memcpy_only, Pacer& pacer, FlatCopy& flat,
-                  bool evolve = false) {
+RunResult StepRun(Batch& b, int steps, Pace pace, bool memcpy_only, Pacer& pacer, FlatCopy& flat, bool evolve = false) {
   const std::string dir = TempDir();
   std::unique_ptr<capture::Recorder> rec = Begin(dir, 1 << 20);
   constexpr int kWarmup = 512;
   for (int i = 0; i < kWarmup; ++i) {
     if (evolve) b.Evolve(static_cast<uint64_t>(i));
     const capture::StepView v = b.View(static_cast<uint64_t>(i));
-    if (memcpy_only) flat.Copy(v);
-    else Check(rec->RecordStep(v));
+    if (memcpy_only)
+      flat.Copy(v);
+    else
+      Check(rec->RecordStep(v));
     pacer.Wait(pace);
   }
   std::vector<double> t(static_cast<size_t>(steps));
@@ -310,8 +313,10 @@ RunResult StepRun(Batch& b, int steps, Pace pace, bool memcpy_only, Pacer& pacer
     if (evolve) b.Evolve(static_cast<uint64_t>(kWarmup + i));
     const capture::StepView v = b.View(static_cast<uint64_t>(kWarmup + i));
     const auto a = Clock::now();
-    if (memcpy_only) flat.Copy(v);
-    else Check(rec->RecordStep(v));
+    if (memcpy_only)
+      flat.Copy(v);
+    else
+      Check(rec->RecordStep(v));
     t[static_cast<size_t>(i)] = Ns(a, Clock::now());
     pacer.Wait(pace);
   }
@@ -407,14 +412,16 @@ void WriterThroughput(Batch& b, int runs, int steps, bool evolve, Pacer& pacer, 
   const double ratio = raw_per_step / file_per_step;
   const auto [cli_mbs, cli_ratio] = ZstdCli(raw_path, raw_bytes);
   std::filesystem::remove(raw_path);
-  std::printf("  writer, back to back, %s batch (load %s): %.0f steps/s (median of %d; min %.0f max %.0f) = %.1f MB/s "
-              "of step records (%.0f B/step), %.1f B/step in the file (ratio %.1f; the index at close not counted)\n",
-              evolve ? "evolving" : "constant", LoadAverage().c_str(), rates[rates.size() / 2], runs, rates.front(),
-              rates.back(), mbs, raw_per_step, file_per_step, ratio);
-  std::printf("    beside: zstd -1 CLI %.0f MB/s, ratio %.1f on the same records uncompressed (%llu bytes) | "
-              "writer/CLI: %.2fx speed, %.2fx ratio | memcpy %.0f MB/s\n",
-              cli_mbs, cli_ratio, static_cast<unsigned long long>(raw_bytes), cli_mbs > 0 ? mbs / cli_mbs : 0.0,
-              cli_ratio > 0 ? ratio / cli_ratio : 0.0, MemcpyMBs(raw_bytes));
+  std::printf(
+      "  writer, back to back, %s batch (load %s): %.0f steps/s (median of %d; min %.0f max %.0f) = %.1f MB/s "
+      "of step records (%.0f B/step), %.1f B/step in the file (ratio %.1f; the index at close not counted)\n",
+      evolve ? "evolving" : "constant", LoadAverage().c_str(), rates[rates.size() / 2], runs, rates.front(),
+      rates.back(), mbs, raw_per_step, file_per_step, ratio);
+  std::printf(
+      "    beside: zstd -1 CLI %.0f MB/s, ratio %.1f on the same records uncompressed (%llu bytes) | "
+      "writer/CLI: %.2fx speed, %.2fx ratio | memcpy %.0f MB/s\n",
+      cli_mbs, cli_ratio, static_cast<unsigned long long>(raw_bytes), cli_mbs > 0 ? mbs / cli_mbs : 0.0,
+      cli_ratio > 0 ? ratio / cli_ratio : 0.0, MemcpyMBs(raw_bytes));
 }
 
 void StepLog(const char* label, size_t slots_per_row, int runs, int steps, const std::vector<Pace>& paces) {
@@ -570,26 +577,30 @@ void Snapshot(size_t mib, int reps) {
   }
   const double z_s = z_best * 1e-9;
   const std::string path = (std::filesystem::temp_directory_path() / "recbench-zstd.bin").string();
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(bytes));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(bytes));
   const double cli = ZstdCliMBs(path, bytes);
   std::filesystem::remove(path);
   auto min_us = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()) / 1e3; };
   std::printf("  %4zu MiB (%d reps, load %s)\n", mib, reps, LoadAverage().c_str());
-  std::printf("    SubmitSnapshot     min %9.1f  p50 %9.1f us  (%.1f faults/call; %llu older snapshots evicted by the "
-              "ring's budget)\n",
-              min_us(submit), Median(submit) / 1e3, static_cast<double>(faults) / reps,
-              static_cast<unsigned long long>(dropped));
-  std::printf("    memcpy, same conditions min %9.1f  p50 %9.1f us | reused hot buffer min %9.1f  p50 %9.1f us | "
-              "fresh mapping p50 %9.1f us\n",
-              min_us(same), Median(same) / 1e3, min_us(warm), Median(warm) / 1e3, Median(fresh) / 1e3);
+  std::printf(
+      "    SubmitSnapshot     min %9.1f  p50 %9.1f us  (%.1f faults/call; %llu older snapshots evicted by the "
+      "ring's budget)\n",
+      min_us(submit), Median(submit) / 1e3, static_cast<double>(faults) / reps,
+      static_cast<unsigned long long>(dropped));
+  std::printf(
+      "    memcpy, same conditions min %9.1f  p50 %9.1f us | reused hot buffer min %9.1f  p50 %9.1f us | "
+      "fresh mapping p50 %9.1f us\n",
+      min_us(same), Median(same) / 1e3, min_us(warm), Median(warm) / 1e3, Median(fresh) / 1e3);
   const double z_mbs = static_cast<double>(bytes) / z_s / 1e6;
   const double z_ratio = ZSTD_isError(zn) ? 0.0 : static_cast<double>(bytes) / static_cast<double>(zn);
   const double enc_mbs = static_cast<double>(bytes) / enc_best * 1e3;
   std::printf("    encoder thread, submit to encoded %5.0f MB/s (ratio %.2f; its polling included)\n",
               static_cast<double>(bytes) * reps / encode_ns * 1e3, ratio);
-  std::printf("    encoder alone %5.0f MB/s ratio %.3f (hash + byte planes + zstd) | zstd -1 in process %5.0f MB/s "
-              "ratio %.3f | encoder/zstd: %.2fx speed, %.2fx ratio | zstd -1 CLI %5.0f MB/s\n",
-              enc_mbs, enc_ratio, z_mbs, z_ratio, enc_mbs / z_mbs, enc_ratio / z_ratio, cli);
+  std::printf(
+      "    encoder alone %5.0f MB/s ratio %.3f (hash + byte planes + zstd) | zstd -1 in process %5.0f MB/s "
+      "ratio %.3f | encoder/zstd: %.2fx speed, %.2fx ratio | zstd -1 CLI %5.0f MB/s\n",
+      enc_mbs, enc_ratio, z_mbs, z_ratio, enc_mbs / z_mbs, enc_ratio / z_ratio, cli);
 }
 
 }  // namespace
@@ -611,8 +622,8 @@ void Snapshot(size_t mib, int reps) {
 void ContextSweep(int steps) {
   std::printf("\npage-table rows as context grows: %d decode steps per case after 16 warm-up steps (load %s)\n", steps,
               LoadAverage().c_str());
-  std::printf("  %5s %6s  %-24s %10s %10s %12s %12s %14s\n", "batch", "slots", "rows", "p50 us", "mean us",
-              "writer us", "file B/step", "memcpy rows us");
+  std::printf("  %5s %6s  %-24s %10s %10s %12s %12s %14s\n", "batch", "slots", "rows", "p50 us", "mean us", "writer us",
+              "file B/step", "memcpy rows us");
   for (size_t batch : {size_t{64}, size_t{256}}) {
     for (size_t ctx : {size_t{512}, size_t{4096}, size_t{16384}}) {
       for (int how = 0; how < 3; ++how) {
@@ -711,13 +722,20 @@ int main(int argc, char** argv) {
   int runs = 5, steps = 4000;
   bool quick = false, snapshots = true, step_log = true, context = true;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
-    else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(100, std::atoi(argv[++i]));
-    else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else if (std::strcmp(argv[i], "--no-snapshots") == 0) snapshots = false;
-    else if (std::strcmp(argv[i], "--no-steps") == 0) step_log = false;
-    else if (std::strcmp(argv[i], "--no-context") == 0) context = false;
-    else if (std::strcmp(argv[i], "--only-context") == 0) step_log = snapshots = false;
+    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
+      runs = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+      steps = std::max(100, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--no-snapshots") == 0)
+      snapshots = false;
+    else if (std::strcmp(argv[i], "--no-steps") == 0)
+      step_log = false;
+    else if (std::strcmp(argv[i], "--no-context") == 0)
+      context = false;
+    else if (std::strcmp(argv[i], "--only-context") == 0)
+      step_log = snapshots = false;
     else {
       std::fprintf(stderr, "recorder_bench: unknown argument '%s'\n", argv[i]);
       return 2;

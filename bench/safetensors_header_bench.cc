@@ -70,11 +70,12 @@ Times Best(int reps, Fn fn) {
 }
 
 double PythonMs(const std::string& python, const std::string& path) {
-  const std::string cmd = python +
-                          " -c \"import sys,time\nfrom safetensors import safe_open\nbest=1e9\n"
-                          "for _ in range(5):\n t=time.process_time()\n with safe_open(sys.argv[1],'np') as f: k=f.keys()\n"
-                          " best=min(best,time.process_time()-t)\nprint(best*1e3)\" " +
-                          path + " 2>/dev/null";
+  const std::string cmd =
+      python +
+      " -c \"import sys,time\nfrom safetensors import safe_open\nbest=1e9\n"
+      "for _ in range(5):\n t=time.process_time()\n with safe_open(sys.argv[1],'np') as f: k=f.keys()\n"
+      " best=min(best,time.process_time()-t)\nprint(best*1e3)\" " +
+      path + " 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char buf[64] = {0};

@@ -11,8 +11,7 @@
 #include "crashreplay/formats/safetensors_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto file = crashreplay::SafetensorsFile::FromBuffer(
-      "fuzz-input", std::as_bytes(std::span(data, size)));
+  auto file = crashreplay::SafetensorsFile::FromBuffer("fuzz-input", std::as_bytes(std::span(data, size)));
   if (!file.ok()) return 0;
   unsigned sum = 0;
   for (const crashreplay::TensorInfo& t : (*file)->tensors()) {

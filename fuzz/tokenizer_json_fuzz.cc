@@ -13,7 +13,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   auto t = crashreplay::replay::ParseTokenizerJson(text, "fuzz-tokenizer.json");
   if (!t.ok()) return 0;
-  for (std::string_view s : {"Say hello in one sentence", "  a\n\n\tb  ", "Gr\xc3\xbc\xc3\x9f" "e 123456", ""}) {
+  for (std::string_view s : {"Say hello in one sentence", "  a\n\n\tb  ",
+                             "Gr\xc3\xbc\xc3\x9f"
+                             "e 123456",
+                             ""}) {
     auto ids = (*t)->Encode(s, true);
     if (!ids.ok()) continue;
     if (!(*t)->Decode(*ids).ok()) __builtin_trap();

@@ -5,8 +5,8 @@
 //
 // Argument parsing only; the search lives in bisect/ (docs/bisect.md).
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,7 +40,6 @@ void OnSigint(int) {
   g_interrupted.store(true);
   ::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
-
 
 // ReportError for messages that may hold what a user's file held: NUL bytes
 // and invalid UTF-8 are escaped, so the message is printed whole.
@@ -96,8 +95,8 @@ int RunBisectCommand(int argc, char** argv) {
       "(unreadable configuration, unwritable report), 4 the bad configuration does not fail, 5 the good "
       "configuration fails too, 6 flaky (runs of one configuration disagreed; no culprit claimed), 130 interrupted.",
       "bisect");
-  std::string capture, good_path, bad_path, reference_path, runner, gpus, threshold, report_path, workdir, memory_limit, steps,
-      step_mode = "binary";
+  std::string capture, good_path, bad_path, reference_path, runner, gpus, threshold, report_path, workdir, memory_limit,
+      steps, step_mode = "binary";
   int jobs = 0, repeat = 1, confirm = bisect::kDefaultConfirmRuns, max_others = 4, other_budget = 0;
   std::vector<std::string> signature_regexes;
   bool no_narrow_others = false;
@@ -109,7 +108,8 @@ int RunBisectCommand(int argc, char** argv) {
   app.add_option("--reference", reference_path,
                  "configuration whose kernel table is the reference for the first bad kernel (default: --good)");
   app.add_option("--jobs,-j", jobs, "trials run in parallel (default 1, or the size of --gpus)");
-  app.add_option("--repeat", repeat, "runs per configuration; disagreement is reported as flaky")->check(CLI::Range(1, 100));
+  app.add_option("--repeat", repeat, "runs per configuration; disagreement is reported as flaky")
+      ->check(CLI::Range(1, 100));
   app.add_option("--confirm", confirm,
                  absl::StrCat("extra runs of every configuration a culprit rests on (and of any result that "
                               "contradicts another) before it is claimed (default ",
@@ -132,11 +132,13 @@ int RunBisectCommand(int argc, char** argv) {
   app.add_option("--gpus", gpus, "GPU pool: CUDA_VISIBLE_DEVICES per worker, e.g. 0,1,2 (or 0,1;2,3)");
   app.add_option("--threshold", threshold, "numeric toggle to search a threshold on, TOGGLE[:precision]");
   app.add_option("--steps", steps, "search the first failing step in LO:HI (step-parameterised trials)");
-  app.add_option("--step-mode", step_mode, "binary (failures persist) or linear")->check(CLI::IsMember({"binary", "linear"}));
+  app.add_option("--step-mode", step_mode, "binary (failures persist) or linear")
+      ->check(CLI::IsMember({"binary", "linear"}));
   app.add_option("--report", report_path, "write a self-contained HTML report here");
   app.add_option("--workdir", workdir, "where trial configurations and culprit.toml go (default: a new temp dir)");
-  app.add_flag("--diverged-is-bad", diverged_is_bad,
-               "built-in trials: count a replay whose outputs differ from the recording (no check failed) as a failure");
+  app.add_flag(
+      "--diverged-is-bad", diverged_is_bad,
+      "built-in trials: count a replay whose outputs differ from the recording (no check failed) as a failure");
   app.add_flag("--json", json, "print the report as JSON on stdout");
   app.add_flag("--quiet,-q", quiet, "no progress on stderr");
   if (auto rc = ParseArgs(app, cli_argc, argv)) return *rc;
@@ -197,7 +199,8 @@ int RunBisectCommand(int argc, char** argv) {
     }
     workdir = tmpl;
   } else if (::access(workdir.c_str(), W_OK) != 0) {
-    return ReportError(absl::InvalidArgumentError(absl::StrCat("--workdir '", workdir, "' is not a writable directory")));
+    return ReportError(
+        absl::InvalidArgumentError(absl::StrCat("--workdir '", workdir, "' is not a writable directory")));
   }
   if (absl::Status st = CheckWritable(workdir + "/report.json", "JSON report"); !st.ok()) {
     std::fprintf(stderr, "crashreplay: %s\n", bisect::PrintableText(std::string(st.message())).c_str());
@@ -217,9 +220,8 @@ int RunBisectCommand(int argc, char** argv) {
   if (!threshold.empty()) {
     const size_t colon = threshold.find(':');
     options.threshold_toggle = threshold.substr(0, colon);
-    if (colon != std::string::npos &&
-        (!absl::SimpleAtod(threshold.substr(colon + 1), &options.threshold_precision) ||
-         options.threshold_precision <= 0)) {
+    if (colon != std::string::npos && (!absl::SimpleAtod(threshold.substr(colon + 1), &options.threshold_precision) ||
+                                       options.threshold_precision <= 0)) {
       std::fprintf(stderr, "crashreplay bisect: --threshold '%s': precision must be a positive number\n",
                    threshold.c_str());
       return kExitUsage;
@@ -262,10 +264,10 @@ int RunBisectCommand(int argc, char** argv) {
   bisect::Progress progress = bisect::Progress::ForStderr(quiet);
   bisect::Scheduler scheduler(*trial_runner, so, &progress);
 
-  struct sigaction sa {};
+  struct sigaction sa{};
   sa.sa_handler = OnSigint;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old {};
+  struct sigaction old{};
   ::sigaction(SIGINT, &sa, &old);
   if (!quiet) progress.Note(absl::StrCat("trial files and culprit.toml go to ", workdir));
   bisect::BisectReport report = bisect::RunBisect(scheduler, options, &progress);

@@ -29,9 +29,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "crashreplay/base/status.h"
 #include "command.h"
 #include "commands_decl.h"
+#include "crashreplay/base/status.h"
 #include "crashreplay/bisect/bisect.h"
 #include "crashreplay/bisect/kernel_table.h"
 #include "crashreplay/bisect/process.h"
@@ -80,16 +80,15 @@ absl::StatusOr<Launch> RunLaunch(const std::string& self, const std::string& mod
   std::filesystem::remove_all(record, ignored);  // a rerun records afresh
   CR_ASSIGN_OR_RETURN(bisect::ProcessResult p,
                       Exec({self, "run", model, "--config", config, "--prompt", kPrompt, "--max-new-tokens",
-                            std::to_string(kMaxNewTokens), "--record", record, "--device-name", kDevice,
-                            "--json"}));
+                            std::to_string(kMaxNewTokens), "--record", record, "--device-name", kDevice, "--json"}));
   Launch l;
   l.capture = record;
   l.config_path = config;
   l.exit_code = p.exited ? p.exit_code : -1;
   l.result = nlohmann::json::parse(p.stdout_text, nullptr, /*allow_exceptions=*/false);
   if (l.result.is_discarded() || (l.exit_code != kExitOk && l.exit_code != kExitFailed)) {
-    return absl::InternalError(absl::StrCat("crashreplay run --config ", config, " exited ", l.exit_code, ": ",
-                                            p.stderr_tail));
+    return absl::InternalError(
+        absl::StrCat("crashreplay run --config ", config, " exited ", l.exit_code, ": ", p.stderr_tail));
   }
   return l;
 }
@@ -119,8 +118,8 @@ absl::StatusOr<nlohmann::json> FirstBad(const nlohmann::json& reference, const n
   for (size_t i = 0; i < kernels.size(); ++i) {
     if (!kernels[i].value("failed", false)) continue;
     if (f && f->index < i) break;
-    nlohmann::json j = {{"reason", "check_failed"}, {"index", i}, {"kernel", kernels[i]["name"]},
-                        {"layer", kernels[i]["layer"]}};
+    nlohmann::json j = {
+        {"reason", "check_failed"}, {"index", i}, {"kernel", kernels[i]["name"]}, {"layer", kernels[i]["layer"]}};
     if (test.contains("fault")) j["check"] = test["fault"]["signature"]["check"];
     return j;
   }
@@ -141,8 +140,16 @@ absl::StatusOr<Bisection> Bisect(const std::string& self, const std::string& mod
   std::filesystem::remove_all(workdir, ignored);  // a rerun starts a fresh search
   std::filesystem::create_directories(workdir);
   bisect::CommandTrialOptions co;
-  co.command = {self, "run", model, "--config", "{config}", "--prompt", kPrompt, "--max-new-tokens",
-                std::to_string(kMaxNewTokens), "--json"};
+  co.command = {self,
+                "run",
+                model,
+                "--config",
+                "{config}",
+                "--prompt",
+                kPrompt,
+                "--max-new-tokens",
+                std::to_string(kMaxNewTokens),
+                "--json"};
   co.workdir = workdir;
   co.limits.timeout_s = 120;
   RunTrialRunner runner(co);
@@ -256,9 +263,11 @@ int RunDemo(int argc, char** argv) {
   }
 
   // 1. The checkpoint.
-  auto made = Exec({self, "make-model", model, "--arch", "glm_moe_dsa", "--quant", "nvfp4", "--layers", "3",
-                    "--heads", "8", "--intermediate", "256", "--moe-intermediate", "128", "--experts", "16",
-                    "--experts-per-tok", "4", "--shared-experts", "1", "--n-group", "4", "--topk-group", "2"});
+  auto made = Exec({self,    "make-model",         model, "--arch",    "glm_moe_dsa", "--quant",
+                    "nvfp4", "--layers",           "3",   "--heads",   "8",           "--intermediate",
+                    "256",   "--moe-intermediate", "128", "--experts", "16",          "--experts-per-tok",
+                    "4",     "--shared-experts",   "1",   "--n-group", "4",           "--topk-group",
+                    "2"});
   if (!made.ok()) return ReportError(made.status());
   if (!made->exited || made->exit_code != 0) {
     return ReportError(absl::InternalError(absl::StrCat("make-model failed: ", made->stderr_tail)));
@@ -276,13 +285,12 @@ int RunDemo(int argc, char** argv) {
   if (!l2.ok()) return ReportError(l2.status());
   auto describe_launch = [&](const char* title, const Launch& l) {
     const auto& p = l.result["plan"];
-    say(absl::StrCat("== ", title, ": crashreplay run ", model, " --config ", l.config_path, " --record ",
-                     l.capture));
+    say(absl::StrCat("== ", title, ": crashreplay run ", model, " --config ", l.config_path, " --record ", l.capture));
     say(absl::StrCat("   plan: capacity ", p.value("capacity", uint64_t{0}), " B, static ",
-                     p.value("static_budget", uint64_t{0}), " B (weights ", p.value("weights", uint64_t{0}),
-                     " B, KV ", p.value("pool_pages", int64_t{0}), " pages), dynamic ",
-                     p.value("dynamic_budget", uint64_t{0}), " B for workspace ", p.value("workspace", uint64_t{0}),
-                     " B + CUDA graphs ", p.value("graph_reservation", uint64_t{0}), " B"));
+                     p.value("static_budget", uint64_t{0}), " B (weights ", p.value("weights", uint64_t{0}), " B, KV ",
+                     p.value("pool_pages", int64_t{0}), " pages), dynamic ", p.value("dynamic_budget", uint64_t{0}),
+                     " B for workspace ", p.value("workspace", uint64_t{0}), " B + CUDA graphs ",
+                     p.value("graph_reservation", uint64_t{0}), " B"));
     for (const auto& s : l.result["steps"]) {
       say(absl::StrCat("   step ", s["step"].get<int64_t>(), " ", s["mode"].get<std::string>(), " tokens ",
                        s["tokens"].get<int64_t>(), " digest ", s["digest"].get<std::string>()));
@@ -315,8 +323,8 @@ int RunDemo(int argc, char** argv) {
   if (fr.contains("fault")) {
     const auto& f = fr["fault"];
     say(absl::StrCat("   check fired: kernel ", f["signature"].value("kernel", std::string()), " layer ",
-                     f.value("layer", -1), " check ", f["signature"].value("check", std::string()), " index ", f.value("index", int64_t{0}), " value ",
-                     f.value("value", 0.0), " (matches the recorded failure: ",
+                     f.value("layer", -1), " check ", f["signature"].value("check", std::string()), " index ",
+                     f.value("index", int64_t{0}), " value ", f.value("value", 0.0), " (matches the recorded failure: ",
                      fr.value("matches_recorded_failure", false) ? "yes" : "no", ")"));
   }
   const std::string nonfinite = fr.value("first_nonfinite_kernel", std::string());
@@ -421,13 +429,17 @@ int RunDemo(int argc, char** argv) {
   if (json) {
     nlohmann::json out;
     out["model"] = model;
-    out["launches"] = {{"launch1", {{"config", l1->config_path}, {"exit_code", l1->exit_code},
-                                     {"capture", l1->capture},
-                                     {"signature", l1->result.value("signature", nlohmann::json())}}},
-                       {"launch2", {{"config", l2->config_path}, {"exit_code", l2->exit_code},
-                                     {"capture", l2->capture},
-                                     {"signature", l2->result.value("signature", nlohmann::json())},
-                                     {"steps", l2->result["steps"]}}}};
+    out["launches"] = {{"launch1",
+                        {{"config", l1->config_path},
+                         {"exit_code", l1->exit_code},
+                         {"capture", l1->capture},
+                         {"signature", l1->result.value("signature", nlohmann::json())}}},
+                       {"launch2",
+                        {{"config", l2->config_path},
+                         {"exit_code", l2->exit_code},
+                         {"capture", l2->capture},
+                         {"signature", l2->result.value("signature", nlohmann::json())},
+                         {"steps", l2->result["steps"]}}}};
     out["replay"] = fr;
     out["replay"].erase("kernels");
     out["replay"]["capture"] = l2->capture;

@@ -19,8 +19,7 @@
 namespace crashreplay::tools {
 
 int RunDevices(int argc, char** argv) {
-  CLI::App app("List the compiled backends and the CUDA devices; --device checks that one can run here.",
-               "devices");
+  CLI::App app("List the compiled backends and the CUDA devices; --device checks that one can run here.", "devices");
   bool json = false;
   std::string device;
   app.add_flag("--json", json, "print JSON");

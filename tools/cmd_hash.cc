@@ -43,8 +43,9 @@ int RunHash(int argc, char** argv) {
   {
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return ReportError(absl::NotFoundError(
-          "checkpoint directory '" + dir + "' " + (::stat(dir.c_str(), &st) == 0 ? "is not a directory" : "does not exist")));
+      return ReportError(
+          absl::NotFoundError("checkpoint directory '" + dir + "' " +
+                              (::stat(dir.c_str(), &st) == 0 ? "is not a directory" : "does not exist")));
     }
     const std::string config = dir + "/config.json";
     if (::stat(config.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {

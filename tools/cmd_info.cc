@@ -33,7 +33,6 @@ uint32_t WeightCheckPeriod(const CaptureReader& r) {
   return r.manifest().has_value() ? r.manifest()->weight_check_period_steps : 0;
 }
 
-
 std::string HumanBytes(uint64_t n) {
   if (n < 10 * 1024) return absl::StrFormat("%d B", n);
   if (n < 10ull * 1024 * 1024) return absl::StrFormat("%.1f KiB", n / 1024.0);
@@ -77,7 +76,7 @@ std::vector<StepFingerprints> FingerprintSteps(const CaptureReader& r) {
 }
 
 nlohmann::json NonFiniteJson(const Fingerprint& f) {
-  nlohmann::json j = {{"boundary", f.name}, {"dtype", f.dtype},   {"nan", f.nan},
+  nlohmann::json j = {{"boundary", f.name},   {"dtype", f.dtype},     {"nan", f.nan},
                       {"pos_inf", f.pos_inf}, {"neg_inf", f.neg_inf}, {"numel", f.numel}};
   if (f.first_nonfinite_token >= 0) {
     j["token"] = f.first_nonfinite_token;
@@ -148,7 +147,8 @@ nlohmann::json FileJson(const CaptureReader& r) {
     j["engine"] = m.engine;
     j["engine_version"] = m.engine_version;
     j["model_type"] = m.model.model_type;
-    j["device"] = {{"name", m.device.name}, {"sm_arch", m.device.sm_arch},
+    j["device"] = {{"name", m.device.name},
+                   {"sm_arch", m.device.sm_arch},
                    {"memory_capacity_bytes", m.device.memory_capacity_bytes}};
     j["tp_size"] = m.parallel.tp_size;
     j["rank"] = m.parallel.rank;
@@ -157,8 +157,11 @@ nlohmann::json FileJson(const CaptureReader& r) {
   }
   nlohmann::json failures = nlohmann::json::array();
   for (const FailureRecord& f : r.failures()) {
-    nlohmann::json fj = {{"reason", f.reason}, {"stage", f.stage}, {"class", FailureClassName(f.failure_class)},
-                         {"signal", f.signal}, {"rank", f.rank}};
+    nlohmann::json fj = {{"reason", f.reason},
+                         {"stage", f.stage},
+                         {"class", FailureClassName(f.failure_class)},
+                         {"signal", f.signal},
+                         {"rank", f.rank}};
     if (f.step.has_value()) fj["step"] = *f.step;
     failures.push_back(std::move(fj));
   }
@@ -167,8 +170,12 @@ nlohmann::json FileJson(const CaptureReader& r) {
   for (const WeightCheckRecord& w : r.weight_checks()) {
     for (const WeightSlice& sl : w.slices) {
       if (sl.corrupt) {
-        corrupt.push_back({{"step", w.step}, {"tensor", sl.tensor}, {"byte_begin", sl.byte_begin},
-                           {"byte_end", sl.byte_end}, {"hash", sl.hash.Hex()}, {"expected", sl.expected.Hex()}});
+        corrupt.push_back({{"step", w.step},
+                           {"tensor", sl.tensor},
+                           {"byte_begin", sl.byte_begin},
+                           {"byte_end", sl.byte_end},
+                           {"hash", sl.hash.Hex()},
+                           {"expected", sl.expected.Hex()}});
       }
     }
   }
@@ -178,8 +185,10 @@ nlohmann::json FileJson(const CaptureReader& r) {
 
 void PrintText(const CaptureReader& r) {
   const CaptureSummary s = r.Summary();
-  const char* state = s.ok ? "closed cleanly (ok)" : s.truncated ? "NOT ok: torn tail" : s.corrupt ? "NOT ok: corrupt"
-                                                                                              : "NOT ok: never closed (the recorder stopped)";
+  const char* state = s.ok          ? "closed cleanly (ok)"
+                      : s.truncated ? "NOT ok: torn tail"
+                      : s.corrupt   ? "NOT ok: corrupt"
+                                    : "NOT ok: never closed (the recorder stopped)";
   std::printf("%s: capture format %d.%d, %s, %s\n", s.path.c_str(), s.format_major, s.format_minor,
               HumanBytes(s.bytes).c_str(), state);
   if (r.manifest().has_value()) {
@@ -221,20 +230,23 @@ void PrintText(const CaptureReader& r) {
     }
   }
   if (s.snapshots_dropped > 0) {
-    std::printf("  snapshots evicted from the ring, not in the file: %llu (%s); the ring keeps only the newest steps "
-                "(its step count and byte budget), so this is expected on a long run\n",
-                static_cast<unsigned long long>(s.snapshots_dropped), HumanBytes(s.bytes_dropped).c_str());
+    std::printf(
+        "  snapshots evicted from the ring, not in the file: %llu (%s); the ring keeps only the newest steps "
+        "(its step count and byte budget), so this is expected on a long run\n",
+        static_cast<unsigned long long>(s.snapshots_dropped), HumanBytes(s.bytes_dropped).c_str());
   }
   if (s.write_errors > 0 || s.steps_dropped > 0 || s.records_dropped > 0) {
     // The counters are as of the last record that carried them: a capture
     // whose disk never recovered may miss the steps after its last one too.
-    std::printf("  the recorder's disk: %llu failed writes, %llu steps and %llu other records dropped (the disk was "
-                "full or too slow: docs/capture.md, \"Disk full and slow disks\"); the steps present are whole and "
-                "in order%s\n",
-                static_cast<unsigned long long>(s.write_errors), static_cast<unsigned long long>(s.steps_dropped),
-                static_cast<unsigned long long>(s.records_dropped),
-                r.end().has_value() ? "" : absl::StrFormat(", and steps after %d may be missing (no end record)",
-                                                           s.last_step).c_str());
+    std::printf(
+        "  the recorder's disk: %llu failed writes, %llu steps and %llu other records dropped (the disk was "
+        "full or too slow: docs/capture.md, \"Disk full and slow disks\"); the steps present are whole and "
+        "in order%s\n",
+        static_cast<unsigned long long>(s.write_errors), static_cast<unsigned long long>(s.steps_dropped),
+        static_cast<unsigned long long>(s.records_dropped),
+        r.end().has_value()
+            ? ""
+            : absl::StrFormat(", and steps after %d may be missing (no end record)", s.last_step).c_str());
   }
   for (const StepFingerprints& fs : FingerprintSteps(r)) {
     const FingerprintRecord& fr = *fs.record;
@@ -248,7 +260,8 @@ void PrintText(const CaptureReader& r) {
     }
     std::printf("%s\n", line.c_str());
     if (!fr.complete) {
-      std::printf("    last boundary written: %s%s\n", fr.fingerprints.empty() ? "(none)" : fr.fingerprints.back().name.c_str(),
+      std::printf("    last boundary written: %s%s\n",
+                  fr.fingerprints.empty() ? "(none)" : fr.fingerprints.back().name.c_str(),
                   fs.never_ran.empty() ? "" : absl::StrFormat("; %s never ran", fs.never_ran).c_str());
     }
   }

@@ -24,9 +24,10 @@ int RunMakeModel(int argc, char** argv) {
   app.add_option("--arch", o.arch,
                  "llama | qwen3 | qwen3_moe | mixtral | glm4_moe (GQA + DeepSeek-V3 routing) | deepseek_v3 (MLA) | "
                  "deepseek_v32 | glm_moe_dsa (MLA + DSA indexer)")
-      ->check(CLI::IsMember({"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "deepseek_v32",
-                             "glm_moe_dsa"}));
-  app.add_option("--quant", o.quant, "bf16 | fp8 | nvfp4 | mxfp4")->check(CLI::IsMember({"bf16", "fp8", "nvfp4", "mxfp4"}));
+      ->check(CLI::IsMember(
+          {"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa"}));
+  app.add_option("--quant", o.quant, "bf16 | fp8 | nvfp4 | mxfp4")
+      ->check(CLI::IsMember({"bf16", "fp8", "nvfp4", "mxfp4"}));
   app.add_option("--layers", o.layers)->check(CLI::Range(1, 1024));
   app.add_option("--hidden", o.hidden)->check(CLI::Range(16, 1 << 16));
   app.add_option("--heads", o.heads)->check(CLI::Range(1, 1024));
@@ -39,7 +40,8 @@ int RunMakeModel(int argc, char** argv) {
   app.add_option("--shared-experts", o.n_shared_experts)->check(CLI::Range(0, 16));
   app.add_option("--n-group", o.n_group)->check(CLI::Range(1, 64));
   app.add_option("--topk-group", o.topk_group)->check(CLI::Range(1, 64));
-  app.add_option("--vocab", o.vocab, "vocabulary size (>= 256 for the byte-level tokenizer)")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--vocab", o.vocab, "vocabulary size (>= 256 for the byte-level tokenizer)")
+      ->check(CLI::Range(2, 1 << 20));
   app.add_option("--seed", o.seed);
   app.add_option("--q-lora-rank", o.q_lora_rank, "MLA: q latent width (0: q_proj, deepseek_v3 only)")
       ->check(CLI::Range(0, 1 << 16));

@@ -20,11 +20,11 @@
 #include "absl/strings/str_cat.h"
 
 #include "command.h"
-#include "crashreplay/base/status_line.h"
 #include "commands_decl.h"
+#include "crashreplay/base/status_line.h"
 #include "crashreplay/replay/captures/capture_io.h"
-#include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/captures/engine_weights.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/session/replay_session.h"
 #include "crashreplay/replay/session/step_dump.h"
 #include "exit_codes.h"
@@ -146,8 +146,8 @@ int RunReplay(int argc, char** argv) {
   }
   if (model_dir.empty()) model_dir = cap->manifest.model.checkpoint_path;
   if (model_dir.empty()) {
-    return ReportError(absl::InvalidArgumentError(
-        "the capture records no checkpoint path (engine " + cap->manifest.engine + "); give the checkpoint with --model DIR"));
+    return ReportError(absl::InvalidArgumentError("the capture records no checkpoint path (engine " +
+                                                  cap->manifest.engine + "); give the checkpoint with --model DIR"));
   }
   // Progress on stderr: redrawn in place on a terminal; plain lines in logs
   // unless the output is --json (what scripts and bisection trials read).
@@ -210,7 +210,8 @@ int RunReplay(int argc, char** argv) {
       rep.detail = rep.fault->message;
     } else if (cap->steps.empty() && cap->failure) {
       rep.outcome = "reproduced";
-      rep.detail = "ran clean: the recorded failure " + cap->failure->Signature() + " (before the first step) does not happen";
+      rep.detail =
+          "ran clean: the recorded failure " + cap->failure->Signature() + " (before the first step) does not happen";
     } else {
       return ReportError(absl::InvalidArgumentError("--step " + std::to_string(step) + ": the capture has " +
                                                     std::to_string(cap->steps.size()) + " steps"));

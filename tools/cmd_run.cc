@@ -14,13 +14,13 @@
 
 #include "absl/strings/numbers.h"
 #include "command.h"
-#include "crashreplay/base/status_line.h"
-#include "crashreplay/replay/kernels/executor.h"
 #include "commands_decl.h"
-#include "crashreplay/replay/captures/capture_io.h"
-#include "crashreplay/replay/model/checkpoint_io.h"
+#include "crashreplay/base/status_line.h"
 #include "crashreplay/formats/config_file.h"
 #include "crashreplay/formats/safetensors_writer.h"
+#include "crashreplay/replay/captures/capture_io.h"
+#include "crashreplay/replay/kernels/executor.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/session/engine.h"
 #include "crashreplay/replay/tokenizer/tokenizer.h"
 #include "exit_codes.h"
@@ -72,8 +72,7 @@ class DumpObserver : public replay::StepObserver {
 
 int RunRun(int argc, char** argv) {
   CLI::App app("Run the built-in engine on a HF checkpoint; stop at the first failure.", "run");
-  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "64M",
-              page_deltas = "on";
+  std::string model_dir, config_file, record, dump_dir, snapshots = "4", snapshot_budget = "64M", page_deltas = "on";
   std::string tokenizer_choice = "auto";
   std::vector<std::string> prompts, prompt_ids, sets;
   int64_t max_new = 16;
@@ -100,10 +99,12 @@ int RunRun(int argc, char** argv) {
                  "records (e.g. 'NVIDIA RTX PRO 6000 Blackwell Server Edition')");
   app.add_option("--snapshots", snapshots,
                  "with --record: keep state snapshots of the last N steps (written on failure and at the end), "
-                 "or 'off'")->default_str("4");
+                 "or 'off'")
+      ->default_str("4");
   app.add_option("--snapshot-budget", snapshot_budget,
                  "with --record: host memory for the snapshot ring (bytes, or with K/M/G); a step whose state is "
-                 "larger is not kept")->default_str("64M");
+                 "larger is not kept")
+      ->default_str("64M");
   app.add_option("--page-table-deltas", page_deltas,
                  "with --record: write page-table rows as deltas (capture format 2.3), or 'off' for every row "
                  "whole (a file crashreplay before 2.3 reads)")
@@ -112,7 +113,8 @@ int RunRun(int argc, char** argv) {
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_option("--tokenizer", tokenizer_choice,
                  "auto: MODEL_DIR/tokenizer.json when present (byte-level BPE), else bytes; 'bytes'; or a "
-                 "tokenizer.json path")->default_str("auto");
+                 "tokenizer.json path")
+      ->default_str("auto");
   app.add_flag("--json", json, "print the result as JSON");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
@@ -173,7 +175,8 @@ int RunRun(int argc, char** argv) {
   if (!loaded.ok()) return ReportError(loaded.status());
   const replay::LoadedCheckpoint* ckpt = &loaded->checkpoint;
   std::vector<std::string> notes = loaded->notes;
-  auto made = replay::Engine::Create(std::move(loaded->model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
+  auto made =
+      replay::Engine::Create(std::move(loaded->model), ec, threads, replay::PagesNeeded(requests, ec.page_size));
   if (!made.ok()) return ReportDeviceError(made.status());
   replay::Engine& engine = **made;
   notes.insert(notes.end(), engine.notes().begin(), engine.notes().end());
@@ -287,13 +290,18 @@ int RunRun(int argc, char** argv) {
     out["plan"] = r.plan.ToJson();
     out["steps"] = nlohmann::json::array();
     for (const auto& s : r.steps) {
-      out["steps"].push_back({{"step", s.step}, {"mode", replay::ForwardModeName(s.mode)}, {"rows", s.rows},
-                              {"tokens", s.tokens}, {"digest", s.digest.Hex()}, {"sampled", s.sampled},
+      out["steps"].push_back({{"step", s.step},
+                              {"mode", replay::ForwardModeName(s.mode)},
+                              {"rows", s.rows},
+                              {"tokens", s.tokens},
+                              {"digest", s.digest.Hex()},
+                              {"sampled", s.sampled},
                               {"activation_bytes", s.activation_bytes}});
     }
     out["tokenizer"] = (*tokenizer)->Describe();
     out["outputs"] = nlohmann::json::array();
-    for (const auto& [id, toks] : r.outputs) out["outputs"].push_back({{"request", id}, {"tokens", toks}, {"text", text_of(toks)}});
+    for (const auto& [id, toks] : r.outputs)
+      out["outputs"].push_back({{"request", id}, {"tokens", toks}, {"text", text_of(toks)}});
     if (r.fault) {
       out["fault"] = r.fault->ToJson();
       out["signature"] = out["fault"]["signature"];
@@ -315,7 +323,8 @@ int RunRun(int argc, char** argv) {
                   replay::ForwardModeName(s.mode), static_cast<long long>(s.rows), static_cast<long long>(s.tokens),
                   s.digest.Hex().c_str());
     }
-    for (const auto& [id, toks] : r.outputs) std::printf("request %lld: %s\n", static_cast<long long>(id), text_of(toks).c_str());
+    for (const auto& [id, toks] : r.outputs)
+      std::printf("request %lld: %s\n", static_cast<long long>(id), text_of(toks).c_str());
     if (r.fault) {
       std::printf("FAILED %s\n  %s\n", r.fault->Signature().c_str(), r.fault->message.c_str());
       if (!r.first_nonfinite.empty()) std::printf("  first non-finite output: %s\n", r.first_nonfinite.c_str());

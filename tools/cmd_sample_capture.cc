@@ -76,10 +76,14 @@ SessionManifest SampleManifest(uint32_t rank) {
   m.model.head_dim = 16;
   m.model.intermediate_size = 128;
   m.model.dtype = "bfloat16";
-  m.toggles = {{"attention_backend", std::string("flashinfer")}, {"mem_fraction_static", 0.88},
-               {"cuda_graph_max_bs", int64_t{160}},            {"disable_cuda_graph", false},
-               {"kv_cache_dtype", std::string("auto")},         {"page_size", int64_t{16}},
-               {"tp_size", int64_t{kRanks}},                    {"SGL_ENABLE_JIT_DEEPGEMM", false}};
+  m.toggles = {{"attention_backend", std::string("flashinfer")},
+               {"mem_fraction_static", 0.88},
+               {"cuda_graph_max_bs", int64_t{160}},
+               {"disable_cuda_graph", false},
+               {"kv_cache_dtype", std::string("auto")},
+               {"page_size", int64_t{16}},
+               {"tp_size", int64_t{kRanks}},
+               {"SGL_ENABLE_JIT_DEEPGEMM", false}};
   m.device = {"NVIDIA H200", 90, 150754820096ull, "570.124.06", "12.8", rank};
   m.parallel.tp_size = kRanks;
   m.parallel.tp_rank = rank;
@@ -167,8 +171,8 @@ absl::Status WriteRank(const std::string& path, uint32_t rank) {
     const std::vector<std::byte>& wt = step % 2 == 0 ? embed : lm_head;
     const uint64_t begin = static_cast<uint64_t>(step / 2) * (wt.size() / 2);
     const Hash128 h = XXH128Of(wt.data() + begin, wt.size() / 2);
-    wc.slices = {{step % 2 == 0 ? "model.embed_tokens.weight" : "lm_head.weight", begin, begin + wt.size() / 2, h, h,
-                  false}};
+    wc.slices = {
+        {step % 2 == 0 ? "model.embed_tokens.weight" : "lm_head.weight", begin, begin + wt.size() / 2, h, h, false}};
     CR_RETURN_IF_ERROR(w->Append(wc));
   }
   CR_RETURN_IF_ERROR(w->Append(DroppedSnapshotsRecord{kSteps - 1, 0, 0}));
@@ -194,8 +198,8 @@ int RunSampleCapture(int argc, char** argv) {
   for (uint32_t rank = 0; rank < kRanks; ++rank) {
     const std::string path = (std::filesystem::path(out) / CaptureFileNameForRank(rank)).string();
     if (!force && std::filesystem::exists(path)) {
-      return ReportError(absl::InvalidArgumentError(
-          absl::StrFormat("%s already exists; pass --force to replace it", path)));
+      return ReportError(
+          absl::InvalidArgumentError(absl::StrFormat("%s already exists; pass --force to replace it", path)));
     }
     if (absl::Status s = WriteRank(path, rank); !s.ok()) return ReportError(s);
   }

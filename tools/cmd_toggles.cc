@@ -114,8 +114,8 @@ int RunToggles(int argc, char** argv) {
       domain = buf;
     }
     std::printf("%-22s %-6s default %-16s %s\n    %s\n", std::string(s.name).c_str(),
-                std::string(replay::TypeName(s.type)).c_str(), std::string(s.default_value).c_str(),
-                domain.c_str(), std::string(s.meaning).c_str());
+                std::string(replay::TypeName(s.type)).c_str(), std::string(s.default_value).c_str(), domain.c_str(),
+                std::string(s.meaning).c_str());
   }
   return kExitOk;
 }

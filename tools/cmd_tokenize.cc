@@ -29,8 +29,8 @@ int RunTokenize(int argc, char** argv) {
   auto tok = replay::TokenizerForCheckpoint(model_dir, choice, &note);
   if (!tok.ok()) return ReportError(tok.status());
   if (!note.empty()) std::fprintf(stderr, "crashreplay: note: %s\n", note.c_str());
-  nlohmann::json out = {{"tokenizer", (*tok)->Describe()}, {"encoded", nlohmann::json::array()},
-                        {"decoded", nlohmann::json::array()}};
+  nlohmann::json out = {
+      {"tokenizer", (*tok)->Describe()}, {"encoded", nlohmann::json::array()}, {"decoded", nlohmann::json::array()}};
   for (const std::string& t : texts) {
     auto ids = (*tok)->Encode(t, !no_special);
     if (!ids.ok()) return ReportError(absl::InvalidArgumentError("TEXT: " + std::string(ids.status().message())));

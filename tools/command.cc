@@ -24,8 +24,8 @@ std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv) {
     std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "crashreplay %s: %s\nrun 'crashreplay %s --help' for usage\n",
-                 app.get_name().c_str(), e.what(), app.get_name().c_str());
+    std::fprintf(stderr, "crashreplay %s: %s\nrun 'crashreplay %s --help' for usage\n", app.get_name().c_str(),
+                 e.what(), app.get_name().c_str());
     return kExitUsage;
   }
   return std::nullopt;
@@ -42,16 +42,13 @@ int ReportError(const absl::Status& status) {
   std::fprintf(stderr, "crashreplay: %s\n", std::string(status.message()).c_str());
   if (IsUnsupportedModel(status)) return kExitUnsupported;
   switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      return kExitUsage;
+    case absl::StatusCode::kInvalidArgument: return kExitUsage;
     case absl::StatusCode::kDataLoss:
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kUnimplemented:
     case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kResourceExhausted:
-      return kExitDataError;
-    default:
-      return kExitFailed;
+    case absl::StatusCode::kResourceExhausted: return kExitDataError;
+    default: return kExitFailed;
   }
 }
 
@@ -66,10 +63,14 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& 
   uint64_t mult = 1;
   if (!digits.empty()) {
     switch (digits.back()) {
-      case 'K': case 'k': mult = 1ull << 10; break;
-      case 'M': case 'm': mult = 1ull << 20; break;
-      case 'G': case 'g': mult = 1ull << 30; break;
-      case 'T': case 't': mult = 1ull << 40; break;
+      case 'K':
+      case 'k': mult = 1ull << 10; break;
+      case 'M':
+      case 'm': mult = 1ull << 20; break;
+      case 'G':
+      case 'g': mult = 1ull << 30; break;
+      case 'T':
+      case 't': mult = 1ull << 40; break;
       default: break;
     }
     if (mult != 1) digits.pop_back();

@@ -6,7 +6,8 @@
 
 namespace crashreplay::tools {
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& dir, const replay::EngineConfig& config, StatusLine& progress) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& dir, const replay::EngineConfig& config,
+                                      StatusLine& progress) {
   LoadedModel out;
   std::string why;
   out.streaming = config.weights == replay::WeightResidency::kStream;

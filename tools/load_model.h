@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "crashreplay/base/status_line.h"
+#include "crashreplay/replay/config/toggles.h"
 #include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/model/model.h"
-#include "crashreplay/replay/config/toggles.h"
 
 namespace crashreplay::tools {
 

@@ -48,8 +48,8 @@ int Log2Ceil(size_t n) { return n <= 1 ? 0 : static_cast<int>(std::ceil(std::log
 
 // The other finding's own search: from the smallest configuration that
 // failed its way down to its 1-minimal culprit, within `budget` trials.
-void NarrowFinding(Scheduler& scheduler, const BisectOptions& o, const std::vector<Change>& changes,
-                   Progress* progress, OtherFinding& f, std::vector<OtherFinding>& discovered) {
+void NarrowFinding(Scheduler& scheduler, const BisectOptions& o, const std::vector<Change>& changes, Progress* progress,
+                   OtherFinding& f, std::vector<OtherFinding>& discovered) {
   const ChangeSet universe = ChangeSetOf(changes, o.good, f.config);
   if (universe.empty()) return;
   const int budget = o.other_budget > 0 ? o.other_budget : 4 * Log2Ceil(universe.size() + 1) + 8;
@@ -60,11 +60,16 @@ void NarrowFinding(Scheduler& scheduler, const BisectOptions& o, const std::vect
   for (size_t i : d.culprit) f.culprit.push_back(changes[i].name);
   f.culprit_text = DescribeChanges(changes, d.culprit);
   f.culprit_minimal = d.minimal;
-  if (scheduler.stopped()) f.status = FindingStatus::kStopped;
-  else if (judge.target_flaky() || d.contradicted || !judge.flaky().empty()) f.status = FindingStatus::kFlaky;
-  else if (!d.complete) f.status = FindingStatus::kBudget;
-  else if (!d.confirmed) f.status = FindingStatus::kInconclusive;
-  else f.status = FindingStatus::kNarrowed;
+  if (scheduler.stopped())
+    f.status = FindingStatus::kStopped;
+  else if (judge.target_flaky() || d.contradicted || !judge.flaky().empty())
+    f.status = FindingStatus::kFlaky;
+  else if (!d.complete)
+    f.status = FindingStatus::kBudget;
+  else if (!d.confirmed)
+    f.status = FindingStatus::kInconclusive;
+  else
+    f.status = FindingStatus::kNarrowed;
   for (const OtherFinding& g : judge.other_findings()) discovered.push_back(g);
 }
 
@@ -127,8 +132,9 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
   if (r.bad_result.verdict != Verdict::kBad) {
     r.status = BisectStatus::kNotReproducible;
     r.message = absl::StrCat("the bad configuration (", o.bad_label, ") does not fail: ",
-                             r.bad_result.verdict == Verdict::kSkip ? "the trial skipped it (exit 125)"
-                                                                    : absl::StrCat("it passed all ", r.bad_result.runs, " runs"),
+                             r.bad_result.verdict == Verdict::kSkip
+                                 ? "the trial skipped it (exit 125)"
+                                 : absl::StrCat("it passed all ", r.bad_result.runs, " runs"),
                              r.bad_result.note.empty() ? "" : absl::StrCat(" (", r.bad_result.note, ")"),
                              "; check that the trial command runs the configuration it is given");
     return Finish(r, scheduler, start), r;
@@ -137,8 +143,8 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
     r.status = BisectStatus::kGoodFails;
     r.message = absl::StrCat("the good configuration (", o.good_label, ") ",
                              r.good_result.verdict == Verdict::kBad
-                                 ? absl::StrCat("fails too, in all ", r.good_result.runs, " runs: ",
-                                                DescribeSignature(r.good_result.signature))
+                                 ? absl::StrCat("fails too, in all ", r.good_result.runs,
+                                                " runs: ", DescribeSignature(r.good_result.signature))
                                  : std::string("is skipped by the trial (exit 125)"),
                              "; pick a configuration that works as --good");
     return Finish(r, scheduler, start), r;
@@ -173,12 +179,12 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
   } else if (dd.contradicted || !r.flaky.empty()) {
     r.status = BisectStatus::kFlaky;
     r.suspect = dd.culprit;
-    r.message = absl::StrCat(
-        "flaky: ", r.flaky.size(), " configuration", r.flaky.size() == 1 ? "" : "s",
-        " gave different results when run again (", FlakyList(r.flaky), "); no culprit is claimed. ",
-        "The search isolated {", SummarizeChanges(r.changes, dd.culprit, 200), "}",
-        dd.confirmed ? ", which failed in every run" : ", which is not confirmed",
-        ". Make the trial deterministic, or rerun with a larger --repeat and --confirm");
+    r.message =
+        absl::StrCat("flaky: ", r.flaky.size(), " configuration", r.flaky.size() == 1 ? "" : "s",
+                     " gave different results when run again (", FlakyList(r.flaky), "); no culprit is claimed. ",
+                     "The search isolated {", SummarizeChanges(r.changes, dd.culprit, 200), "}",
+                     dd.confirmed ? ", which failed in every run" : ", which is not confirmed",
+                     ". Make the trial deterministic, or rerun with a larger --repeat and --confirm");
   } else if (!dd.confirmed) {
     r.status = BisectStatus::kInconclusive;
     r.suspect = dd.culprit;
@@ -225,8 +231,8 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
       c = ApplyChanges(o.good, r.changes, cs);
     }
     f.config_path = absl::StrCat(o.workdir, "/finding-", i + 1, ".toml");
-    const std::string comment = absl::StrCat("crashreplay bisect: other finding ", i + 1, ": ",
-                                             DescribeSignature(f.signature));
+    const std::string comment =
+        absl::StrCat("crashreplay bisect: other finding ", i + 1, ": ", DescribeSignature(f.signature));
     if (WriteConfigFile(f.config_path, c, comment).ok()) {
       f.reproduce = scheduler.runner().ReproduceCommand(f.config_path, std::nullopt);
     } else {
@@ -263,8 +269,10 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
       ChangeSet others;
       bool in_culprit = false;
       for (size_t i : r.culprit) {
-        if (r.changes[i].name != t) others.push_back(i);
-        else in_culprit = true;
+        if (r.changes[i].name != t)
+          others.push_back(i);
+        else
+          in_culprit = true;
       }
       if (!in_culprit) others.clear();
       ThresholdOptions to;
@@ -280,8 +288,8 @@ BisectReport RunBisect(Scheduler& scheduler, const BisectOptions& o, Progress* p
   }
   if (o.step_range) {
     scheduler.set_phase("first-step");
-    auto fs = FirstFailingStep(scheduler, judge, culprit_config, o.step_range->first, o.step_range->second,
-                               o.step_mode);
+    auto fs =
+        FirstFailingStep(scheduler, judge, culprit_config, o.step_range->first, o.step_range->second, o.step_mode);
     if (fs.ok()) {
       r.first_step = *fs;
       if (fs->first_fail) r.reproduce = scheduler.runner().ReproduceCommand(r.culprit_config_path, fs->first_fail);

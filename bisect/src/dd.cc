@@ -169,8 +169,10 @@ PrefixSearch ShortestFailingPrefix(const ChangeSet& needed, const ChangeSet& res
     }
     size_t lo = s.lo;
     for (size_t k = 0; k < lengths.size(); ++k) {
-      if (out[k] == Outcome::kUnresolved) unresolved.insert(lengths[k]);
-      else if (out[k] != Outcome::kFail && lengths[k] < hi) lo = std::max(lo, lengths[k]);
+      if (out[k] == Outcome::kUnresolved)
+        unresolved.insert(lengths[k]);
+      else if (out[k] != Outcome::kFail && lengths[k] < hi)
+        lo = std::max(lo, lengths[k]);
     }
     s.lo = lo;
     s.hi = hi;

@@ -30,8 +30,10 @@ Config ApplyChanges(const Config& good, const std::vector<Change>& changes, cons
   Config c = good;
   for (size_t i : set) {
     const Change& ch = changes.at(i);
-    if (ch.bad) c[ch.name] = *ch.bad;
-    else c.erase(ch.name);
+    if (ch.bad)
+      c[ch.name] = *ch.bad;
+    else
+      c.erase(ch.name);
   }
   return c;
 }
@@ -41,8 +43,10 @@ std::string DescribeChanges(const std::vector<Change>& changes, const ChangeSet&
   for (size_t i : set) {
     const Change& ch = changes.at(i);
     if (!out.empty()) out += ", ";
-    if (ch.bad) absl::StrAppend(&out, ch.name, "=", ch.bad->ToToml());
-    else absl::StrAppend(&out, "-", ch.name);
+    if (ch.bad)
+      absl::StrAppend(&out, ch.name, "=", ch.bad->ToToml());
+    else
+      absl::StrAppend(&out, "-", ch.name);
   }
   return out;
 }
@@ -87,8 +91,9 @@ ChangeSet ChangeSetOf(const std::vector<Change>& changes, const Config& good, co
     auto it = config.find(c.name);
     const bool applied = c.bad ? (it != config.end() && it->second == *c.bad && it->second.ToToml() == c.bad->ToToml())
                                : it == config.end();
-    const bool as_good = c.good ? (it != config.end() && it->second == *c.good && it->second.ToToml() == c.good->ToToml())
-                                : it == config.end();
+    const bool as_good = c.good
+                             ? (it != config.end() && it->second == *c.good && it->second.ToToml() == c.good->ToToml())
+                             : it == config.end();
     if (applied && !as_good) out.push_back(i);
   }
   (void)good;  // the changes were computed against it

@@ -69,13 +69,11 @@ constexpr std::array<Phrase, 43> kPhrases = {{
      "cudaErrorUnsupportedPtxVersion"},
     {"CUDA driver version is insufficient for CUDA runtime version", FailureClass::kCudaError,
      "cudaErrorInsufficientDriver"},
-    {"operation not permitted when stream is capturing", FailureClass::kCudaError,
-     "cudaErrorStreamCaptureUnsupported"},
+    {"operation not permitted when stream is capturing", FailureClass::kCudaError, "cudaErrorStreamCaptureUnsupported"},
     {"operation failed due to a previous error during capture", FailureClass::kCudaError,
      "cudaErrorStreamCaptureInvalidated"},
     // NaN/Inf.
-    {"probability tensor contains either `inf`, `nan` or element < 0", FailureClass::kNonFinite,
-     "probabilities"},
+    {"probability tensor contains either `inf`, `nan` or element < 0", FailureClass::kNonFinite, "probabilities"},
     {"NaN in the logits", FailureClass::kNonFinite, "logits"},
     {"returned nan values in its", FailureClass::kNonFinite, "autograd"},
     {"returned inf values in its", FailureClass::kNonFinite, "autograd"},
@@ -326,10 +324,14 @@ size_t Utf8Length(std::string_view s, size_t i) {
   if (c < 0x80) return 1;
   size_t n = 0;
   uint32_t cp = 0;
-  if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F;
-  else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F;
-  else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07;
-  else return 0;
+  if ((c & 0xE0) == 0xC0)
+    n = 2, cp = c & 0x1F;
+  else if ((c & 0xF0) == 0xE0)
+    n = 3, cp = c & 0x0F;
+  else if ((c & 0xF8) == 0xF0)
+    n = 4, cp = c & 0x07;
+  else
+    return 0;
   if (i + n > s.size()) return 0;
   for (size_t k = 1; k < n; ++k) {
     if ((b(i + k) & 0xC0) != 0x80) return 0;
@@ -394,8 +396,8 @@ std::optional<FailureSignature> FailureTextRules::Match(std::string_view output)
       FailureSignature s;
       s.failure_class = FailureClass::kOther;
       const auto& g = m.size() > 1 && m[1].matched ? m[1] : m[0];
-      s.check = Bounded(line.substr(static_cast<size_t>(g.first - line.begin()), static_cast<size_t>(g.length())),
-                        kMaxCheck);
+      s.check =
+          Bounded(line.substr(static_cast<size_t>(g.first - line.begin()), static_cast<size_t>(g.length())), kMaxCheck);
       s.detail = Bounded(line, kMaxDetail);
       found = s;
       return true;

@@ -34,8 +34,8 @@ absl::StatusOr<StepSearchResult> Linear(Scheduler& scheduler, Judge& judge, cons
 
 }  // namespace
 
-absl::StatusOr<StepSearchResult> FirstFailingStep(Scheduler& scheduler, Judge& judge, const Config& config,
-                                                  int64_t lo, int64_t hi, StepSearchMode mode) {
+absl::StatusOr<StepSearchResult> FirstFailingStep(Scheduler& scheduler, Judge& judge, const Config& config, int64_t lo,
+                                                  int64_t hi, StepSearchMode mode) {
   if (lo > hi) return absl::InvalidArgumentError("step range is empty (lo > hi)");
   StepSearchResult r;
   if (mode == StepSearchMode::kLinear) return Linear(scheduler, judge, config, lo, hi, r);

@@ -20,8 +20,7 @@ std::string_view FindingStatusName(FindingStatus s) {
 
 Outcome Judge::Classify(const Config& config, const TrialResult& r, std::optional<int64_t> step) {
   switch (r.verdict) {
-    case Verdict::kGood:
-      return Outcome::kPass;
+    case Verdict::kGood: return Outcome::kPass;
     case Verdict::kBad: {
       if (SameBug(r.signature, target_)) return Outcome::kFail;
       const size_t count = Differences(good_, config).size();
@@ -52,12 +51,13 @@ Outcome Judge::Classify(const Config& config, const TrialResult& r, std::optiona
       if (r.bad_runs > 0 && SameBug(r.signature, target_)) target_flaky_ = true;
       auto it = std::find_if(flaky_.begin(), flaky_.end(),
                              [&](const FlakyConfig& f) { return f.config == config && f.step == step; });
-      if (it == flaky_.end()) flaky_.push_back(FlakyConfig{config, SummarizeConfig(good_, config, 400), step, r});
-      else it->result = r;
+      if (it == flaky_.end())
+        flaky_.push_back(FlakyConfig{config, SummarizeConfig(good_, config, 400), step, r});
+      else
+        it->result = r;
       return Outcome::kUnresolved;
     }
-    default:
-      return Outcome::kUnresolved;
+    default: return Outcome::kUnresolved;
   }
 }
 

@@ -17,8 +17,8 @@ std::string_view KernelFindingReasonName(KernelFinding::Reason r) {
   return "unknown";
 }
 
-std::optional<KernelFinding> FirstBadKernel(const std::vector<KernelRow>& reference,
-                                            const std::vector<KernelRow>& test, const Tolerance& tol) {
+std::optional<KernelFinding> FirstBadKernel(const std::vector<KernelRow>& reference, const std::vector<KernelRow>& test,
+                                            const Tolerance& tol) {
   std::optional<size_t> first_digest_mismatch;
   const size_t common = std::min(reference.size(), test.size());
   for (size_t i = 0; i < common; ++i) {
@@ -165,8 +165,8 @@ std::string DescribeKernelFinding(const KernelFinding& f) {
       return absl::StrFormat("%s goes non-finite: %d NaN, %d Inf in %d values (reference: none)", where,
                              f.test.nan_count, f.test.inf_count, f.test.numel);
     case KernelFinding::Reason::kOutOfTolerance:
-      return absl::StrFormat("%s leaves the tolerance: error %.6g > bound %.6g (max|x| %.6g vs reference %.6g)",
-                             where, f.error, f.bound, f.test.max_abs, f.reference.max_abs);
+      return absl::StrFormat("%s leaves the tolerance: error %.6g > bound %.6g (max|x| %.6g vs reference %.6g)", where,
+                             f.error, f.bound, f.test.max_abs, f.reference.max_abs);
     case KernelFinding::Reason::kMissing:
       return absl::StrCat(where, " never ran: the failing run stopped before it (it faulted at or before it)");
     case KernelFinding::Reason::kStructure:

@@ -121,7 +121,7 @@ ProcessResult RunProcess(const ProcessSpec& spec) {
     return r;
   }
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  struct rlimit mem_limit {};
+  struct rlimit mem_limit{};
   if (spec.memory_limit_bytes) mem_limit.rlim_cur = mem_limit.rlim_max = *spec.memory_limit_bytes;
   const char* workdir = spec.working_dir.empty() ? nullptr : spec.working_dir.c_str();
 
@@ -129,7 +129,8 @@ ProcessResult RunProcess(const ProcessSpec& spec) {
   const pid_t pid = ::fork();
   if (pid < 0) {
     r.start_error = absl::StrCat("fork: ", std::strerror(errno));
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1], devnull}) ::close(fd);
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1], devnull})
+      ::close(fd);
     return r;
   }
   if (pid == 0) {
@@ -324,16 +325,18 @@ std::string ShellQuote(std::string_view word) {
   if (word.empty()) return "''";
   bool plain = true;
   for (char c : word) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '-' || c == '.' || c == '/' || c == ':' || c == '=' || c == ',' ||
-                    c == '+' || c == '@' || c == '%';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '-' || c == '.' || c == '/' || c == ':' || c == '=' || c == ',' || c == '+' || c == '@' ||
+                    c == '%';
     if (!ok) plain = false;
   }
   if (plain) return std::string(word);
   std::string out = "'";
   for (char c : word) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }

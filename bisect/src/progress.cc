@@ -61,7 +61,8 @@ void Progress::SetCandidates(const std::string& candidates) {
 void Progress::TrialStarted(int index, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
   ++running_;
-  if (!live_ && !quiet_) std::fprintf(out_, "%s\n", Fit(absl::StrFormat("bisect: trial %d started: %s", index, what)).c_str());
+  if (!live_ && !quiet_)
+    std::fprintf(out_, "%s\n", Fit(absl::StrFormat("bisect: trial %d started: %s", index, what)).c_str());
   RedrawLocked();
 }
 

@@ -6,8 +6,8 @@ namespace crashreplay::bisect {
 
 TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits, bool diverged_is_bad,
                                   const FailureTextRules* rules) {
-  if (!p.started || p.cancelled || p.timed_out || !p.exited || (p.exit_code != 0 && p.exit_code != 1 &&
-                                                               p.exit_code != 2 && p.exit_code != 3)) {
+  if (!p.started || p.cancelled || p.timed_out || !p.exited ||
+      (p.exit_code != 0 && p.exit_code != 1 && p.exit_code != 2 && p.exit_code != 3)) {
     return ClassifyProcess(p, limits, std::nullopt, rules);
   }
   TrialResult r;
@@ -16,7 +16,8 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
   r.stderr_tail = p.stderr_tail;
   if (p.exit_code == 2 || p.exit_code == 3) {
     r.verdict = Verdict::kAbort;
-    r.note = absl::StrCat("replay exited ", p.exit_code, p.exit_code == 2 ? " (usage: configuration rejected)" : " (data error)");
+    r.note = absl::StrCat("replay exited ", p.exit_code,
+                          p.exit_code == 2 ? " (usage: configuration rejected)" : " (data error)");
     return r;
   }
   const nlohmann::json j = nlohmann::json::parse(p.stdout_text, nullptr, /*allow_exceptions=*/false);
@@ -28,8 +29,10 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
   }
   if (auto it = j.find("kernels"); it != j.end()) {
     auto rows = KernelRowsFromJson(*it);
-    if (rows.ok()) r.kernels = *std::move(rows);
-    else r.note = absl::StrCat("kernel table ignored: ", rows.status().message());
+    if (rows.ok())
+      r.kernels = *std::move(rows);
+    else
+      r.note = absl::StrCat("kernel table ignored: ", rows.status().message());
   }
   std::optional<int64_t> step;
   if (auto it = j.find("step"); it != j.end() && it->is_number_integer()) step = it->get<int64_t>();
@@ -63,7 +66,8 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
   }
   if (outcome == "diverged" && !diverged_is_bad) {
     r.verdict = Verdict::kGood;
-    absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "ran with every check passing; outputs differ from the recording",
+    absl::StrAppend(&r.note, r.note.empty() ? "" : "; ",
+                    "ran with every check passing; outputs differ from the recording",
                     diverged_kernel.empty() ? "" : " from kernel ", diverged_kernel,
                     " (--diverged-is-bad counts that as a failure)");
     return r;
@@ -74,8 +78,10 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
   sig.failure_class = outcome == "failed" ? FailureClass::kOther : FailureClass::kOutputMismatch;
   if (auto it = j.find("signature"); it != j.end() && it->is_object()) {
     auto s = SignatureFromJson(*it);
-    if (s.ok()) sig = *s;
-    else absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "signature ignored: ", s.status().message());
+    if (s.ok())
+      sig = *s;
+    else
+      absl::StrAppend(&r.note, r.note.empty() ? "" : "; ", "signature ignored: ", s.status().message());
   } else if (outcome == "diverged") {
     sig.kernel = diverged_kernel;  // names the bug when replay gave no signature
   }
@@ -100,7 +106,8 @@ std::string ReplayTrialRunner::SubjectId() const { return absl::StrCat("capture:
 
 TrialResult ReplayTrialRunner::Run(const TrialRequest& request, const std::atomic<bool>* cancel) {
   LaunchOutput launch = LaunchTrialProcess(request.step ? command_with_step_ : command_, request, cancel);
-  TrialResult r = InterpretReplayOutput(launch.process, options_.limits, options_.diverged_is_bad, options_.rules.get());
+  TrialResult r =
+      InterpretReplayOutput(launch.process, options_.limits, options_.diverged_is_bad, options_.rules.get());
   r.config_path = launch.config_path;
   return r;
 }

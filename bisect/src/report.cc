@@ -98,11 +98,13 @@ std::string KernelChart(const BisectReport& r) {
   const int w = left + static_cast<int>(bars.size()) * bw + 90;  // room for the slanted labels
   auto y_of = [&](double l) { return top + (4.0 - l) / 8.0 * h; };
   std::string svg = absl::StrFormat(
-      "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img' aria-label='per-kernel error vs tolerance'>",
+      "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' role='img' aria-label='per-kernel error vs "
+      "tolerance'>",
       w, h + top + 110);
   for (int l = -4; l <= 4; l += 2) {
-    svg += absl::StrFormat("<text x='%d' y='%.1f' class='ax'>1e%d</text><line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='grid'/>",
-                           4, y_of(l) + 4, l, left, w - 10, y_of(l), y_of(l));
+    svg += absl::StrFormat(
+        "<text x='%d' y='%.1f' class='ax'>1e%d</text><line x1='%d' x2='%d' y1='%.1f' y2='%.1f' class='grid'/>", 4,
+        y_of(l) + 4, l, left, w - 10, y_of(l), y_of(l));
   }
   const size_t bad = r.first_bad_kernel ? r.first_bad_kernel->index : bars.size();
   for (size_t i = 0; i < bars.size(); ++i) {
@@ -145,8 +147,8 @@ std::string ReportText(const BisectReport& r) {
   }
   const ChangeSet& shown = r.culprit.empty() ? r.suspect : r.culprit;
   if (!shown.empty()) {
-    const std::string what = r.culprit.empty() ? "suspect, not claimed"
-                                               : (r.culprit_minimal ? "1-minimal" : "minimality unconfirmed");
+    const std::string what =
+        r.culprit.empty() ? "suspect, not claimed" : (r.culprit_minimal ? "1-minimal" : "minimality unconfirmed");
     absl::StrAppend(&out, absl::StrFormat("  %s (%s, %d of %d changes):\n", r.culprit.empty() ? "suspect" : "culprit",
                                           what, shown.size(), r.changes.size()));
     for (size_t k = 0; k < shown.size(); ++k) {
@@ -183,7 +185,8 @@ std::string ReportText(const BisectReport& r) {
         absl::StrAppend(&out, "       seen at: ", PrintableText(f.changes), "\n");
         if (f.status != FindingStatus::kListed) {
           absl::StrAppend(&out, "       its search: ", std::string(FindingStatusName(f.status)),
-                          f.culprit.empty() ? "" : absl::StrCat(" (so far: ", PrintableText(f.culprit_text), ")"), "\n");
+                          f.culprit.empty() ? "" : absl::StrCat(" (so far: ", PrintableText(f.culprit_text), ")"),
+                          "\n");
         }
       }
       if (!f.reproduce.empty()) absl::StrAppend(&out, "       reproduce: ", PrintableText(f.reproduce), "\n");
@@ -225,12 +228,15 @@ nlohmann::json ReportJson(const BisectReport& r) {
   j["repeat"] = r.repeat;
   j["confirm"] = r.confirm;
   j["seconds"] = r.seconds;
-  j["target_signature"] = r.target_signature.is_failure() ? SignatureToJson(r.target_signature) : nlohmann::json(nullptr);
+  j["target_signature"] =
+      r.target_signature.is_failure() ? SignatureToJson(r.target_signature) : nlohmann::json(nullptr);
   j["good_result"] = TrialResultToJson(r.good_result);
   j["bad_result"] = TrialResultToJson(r.bad_result);
   nlohmann::json flaky = nlohmann::json::array();
   for (const FlakyConfig& f : r.flaky) {
-    nlohmann::json e = {{"changes", f.changes}, {"runs", f.result.runs}, {"bad_runs", f.result.bad_runs},
+    nlohmann::json e = {{"changes", f.changes},
+                        {"runs", f.result.runs},
+                        {"bad_runs", f.result.bad_runs},
                         {"signature", SignatureToJson(f.result.signature)}};
     if (f.step) e["step"] = *f.step;
     if (!f.result.note.empty()) e["note"] = f.result.note;
@@ -301,9 +307,10 @@ button{font-size:12px}details{margin:.4em 0}
   const std::string status(BisectStatusName(r.status));
   absl::StrAppend(&h, "<h1>crashreplay bisect</h1><p><span class='status ", status, "'>", Html(status), "</span> ",
                   Html(r.message), "</p>");
-  absl::StrAppend(&h, absl::StrFormat("<p>%d trials (%d runs, jobs %d, repeat %d, confirm %d) over %d changes in %.1f s on <code>%s</code></p>",
-                                      r.trials, r.runs, r.jobs, r.repeat, r.confirm, r.changes.size(), r.seconds,
-                                      Html(r.subject)));
+  absl::StrAppend(
+      &h, absl::StrFormat(
+              "<p>%d trials (%d runs, jobs %d, repeat %d, confirm %d) over %d changes in %.1f s on <code>%s</code></p>",
+              r.trials, r.runs, r.jobs, r.repeat, r.confirm, r.changes.size(), r.seconds, Html(r.subject)));
   if (r.target_signature.is_failure()) {
     absl::StrAppend(&h, "<p>Target failure: <b>", Html(DescribeSignature(r.target_signature)), "</b></p>");
   }
@@ -311,8 +318,9 @@ button{font-size:12px}details{margin:.4em 0}
   if (!r.culprit.empty()) {
     absl::StrAppend(&h, "<h2>Culprit</h2><div class='culprit'>");
     CulpritRows(h, r, r.culprit);
-    absl::StrAppend(&h, "<p>", r.culprit_minimal ? "1-minimal: removing any one of these makes the failure go away."
-                                                  : "Minimality unconfirmed: some removals could not be judged.",
+    absl::StrAppend(&h, "<p>",
+                    r.culprit_minimal ? "1-minimal: removing any one of these makes the failure go away."
+                                      : "Minimality unconfirmed: some removals could not be judged.",
                     r.confirm > 0 ? absl::StrCat(" Every configuration this rests on was run ", r.repeat + r.confirm,
                                                  " times with the same result.")
                                   : std::string(),
@@ -320,13 +328,17 @@ button{font-size:12px}details{margin:.4em 0}
   } else if (!r.suspect.empty()) {
     absl::StrAppend(&h, "<h2>Suspect (not claimed)</h2><div class='culprit'>");
     CulpritRows(h, r, r.suspect);
-    absl::StrAppend(&h, "<p>The search isolated these, but its evidence contradicted itself (see the flaky configurations).</p></div>");
+    absl::StrAppend(
+        &h,
+        "<p>The search isolated these, but its evidence contradicted itself (see the flaky configurations).</p></div>");
   } else if (!r.candidates.empty()) {
     absl::StrAppend(&h, "<p>Candidates when the search stopped: <code>", Html(r.candidates), "</code></p>");
   }
   if (!r.reproduce.empty()) {
     absl::StrAppend(&h, "<h2>Reproduce</h2><pre id='repro'>", Html(r.reproduce),
-                    "</pre><button onclick=\"navigator.clipboard&&navigator.clipboard.writeText(document.getElementById('repro').textContent)\">copy</button>");
+                    "</pre><button "
+                    "onclick=\"navigator.clipboard&&navigator.clipboard.writeText(document.getElementById('repro')."
+                    "textContent)\">copy</button>");
   }
   if (!r.flaky.empty()) {
     absl::StrAppend(&h, "<h2>Flaky configurations</h2><p>Runs of the same configuration disagreed.</p>",
@@ -337,17 +349,20 @@ button{font-size:12px}details{margin:.4em 0}
                       Html(Runs(f.result)), "</td><td>", Html(f.result.note), "</td></tr>");
     }
     absl::StrAppend(&h, "</table>");
-    if (r.flaky.size() > kListShown) absl::StrAppend(&h, "<p>... and ", r.flaky.size() - kListShown, " more (report.json)</p>");
+    if (r.flaky.size() > kListShown)
+      absl::StrAppend(&h, "<p>... and ", r.flaky.size() - kListShown, " more (report.json)</p>");
   }
   if (!r.other_findings.empty()) {
-    absl::StrAppend(&h, "<h2>Other findings</h2><p>Failures with another signature: other bugs, each narrowed by a search of its own.</p>",
+    absl::StrAppend(&h,
+                    "<h2>Other findings</h2><p>Failures with another signature: other bugs, each narrowed by a search "
+                    "of its own.</p>",
                     "<table><tr><th>failure</th><th>culprit</th><th>search</th></tr>");
     for (size_t i = 0; i < r.other_findings.size(); ++i) {
       const OtherFinding& f = r.other_findings[i];
       const std::string color = absl::StrCat("f", i % 6 + 1);
       absl::StrAppend(&h, "<tr class='other ", color, "'><td><span class='sw'>", i + 1, ".</span> ",
-                      Html(DescribeSignature(f.signature)), f.step ? absl::StrCat(" (step ", *f.step, ")") : std::string(),
-                      "</td><td><code>",
+                      Html(DescribeSignature(f.signature)),
+                      f.step ? absl::StrCat(" (step ", *f.step, ")") : std::string(), "</td><td><code>",
                       Html(f.status == FindingStatus::kNarrowed ? f.culprit_text : f.changes), "</code>",
                       f.reproduce.empty() ? std::string() : absl::StrCat("<br><code>", Html(f.reproduce), "</code>"),
                       "</td><td>", Html(std::string(FindingStatusName(f.status))),
@@ -364,9 +379,10 @@ button{font-size:12px}details{margin:.4em 0}
     absl::StrAppend(&h, "<h2>First bad kernel</h2><p>", Html(DescribeKernelFinding(*r.first_bad_kernel)), "</p>");
   }
   if (!r.reference_kernels.empty() && !r.culprit_kernels.empty()) {
-    absl::StrAppend(&h, "<h2>Per-kernel divergence (culprit vs reference)</h2>",
-                    "<p>Bar height: log10(error / (atol + |ref|&middot;rtol)); above the dashed line is out of tolerance; ",
-                    "red: non-finite; green: identical bits; outlined: the first bad kernel.</p>", KernelChart(r));
+    absl::StrAppend(
+        &h, "<h2>Per-kernel divergence (culprit vs reference)</h2>",
+        "<p>Bar height: log10(error / (atol + |ref|&middot;rtol)); above the dashed line is out of tolerance; ",
+        "red: non-finite; green: identical bits; outlined: the first bad kernel.</p>", KernelChart(r));
   }
   // All differences, grouped: runs of neighbours in name order.
   {
@@ -375,7 +391,8 @@ button{font-size:12px}details{margin:.4em 0}
     absl::StrAppend(&h, "<h2>Changes between good and bad</h2><p>", r.changes.size(), " changes: <code>",
                     Html(SummarizeChanges(r.changes, all, 300)), "</code></p>");
     if (!r.changes.empty()) {
-      absl::StrAppend(&h, "<details><summary>list them</summary><table><tr><th>toggle</th><th>good</th><th>bad</th></tr>");
+      absl::StrAppend(&h,
+                      "<details><summary>list them</summary><table><tr><th>toggle</th><th>good</th><th>bad</th></tr>");
       for (size_t i = 0; i < r.changes.size() && i < kChangesShown; ++i) {
         const Change& c = r.changes[i];
         absl::StrAppend(&h, "<tr><td><code>", Html(c.name), "</code></td><td><code>", Html(Value(c.good)),
@@ -383,13 +400,17 @@ button{font-size:12px}details{margin:.4em 0}
       }
       absl::StrAppend(&h, "</table>",
                       r.changes.size() > kChangesShown
-                          ? absl::StrCat("<p>... and ", r.changes.size() - kChangesShown, " more: the --good and --bad files hold them all.</p>")
+                          ? absl::StrCat("<p>... and ", r.changes.size() - kChangesShown,
+                                         " more: the --good and --bad files hold them all.</p>")
                           : std::string(),
                       "</details>");
     }
   }
-  absl::StrAppend(&h, "<h2>Search history</h2><label><input type='checkbox' id='onlybad' onchange='filt()'> failures and flaky runs only</label>",
-                  "<table id='hist'><tr><th>#</th><th>phase</th><th>changes from good</th><th>step</th><th>verdict</th><th>signature</th><th>s</th></tr>");
+  absl::StrAppend(&h,
+                  "<h2>Search history</h2><label><input type='checkbox' id='onlybad' onchange='filt()'> failures and "
+                  "flaky runs only</label>",
+                  "<table id='hist'><tr><th>#</th><th>phase</th><th>changes from "
+                  "good</th><th>step</th><th>verdict</th><th>signature</th><th>s</th></tr>");
   for (const HistoryEntry& e : r.history) {
     std::string v(VerdictName(e.result.verdict));
     std::string cls = v;
@@ -402,13 +423,15 @@ button{font-size:12px}details{margin:.4em 0}
     if (e.result.runs > 1) absl::StrAppend(&label, " ", e.result.bad_runs, "/", e.result.runs);
     absl::StrAppend(&h, "<tr class='", cls, "'><td>", e.id, "</td><td>", Html(e.phase), "</td><td><code>",
                     Html(SummarizeConfig(r.good, e.config, 160)), "</code></td><td>",
-                    e.step ? absl::StrCat(*e.step) : std::string(), "</td><td class='v'>", Html(label),
-                    "</td><td>", e.result.signature.is_failure() ? Html(DescribeSignature(e.result.signature)) : std::string(),
+                    e.step ? absl::StrCat(*e.step) : std::string(), "</td><td class='v'>", Html(label), "</td><td>",
+                    e.result.signature.is_failure() ? Html(DescribeSignature(e.result.signature)) : std::string(),
                     "</td><td>", absl::StrFormat("%.2f", e.result.duration_s), "</td></tr>");
   }
-  absl::StrAppend(&h, "</table>\n<script>function filt(){var on=document.getElementById('onlybad').checked;",
-                  "document.querySelectorAll('#hist tr').forEach(function(t,i){if(i>0)t.style.display=(on&&t.classList.contains('good'))?'none':'';});}</script>\n",
-                  "</body></html>\n");
+  absl::StrAppend(
+      &h, "</table>\n<script>function filt(){var on=document.getElementById('onlybad').checked;",
+      "document.querySelectorAll('#hist "
+      "tr').forEach(function(t,i){if(i>0)t.style.display=(on&&t.classList.contains('good'))?'none':'';});}</script>\n",
+      "</body></html>\n");
   return h;
 }
 

@@ -5,8 +5,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "crashreplay/bisect/delta.h"
 
@@ -146,8 +146,10 @@ std::vector<std::vector<TrialResult>> Scheduler::Execute(const std::vector<Confi
   std::vector<std::vector<TrialResult>> out(configs.size());
   std::vector<bool> complete(configs.size(), true);
   for (Run& r : runs) {
-    if (!r.done) complete[r.request] = false;
-    else out[r.request].push_back(std::move(r.result));
+    if (!r.done)
+      complete[r.request] = false;
+    else
+      out[r.request].push_back(std::move(r.result));
   }
   for (size_t i = 0; i < out.size(); ++i) {
     if (!complete[i]) {

@@ -55,8 +55,7 @@ std::optional<FailureStage> ParseFailureStage(std::string_view name) {
 }
 
 bool SameBug(const FailureSignature& a, const FailureSignature& b) {
-  return a.failure_class == b.failure_class && a.stage == b.stage && a.kernel == b.kernel &&
-         a.check == b.check;
+  return a.failure_class == b.failure_class && a.stage == b.stage && a.kernel == b.kernel && a.check == b.check;
 }
 
 std::string DescribeSignature(const FailureSignature& s) {
@@ -98,18 +97,18 @@ absl::StatusOr<FailureSignature> SignatureFromJson(const nlohmann::json& j) {
   if (auto st = str("class", &cls); !st.ok()) return st;
   auto c = ParseFailureClass(cls);
   if (!c) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "signature: unknown class '", cls,
-        "' (one of none, device_assert, oom, non_finite, output_mismatch, timeout, crash_signal, other, "
-        "cuda_error, nccl_error, exception)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("signature: unknown class '", cls,
+                     "' (one of none, device_assert, oom, non_finite, output_mismatch, timeout, crash_signal, other, "
+                     "cuda_error, nccl_error, exception)"));
   }
   s.failure_class = *c;
   if (auto st = str("stage", &stage); !st.ok()) return st;
   if (!stage.empty()) {
     auto g = ParseFailureStage(stage);
     if (!g) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "signature: unknown stage '", stage, "' (one of load, graph_capture, prefill, decode, unknown)"));
+      return absl::InvalidArgumentError(absl::StrCat("signature: unknown stage '", stage,
+                                                     "' (one of load, graph_capture, prefill, decode, unknown)"));
     }
     s.stage = *g;
   }

@@ -19,14 +19,13 @@ ConfigValue ValueOf(double v, bool integer) {
 
 }  // namespace
 
-absl::StatusOr<ThresholdResult> ThresholdSearch(Scheduler& scheduler, const Config& base,
-                                                const ThresholdOptions& o) {
+absl::StatusOr<ThresholdResult> ThresholdSearch(Scheduler& scheduler, const Config& base, const ThresholdOptions& o) {
   ThresholdResult r;
   r.toggle = o.toggle;
   r.integer = o.integer;
   if (o.pass_value == o.fail_value) {
-    return absl::InvalidArgumentError(absl::StrCat("threshold on '", o.toggle,
-                                                   "': the good and bad values are equal; nothing to search"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("threshold on '", o.toggle, "': the good and bad values are equal; nothing to search"));
   }
   double precision = o.precision > 0 ? o.precision : std::fabs(o.fail_value - o.pass_value) / 1000.0;
   if (o.integer) precision = std::max(1.0, std::floor(precision));
@@ -97,8 +96,11 @@ nlohmann::json ThresholdResultToJson(const ThresholdResult& r) {
   auto value = [&](double v) {
     return r.integer ? nlohmann::json(static_cast<int64_t>(std::llround(v))) : nlohmann::json(v);
   };
-  nlohmann::json j = {{"toggle", r.toggle},       {"bracketed", r.bracketed}, {"last_pass", value(r.last_pass)},
-                      {"first_fail", value(r.first_fail)}, {"probes", r.probes},
+  nlohmann::json j = {{"toggle", r.toggle},
+                      {"bracketed", r.bracketed},
+                      {"last_pass", value(r.last_pass)},
+                      {"first_fail", value(r.first_fail)},
+                      {"probes", r.probes},
                       {"fail_signature", SignatureToJson(r.fail_signature)}};
   if (!r.note.empty()) j["note"] = r.note;
   return j;
@@ -107,8 +109,7 @@ nlohmann::json ThresholdResultToJson(const ThresholdResult& r) {
 std::string DescribeThreshold(const ThresholdResult& r) {
   if (!r.bracketed) return absl::StrCat("threshold on ", r.toggle, ": ", r.note);
   std::string s = absl::StrFormat("%s passes up to %s and fails from %s (%s)", r.toggle, Num(r.last_pass, r.integer),
-                                  Num(r.first_fail, r.integer),
-                                  DescribeSignature(r.fail_signature));
+                                  Num(r.first_fail, r.integer), DescribeSignature(r.fail_signature));
   if (!r.note.empty()) absl::StrAppend(&s, "; ", r.note);
   return s;
 }

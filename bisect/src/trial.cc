@@ -74,8 +74,10 @@ TrialResult ClassifyProcess(const ProcessResult& p, const TrialLimits& limits,
       // Either the signature object itself or {"signature": {...}, "kernels": [...]}.
       const nlohmann::json& sig = parsed.contains("signature") ? parsed["signature"] : parsed;
       auto s = SignatureFromJson(sig);
-      if (s.ok()) written = *s;
-      else r.note = absl::StrCat("signature file ignored: ", s.status().message());
+      if (s.ok())
+        written = *s;
+      else
+        r.note = absl::StrCat("signature file ignored: ", s.status().message());
       if (parsed.contains("kernels")) {
         auto rows = KernelRowsFromJson(parsed["kernels"]);
         if (rows.ok()) r.kernels = *std::move(rows);
@@ -183,7 +185,8 @@ TrialResult CombineRepeats(const std::vector<TrialResult>& runs) {
       }
     }
     std::string verdicts;
-    for (const TrialResult& r : runs) absl::StrAppend(&verdicts, verdicts.empty() ? "" : ",", std::string(VerdictName(r.verdict)));
+    for (const TrialResult& r : runs)
+      absl::StrAppend(&verdicts, verdicts.empty() ? "" : ",", std::string(VerdictName(r.verdict)));
     out.note = absl::StrCat("runs disagree (", verdicts, ")");
   }
   return out;

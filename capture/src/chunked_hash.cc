@@ -59,7 +59,8 @@ absl::StatusOr<Hash128> ChunkedHashDevice(const void* device_data, size_t size) 
   }
   if (host_tail) {
     unsigned char buf[240];
-    if (const char* e = internal::CudaCopyToHost(buf, static_cast<const unsigned char*>(device_data) + size - tail, tail)) {
+    if (const char* e =
+            internal::CudaCopyToHost(buf, static_cast<const unsigned char*>(device_data) + size - tail, tail)) {
       return absl::InternalError(absl::StrCat("copying the last chunk of device weights: ", e));
     }
     h[chunks - 1] = XXH3_64bits(buf, tail);

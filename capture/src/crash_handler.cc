@@ -118,7 +118,7 @@ absl::Status InstallFatalSignalHandlers() {
   ss.ss_flags = 0;
   if (ss.ss_sp != nullptr) sigaltstack(&ss, nullptr);
   for (int i = 0; i < kNumSignals; ++i) {
-    struct sigaction sa {};
+    struct sigaction sa{};
     sa.sa_sigaction = FatalSignalHandler;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);

@@ -109,13 +109,13 @@ absl::Status DeviceFingerprints::Enqueue(const TensorView& t, void* stream) {
     numel *= static_cast<uint64_t>(d);
   }
   if (DTypeBytes(t.dtype, numel) != t.byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat("device fingerprint ", name, ": ", t.byte_size, " bytes for ",
-                                                   numel, " elements of ", std::string(DTypeName(t.dtype))));
+    return absl::InvalidArgumentError(absl::StrCat("device fingerprint ", name, ": ", t.byte_size, " bytes for ", numel,
+                                                   " elements of ", std::string(DTypeName(t.dtype))));
   }
   const int kind = KindOf(t.dtype);
   if (kind < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("device fingerprint ", name, ": the kernel does not decode ",
-                                                   std::string(DTypeName(t.dtype))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device fingerprint ", name, ": the kernel does not decode ", std::string(DTypeName(t.dtype))));
   }
   if (t.data == nullptr && numel > 0) {
     return absl::InvalidArgumentError(absl::StrCat("device fingerprint ", name, ": no data"));
@@ -125,10 +125,10 @@ absl::Status DeviceFingerprints::Enqueue(const TensorView& t, void* stream) {
     slot = it->second;
     const SlotInfo& s = slots_[slot];
     if (s.dtype != t.dtype || s.numel != numel) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device fingerprint ", name, ": ", numel, " elements of ", std::string(DTypeName(t.dtype)),
-          " where its slot holds ", s.numel, " of ", std::string(DTypeName(s.dtype)),
-          " (a boundary keeps its shape: use another name, or another table per shape)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device fingerprint ", name, ": ", numel, " elements of ", std::string(DTypeName(t.dtype)),
+                       " where its slot holds ", s.numel, " of ", std::string(DTypeName(s.dtype)),
+                       " (a boundary keeps its shape: use another name, or another table per shape)"));
     }
   } else {
     if (slots_.size() >= capacity_) {

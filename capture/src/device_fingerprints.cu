@@ -75,9 +75,9 @@ __global__ void BeginStepKernel(DeviceFingerprintHeader* header) {
   __threadfence_system();
 }
 
-__global__ void __launch_bounds__(kThreads) FingerprintKernel(const void* data, int kind, unsigned long long numel,
-                                                              SlotScratch* scratch, DeviceFingerprintSlot* slot,
-                                                              const DeviceFingerprintHeader* header) {
+__global__ void __launch_bounds__(kThreads)
+    FingerprintKernel(const void* data, int kind, unsigned long long numel, SlotScratch* scratch,
+                      DeviceFingerprintSlot* slot, const DeviceFingerprintHeader* header) {
   __shared__ Partial shared[kThreads];
   __shared__ bool last;
   Partial p;
@@ -166,8 +166,8 @@ unsigned DeviceFingerprintBlocks(uint64_t numel) {
 }
 
 const char* CudaFingerprintTableCreate(uint32_t slots, DeviceFingerprintHeader** host_header,
-                                       DeviceFingerprintSlot** host_slots, void** device_header,
-                                       void** device_slots, void** scratch) {
+                                       DeviceFingerprintSlot** host_slots, void** device_header, void** device_slots,
+                                       void** scratch) {
   const size_t bytes = sizeof(DeviceFingerprintHeader) + static_cast<size_t>(slots) * sizeof(DeviceFingerprintSlot);
   void* host = nullptr;
   if (const char* e = Error(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable))) return e;
@@ -203,14 +203,16 @@ void CudaFingerprintTableDestroy(DeviceFingerprintHeader* host_header, void* scr
 }
 
 const char* CudaEnqueueBeginStep(void* device_header, void* stream) {
-  BeginStepKernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<DeviceFingerprintHeader*>(device_header));
+  BeginStepKernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<DeviceFingerprintHeader*>(device_header));
   return Error(cudaGetLastError());
 }
 
 const char* CudaEnqueueFingerprint(const void* data, int kind, uint64_t numel, uint32_t slot, void* device_header,
                                    void* device_slots, void* scratch, void* stream) {
   FingerprintKernel<<<DeviceFingerprintBlocks(numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      data, kind, numel, static_cast<SlotScratch*>(scratch) + slot, static_cast<DeviceFingerprintSlot*>(device_slots) + slot,
+      data, kind, numel, static_cast<SlotScratch*>(scratch) + slot,
+      static_cast<DeviceFingerprintSlot*>(device_slots) + slot,
       static_cast<const DeviceFingerprintHeader*>(device_header));
   return Error(cudaGetLastError());
 }

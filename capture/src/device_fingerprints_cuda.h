@@ -55,8 +55,8 @@ inline constexpr unsigned kDeviceFingerprintMaxBlocks = 128;
 // Pinned, mapped host memory for the header and `slots` slots (zeroed), and
 // device scratch for the per-block partials and completion counters.
 const char* CudaFingerprintTableCreate(uint32_t slots, DeviceFingerprintHeader** host_header,
-                                       DeviceFingerprintSlot** host_slots, void** device_header,
-                                       void** device_slots, void** scratch);
+                                       DeviceFingerprintSlot** host_slots, void** device_header, void** device_slots,
+                                       void** scratch);
 void CudaFingerprintTableDestroy(DeviceFingerprintHeader* host_header, void* scratch);
 
 // Enqueues the begin-step kernel on `stream` (a cudaStream_t, or null).

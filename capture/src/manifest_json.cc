@@ -29,11 +29,13 @@ absl::Status Get(const Json& obj, const char* key, const std::string& where, T* 
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return absl::OkStatus();
   if constexpr (std::is_same_v<T, std::string>) {
-    if (!it->is_string()) return absl::InvalidArgumentError(absl::StrCat("manifest JSON: ", where, ".", key, " must be a string"));
+    if (!it->is_string())
+      return absl::InvalidArgumentError(absl::StrCat("manifest JSON: ", where, ".", key, " must be a string"));
     *out = it->get<std::string>();
   } else {
     if (!it->is_number_integer() || it->get<int64_t>() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest JSON: ", where, ".", key, " must be a non-negative integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest JSON: ", where, ".", key, " must be a non-negative integer"));
     }
     *out = static_cast<T>(it->get<uint64_t>());
   }
@@ -48,8 +50,9 @@ absl::Status Get(const Json& obj, const char* key, const std::string& where, T* 
 absl::StatusOr<SessionManifest> ManifestFromJson(std::string_view text) {
   Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("manifest JSON does not parse");
-  if (absl::Status s = CheckKeys(j, "the manifest", {"session_id", "engine", "engine_version", "hostname", "model",
-                                                      "toggles", "device", "parallel", "features"});
+  if (absl::Status s = CheckKeys(
+          j, "the manifest",
+          {"session_id", "engine", "engine_version", "hostname", "model", "toggles", "device", "parallel", "features"});
       !s.ok()) {
     return s;
   }
@@ -60,10 +63,10 @@ absl::StatusOr<SessionManifest> ManifestFromJson(std::string_view text) {
   CR_GET(j, "hostname", "manifest", &m.hostname);
   if (auto it = j.find("model"); it != j.end()) {
     const Json& o = *it;
-    if (absl::Status s = CheckKeys(o, "model", {"config_json", "model_type", "architecture", "num_layers",
-                                                 "hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim",
-                                                 "intermediate_size", "num_experts", "quantization", "dtype",
-                                                 "checkpoint_path"});
+    if (absl::Status s = CheckKeys(o, "model",
+                                   {"config_json", "model_type", "architecture", "num_layers", "hidden_size",
+                                    "vocab_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                                    "num_experts", "quantization", "dtype", "checkpoint_path"});
         !s.ok()) {
       return s;
     }
@@ -85,8 +88,8 @@ absl::StatusOr<SessionManifest> ManifestFromJson(std::string_view text) {
   }
   if (auto it = j.find("device"); it != j.end()) {
     const Json& o = *it;
-    if (absl::Status s = CheckKeys(o, "device", {"name", "sm_arch", "memory_capacity_bytes", "driver_version",
-                                                  "runtime_version", "index"});
+    if (absl::Status s = CheckKeys(
+            o, "device", {"name", "sm_arch", "memory_capacity_bytes", "driver_version", "runtime_version", "index"});
         !s.ok()) {
       return s;
     }
@@ -99,8 +102,8 @@ absl::StatusOr<SessionManifest> ManifestFromJson(std::string_view text) {
   }
   if (auto it = j.find("parallel"); it != j.end()) {
     const Json& o = *it;
-    if (absl::Status s = CheckKeys(o, "parallel", {"tp_size", "tp_rank", "world_size", "rank", "pp_size", "ep_size",
-                                                    "dp_size"});
+    if (absl::Status s =
+            CheckKeys(o, "parallel", {"tp_size", "tp_rank", "world_size", "rank", "pp_size", "ep_size", "dp_size"});
         !s.ok()) {
       return s;
     }
@@ -130,8 +133,8 @@ absl::StatusOr<SessionManifest> ManifestFromJson(std::string_view text) {
       } else if (v.is_string()) {
         tg.value = v.get<std::string>();
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("manifest JSON: toggle '", tg.name,
-                                                       "' must be null, a boolean, a number or a string"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest JSON: toggle '", tg.name, "' must be null, a boolean, a number or a string"));
       }
       m.toggles.push_back(std::move(tg));
     }

@@ -12,9 +12,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "crashreplay/base/status.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "crashreplay/base/status.h"
 #include "crashreplay/formats/capture_encoder.h"
 #include "crashreplay/formats/capture_format.h"
 #include "recorder_impl.h"
@@ -64,7 +64,10 @@ std::string SessionRankPath(const std::string& session_dir, uint32_t rank) {
 
 Recorder::Impl::Impl(const SessionManifest& manifest, const RecorderOptions& options, std::string path,
                      std::unique_ptr<CaptureWriter> writer)
-    : options_(options), path_(std::move(path)), rank_(manifest.parallel.rank), writer_(std::move(writer)),
+    : options_(options),
+      path_(std::move(path)),
+      rank_(manifest.parallel.rank),
+      writer_(std::move(writer)),
       queue_(options.step_queue_slots, options.step_queue_bytes),
       held_(options.held_steps, options.held_bytes),
       ring_(options.snapshot_ring_bytes, options.max_snapshots, manifest.parallel.rank, options.blob),
@@ -109,7 +112,8 @@ absl::Status Recorder::Impl::ReportOnce(absl::Status s) {
 
 absl::Status Recorder::Impl::RecordStep(const StepView& step) {
   if (closed_.load(std::memory_order_relaxed)) {
-    return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; step ", step.step, " not recorded"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("capture ", path_, " is closed; step ", step.step, " not recorded"));
   }
   if (failed_.load(std::memory_order_relaxed)) return error();
   CR_RETURN_IF_ERROR(internal::StepQueue::Validate(step));
@@ -225,8 +229,8 @@ void Recorder::Impl::DeltaPageRows(StepRecord& record, bool restart) {
 
 absl::Status Recorder::Impl::SubmitSnapshot(uint64_t step, std::span<const TensorView> tensors) {
   if (closed_.load(std::memory_order_relaxed)) {
-    return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed; snapshot of step ", step,
-                                                      " not taken"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("capture ", path_, " is closed; snapshot of step ", step, " not taken"));
   }
   return ring_.Submit(step, tensors);  // the encoder polls, as the writer does
 }
@@ -261,8 +265,10 @@ void Recorder::Impl::WriterLoop() {
     }
     if (stop_.load(std::memory_order_acquire) && t == queue_.head()) break;
     RetryDisk(/*force=*/false);  // rate-limited; Close() makes the last try
-    if (t == queue_.head()) IdleWait(writer_events_, ev, &idle);
-    else idle = 0;
+    if (t == queue_.head())
+      IdleWait(writer_events_, ev, &idle);
+    else
+      idle = 0;
   }
 }
 
@@ -356,8 +362,10 @@ void Recorder::Impl::EncoderLoop() {
     bool worked = false;
     while (ring_.EncodeNext()) worked = true;
     if (stop_.load(std::memory_order_acquire) && !ring_.HasStaged()) break;
-    if (!worked) IdleWait(encoder_events_, ev, &idle);
-    else idle = 0;
+    if (!worked)
+      IdleWait(encoder_events_, ev, &idle);
+    else
+      idle = 0;
   }
 }
 
@@ -404,15 +412,17 @@ absl::Status Recorder::Impl::RecordFingerprint(uint64_t step, std::string_view b
   if (closed_.load()) return absl::FailedPreconditionError(absl::StrCat("capture ", path_, " is closed"));
   uint64_t numel = 1;
   for (int64_t d : t.shape) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": negative dimension"));
+    if (d < 0)
+      return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": negative dimension"));
     numel *= static_cast<uint64_t>(d);
   }
   if (t.data == nullptr && numel > 0) {
     return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": no data"));
   }
   if (DTypeBytes(t.dtype, numel) != t.byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": ", t.byte_size, " bytes for ", numel,
-                                                   " elements of ", std::string(DTypeName(t.dtype))));
+    return absl::InvalidArgumentError(absl::StrCat("fingerprint ", std::string(boundary), ": ", t.byte_size,
+                                                   " bytes for ", numel, " elements of ",
+                                                   std::string(DTypeName(t.dtype))));
   }
   const uint64_t columns = t.shape.empty() ? 1 : static_cast<uint64_t>(t.shape.back());
   crashreplay::Fingerprint f = SummarizeTensor(boundary, t.dtype, t.data, numel, columns, !IsFloat(t.dtype));
@@ -510,13 +520,15 @@ void Recorder::Impl::OnTerminate(const std::string& exception_type, const std::s
   f.failure_class = FailureClass::kException;
   f.exception_type = exception_type;
   absl::Status s = OnFailure(f);
-  if (!s.ok()) std::fprintf(stderr, "crashreplay: recording the failure in %s: %s\n", path_.c_str(), s.ToString().c_str());
+  if (!s.ok())
+    std::fprintf(stderr, "crashreplay: recording the failure in %s: %s\n", path_.c_str(), s.ToString().c_str());
   terminate_recorded_.store(true);
 }
 
 void Recorder::Impl::OnExit() {
   absl::Status s = Close();
-  if (!s.ok()) std::fprintf(stderr, "crashreplay: closing capture %s at exit: %s\n", path_.c_str(), s.ToString().c_str());
+  if (!s.ok())
+    std::fprintf(stderr, "crashreplay: closing capture %s at exit: %s\n", path_.c_str(), s.ToString().c_str());
 }
 
 // Async-signal context: atomics, nanosleep, clock_gettime, write, fsync.
@@ -716,13 +728,14 @@ std::string Recorder::Impl::UnwrittenLocked() const {
   std::vector<std::string> parts;
   const uint64_t steps = held_.steps();
   if (steps > 0) {
-    parts.push_back(absl::StrFormat("steps %d-%d (%d steps, held in memory)", held_.first_step(), held_.last_step(),
-                                    steps));
+    parts.push_back(
+        absl::StrFormat("steps %d-%d (%d steps, held in memory)", held_.first_step(), held_.last_step(), steps));
   }
   if (held_.records() > steps) parts.push_back(absl::StrFormat("%d other held records", held_.records() - steps));
   const uint64_t dropped = steps_dropped_.load() + held_.steps_dropped();
   if (dropped > 0) parts.push_back(absl::StrFormat("%d steps dropped", dropped));
-  if (held_.records_dropped() > 0) parts.push_back(absl::StrFormat("%d other records dropped", held_.records_dropped()));
+  if (held_.records_dropped() > 0)
+    parts.push_back(absl::StrFormat("%d other records dropped", held_.records_dropped()));
   if (ring_pending_) parts.push_back(absl::StrFormat("the snapshot ring (%d snapshots)", ring_.encoded()));
   if (!pending_failures_.empty()) parts.push_back(absl::StrFormat("%d failure record(s)", pending_failures_.size()));
   return parts.empty() ? std::string("nothing held") : absl::StrJoin(parts, ", ");

@@ -220,12 +220,15 @@ int cr_recorder_close(cr_recorder* r) {
 int cr_recorder_stats_get(const cr_recorder* r, cr_recorder_stats* out) {
   if (r == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("cr_recorder_stats_get: NULL argument"));
   const RecorderStats s = r->recorder->stats();
-  *out = cr_recorder_stats{s.steps_accepted,     s.steps_written,  s.snapshots_accepted,
-                           s.snapshots_encoded,  s.snapshots_dropped, s.bytes_dropped,
-                           s.ring_raw_bytes,     s.ring_encoded_bytes, s.weight_bytes,
-                           s.weight_check_period_steps, s.weight_checks, s.corrupt_weight_slices,
-                           s.file_bytes,         s.steps_spilled,  s.steps_dropped,
-                           s.records_dropped,    s.write_errors,   s.steps_held,
+  *out = cr_recorder_stats{s.steps_accepted,     s.steps_written,
+                           s.snapshots_accepted, s.snapshots_encoded,
+                           s.snapshots_dropped,  s.bytes_dropped,
+                           s.ring_raw_bytes,     s.ring_encoded_bytes,
+                           s.weight_bytes,       s.weight_check_period_steps,
+                           s.weight_checks,      s.corrupt_weight_slices,
+                           s.file_bytes,         s.steps_spilled,
+                           s.steps_dropped,      s.records_dropped,
+                           s.write_errors,       s.steps_held,
                            s.held_bytes,         s.page_rows_incomplete};
   return CR_OK;
 }

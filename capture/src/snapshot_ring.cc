@@ -29,7 +29,10 @@ void StageCopy(std::byte* dst, const void* src, size_t n) {
 }  // namespace
 
 SnapshotRing::SnapshotRing(uint64_t budget_bytes, uint32_t max_entries, uint32_t rank, const BlobEncodeOptions& blob)
-    : budget_(budget_bytes), rank_(rank), blob_(blob), staged_(std::max<uint32_t>(max_entries, 1)),
+    : budget_(budget_bytes),
+      rank_(rank),
+      blob_(blob),
+      staged_(std::max<uint32_t>(max_entries, 1)),
       slots_(std::max<uint32_t>(max_entries, 1)) {
   if (budget_ > 0) {
     arena_.reset(new std::byte[budget_]);
@@ -80,17 +83,19 @@ absl::Status SnapshotRing::Submit(uint64_t step, std::span<const TensorView> ten
   uint64_t total = 0;
   for (const TensorView& t : tensors) {
     if (t.data == nullptr && t.byte_size > 0) {
-      return absl::InvalidArgumentError(absl::StrCat("snapshot of step ", step, ": tensor '", std::string(t.name), "' has no data"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("snapshot of step ", step, ": tensor '", std::string(t.name), "' has no data"));
     }
     uint64_t elements = 1;
     for (int64_t d : t.shape) {
-      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(t.name), "' has a negative dimension"));
+      if (d < 0)
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(t.name), "' has a negative dimension"));
       elements *= static_cast<uint64_t>(d);
     }
     if (DTypeBytes(t.dtype, elements) != t.byte_size) {
-      return absl::InvalidArgumentError(absl::StrCat("snapshot of step ", step, ": tensor '", std::string(t.name), "' is ",
-                                                     t.byte_size, " bytes, its shape and dtype ",
-                                                     std::string(DTypeName(t.dtype)), " need ", DTypeBytes(t.dtype, elements)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "snapshot of step ", step, ": tensor '", std::string(t.name), "' is ", t.byte_size,
+          " bytes, its shape and dtype ", std::string(DTypeName(t.dtype)), " need ", DTypeBytes(t.dtype, elements)));
     }
     total += t.byte_size;
   }
@@ -214,9 +219,8 @@ void SnapshotRing::EncodeTaken() {
     d.stored = true;
     d.device = "cpu";
     record.tensors.push_back(std::move(d));
-    const bool duplicate = std::any_of(frames.begin(), frames.end(), [&](const EncodedFrame& f) {
-      return f.blob_hash == hash;
-    });
+    const bool duplicate =
+        std::any_of(frames.begin(), frames.end(), [&](const EncodedFrame& f) { return f.blob_hash == hash; });
     if (duplicate) continue;
     frames.push_back(std::move(blob));
     bytes += frames.back().bytes.size();
@@ -325,4 +329,3 @@ void SnapshotRing::WriteForSignal(CaptureWriter* writer) noexcept {
 }
 
 }  // namespace crashreplay::capture::internal
-

@@ -20,7 +20,19 @@ static_assert(std::is_trivially_copyable_v<Hash128>);
 constexpr size_t kLine = 64;
 constexpr uint64_t kMinArena = 64 << 10;
 
-enum Field { kTokens, kPositions, kSeqLens, kExtendLens, kPool, kPtOffsets, kPtSlots, kPtStarts, kOutLoc, kOutputs, kFields };
+enum Field {
+  kTokens,
+  kPositions,
+  kSeqLens,
+  kExtendLens,
+  kPool,
+  kPtOffsets,
+  kPtSlots,
+  kPtStarts,
+  kOutLoc,
+  kOutputs,
+  kFields
+};
 
 // The record layout, in this order, each part 8-byte aligned:
 //   Header
@@ -140,9 +152,10 @@ absl::Status StepQueue::Validate(const StepView& v) {
                                                      " page_table_starts for ", rows, " page-table rows"));
     }
     if (v.req_pool_indices.size() < rows) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", v.step, ": page_table_starts need a req_pool_index for "
-                                                     "each of the ", rows, " rows (", v.req_pool_indices.size(),
-                                                     " given)"));
+      return absl::InvalidArgumentError(absl::StrCat("step ", v.step,
+                                                     ": page_table_starts need a req_pool_index for "
+                                                     "each of the ",
+                                                     rows, " rows (", v.req_pool_indices.size(), " given)"));
     }
     for (size_t i = 0; i < rows; ++i) {
       if (v.page_table_starts[i] < 0) {
@@ -243,7 +256,8 @@ void StepQueue::Push(const StepView& v, int64_t timestamp_nanos) {
     id_ends_[i] = static_cast<uint32_t>(id_chars);
   }
   const size_t digest_chars = SumDigestNames(v);
-  const Layout l = LayoutOf(num_ints, v.sampling.size(), v.digests.size(), v.request_ids.size(), id_chars, digest_chars);
+  const Layout l =
+      LayoutOf(num_ints, v.sampling.size(), v.digests.size(), v.request_ids.size(), id_chars, digest_chars);
   std::byte* const rec = Allocate(l.total, &e);
   e.data = rec;
 

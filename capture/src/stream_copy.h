@@ -8,9 +8,9 @@
 // where SSE2 is not available.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 
 #if defined(__SSE2__)

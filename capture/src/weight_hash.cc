@@ -57,8 +57,7 @@ Hash128 HashBlock(std::span<const std::byte> bytes, const ShardBlock& b) {
 }  // namespace
 
 Hash128 WeightRoot(std::vector<TensorHash>* tensors) {
-  std::sort(tensors->begin(), tensors->end(),
-            [](const TensorHash& a, const TensorHash& b) { return a.name < b.name; });
+  std::sort(tensors->begin(), tensors->end(), [](const TensorHash& a, const TensorHash& b) { return a.name < b.name; });
   std::string buf;
   for (const TensorHash& t : *tensors) {
     AppendLE64(&buf, t.name.size());
@@ -119,12 +118,11 @@ absl::StatusOr<ShardingModel> ReadShardingModel(const std::string& checkpoint_di
 }
 
 absl::StatusOr<std::vector<WeightShardHashes>> HashCheckpoint(const std::string& checkpoint_dir, int64_t tp_size,
-                                                              const ShardingModel& model,
-                                                              const HashOptions& options) {
+                                                              const ShardingModel& model, const HashOptions& options) {
   if (tp_size < 1) return absl::InvalidArgumentError(absl::StrCat("--tp must be at least 1, got ", tp_size));
   if (model.expert_parallel && model.num_experts > 0 && model.num_experts % tp_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(model.num_experts, " experts do not divide over ", tp_size,
-                                                   " ranks for expert parallelism"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(model.num_experts, " experts do not divide over ", tp_size, " ranks for expert parallelism"));
   }
   CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(checkpoint_dir));
   struct Job {

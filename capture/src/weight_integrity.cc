@@ -11,8 +11,7 @@
 namespace crashreplay::capture::internal {
 
 WeightIntegrity::WeightIntegrity(uint64_t chunk_bytes, uint64_t fixed_bytes_per_step, double budget)
-    : chunk_bytes_(std::max<uint64_t>(chunk_bytes, 64)), fixed_bytes_per_step_(fixed_bytes_per_step),
-      budget_(budget) {}
+    : chunk_bytes_(std::max<uint64_t>(chunk_bytes, 64)), fixed_bytes_per_step_(fixed_bytes_per_step), budget_(budget) {}
 
 Hash128 WeightIntegrity::HashSlice(const Tensor& t, uint64_t begin, uint64_t end) {
   if (!t.device) return XXH128Of(t.data + begin, end - begin);
@@ -46,8 +45,7 @@ absl::Status WeightIntegrity::Register(std::span<const TensorView> weights, bool
     total_bytes_ += w.byte_size;
     hashed += w.byte_size;
   }
-  const double ns =
-      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
   if (hashed >= (1u << 20) && ns > 0) hash_bytes_per_ns_ = static_cast<double>(hashed) / ns;
   return absl::OkStatus();
 }

@@ -55,8 +55,8 @@ CR_HD void Scramble(uint64_t acc[8], const unsigned char* secret) {
 
 // len > kMidSizeMax.
 CR_HD uint64_t HashLong64(const unsigned char* input, size_t len, const unsigned char* secret) {
-  uint64_t acc[8] = {0xC2B2AE3Dull,          0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
-                     0x85EBCA77C2B2AE63ull, 0x85EBCA77ull,          0x27D4EB2F165667C5ull, 0x9E3779B1ull};
+  uint64_t acc[8] = {0xC2B2AE3Dull,         0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+                     0x85EBCA77C2B2AE63ull, 0x85EBCA77ull,         0x27D4EB2F165667C5ull, 0x9E3779B1ull};
   constexpr size_t kStripe = 64, kStripesPerBlock = (kSecretSize - kStripe) / 8, kBlock = kStripe * kStripesPerBlock;
   const size_t blocks = (len - 1) / kBlock;
   for (size_t b = 0; b < blocks; ++b) {
@@ -68,7 +68,8 @@ CR_HD uint64_t HashLong64(const unsigned char* input, size_t len, const unsigned
   Accumulate512(acc, input + len - kStripe, secret + kSecretSize - kStripe - 7);
   uint64_t result = static_cast<uint64_t>(len) * 0x9E3779B185EBCA87ull;
   for (int i = 0; i < 4; ++i) {
-    result += Mul128Fold64(acc[2 * i] ^ ReadLE64(secret + 11 + 16 * i), acc[2 * i + 1] ^ ReadLE64(secret + 11 + 16 * i + 8));
+    result +=
+        Mul128Fold64(acc[2 * i] ^ ReadLE64(secret + 11 + 16 * i), acc[2 * i + 1] ^ ReadLE64(secret + 11 + 16 * i + 8));
   }
   result ^= result >> 37;
   result *= 0x165667919E3779F9ull;

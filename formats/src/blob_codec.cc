@@ -170,16 +170,14 @@ bool CompressPlanes(const unsigned char* src, size_t size, size_t k, const BlobE
 
 }  // namespace
 
-std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash,
-                                             size_t element_size, const BlobEncodeOptions& options,
-                                             size_t headroom) {
+std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
+                                             const BlobEncodeOptions& options, size_t headroom) {
   const auto* src = reinterpret_cast<const unsigned char*>(raw.data());
   const size_t size = raw.size();
   BlobHeader header;
   header.raw_size = size;
   header.hash = hash;
-  const bool shuffle = options.byte_plane_shuffle && element_size >= 2 && element_size <= 16 &&
-                       size >= element_size;
+  const bool shuffle = options.byte_plane_shuffle && element_size >= 2 && element_size <= 16 && size >= element_size;
   const size_t front = headroom + kBlobHeaderSize;
   // Reserved at zstd's bound and written once: pages past what the frame
   // fills are never touched (so never resident), and nothing is copied
@@ -208,8 +206,7 @@ std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, con
 }
 
 std::vector<unsigned char> EncodeBlobPayloadHashing(std::span<const std::byte> raw, size_t element_size,
-                                                    const BlobEncodeOptions& options, size_t headroom,
-                                                    Hash128* hash) {
+                                                    const BlobEncodeOptions& options, size_t headroom, Hash128* hash) {
   // A thread costs some tens of microseconds to start: worth it only when
   // hashing takes a millisecond or more (XXH3-128 runs at about 6 GB/s).
   constexpr size_t kHashAsideFrom = 4 << 20;
@@ -237,10 +234,10 @@ absl::StatusOr<std::vector<std::byte>> DecodeBlobPayload(const unsigned char* pa
   BlobHeader h;
   if (absl::Status s = ParseBlobHeader(payload, size, &h); !s.ok()) return s;
   if (h.raw_size > max_raw_size) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "blob %s declares %d decoded bytes, over the reader's cap of %d (raise CaptureLimits."
-        "max_blob_raw_size if the file is trusted)",
-        h.hash.Hex(), h.raw_size, max_raw_size));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("blob %s declares %d decoded bytes, over the reader's cap of %d (raise CaptureLimits."
+                        "max_blob_raw_size if the file is trusted)",
+                        h.hash.Hex(), h.raw_size, max_raw_size));
   }
   const unsigned char* body = payload + kBlobHeaderSize;
   const size_t body_size = size - kBlobHeaderSize;
@@ -254,11 +251,12 @@ absl::StatusOr<std::vector<std::byte>> DecodeBlobPayload(const unsigned char* pa
     // (and a huge output cannot hide behind a small declared size).
     const unsigned long long content = ZSTD_getFrameContentSize(body, body_size);
     if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN) {
-      return absl::DataLossError(absl::StrFormat("blob %s: zstd frame header is invalid or does not state its decoded size", h.hash.Hex()));
+      return absl::DataLossError(
+          absl::StrFormat("blob %s: zstd frame header is invalid or does not state its decoded size", h.hash.Hex()));
     }
     if (content != h.raw_size) {
-      return absl::DataLossError(absl::StrFormat(
-          "blob %s: zstd frame says %d decoded bytes, the blob header %d", h.hash.Hex(), content, h.raw_size));
+      return absl::DataLossError(absl::StrFormat("blob %s: zstd frame says %d decoded bytes, the blob header %d",
+                                                 h.hash.Hex(), content, h.raw_size));
     }
     const bool shuffled = h.transform == BlobTransform::kBytePlaneShuffle;
     out.resize(h.raw_size);
@@ -271,16 +269,15 @@ absl::StatusOr<std::vector<std::byte>> DecodeBlobPayload(const unsigned char* pa
     ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, 27);
     const size_t got = ZSTD_decompressDCtx(dctx.get(), dst, h.raw_size, body, body_size);
     if (ZSTD_isError(got)) {
-      return absl::DataLossError(absl::StrFormat("blob %s: zstd cannot decode it (%s)", h.hash.Hex(),
-                                                 ZSTD_getErrorName(got)));
+      return absl::DataLossError(
+          absl::StrFormat("blob %s: zstd cannot decode it (%s)", h.hash.Hex(), ZSTD_getErrorName(got)));
     }
     if (got != h.raw_size) {
-      return absl::DataLossError(absl::StrFormat("blob %s: decoded %d bytes, the header declares %d",
-                                                 h.hash.Hex(), got, h.raw_size));
+      return absl::DataLossError(
+          absl::StrFormat("blob %s: decoded %d bytes, the header declares %d", h.hash.Hex(), got, h.raw_size));
     }
     if (shuffled) {
-      UnshuffleBytePlanes(scratch.data(), scratch.size(), h.element_size,
-                          reinterpret_cast<unsigned char*>(out.data()));
+      UnshuffleBytePlanes(scratch.data(), scratch.size(), h.element_size, reinterpret_cast<unsigned char*>(out.data()));
     }
   }
   const Hash128 actual = XXH128Of(out.data(), out.size());

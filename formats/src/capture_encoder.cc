@@ -122,8 +122,8 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
     const size_t left = ZSTD_compressStream2(c, &out, &in, ZSTD_e_flush);
     if (ZSTD_isError(left)) {
       parts_ = 0;
-      return absl::InternalError(absl::StrFormat("zstd cannot compress step %d: %s", record.step,
-                                                 ZSTD_getErrorName(left)));
+      return absl::InternalError(
+          absl::StrFormat("zstd cannot compress step %d: %s", record.step, ZSTD_getErrorName(left)));
     }
     if (left == 0) break;
     spill.insert(spill.end(), stream_->out.get(), stream_->out.get() + out.pos);
@@ -149,7 +149,8 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
   std::memset(part, 0, kStreamPartHeaderSize);
   part[0] = start ? kStreamPartStart : 0;
   StoreLE32(part + 4, static_cast<uint32_t>(payload->size()));
-  EncodeFrameHeader(f.type, kFrameFlagZstdStream | StepFlags(record), part, f.bytes.size() - kFrameHeaderSize, f.bytes.data());
+  EncodeFrameHeader(f.type, kFrameFlagZstdStream | StepFlags(record), part, f.bytes.size() - kFrameHeaderSize,
+                    f.bytes.data());
   return f;
 }
 
@@ -188,9 +189,7 @@ absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const FailureRecord& r) {
 absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const IndexRecord& r) {
   return EncodeRecord(RecordType::kIndex, r, 0);
 }
-absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const EndRecord& r) {
-  return EncodeRecord(RecordType::kEnd, r, 0);
-}
+absl::StatusOr<EncodedFrame> FrameEncoder::Encode(const EndRecord& r) { return EncodeRecord(RecordType::kEnd, r, 0); }
 
 namespace {
 
@@ -202,8 +201,7 @@ EncodedFrame BlobFrame(const Hash128& hash, size_t raw_size, std::vector<unsigne
   f.blob_hash = hash;
   f.raw_size = raw_size;
   f.bytes = std::move(bytes);
-  EncodeFrameHeader(f.type, 0, f.bytes.data() + kFrameHeaderSize, f.bytes.size() - kFrameHeaderSize,
-                    f.bytes.data());
+  EncodeFrameHeader(f.type, 0, f.bytes.data() + kFrameHeaderSize, f.bytes.size() - kFrameHeaderSize, f.bytes.data());
   return f;
 }
 
@@ -268,8 +266,8 @@ absl::StatusOr<PreparedFailureFrame> PreparedFailureFrame::Create(const FailureR
   p.step_at_ = FindUnique(p.bytes_, buf, 8);
   StoreLE64(buf, static_cast<uint64_t>(kTime));
   p.timestamp_at_ = FindUnique(p.bytes_, buf, 8);
-  if (p.signal_at_ == std::string::npos || p.step_at_ == std::string::npos ||
-      p.timestamp_at_ == std::string::npos || without_step->bytes.size() != p.bytes_.size()) {
+  if (p.signal_at_ == std::string::npos || p.step_at_ == std::string::npos || p.timestamp_at_ == std::string::npos ||
+      without_step->bytes.size() != p.bytes_.size()) {
     return absl::InternalError("cannot locate the fields of a failure record in its encoding");
   }
   // hasStep is one bit: the only difference besides the step's own bytes

@@ -27,8 +27,7 @@ const char* RecordTypeName(uint16_t type) {
   return "unknown";
 }
 
-uint64_t FrameChecksum(const unsigned char header[kFrameHeaderSize], const void* payload,
-                       size_t payload_size) {
+uint64_t FrameChecksum(const unsigned char header[kFrameHeaderSize], const void* payload, size_t payload_size) {
   // One-shot hashing needs the covered bytes contiguous; a stack state keeps
   // this allocation-free (XXH3_state_t is plain data, 64-byte aligned).
   alignas(64) XXH3_state_t state;
@@ -65,16 +64,15 @@ void EncodeFileHeader(unsigned char out[kFileHeaderSize]) {
   StoreLE64(out + 24, XXH3_64bits(out, 24));
 }
 
-absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* major,
-                             uint16_t* minor) {
+absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* major, uint16_t* minor) {
   if (size < kFileHeaderSize) {
     if (size >= 8 && std::memcmp(data, kCaptureMagic, 8) != 0) {
       return absl::DataLossError("not a crashreplay capture (wrong magic at byte offset 0)");
     }
-    return absl::DataLossError(absl::StrFormat(
-        "file is %d bytes, shorter than the %d-byte capture header: the recorder died while "
-        "creating it, or this is not a capture",
-        size, kFileHeaderSize));
+    return absl::DataLossError(
+        absl::StrFormat("file is %d bytes, shorter than the %d-byte capture header: the recorder died while "
+                        "creating it, or this is not a capture",
+                        size, kFileHeaderSize));
   }
   if (std::memcmp(data, kCaptureMagic, 8) != 0) {
     return absl::DataLossError("not a crashreplay capture (wrong magic at byte offset 0)");
@@ -85,10 +83,10 @@ absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* m
   *major = LoadLE16(data + 8);
   *minor = LoadLE16(data + 10);
   if (*major > kCaptureMajorVersion) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "capture format version %d.%d is newer than this crashreplay reads (major %d); "
-        "use a newer crashreplay",
-        *major, *minor, kCaptureMajorVersion));
+    return absl::UnimplementedError(
+        absl::StrFormat("capture format version %d.%d is newer than this crashreplay reads (major %d); "
+                        "use a newer crashreplay",
+                        *major, *minor, kCaptureMajorVersion));
   }
   if (*major == 0) return absl::DataLossError("capture header has major version 0, which was never written");
   if (LoadLE32(data + 12) != 0 || LoadLE64(data + 16) != 0) {
@@ -111,8 +109,8 @@ void EncodeBlobHeader(const BlobHeader& h, unsigned char out[kBlobHeaderSize]) {
 
 absl::Status ParseBlobHeader(const unsigned char* data, size_t size, BlobHeader* out) {
   if (size < kBlobHeaderSize) {
-    return absl::DataLossError(absl::StrFormat("blob payload is %d bytes, shorter than its %d-byte header",
-                                               size, kBlobHeaderSize));
+    return absl::DataLossError(
+        absl::StrFormat("blob payload is %d bytes, shorter than its %d-byte header", size, kBlobHeaderSize));
   }
   if (data[0] > static_cast<unsigned char>(BlobCodec::kZstd)) {
     return absl::DataLossError(absl::StrFormat("blob codec %d is unknown", data[0]));
@@ -136,8 +134,8 @@ absl::Status ParseBlobHeader(const unsigned char* data, size_t size, BlobHeader*
   out->raw_size = LoadLE64(data + 8);
   out->hash = Hash128{LoadLE64(data + 16), LoadLE64(data + 24)};
   if (out->codec == BlobCodec::kNone && out->raw_size != size - kBlobHeaderSize) {
-    return absl::DataLossError(absl::StrFormat(
-        "uncompressed blob declares %d bytes but carries %d", out->raw_size, size - kBlobHeaderSize));
+    return absl::DataLossError(
+        absl::StrFormat("uncompressed blob declares %d bytes but carries %d", out->raw_size, size - kBlobHeaderSize));
   }
   return absl::OkStatus();
 }

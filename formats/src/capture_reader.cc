@@ -16,8 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "capture_schema_codec.h"
 #include "crashreplay/base/status.h"
-#include "mapped_file.h"
 #include "crashreplay/formats/blob_codec.h"
+#include "mapped_file.h"
 
 namespace crashreplay {
 namespace {
@@ -31,8 +31,8 @@ bool AllZero(const unsigned char* p, size_t n) {
 
 // Prefixes a record-level error with where it is.
 absl::Status At(const absl::Status& s, const RecordInfo& r) {
-  return absl::Status(s.code(), absl::StrFormat("record %d (%s) at byte offset %d: %s", r.index,
-                                                RecordTypeName(r.type), r.offset, s.message()));
+  return absl::Status(s.code(), absl::StrFormat("record %d (%s) at byte offset %d: %s", r.index, RecordTypeName(r.type),
+                                                r.offset, s.message()));
 }
 
 // A compressed structured payload (frame flag kFrameFlagZstd): one zstd
@@ -47,12 +47,13 @@ absl::Status Inflate(uint16_t type, std::span<const unsigned char> z, uint64_t l
   }
   const unsigned long long content = ZSTD_getFrameContentSize(z.data(), z.size());
   if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN) {
-    return absl::DataLossError("compressed payload: the zstd frame header is invalid or does not state its decoded size");
+    return absl::DataLossError(
+        "compressed payload: the zstd frame header is invalid or does not state its decoded size");
   }
   if (content > limit) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "compressed record payload states %d decoded bytes, over the %d-byte limit for structured records",
-        content, limit));
+        "compressed record payload states %d decoded bytes, over the %d-byte limit for structured records", content,
+        limit));
   }
   if (*dctx == nullptr) {
     dctx->reset(ZSTD_createDCtx());
@@ -62,11 +63,12 @@ absl::Status Inflate(uint16_t type, std::span<const unsigned char> z, uint64_t l
   out->resize(static_cast<size_t>(content));
   const size_t got = ZSTD_decompressDCtx(dctx->get(), out->data(), out->size(), z.data(), z.size());
   if (ZSTD_isError(got)) {
-    return absl::DataLossError(absl::StrFormat("compressed payload: zstd cannot decode it (%s)", ZSTD_getErrorName(got)));
+    return absl::DataLossError(
+        absl::StrFormat("compressed payload: zstd cannot decode it (%s)", ZSTD_getErrorName(got)));
   }
   if (got != content) {
-    return absl::DataLossError(absl::StrFormat("compressed payload: decoded %d bytes, its zstd header states %d", got,
-                                               content));
+    return absl::DataLossError(
+        absl::StrFormat("compressed payload: decoded %d bytes, its zstd header states %d", got, content));
   }
   return absl::OkStatus();
 }
@@ -76,8 +78,8 @@ absl::Status Inflate(uint16_t type, std::span<const unsigned char> z, uint64_t l
 // the parts of the same zstd frame before it, to exactly the declared size
 // (at most the structured-payload limit). `open` says whether a zstd frame
 // has been started by an earlier part; it is closed again by any error.
-absl::Status InflateStreamPart(const FrameHeader& h, std::span<const unsigned char> p, uint64_t limit,
-                               DCtxPtr* dctx, bool* open, std::vector<unsigned char>* out) {
+absl::Status InflateStreamPart(const FrameHeader& h, std::span<const unsigned char> p, uint64_t limit, DCtxPtr* dctx,
+                               bool* open, std::vector<unsigned char>* out) {
   if (h.type != static_cast<uint16_t>(RecordType::kStep)) {
     return absl::DataLossError("the zstd-stream flag on a record that is not a step record");
   }
@@ -87,8 +89,8 @@ absl::Status InflateStreamPart(const FrameHeader& h, std::span<const unsigned ch
                                                p.size(), kStreamPartHeaderSize));
   }
   if (p[0] > kStreamPartStart || p[1] != 0 || p[2] != 0 || p[3] != 0) {
-    return absl::DataLossError(absl::StrFormat("zstd stream part header has unknown bits set (%02x %02x %02x %02x)",
-                                               p[0], p[1], p[2], p[3]));
+    return absl::DataLossError(
+        absl::StrFormat("zstd stream part header has unknown bits set (%02x %02x %02x %02x)", p[0], p[1], p[2], p[3]));
   }
   const uint32_t size = LoadLE32(p.data() + 4);
   if (size > limit) {
@@ -104,8 +106,7 @@ absl::Status InflateStreamPart(const FrameHeader& h, std::span<const unsigned ch
     ZSTD_DCtx_setParameter(dctx->get(), ZSTD_d_windowLogMax, 27);
     *open = true;
   } else if (!*open) {
-    return absl::DataLossError(
-        "zstd stream part continues a zstd frame whose first part is not before it in the file");
+    return absl::DataLossError("zstd stream part continues a zstd frame whose first part is not before it in the file");
   }
   *open = false;  // until this part has decoded cleanly
   // One byte of room more than declared: a part that decodes to more is
@@ -133,8 +134,7 @@ absl::Status InflateStreamPart(const FrameHeader& h, std::span<const unsigned ch
 
 }  // namespace
 
-CaptureReader::CaptureReader(std::string path, const CaptureLimits& limits)
-    : path_(std::move(path)), limits_(limits) {}
+CaptureReader::CaptureReader(std::string path, const CaptureLimits& limits) : path_(std::move(path)), limits_(limits) {}
 
 CaptureReader::~CaptureReader() {
   if (mapping_ != nullptr) ::munmap(mapping_, size_);
@@ -209,30 +209,30 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
     // A tail of zeros is what some filesystems leave after a crash that
     // extended the file without writing it: a torn tail, not corruption.
     if (AllZero(data_ + pos, static_cast<size_t>(remaining))) {
-      stop(absl::DataLossError(absl::StrFormat(
-               "torn tail: the last %d bytes from offset %d are zeros (the writer stopped mid-record)",
-               remaining, pos)),
-           true);
+      stop(
+          absl::DataLossError(absl::StrFormat(
+              "torn tail: the last %d bytes from offset %d are zeros (the writer stopped mid-record)", remaining, pos)),
+          true);
       return absl::OkStatus();
     }
     if (remaining < kFrameHeaderSize) {
       stop(absl::DataLossError(absl::StrFormat(
-               "torn tail: %d bytes at offset %d, fewer than a %d-byte frame header (record %d was cut off)",
-               remaining, pos, kFrameHeaderSize, index)),
+               "torn tail: %d bytes at offset %d, fewer than a %d-byte frame header (record %d was cut off)", remaining,
+               pos, kFrameHeaderSize, index)),
            true);
       return absl::OkStatus();
     }
     FrameHeader h;
     if (!ParseFrameHeader(data_ + pos, &h)) {
-      stop(absl::DataLossError(absl::StrFormat("record %d at byte offset %d: no frame marker: the file is corrupt here",
-                                               index, pos)),
+      stop(absl::DataLossError(
+               absl::StrFormat("record %d at byte offset %d: no frame marker: the file is corrupt here", index, pos)),
            false);
       return absl::OkStatus();
     }
     if (h.payload_size > remaining - kFrameHeaderSize) {
       stop(absl::DataLossError(absl::StrFormat(
-               "torn tail: record %d (%s) at byte offset %d declares %d payload bytes but only %d remain",
-               index, RecordTypeName(h.type), pos, h.payload_size, remaining - kFrameHeaderSize)),
+               "torn tail: record %d (%s) at byte offset %d declares %d payload bytes but only %d remain", index,
+               RecordTypeName(h.type), pos, h.payload_size, remaining - kFrameHeaderSize)),
            true);
       return absl::OkStatus();
     }
@@ -245,9 +245,9 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
     }
     const RecordInfo info{index, pos, h.type, h.flags, h.payload_size};
     if ((h.flags & ~FrameFlagsKnown(major_, minor_)) != 0) {
-      stop(At(absl::UnimplementedError(absl::StrFormat(
-                  "frame flags 0x%04x set bits format %d.%d does not define; use a newer crashreplay", h.flags,
-                  major_, minor_)),
+      stop(At(absl::UnimplementedError(
+                  absl::StrFormat("frame flags 0x%04x set bits format %d.%d does not define; use a newer crashreplay",
+                                  h.flags, major_, minor_)),
               info),
            false);
       return absl::OkStatus();
@@ -258,8 +258,8 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
     }
     std::span<const unsigned char> body(payload, static_cast<size_t>(h.payload_size));
     if ((h.flags & kFrameFlagZstdStream) != 0) {
-      if (absl::Status s = InflateStreamPart(h, body, limits_.max_structured_payload, &stream_dctx, &stream_open,
-                                             &inflated);
+      if (absl::Status s =
+              InflateStreamPart(h, body, limits_.max_structured_payload, &stream_dctx, &stream_open, &inflated);
           !s.ok()) {
         stop(At(s, info), false);
         return absl::OkStatus();
@@ -423,12 +423,10 @@ absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const
     return absl::OkStatus();
   }
   return absl::UnimplementedError(absl::StrFormat(
-      "record type %d is not known to this version and is not marked skippable; use a newer crashreplay",
-      info.type));
+      "record type %d is not known to this version and is not marked skippable; use a newer crashreplay", info.type));
 }
 
-absl::StatusOr<std::vector<std::byte>> CaptureReader::DecodeBlobAt(const RecordInfo& r,
-                                                                   bool charge_total) const {
+absl::StatusOr<std::vector<std::byte>> CaptureReader::DecodeBlobAt(const RecordInfo& r, bool charge_total) const {
   const std::span<const unsigned char> payload = Payload(r);
   BlobHeader h;
   CR_RETURN_IF_ERROR(ParseBlobHeader(payload.data(), payload.size(), &h));
@@ -437,9 +435,9 @@ absl::StatusOr<std::vector<std::byte>> CaptureReader::DecodeBlobAt(const RecordI
   const uint64_t before = decoded_total_.fetch_add(h.raw_size);
   if (before + h.raw_size > limits_.max_total_decoded || before + h.raw_size < before) {
     decoded_total_.fetch_sub(h.raw_size);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "decoding blob %s (%d bytes) would pass this reader's total cap of %d decoded bytes",
-        h.hash.Hex(), h.raw_size, limits_.max_total_decoded));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("decoding blob %s (%d bytes) would pass this reader's total cap of %d decoded bytes",
+                        h.hash.Hex(), h.raw_size, limits_.max_total_decoded));
   }
   return DecodeBlobPayload(payload.data(), payload.size(), limits_.max_blob_raw_size);
 }
@@ -530,8 +528,8 @@ VerifyResult CaptureReader::Verify() const {
   auto check_tensors = [&](const std::vector<TensorDescriptor>& tensors) -> absl::Status {
     for (const TensorDescriptor& t : tensors) {
       if (t.stored && !blobs_seen.contains(t.content_hash)) {
-        return absl::DataLossError(absl::StrFormat("tensor '%s' is marked stored but blob %s is not before it",
-                                                   t.name, t.content_hash.Hex()));
+        return absl::DataLossError(
+            absl::StrFormat("tensor '%s' is marked stored but blob %s is not before it", t.name, t.content_hash.Hex()));
       }
     }
     return absl::OkStatus();
@@ -556,12 +554,8 @@ VerifyResult CaptureReader::Verify() const {
         }
         break;
       }
-      case RecordType::kStep:
-        s = check_tensors(steps_[step_i++].tensors);
-        break;
-      case RecordType::kSnapshot:
-        s = check_tensors(snapshots_[snap_i++].tensors);
-        break;
+      case RecordType::kStep: s = check_tensors(steps_[step_i++].tensors); break;
+      case RecordType::kSnapshot: s = check_tensors(snapshots_[snap_i++].tensors); break;
       case RecordType::kIndex:
         for (const IndexEntry& e : index_->entries) {
           auto it = type_at_offset.find(e.offset);
@@ -575,15 +569,15 @@ VerifyResult CaptureReader::Verify() const {
           if (!s.ok()) break;
           auto it = blobs_.find(b.hash);
           if (it == blobs_.end() || records_[it->second].offset != b.offset) {
-            s = absl::DataLossError(absl::StrFormat("index lists blob %s at offset %d that is not there",
-                                                    b.hash.Hex(), b.offset));
+            s = absl::DataLossError(
+                absl::StrFormat("index lists blob %s at offset %d that is not there", b.hash.Hex(), b.offset));
           }
         }
         break;
       case RecordType::kEnd:
         if (const uint64_t before = index_.has_value() ? index_record_ : r.index; end_->records != before) {
-          s = absl::DataLossError(absl::StrFormat("end record counts %d records before the index, the file has %d",
-                                                  end_->records, before));
+          s = absl::DataLossError(
+              absl::StrFormat("end record counts %d records before the index, the file has %d", end_->records, before));
         } else if (index_.has_value() && end_->index_offset != records_[index_record_].offset) {
           s = absl::DataLossError(absl::StrFormat("end record says the index is at offset %d, it is at %d",
                                                   end_->index_offset, records_[index_record_].offset));
@@ -595,14 +589,13 @@ VerifyResult CaptureReader::Verify() const {
             indexed_steps += e.type == static_cast<uint16_t>(RecordType::kStep);
           }
           if (end_->steps != indexed_steps || end_->blobs != index_->blobs.size()) {
-            s = absl::DataLossError(absl::StrFormat(
-                "end record counts %d steps and %d blobs, the index lists %d and %d", end_->steps, end_->blobs,
-                indexed_steps, index_->blobs.size()));
+            s = absl::DataLossError(
+                absl::StrFormat("end record counts %d steps and %d blobs, the index lists %d and %d", end_->steps,
+                                end_->blobs, indexed_steps, index_->blobs.size()));
           }
         }
         break;
-      default:
-        break;
+      default: break;
     }
     if (!s.ok()) return fail(At(s, r), r.index, r.offset);
   }

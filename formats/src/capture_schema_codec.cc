@@ -98,11 +98,16 @@ void Build(s::SessionManifest::Builder b, const SessionManifest& v) {
     const Toggle& src = v.toggles[i];
     t.setName(Txt(src.name));
     auto val = t.getValue();
-    if (const auto* x = std::get_if<int64_t>(&src.value)) val.setInt(*x);
-    else if (const auto* x = std::get_if<double>(&src.value)) val.setFloat(*x);
-    else if (const auto* x = std::get_if<bool>(&src.value)) val.setBool(*x);
-    else if (const auto* x = std::get_if<std::string>(&src.value)) val.setText(Txt(*x));
-    else val.setUnset();
+    if (const auto* x = std::get_if<int64_t>(&src.value))
+      val.setInt(*x);
+    else if (const auto* x = std::get_if<double>(&src.value))
+      val.setFloat(*x);
+    else if (const auto* x = std::get_if<bool>(&src.value))
+      val.setBool(*x);
+    else if (const auto* x = std::get_if<std::string>(&src.value))
+      val.setText(Txt(*x));
+    else
+      val.setUnset();
   }
   auto d = b.initDevice();
   d.setName(Txt(v.device.name));
@@ -172,8 +177,10 @@ void Build(s::StepRecord::Builder b, const StepRecord& v) {
   for (size_t i = 0; i < v.digests.size(); ++i) {
     auto o = dg[static_cast<unsigned>(i)];
     o.setName(Txt(v.digests[i].name));
-    if (const auto* x = std::get_if<uint64_t>(&v.digests[i].value)) o.getValue().setU64(*x);
-    else SetHash(o.getValue().initHash(), std::get<Hash128>(v.digests[i].value));
+    if (const auto* x = std::get_if<uint64_t>(&v.digests[i].value))
+      o.getValue().setU64(*x);
+    else
+      SetHash(o.getValue().initHash(), std::get<Hash128>(v.digests[i].value));
   }
   BuildTensors(b.initTensors(static_cast<unsigned>(v.tensors.size())), v.tensors);
 }
@@ -322,8 +329,7 @@ ForwardMode ReadMode(s::ForwardMode m) {
 }
 FailureClass ReadClass(s::FailureClass c) {
   const auto v = static_cast<uint16_t>(c);
-  return v <= static_cast<uint16_t>(FailureClass::kException) ? static_cast<FailureClass>(v)
-                                                             : FailureClass::kUnknown;
+  return v <= static_cast<uint16_t>(FailureClass::kException) ? static_cast<FailureClass>(v) : FailureClass::kUnknown;
 }
 
 void Read(s::SessionManifest::Reader r, SessionManifest* v) {
@@ -401,13 +407,13 @@ void Read(s::StepRecord::Reader r, StepRecord* v) {
   v->extend_lens = ReadInts<int64_t>(r.getExtendLens());
   v->req_pool_indices = ReadInts<int64_t>(r.getReqPoolIndices());
   for (auto row : r.getPageTable()) {
-    v->page_table.push_back(PageTableRow{row.getReqPoolIndex(), ReadInts<int64_t>(row.getTokenSlots()),
-                                         row.getStart(), row.getFromPrevious()});
+    v->page_table.push_back(PageTableRow{row.getReqPoolIndex(), ReadInts<int64_t>(row.getTokenSlots()), row.getStart(),
+                                         row.getFromPrevious()});
   }
   v->out_cache_loc = ReadInts<int64_t>(r.getOutCacheLoc());
   for (auto sp : r.getSampling()) {
-    v->sampling.push_back(SamplingParams{sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getMinP(),
-                                         sp.getSeed(), sp.getHasSeed()});
+    v->sampling.push_back(
+        SamplingParams{sp.getTemperature(), sp.getTopP(), sp.getTopK(), sp.getMinP(), sp.getSeed(), sp.getHasSeed()});
   }
   v->rng_seed = r.getRngSeed();
   v->rng_offset = r.getRngOffset();
@@ -416,8 +422,10 @@ void Read(s::StepRecord::Reader r, StepRecord* v) {
     Digest dg;
     dg.name = Str(d.getName());
     auto val = d.getValue();
-    if (val.which() == s::Digest::Value::HASH) dg.value = GetHash(val.getHash());
-    else dg.value = static_cast<uint64_t>(val.getU64());
+    if (val.which() == s::Digest::Value::HASH)
+      dg.value = GetHash(val.getHash());
+    else
+      dg.value = static_cast<uint64_t>(val.getU64());
     v->digests.push_back(std::move(dg));
   }
   v->tensors = ReadTensors(r.getTensors());
@@ -434,8 +442,8 @@ void Read(s::WeightCheckRecord::Reader r, WeightCheckRecord* v) {
   v->rank = r.getRank();
   v->period_steps = r.getPeriodSteps();
   for (auto sl : r.getSlices()) {
-    v->slices.push_back(WeightSlice{Str(sl.getTensor()), sl.getByteBegin(), sl.getByteEnd(),
-                                    GetHash(sl.getHash()), GetHash(sl.getExpected()), sl.getCorrupt()});
+    v->slices.push_back(WeightSlice{Str(sl.getTensor()), sl.getByteBegin(), sl.getByteEnd(), GetHash(sl.getHash()),
+                                    GetHash(sl.getExpected()), sl.getCorrupt()});
   }
 }
 
@@ -538,20 +546,20 @@ absl::StatusOr<std::vector<unsigned char>> Encode(const T& record) {
     Build(message.initRoot<Root>(), record);
     return Flatten(message);
   } catch (const kj::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("cannot encode capture record: %s", e.getDescription().cStr()));
+    return absl::InvalidArgumentError(absl::StrFormat("cannot encode capture record: %s", e.getDescription().cStr()));
   }
 }
 
 template <typename Root, typename T>
 absl::Status Decode(const unsigned char* data, size_t size, const CaptureLimits& limits, T* out) {
   if (size > limits.max_structured_payload) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "record payload is %d bytes, over the %d-byte limit for structured records", size,
-        limits.max_structured_payload));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("record payload is %d bytes, over the %d-byte limit for structured records", size,
+                        limits.max_structured_payload));
   }
   if (size == 0 || size % sizeof(capnp::word) != 0) {
-    return absl::DataLossError(absl::StrFormat("record payload of %d bytes is not a whole number of 8-byte words", size));
+    return absl::DataLossError(
+        absl::StrFormat("record payload of %d bytes is not a whole number of 8-byte words", size));
   }
   // Copied into an aligned buffer: the file offset need not be 8-aligned.
   kj::Array<capnp::word> words = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
@@ -577,13 +585,10 @@ absl::Status Decode(const unsigned char* data, size_t size, const CaptureLimits&
 
 }  // namespace
 
-#define CR_CAPTURE_RECORD_CODEC_IMPL(T)                                                          \
-  absl::StatusOr<std::vector<unsigned char>> ToPayload(const T& record) {                        \
-    return Encode<s::T>(record);                                                                 \
-  }                                                                                              \
-  absl::Status FromPayload(const unsigned char* data, size_t size, const CaptureLimits& limits, \
-                           T* out) {                                                             \
-    return Decode<s::T>(data, size, limits, out);                                                \
+#define CR_CAPTURE_RECORD_CODEC_IMPL(T)                                                                   \
+  absl::StatusOr<std::vector<unsigned char>> ToPayload(const T& record) { return Encode<s::T>(record); }  \
+  absl::Status FromPayload(const unsigned char* data, size_t size, const CaptureLimits& limits, T* out) { \
+    return Decode<s::T>(data, size, limits, out);                                                         \
   }
 
 CR_CAPTURE_RECORD_CODEC_IMPL(SessionManifest)

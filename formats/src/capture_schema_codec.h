@@ -17,10 +17,9 @@
 
 namespace crashreplay::internal {
 
-#define CR_CAPTURE_RECORD_CODEC(T)                                               \
-  absl::StatusOr<std::vector<unsigned char>> ToPayload(const T& record);         \
-  absl::Status FromPayload(const unsigned char* data, size_t size, const CaptureLimits& limits, \
-                           T* out);
+#define CR_CAPTURE_RECORD_CODEC(T)                                       \
+  absl::StatusOr<std::vector<unsigned char>> ToPayload(const T& record); \
+  absl::Status FromPayload(const unsigned char* data, size_t size, const CaptureLimits& limits, T* out);
 
 CR_CAPTURE_RECORD_CODEC(SessionManifest)
 CR_CAPTURE_RECORD_CODEC(WeightHashesRecord)

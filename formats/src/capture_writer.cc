@@ -76,8 +76,8 @@ absl::Status CaptureWriter::WriteBytesLocked(const unsigned char* data, size_t s
   }
   const int err = errno;
   write_errors_.fetch_add(1);
-  absl::Status status = absl::ErrnoToStatus(
-      err, absl::StrFormat("write of %s to %s failed at offset %d", what, path_, offset + n));
+  absl::Status status =
+      absl::ErrnoToStatus(err, absl::StrFormat("write of %s to %s failed at offset %d", what, path_, offset + n));
   // Cut the partial frame off: the file stays its complete frames, and a
   // later append (when space returns) follows them instead of being hidden
   // behind a torn frame.
@@ -107,9 +107,10 @@ absl::Status CaptureWriter::WriteLocked(const EncodedFrame& frame) {
 
 absl::Status CaptureWriter::Append(const EncodedFrame& frame) {
   if (frame.type == static_cast<uint16_t>(RecordType::kManifest) ||
-      frame.type == static_cast<uint16_t>(RecordType::kIndex) || frame.type == static_cast<uint16_t>(RecordType::kEnd)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s records are written by Create() and Close(), not appended", RecordTypeName(frame.type)));
+      frame.type == static_cast<uint16_t>(RecordType::kIndex) ||
+      frame.type == static_cast<uint16_t>(RecordType::kEnd)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s records are written by Create() and Close(), not appended", RecordTypeName(frame.type)));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (frame.type == static_cast<uint16_t>(RecordType::kBlob) && blob_offsets_.contains(frame.blob_hash)) {

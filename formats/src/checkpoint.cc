@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     const bool exists = fs::exists(fs::symlink_status(dir, ec));
-    return absl::NotFoundError(absl::StrCat("checkpoint directory '", dir, "' ",
-                                            exists ? "is not a directory" : "does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint directory '", dir, "' ", exists ? "is not a directory" : "does not exist"));
   }
   auto ckpt = std::unique_ptr<Checkpoint>(new Checkpoint());
   ckpt->dir_ = dir;
@@ -60,8 +60,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     }
     if (files.empty()) {
       return absl::NotFoundError(absl::StrCat(
-          "checkpoint directory '", dir,
-          "' has no model.safetensors.index.json, model.safetensors or *.safetensors"));
+          "checkpoint directory '", dir, "' has no model.safetensors.index.json, model.safetensors or *.safetensors"));
     }
     std::sort(files.begin(), files.end());
     CR_RETURN_IF_ERROR(ckpt->OpenFiles(files));
@@ -77,10 +76,9 @@ absl::Status Checkpoint::OpenFiles(const std::vector<std::string>& files) {
     for (const TensorInfo& info : file->tensors()) {
       auto [it, inserted] = tensors_.emplace(info.name, CheckpointTensor{file.get(), &info});
       if (!inserted) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint '", dir_, "': tensor '", info.name, "' is in both '",
-            it->second.file->path(), "' and '", path,
-            "'; remove the stale shard or add a model.safetensors.index.json"));
+        return absl::DataLossError(absl::StrCat("checkpoint '", dir_, "': tensor '", info.name, "' is in both '",
+                                                it->second.file->path(), "' and '", path,
+                                                "'; remove the stale shard or add a model.safetensors.index.json"));
       }
     }
     shards_.push_back(std::move(file));
@@ -92,9 +90,8 @@ absl::Status Checkpoint::OpenIndexed(const std::string& index_path) {
   // Read through OpenRegularFile: an index that is a FIFO or a device is
   // refused at once instead of blocking the reader.
   CR_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(index_path, kMaxIndexBytes));
-  CR_ASSIGN_OR_RETURN(nlohmann::json index,
-                      json_util::ParseStrict(text, absl::StrCat("index '", index_path, "'"),
-                                             kMaxIndexDepth, absl::StatusCode::kDataLoss));
+  CR_ASSIGN_OR_RETURN(nlohmann::json index, json_util::ParseStrict(text, absl::StrCat("index '", index_path, "'"),
+                                                                   kMaxIndexDepth, absl::StatusCode::kDataLoss));
   const auto corrupt = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("index '", index_path, "': ", what));
   };
@@ -106,14 +103,14 @@ absl::Status Checkpoint::OpenIndexed(const std::string& index_path) {
   std::map<std::string, std::vector<std::string>> by_shard;  // shard -> tensors
   for (const auto& [tensor, shard] : wm->items()) {
     if (!shard.is_string()) {
-      return corrupt(absl::StrCat("tensor '", tensor, "' maps to a JSON ",
-                                  json_util::TypeName(shard), ", expected a file name"));
+      return corrupt(
+          absl::StrCat("tensor '", tensor, "' maps to a JSON ", json_util::TypeName(shard), ", expected a file name"));
     }
     const std::string& rel = shard.get_ref<const std::string&>();
     if (!IsSafeRelativePath(rel)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "index '", index_path, "': tensor '", tensor, "' maps to shard '", rel,
-          "', which is not a relative path inside the checkpoint directory; refusing it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("index '", index_path, "': tensor '", tensor, "' maps to shard '", rel,
+                       "', which is not a relative path inside the checkpoint directory; refusing it"));
     }
     by_shard[rel].push_back(tensor);
   }
@@ -121,15 +118,14 @@ absl::Status Checkpoint::OpenIndexed(const std::string& index_path) {
     const std::string path = (fs::path(dir_) / rel).string();
     auto file = OpenShard(path);
     if (!file.ok()) {
-      return absl::Status(file.status().code(),
-                          absl::StrCat("index '", index_path, "' lists shard '", rel, "' for '",
-                                       names.front(), "': ", file.status().message()));
+      return absl::Status(file.status().code(), absl::StrCat("index '", index_path, "' lists shard '", rel, "' for '",
+                                                             names.front(), "': ", file.status().message()));
     }
     for (const std::string& name : names) {
       const TensorInfo* info = (*file)->Find(name);
       if (info == nullptr) {
-        return absl::DataLossError(absl::StrCat("index '", index_path, "' says tensor '", name,
-                                                "' is in '", path, "', but that shard has no such "
+        return absl::DataLossError(absl::StrCat("index '", index_path, "' says tensor '", name, "' is in '", path,
+                                                "', but that shard has no such "
                                                 "tensor; the checkpoint is incomplete or mixed"));
       }
       tensors_.emplace(name, CheckpointTensor{file->get(), info});
@@ -147,8 +143,7 @@ const CheckpointTensor* Checkpoint::Find(std::string_view name) const {
 absl::StatusOr<std::span<const std::byte>> Checkpoint::Data(std::string_view name) const {
   const CheckpointTensor* t = Find(name);
   if (t == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint '", dir_, "' has no tensor '", json_util::Sv(name), "'"));
+    return absl::NotFoundError(absl::StrCat("checkpoint '", dir_, "' has no tensor '", json_util::Sv(name), "'"));
   }
   return t->file->Data(*t->info);
 }
@@ -156,8 +151,7 @@ absl::StatusOr<std::span<const std::byte>> Checkpoint::Data(std::string_view nam
 absl::StatusOr<std::shared_ptr<const TensorMapping>> Checkpoint::MapTensor(std::string_view name) const {
   const CheckpointTensor* t = Find(name);
   if (t == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint '", dir_, "' has no tensor '", json_util::Sv(name), "'"));
+    return absl::NotFoundError(absl::StrCat("checkpoint '", dir_, "' has no tensor '", json_util::Sv(name), "'"));
   }
   return t->file->MapTensor(*t->info);
 }

@@ -17,8 +17,7 @@ namespace crashreplay {
 namespace {
 
 bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
 }
 bool IsSpace(char c) { return c == ' ' || c == '\t'; }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
@@ -61,10 +60,14 @@ std::string ParseBasicString(std::string_view text, std::string* out, size_t* co
         for (size_t k = 0; k < digits; ++k) {
           const char h = text[i + k];
           uint32_t v;
-          if (h >= '0' && h <= '9') v = h - '0';
-          else if (h >= 'a' && h <= 'f') v = h - 'a' + 10;
-          else if (h >= 'A' && h <= 'F') v = h - 'A' + 10;
-          else return "bad hex digit in \\u escape";
+          if (h >= '0' && h <= '9')
+            v = h - '0';
+          else if (h >= 'a' && h <= 'f')
+            v = h - 'a' + 10;
+          else if (h >= 'A' && h <= 'F')
+            v = h - 'A' + 10;
+          else
+            return "bad hex digit in \\u escape";
           cp = cp * 16 + v;
         }
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return "\\u escape is not a Unicode scalar value";
@@ -72,8 +75,7 @@ std::string ParseBasicString(std::string_view text, std::string* out, size_t* co
         i += digits;
         break;
       }
-      default:
-        return absl::StrFormat("unknown escape '\\%c' in string", e);
+      default: return absl::StrFormat("unknown escape '\\%c' in string", e);
     }
   }
   return "unterminated string (strings end on the same line)";
@@ -102,20 +104,37 @@ std::string StripUnderscores(std::string_view s) {
 
 // Parses an unquoted token (number, boolean, inf/nan). Returns error or "".
 std::string ParseBareToken(std::string_view tok, ConfigValue* out) {
-  if (tok == "true") { *out = ConfigValue::Bool(true); return ""; }
-  if (tok == "false") { *out = ConfigValue::Bool(false); return ""; }
-  if (tok == "inf" || tok == "+inf") { *out = ConfigValue::Float(INFINITY); return ""; }
-  if (tok == "-inf") { *out = ConfigValue::Float(-INFINITY); return ""; }
-  if (tok == "nan" || tok == "+nan" || tok == "-nan") { *out = ConfigValue::Float(NAN); return ""; }
+  if (tok == "true") {
+    *out = ConfigValue::Bool(true);
+    return "";
+  }
+  if (tok == "false") {
+    *out = ConfigValue::Bool(false);
+    return "";
+  }
+  if (tok == "inf" || tok == "+inf") {
+    *out = ConfigValue::Float(INFINITY);
+    return "";
+  }
+  if (tok == "-inf") {
+    *out = ConfigValue::Float(-INFINITY);
+    return "";
+  }
+  if (tok == "nan" || tok == "+nan" || tok == "-nan") {
+    *out = ConfigValue::Float(NAN);
+    return "";
+  }
   if (tok.empty()) return "missing value after '='";
-  const std::string bad = absl::StrCat("'", std::string(tok), "' is not a supported value (integer, float, true/false or \"string\")");
+  const std::string bad =
+      absl::StrCat("'", std::string(tok), "' is not a supported value (integer, float, true/false or \"string\")");
   // Hex, octal, binary integers.
   if (tok.size() > 2 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'o' || tok[1] == 'b')) {
     const int base = tok[1] == 'x' ? 16 : tok[1] == 'o' ? 8 : 2;
     const std::string digits = StripUnderscores(tok.substr(2));
     int64_t v = 0;
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v, base);
-    if (ec == std::errc::result_out_of_range) return absl::StrCat("integer '", std::string(tok), "' does not fit in 64 bits");
+    if (ec == std::errc::result_out_of_range)
+      return absl::StrCat("integer '", std::string(tok), "' does not fit in 64 bits");
     if (ec != std::errc() || p != digits.data() + digits.size() || tok.back() == '_') return bad;
     *out = ConfigValue::Int(v);
     return "";
@@ -155,7 +174,8 @@ std::string ParseBareToken(std::string_view tok, ConfigValue* out) {
   }
   int64_t v = 0;
   auto [p, ec] = std::from_chars(clean.data(), clean.data() + clean.size(), v);
-  if (ec == std::errc::result_out_of_range) return absl::StrCat("integer '", std::string(tok), "' does not fit in 64 bits");
+  if (ec == std::errc::result_out_of_range)
+    return absl::StrCat("integer '", std::string(tok), "' does not fit in 64 bits");
   if (ec != std::errc() || p != clean.data() + clean.size()) return bad;
   *out = ConfigValue::Int(v);
   return "";
@@ -206,10 +226,8 @@ std::string TrimLine(std::string_view line) {
 
 std::string ConfigValue::ToToml() const {
   switch (type()) {
-    case Type::kBool:
-      return as_bool() ? "true" : "false";
-    case Type::kInt:
-      return absl::StrCat(as_int());
+    case Type::kBool: return as_bool() ? "true" : "false";
+    case Type::kInt: return absl::StrCat(as_int());
     case Type::kFloat: {
       const double d = as_float();
       if (std::isnan(d)) return "nan";
@@ -231,8 +249,10 @@ std::string ConfigValue::ToToml() const {
           case '\t': out += "\\t"; break;
           case '\r': out += "\\r"; break;
           default:
-            if (ch < 0x20 || ch == 0x7F) out += absl::StrFormat("\\u%04X", ch);
-            else out += static_cast<char>(ch);
+            if (ch < 0x20 || ch == 0x7F)
+              out += absl::StrFormat("\\u%04X", ch);
+            else
+              out += static_cast<char>(ch);
         }
       }
       return out + "\"";
@@ -259,7 +279,8 @@ absl::StatusOr<ConfigValue> ParseConfigValue(std::string_view text) {
   ConfigValue v;
   size_t consumed = 0;
   std::string err = ParseValuePrefix(t, &v, &consumed);
-  if (err.empty() && consumed != t.size()) err = absl::StrCat("unexpected text after the value: '", t.substr(consumed), "'");
+  if (err.empty() && consumed != t.size())
+    err = absl::StrCat("unexpected text after the value: '", t.substr(consumed), "'");
   if (!err.empty()) return absl::InvalidArgumentError(err);
   return v;
 }
@@ -335,10 +356,13 @@ absl::StatusOr<std::pair<std::string, ConfigValue>> ParseSetFlag(std::string_vie
   }
   std::string name = TrimLine(flag.substr(0, eq));
   if (!IsValidConfigName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat("--set '", std::string(flag), "': '", name, "' is not a valid name (bare segments [A-Za-z0-9_-] joined by single dots)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set '", std::string(flag), "': '", name,
+                     "' is not a valid name (bare segments [A-Za-z0-9_-] joined by single dots)"));
   }
   const std::string raw = TrimLine(flag.substr(eq + 1));
-  if (raw.empty()) return absl::InvalidArgumentError(absl::StrCat("--set '", std::string(flag), "': missing value after '='"));
+  if (raw.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--set '", std::string(flag), "': missing value after '='"));
   absl::StatusOr<ConfigValue> v = ParseConfigValue(raw);
   if (v.ok()) return std::make_pair(std::move(name), *std::move(v));
   if (raw[0] == '"' || raw[0] == '\'' || raw[0] == '[' || raw[0] == '{') {

@@ -253,12 +253,12 @@ std::optional<std::string> FingerprintDeparts(const Fingerprint& e, const Finger
   // A floor for all-zero references: the smallest normal float's scale.
   const double scale = std::max(r_rms, 1e-30);
   if (std::fabs(e.max_abs - r.max_abs) > tol * std::max(r.max_abs, scale)) {
-    return absl::StrFormat("max |x| %.6g against the reference's %.6g (tolerance %.3g relative)", e.max_abs,
-                           r.max_abs, tol);
+    return absl::StrFormat("max |x| %.6g against the reference's %.6g (tolerance %.3g relative)", e.max_abs, r.max_abs,
+                           tol);
   }
   if (std::fabs(e_rms - r_rms) > tol * scale) {
-    return absl::StrFormat("root mean square %.6g against the reference's %.6g (tolerance %.3g relative)", e_rms,
-                           r_rms, tol);
+    return absl::StrFormat("root mean square %.6g against the reference's %.6g (tolerance %.3g relative)", e_rms, r_rms,
+                           tol);
   }
   if (std::fabs(Mean(e) - Mean(r)) > tol * scale) {
     return absl::StrFormat("mean %.6g against the reference's %.6g (tolerance %.3g of its rms %.6g)", Mean(e), Mean(r),

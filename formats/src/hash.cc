@@ -33,10 +33,14 @@ std::optional<Hash128> Hash128::FromHex(std::string_view hex) {
   for (size_t i = 0; i < 32; ++i) {
     const char c = hex[i];
     int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      v = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v = c - 'A' + 10;
+    else
+      return std::nullopt;
     parts[i / 16] = (parts[i / 16] << 4) | static_cast<uint64_t>(v);
   }
   return Hash128{parts[0], parts[1]};

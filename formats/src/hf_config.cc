@@ -76,18 +76,15 @@ bool ModelConfig::IsMoeLayer(int layer) const {
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path) {
   auto text = json_util::ReadTextFile(path, hf_internal::kMaxConfigBytes);
   if (!text.ok()) {
-    return absl::Status(text.status().code(),
-                        absl::StrCat("cannot read config: ", text.status().message()));
+    return absl::Status(text.status().code(), absl::StrCat("cannot read config: ", text.status().message()));
   }
   CR_ASSIGN_OR_RETURN(ModelConfig config, ParseHfConfig(*text, path));
   if (config.quant.method != QuantMethod::kNone) return config;
   // ModelOpt checkpoints may carry their quantization only in a side file.
-  const std::string side =
-      (std::filesystem::path(path).parent_path() / "hf_quant_config.json").string();
+  const std::string side = (std::filesystem::path(path).parent_path() / "hf_quant_config.json").string();
   std::error_code ec;
   if (!std::filesystem::exists(side, ec)) return config;
-  CR_ASSIGN_OR_RETURN(std::string side_text,
-                      json_util::ReadTextFile(side, hf_internal::kMaxConfigBytes));
+  CR_ASSIGN_OR_RETURN(std::string side_text, json_util::ReadTextFile(side, hf_internal::kMaxConfigBytes));
   CR_ASSIGN_OR_RETURN(config.quant, ParseHfQuantConfig(side_text, side));
   return config;
 }

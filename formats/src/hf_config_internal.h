@@ -23,7 +23,6 @@ absl::Status ParseRope(const nlohmann::json& root, const std::string& source, co
                        ModelConfig* c);
 
 // Reads a `quantization_config` object from config.json.
-absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
-                                                    const std::string& source);
+absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc, const std::string& source);
 
 }  // namespace crashreplay::hf_internal

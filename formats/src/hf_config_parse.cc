@@ -32,9 +32,8 @@ absl::Status ParseCommon(const JsonFields& f, const HfFamilyInfo& fam, ModelConf
   CR_RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_hidden_layers));
   CR_RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads));
   CR_RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings));
-  c->num_key_value_heads = fam.num_key_value_heads > 0 && !f.IsNull("num_key_value_heads")
-                               ? fam.num_key_value_heads
-                               : c->num_attention_heads;
+  c->num_key_value_heads = fam.num_key_value_heads > 0 && !f.IsNull("num_key_value_heads") ? fam.num_key_value_heads
+                                                                                           : c->num_attention_heads;
   CR_RETURN_IF_ERROR(f.Int("num_key_value_heads", &c->num_key_value_heads));
   CR_RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
   CR_RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
@@ -54,10 +53,9 @@ absl::Status ParseCommon(const JsonFields& f, const HfFamilyInfo& fam, ModelConf
     c->head_dim = fam.head_dim;  // qwen3: 128
   } else {
     if (c->num_attention_heads <= 0 || c->hidden_size % c->num_attention_heads != 0) {
-      return f.Invalid("head_dim",
-                       absl::StrCat("is absent and hidden_size (", c->hidden_size,
-                                    ") is not a multiple of num_attention_heads (",
-                                    c->num_attention_heads, "); set head_dim explicitly"));
+      return f.Invalid("head_dim", absl::StrCat("is absent and hidden_size (", c->hidden_size,
+                                                ") is not a multiple of num_attention_heads (", c->num_attention_heads,
+                                                "); set head_dim explicitly"));
     }
     c->head_dim = c->hidden_size / c->num_attention_heads;
   }
@@ -66,8 +64,7 @@ absl::Status ParseCommon(const JsonFields& f, const HfFamilyInfo& fam, ModelConf
 
 // `default_window`: the class's sliding_window default (0: None). Qwen
 // families apply it only under use_sliding_window.
-absl::Status ParseSlidingWindow(const JsonFields& f, bool gated_by_use_flag, int64_t default_window,
-                                ModelConfig* c) {
+absl::Status ParseSlidingWindow(const JsonFields& f, bool gated_by_use_flag, int64_t default_window, ModelConfig* c) {
   if (gated_by_use_flag) {
     bool use = false;
     CR_RETURN_IF_ERROR(f.Bool("use_sliding_window", &use));
@@ -82,8 +79,7 @@ struct QwenMoeDefaults {
   int64_t experts, per_tok, moe_intermediate;
 };
 
-absl::Status ParseQwenMoe(const JsonFields& f, bool local_experts_alias, const QwenMoeDefaults& d,
-                          ModelConfig* c) {
+absl::Status ParseQwenMoe(const JsonFields& f, bool local_experts_alias, const QwenMoeDefaults& d, ModelConfig* c) {
   c->num_experts = d.experts;
   c->num_experts_per_tok = d.per_tok;
   c->moe_intermediate_size = d.moe_intermediate;
@@ -110,8 +106,7 @@ absl::Status ParseQwenMoe(const JsonFields& f, bool local_experts_alias, const Q
 // __post_init__), and have no num_mtp_layers.
 absl::Status ParseDeepseekMoe(const JsonFields& f, bool mtp_alias, ModelConfig* c) {
   CR_RETURN_IF_ERROR(mtp_alias ? f.IntAlias({"n_routed_experts", "num_local_experts"}, &c->num_experts)
-                               : f.IntAlias({"n_routed_experts", "num_local_experts", "num_experts"},
-                                            &c->num_experts));
+                               : f.IntAlias({"n_routed_experts", "num_local_experts", "num_experts"}, &c->num_experts));
   CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
   CR_RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size));
   CR_RETURN_IF_ERROR(f.Int("n_shared_experts", &c->n_shared_experts));
@@ -212,8 +207,7 @@ absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
       c->attention_out_bias = c->attention_bias;
       CR_RETURN_IF_ERROR(f.Bool("mlp_bias", &c->mlp_bias));
       return absl::OkStatus();
-    case HfFamily::kMistral:
-      return ParseSlidingWindow(f, /*gated_by_use_flag=*/false, /*default_window=*/4096, c);
+    case HfFamily::kMistral: return ParseSlidingWindow(f, /*gated_by_use_flag=*/false, /*default_window=*/4096, c);
     case HfFamily::kMixtral:
       CR_RETURN_IF_ERROR(ParseSlidingWindow(f, false, 0, c));
       c->num_experts = 8;
@@ -300,14 +294,11 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
       {"max_position_embeddings", c.max_position_embeddings},
   };
   for (const auto& p : positive) {
-    CR_RETURN_IF_ERROR(
-        Require(p.value > 0, f, p.key, absl::StrCat("must be positive, is ", p.value)));
+    CR_RETURN_IF_ERROR(Require(p.value > 0, f, p.key, absl::StrCat("must be positive, is ", p.value)));
   }
-  CR_RETURN_IF_ERROR(Require(c.num_attention_heads % c.num_key_value_heads == 0, f,
-                             "num_key_value_heads",
-                             absl::StrCat("(", c.num_key_value_heads,
-                                          ") must divide num_attention_heads (",
-                                          c.num_attention_heads, ")")));
+  CR_RETURN_IF_ERROR(Require(
+      c.num_attention_heads % c.num_key_value_heads == 0, f, "num_key_value_heads",
+      absl::StrCat("(", c.num_key_value_heads, ") must divide num_attention_heads (", c.num_attention_heads, ")")));
   CR_RETURN_IF_ERROR(Require(c.rms_norm_eps > 0, f, "rms_norm_eps", "must be positive"));
   CR_RETURN_IF_ERROR(Require(c.sliding_window >= 0, f, "sliding_window", "must not be negative"));
   for (int64_t id : c.bos_token_id) {
@@ -321,8 +312,8 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
     CR_RETURN_IF_ERROR(Require(c.kv_lora_rank > 0, f, "kv_lora_rank", "must be positive"));
     if (IsDsa(family)) {
       // The DSA classes always build q_a_proj: the indexer reads the q latent.
-      CR_RETURN_IF_ERROR(Require(c.q_lora_rank > 0, f, "q_lora_rank",
-                                 "must be positive (the DSA indexer reads the q latent)"));
+      CR_RETURN_IF_ERROR(
+          Require(c.q_lora_rank > 0, f, "q_lora_rank", "must be positive (the DSA indexer reads the q latent)"));
       CR_RETURN_IF_ERROR(Require(c.index_n_heads > 0, f, "index_n_heads", "must be positive"));
       CR_RETURN_IF_ERROR(Require(c.index_topk > 0, f, "index_topk", "must be positive"));
       CR_RETURN_IF_ERROR(Require(c.index_head_dim >= c.qk_rope_head_dim, f, "index_head_dim",
@@ -332,9 +323,9 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
     const auto per_layer = [&](const char* key, const std::vector<std::string>& v, const char* a,
                                const char* b) -> absl::Status {
       if (v.empty()) return absl::OkStatus();
-      CR_RETURN_IF_ERROR(Require(static_cast<int64_t>(v.size()) == c.num_hidden_layers, f, key,
-                                 absl::StrCat("has ", v.size(), " entries for num_hidden_layers ",
-                                              c.num_hidden_layers)));
+      CR_RETURN_IF_ERROR(
+          Require(static_cast<int64_t>(v.size()) == c.num_hidden_layers, f, key,
+                  absl::StrCat("has ", v.size(), " entries for num_hidden_layers ", c.num_hidden_layers)));
       for (const std::string& e : v) {
         CR_RETURN_IF_ERROR(
             Require(e == a || e == b, f, key, absl::StrCat("has '", e, "'; expected '", a, "' or '", b, "'")));
@@ -346,70 +337,54 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
     CR_RETURN_IF_ERROR(Require(c.indexer_types.empty() || c.indexer_types[0] == "full", f, "indexer_types",
                                "starts with 'shared', but layer 0 has no earlier layer's top-k to reuse"));
     CR_RETURN_IF_ERROR(Require(c.q_lora_rank >= 0, f, "q_lora_rank", "must not be negative"));
-    CR_RETURN_IF_ERROR(
-        Require(c.qk_nope_head_dim > 0, f, "qk_nope_head_dim", "must be positive"));
-    CR_RETURN_IF_ERROR(
-        Require(c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0, f, "qk_rope_head_dim",
-                "must be positive and even"));
+    CR_RETURN_IF_ERROR(Require(c.qk_nope_head_dim > 0, f, "qk_nope_head_dim", "must be positive"));
+    CR_RETURN_IF_ERROR(Require(c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0, f, "qk_rope_head_dim",
+                               "must be positive and even"));
     CR_RETURN_IF_ERROR(Require(c.v_head_dim > 0, f, "v_head_dim", "must be positive"));
   } else {
-    for (const RopeConfig* r : {&c.rope, c.rope_parameters ? &*c.rope_parameters : nullptr,
-                                c.rope_legacy ? &*c.rope_legacy : nullptr}) {
+    for (const RopeConfig* r :
+         {&c.rope, c.rope_parameters ? &*c.rope_parameters : nullptr, c.rope_legacy ? &*c.rope_legacy : nullptr}) {
       if (r == nullptr) continue;
       const double rotary = static_cast<double>(c.head_dim) * r->partial_rotary_factor;
-      CR_RETURN_IF_ERROR(Require(
-          std::fmod(rotary, 2.0) == 0, f, "partial_rotary_factor",
-          absl::StrCat("(", r->partial_rotary_factor, ") times head_dim (", c.head_dim,
-                       ") must be an even whole number of rotary dimensions")));
+      CR_RETURN_IF_ERROR(Require(std::fmod(rotary, 2.0) == 0, f, "partial_rotary_factor",
+                                 absl::StrCat("(", r->partial_rotary_factor, ") times head_dim (", c.head_dim,
+                                              ") must be an even whole number of rotary dimensions")));
     }
   }
 
   if (!c.IsMoe()) return absl::OkStatus();
-  const char* experts_key = family == HfFamily::kMixtral || family == HfFamily::kQwen3Moe
-                                ? "num_local_experts"
-                            : IsDeepseekStyle(family) ? "n_routed_experts"
-                                                      : "num_experts";
+  const char* experts_key = family == HfFamily::kMixtral || family == HfFamily::kQwen3Moe ? "num_local_experts"
+                            : IsDeepseekStyle(family)                                     ? "n_routed_experts"
+                                                                                          : "num_experts";
   CR_RETURN_IF_ERROR(Require(c.num_experts > 0, f, experts_key, "must be positive"));
-  CR_RETURN_IF_ERROR(Require(
-      c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts, f,
-      "num_experts_per_tok",
-      absl::StrCat("(", c.num_experts_per_tok, ") must be in [1, ", experts_key, " = ",
-                   c.num_experts, "]")));
   CR_RETURN_IF_ERROR(
-      Require(c.moe_intermediate_size > 0, f, "moe_intermediate_size", "must be positive"));
+      Require(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts, f, "num_experts_per_tok",
+              absl::StrCat("(", c.num_experts_per_tok, ") must be in [1, ", experts_key, " = ", c.num_experts, "]")));
+  CR_RETURN_IF_ERROR(Require(c.moe_intermediate_size > 0, f, "moe_intermediate_size", "must be positive"));
+  CR_RETURN_IF_ERROR(Require(c.n_shared_experts >= 0, f, "n_shared_experts", "must not be negative"));
   CR_RETURN_IF_ERROR(
-      Require(c.n_shared_experts >= 0, f, "n_shared_experts", "must not be negative"));
-  CR_RETURN_IF_ERROR(Require(c.shared_expert_intermediate_size >= 0, f,
-                             "shared_expert_intermediate_size", "must not be negative"));
+      Require(c.shared_expert_intermediate_size >= 0, f, "shared_expert_intermediate_size", "must not be negative"));
   if (c.scoring_func != "softmax" && c.scoring_func != "sigmoid") {
-    return UnsupportedModelError(absl::StrCat("config '", f.source(), "': scoring_func '",
-                                              c.scoring_func, "' is not supported (softmax, sigmoid)"));
+    return UnsupportedModelError(absl::StrCat("config '", f.source(), "': scoring_func '", c.scoring_func,
+                                              "' is not supported (softmax, sigmoid)"));
   }
-  if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy" &&
-      c.topk_method != "noaux_tc") {
-    return UnsupportedModelError(
-        absl::StrCat("config '", f.source(), "': topk_method '", c.topk_method,
-                     "' is not supported (greedy, group_limited_greedy, noaux_tc)"));
+  if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy" && c.topk_method != "noaux_tc") {
+    return UnsupportedModelError(absl::StrCat("config '", f.source(), "': topk_method '", c.topk_method,
+                                              "' is not supported (greedy, group_limited_greedy, noaux_tc)"));
   }
   CR_RETURN_IF_ERROR(Require(c.n_group >= 1 && c.num_experts % c.n_group == 0, f, "n_group",
-                             absl::StrCat("(", c.n_group, ") must divide the ", c.num_experts,
-                                          " experts")));
+                             absl::StrCat("(", c.n_group, ") must divide the ", c.num_experts, " experts")));
   CR_RETURN_IF_ERROR(Require(c.topk_group >= 1 && c.topk_group <= c.n_group, f, "topk_group",
-                             absl::StrCat("(", c.topk_group, ") must be in [1, n_group = ",
-                                          c.n_group, "]")));
-  CR_RETURN_IF_ERROR(Require(c.routed_scaling_factor > 0, f, "routed_scaling_factor",
-                             "must be positive"));
-  CR_RETURN_IF_ERROR(Require(
-      c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers, f,
-      "first_k_dense_replace",
-      absl::StrCat("(", c.first_k_dense_replace, ") must be in [0, num_hidden_layers]")));
+                             absl::StrCat("(", c.topk_group, ") must be in [1, n_group = ", c.n_group, "]")));
+  CR_RETURN_IF_ERROR(Require(c.routed_scaling_factor > 0, f, "routed_scaling_factor", "must be positive"));
+  CR_RETURN_IF_ERROR(Require(c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers, f,
+                             "first_k_dense_replace",
+                             absl::StrCat("(", c.first_k_dense_replace, ") must be in [0, num_hidden_layers]")));
   CR_RETURN_IF_ERROR(Require(c.moe_layer_freq >= 1, f, "moe_layer_freq", "must be at least 1"));
-  CR_RETURN_IF_ERROR(
-      Require(c.decoder_sparse_step >= 1, f, "decoder_sparse_step", "must be at least 1"));
+  CR_RETURN_IF_ERROR(Require(c.decoder_sparse_step >= 1, f, "decoder_sparse_step", "must be at least 1"));
   for (int64_t layer : c.mlp_only_layers) {
     CR_RETURN_IF_ERROR(Require(layer >= 0 && layer < c.num_hidden_layers, f, "mlp_only_layers",
-                               absl::StrCat("names layer ", layer, ", outside [0, ",
-                                            c.num_hidden_layers, ")")));
+                               absl::StrCat("names layer ", layer, ", outside [0, ", c.num_hidden_layers, ")")));
   }
   return absl::OkStatus();
 }
@@ -419,12 +394,11 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
 absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json, std::string_view source_sv) {
   const std::string source(source_sv);
   CR_ASSIGN_OR_RETURN(nlohmann::json root,
-                      json_util::ParseStrict(json, absl::StrCat("config '", source, "'"),
-                                             hf_internal::kMaxConfigDepth,
+                      json_util::ParseStrict(json, absl::StrCat("config '", source, "'"), hf_internal::kMaxConfigDepth,
                                              absl::StatusCode::kInvalidArgument));
   if (!root.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("config '", source, "': expected a JSON object, found a ",
-                                                   json_util::TypeName(root)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config '", source, "': expected a JSON object, found a ", json_util::TypeName(root)));
   }
   const JsonFields f(root, source);
   ModelConfig c;
@@ -433,16 +407,15 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json, std::string_vie
   const HfFamilyInfo* fam = FindFamily(c.model_type);
   if (fam == nullptr) {
     return UnsupportedModelError(absl::StrCat("config '", source, "': model_type '", c.model_type,
-                                              "' is not supported (supported: ",
-                                              std::string(kSupportedModelTypes), ")"));
+                                              "' is not supported (supported: ", std::string(kSupportedModelTypes),
+                                              ")"));
   }
   const std::optional<HfFamily> family = fam->family;
   CR_RETURN_IF_ERROR(ParseCommon(f, *fam, &c));
   CR_RETURN_IF_ERROR(ParseFamily(f, *family, &c));
   CR_RETURN_IF_ERROR(hf_internal::ParseRope(root, source, *fam, &c));
   if (f.Has("quantization_config")) {
-    CR_ASSIGN_OR_RETURN(c.quant,
-                        hf_internal::ParseQuantizationConfig(*f.Get("quantization_config"), source));
+    CR_ASSIGN_OR_RETURN(c.quant, hf_internal::ParseQuantizationConfig(*f.Get("quantization_config"), source));
   }
   CR_RETURN_IF_ERROR(Validate(f, *family, c));
   return c;

@@ -21,8 +21,8 @@ json OrNull(int64_t v) { return v > 0 ? json(v) : json(nullptr); }
 // needs or that differ from the defaults.
 void WriteScaling(const RopeConfig& r, json* out) {
   const RopeConfig d;
-  const bool needs_factor = r.type == RopeType::kLinear || r.type == RopeType::kDynamic ||
-                            r.type == RopeType::kYarn || r.type == RopeType::kLlama3;
+  const bool needs_factor = r.type == RopeType::kLinear || r.type == RopeType::kDynamic || r.type == RopeType::kYarn ||
+                            r.type == RopeType::kLlama3;
   if (needs_factor || r.factor != d.factor) (*out)["factor"] = r.factor;
   if (r.original_max_position_embeddings > 0) {
     (*out)["original_max_position_embeddings"] = r.original_max_position_embeddings;
@@ -52,12 +52,10 @@ void WriteScaling(const RopeConfig& r, json* out) {
 // (a dict without it would take the top-level one); partial_rotary_factor is
 // written where it differs from what a reader would fall back to.
 void WriteRope(const ModelConfig& c, double family_partial, json* j) {
-  const bool top_partial =
-      (c.rope_legacy && c.rope_legacy->partial_rotary_factor != family_partial) ||
-      (!c.rope_legacy && !c.rope_parameters && c.rope.partial_rotary_factor != family_partial);
+  const bool top_partial = (c.rope_legacy && c.rope_legacy->partial_rotary_factor != family_partial) ||
+                           (!c.rope_legacy && !c.rope_parameters && c.rope.partial_rotary_factor != family_partial);
   if (top_partial) {
-    (*j)["partial_rotary_factor"] =
-        c.rope_legacy ? c.rope_legacy->partial_rotary_factor : c.rope.partial_rotary_factor;
+    (*j)["partial_rotary_factor"] = c.rope_legacy ? c.rope_legacy->partial_rotary_factor : c.rope.partial_rotary_factor;
   }
   if (c.rope_parameters) {
     const RopeConfig& r = *c.rope_parameters;
@@ -103,8 +101,7 @@ json QuantJson(const QuantConfig& q) {
     return out;
   }
   switch (q.method) {
-    case QuantMethod::kNone:
-      return nullptr;
+    case QuantMethod::kNone: return nullptr;
     case QuantMethod::kFp8Block:
       out["quant_method"] = "fp8";
       out["fmt"] = q.fmt;
@@ -187,17 +184,13 @@ std::string HfConfigToJson(const ModelConfig& c) {
         j["attention_bias"] = c.attention_bias;
         j["mlp_bias"] = c.mlp_bias;
         break;
-      case HfFamily::kMistral:
-        WriteSlidingWindow(c, false, &j);
-        break;
+      case HfFamily::kMistral: WriteSlidingWindow(c, false, &j); break;
       case HfFamily::kMixtral:
         WriteSlidingWindow(c, false, &j);
         j["num_local_experts"] = c.num_experts;
         j["num_experts_per_tok"] = c.num_experts_per_tok;
         break;
-      case HfFamily::kQwen2:
-        WriteSlidingWindow(c, true, &j);
-        break;
+      case HfFamily::kQwen2: WriteSlidingWindow(c, true, &j); break;
       case HfFamily::kQwen2Moe:
         j["qkv_bias"] = c.attention_bias;
         WriteSlidingWindow(c, true, &j);

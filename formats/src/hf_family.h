@@ -51,7 +51,8 @@ struct HfFamilyInfo {
 };
 
 inline constexpr HfFamilyInfo kFamilies[] = {
-    // model_type   family                vocab   hidden inter  layers heads kv   hd   max_pos  eps   theta  prf  bos eos
+    // model_type   family                vocab   hidden inter  layers heads kv   hd   max_pos  eps   theta  prf  bos
+    // eos
     {"llama", HfFamily::kLlama, 32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 1e4, 1.0, 1, 2},
     {"mistral", HfFamily::kMistral, 32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-6, 1e4, 1.0, 1, 2},
     {"qwen2", HfFamily::kQwen2, 151936, 4096, 22016, 32, 32, 32, 0, 32768, 1e-6, 1e4, 1.0, -1, -1},

@@ -40,9 +40,8 @@ absl::Status ReadModelOptAlgo(const JsonFields& f, const std::string& source, Qu
     q->activation_scheme = "dynamic";
     q->weight_block_size = {128, 128};  // modelopt's FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG
   } else {
-    return UnsupportedModelError(
-        absl::StrCat("quantization in '", source, "': ModelOpt quant_algo '", q->quant_algo,
-                     "' is not supported (NVFP4, W4A16_NVFP4, FP8, fp8_pb_wo)"));
+    return UnsupportedModelError(absl::StrCat("quantization in '", source, "': ModelOpt quant_algo '", q->quant_algo,
+                                              "' is not supported (NVFP4, W4A16_NVFP4, FP8, fp8_pb_wo)"));
   }
   return absl::OkStatus();
 }
@@ -64,17 +63,16 @@ absl::Status Finish(const std::string& source, const JsonFields& f, QuantConfig*
     return f.Invalid("group_size", absl::StrCat("is ", q->group_size, "; NVFP4 uses 16"));
   }
   if (q->method == QuantMethod::kFp8Block) {
-    if (q->weight_block_size.size() != 2 || q->weight_block_size[0] <= 0 ||
-        q->weight_block_size[1] <= 0) {
+    if (q->weight_block_size.size() != 2 || q->weight_block_size[0] <= 0 || q->weight_block_size[1] <= 0) {
       return f.Invalid("weight_block_size", "must be two positive integers, e.g. [128, 128]");
     }
     if (q->fmt != "e4m3") {
-      return UnsupportedModelError(absl::StrCat("quantization in '", source, "': fp8 fmt '", q->fmt,
-                                                "' is not supported (e4m3)"));
+      return UnsupportedModelError(
+          absl::StrCat("quantization in '", source, "': fp8 fmt '", q->fmt, "' is not supported (e4m3)"));
     }
     if (q->activation_scheme != "dynamic" && q->activation_scheme != "static") {
-      return f.Invalid("activation_scheme", absl::StrCat("is '", q->activation_scheme,
-                                                         "', expected dynamic or static"));
+      return f.Invalid("activation_scheme",
+                       absl::StrCat("is '", q->activation_scheme, "', expected dynamic or static"));
     }
   }
   q->source = source;
@@ -112,8 +110,7 @@ bool PatternCovers(std::string_view pattern, std::string_view module) {
     return false;
   }
   // A plain name: a run of whole dotted components.
-  for (size_t pos = module.find(pattern); pos != std::string_view::npos;
-       pos = module.find(pattern, pos + 1)) {
+  for (size_t pos = module.find(pattern); pos != std::string_view::npos; pos = module.find(pattern, pos + 1)) {
     const size_t end = pos + pattern.size();
     const bool starts = pos == 0 || module[pos - 1] == '.';
     const bool ends = end == module.size() || module[end] == '.';
@@ -134,8 +131,7 @@ bool QuantConfig::IsQuantized(std::string_view module) const {
 
 namespace hf_internal {
 
-absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
-                                                    const std::string& source) {
+absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc, const std::string& source) {
   const nlohmann::json empty = nlohmann::json::object();
   const JsonFields top(empty, source);
   if (!qc.is_object()) return top.Invalid("quantization_config", "must be an object");
@@ -150,10 +146,10 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
     q.activation_scheme = "dynamic";
     CR_RETURN_IF_ERROR(f.IntList("weight_block_size", &q.weight_block_size));
     if (q.weight_block_size.empty()) {
-      return UnsupportedModelError(absl::StrCat(
-          "config '", source, "': fp8 quantization without weight_block_size (per-tensor or "
-                              "per-channel fp8 in transformers' layout) is not supported; "
-                              "crashreplay supports block-scaled fp8 and ModelOpt's FP8"));
+      return UnsupportedModelError(absl::StrCat("config '", source,
+                                                "': fp8 quantization without weight_block_size (per-tensor or "
+                                                "per-channel fp8 in transformers' layout) is not supported; "
+                                                "crashreplay supports block-scaled fp8 and ModelOpt's FP8"));
     }
     CR_RETURN_IF_ERROR(f.String("fmt", &q.fmt));
     CR_RETURN_IF_ERROR(f.String("activation_scheme", &q.activation_scheme));
@@ -166,8 +162,7 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
         if (!group.is_object()) continue;
         auto w = group.find("weights");
         if (w == group.end() || !w->is_object()) continue;
-        const JsonFields wf(*w, source, absl::StrCat("quantization_config.config_groups.", name,
-                                                     ".weights."));
+        const JsonFields wf(*w, source, absl::StrCat("quantization_config.config_groups.", name, ".weights."));
         CR_RETURN_IF_ERROR(wf.Int("group_size", &q.group_size));
       }
     }
@@ -188,8 +183,7 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(const nlohmann::json& qc,
 absl::StatusOr<QuantConfig> ParseHfQuantConfig(std::string_view json, std::string_view source_sv) {
   const std::string source(source_sv);
   CR_ASSIGN_OR_RETURN(nlohmann::json root,
-                      json_util::ParseStrict(json, absl::StrCat("config '", source, "'"),
-                                             hf_internal::kMaxConfigDepth,
+                      json_util::ParseStrict(json, absl::StrCat("config '", source, "'"), hf_internal::kMaxConfigDepth,
                                              absl::StatusCode::kInvalidArgument));
   const JsonFields top(root, source);
   if (!root.is_object()) {

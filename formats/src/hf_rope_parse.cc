@@ -18,17 +18,16 @@
 namespace crashreplay::hf_internal {
 namespace {
 
-absl::StatusOr<RopeType> RopeTypeFromName(const std::string& name, const JsonFields& f,
-                                          const char* key) {
+absl::StatusOr<RopeType> RopeTypeFromName(const std::string& name, const JsonFields& f, const char* key) {
   if (name == "default") return RopeType::kDefault;
   if (name == "linear") return RopeType::kLinear;
   if (name == "dynamic") return RopeType::kDynamic;
   if (name == "yarn") return RopeType::kYarn;
   if (name == "llama3") return RopeType::kLlama3;
   if (name == "longrope" || name == "su") return RopeType::kLongRope;  // "su": its old name
-  return UnsupportedModelError(absl::StrCat(
-      "config '", f.source(), "': field '", f.prefix(), key, "' names rope type '", name,
-      "', which is not supported (default, linear, dynamic, yarn, llama3, longrope)"));
+  return UnsupportedModelError(
+      absl::StrCat("config '", f.source(), "': field '", f.prefix(), key, "' names rope type '", name,
+                   "', which is not supported (default, linear, dynamic, yarn, llama3, longrope)"));
 }
 
 struct TopLevel {
@@ -58,26 +57,21 @@ absl::Status ParseDict(const JsonFields& f, const TopLevel& top, bool type_requi
   const bool is_longrope = rope->type == RopeType::kLongRope;
   if (is_llama3 || is_yarn || is_longrope) {
     rope->original_max_position_embeddings = top.max_position;
-    CR_RETURN_IF_ERROR(
-        f.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
-    CR_RETURN_IF_ERROR(
-        top.f.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
+    CR_RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
+    CR_RETURN_IF_ERROR(top.f.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
   } else {
-    CR_RETURN_IF_ERROR(
-        f.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
+    CR_RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &rope->original_max_position_embeddings));
   }
   if (rope->original_max_position_embeddings < 0) {
     return f.Invalid("original_max_position_embeddings", "must not be negative");
   }
-  const bool needs_factor = rope->type == RopeType::kLinear || rope->type == RopeType::kDynamic ||
-                            is_llama3;
+  const bool needs_factor = rope->type == RopeType::kLinear || rope->type == RopeType::kDynamic || is_llama3;
   if (is_yarn && !f.Has("factor")) {
     // transformers 5: no factor means max_position_embeddings / original.
     if (rope->original_max_position_embeddings <= 0) {
       return f.Invalid("original_max_position_embeddings", "must be positive for yarn");
     }
-    rope->factor = static_cast<double>(top.max_position) /
-                   static_cast<double>(rope->original_max_position_embeddings);
+    rope->factor = static_cast<double>(top.max_position) / static_cast<double>(rope->original_max_position_embeddings);
   }
   CR_RETURN_IF_ERROR(f.Double("factor", &rope->factor, needs_factor));
   if (!(rope->factor > 0)) return f.Invalid("factor", "must be positive");
@@ -124,17 +118,15 @@ absl::Status ParseRope(const nlohmann::json& root, const std::string& source, co
     if (!params->contains("rope_type") && !params->contains("type") && !params->contains("rope_theta")) {
       for (const auto& [key, value] : params->items()) {
         if (value.is_object()) {
-          return UnsupportedModelError(absl::StrCat(
-              "config '", source, "': rope_parameters is given per layer type ('", key,
-              "', ...); crashreplay supports one rope for all layers"));
+          return UnsupportedModelError(absl::StrCat("config '", source, "': rope_parameters is given per layer type ('",
+                                                    key, "', ...); crashreplay supports one rope for all layers"));
         }
       }
     }
     RopeConfig p;
     p.form = RopeForm::kRopeParameters;
     CR_RETURN_IF_ERROR(ParseDict(JsonFields(*params, source, "rope_parameters."), t, false, &p));
-    CR_RETURN_IF_ERROR(
-        CheckRanges(top, "rope_parameters.rope_theta", "rope_parameters.partial_rotary_factor", p));
+    CR_RETURN_IF_ERROR(CheckRanges(top, "rope_parameters.rope_theta", "rope_parameters.partial_rotary_factor", p));
     c->rope_parameters = p;
   }
 

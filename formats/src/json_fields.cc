@@ -64,19 +64,14 @@ absl::Status JsonFields::IntAlias(std::initializer_list<const char*> keys, int64
 }
 
 absl::Status JsonFields::Invalid(const char* key, const std::string& what) const {
-  return absl::InvalidArgumentError(
-      absl::StrCat("config '", source_, "': field '", prefix_, key, "' ", what));
+  return absl::InvalidArgumentError(absl::StrCat("config '", source_, "': field '", prefix_, key, "' ", what));
 }
 
-absl::Status JsonFields::Missing(const char* key) const {
-  return Invalid(key, "is required but missing");
-}
+absl::Status JsonFields::Missing(const char* key) const { return Invalid(key, "is required but missing"); }
 
-absl::Status JsonFields::WrongType(const char* key, const nlohmann::json& v,
-                                   const char* want) const {
+absl::Status JsonFields::WrongType(const char* key, const nlohmann::json& v, const char* want) const {
   return Invalid(key, absl::StrCat("is a JSON ", json_util::TypeName(v), " (",
-                                   v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                                       .substr(0, 60),
+                                   v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 60),
                                    "), expected ", want));
 }
 
@@ -110,8 +105,7 @@ absl::Status JsonFields::String(const char* key, std::string* out, bool required
   return absl::OkStatus();
 }
 
-absl::Status JsonFields::IntList(const char* key, std::vector<int64_t>* out,
-                                 bool required) const {
+absl::Status JsonFields::IntList(const char* key, std::vector<int64_t>* out, bool required) const {
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return required ? Missing(key) : absl::OkStatus();
   if (!v->is_array()) return WrongType(key, *v, "a list of integers");
@@ -125,8 +119,7 @@ absl::Status JsonFields::IntList(const char* key, std::vector<int64_t>* out,
   return absl::OkStatus();
 }
 
-absl::Status JsonFields::DoubleList(const char* key, std::vector<double>* out,
-                                    bool required) const {
+absl::Status JsonFields::DoubleList(const char* key, std::vector<double>* out, bool required) const {
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return required ? Missing(key) : absl::OkStatus();
   if (!v->is_array()) return WrongType(key, *v, "a list of numbers");
@@ -140,8 +133,7 @@ absl::Status JsonFields::DoubleList(const char* key, std::vector<double>* out,
   return absl::OkStatus();
 }
 
-absl::Status JsonFields::StringList(const char* key, std::vector<std::string>* out,
-                                    bool required) const {
+absl::Status JsonFields::StringList(const char* key, std::vector<std::string>* out, bool required) const {
   const nlohmann::json* v = Get(key);
   if (v == nullptr) return required ? Missing(key) : absl::OkStatus();
   if (!v->is_array()) return WrongType(key, *v, "a list of strings");

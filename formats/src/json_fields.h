@@ -36,8 +36,7 @@ class JsonFields {
   absl::Status String(const char* key, std::string* out, bool required = false) const;
   absl::Status IntList(const char* key, std::vector<int64_t>* out, bool required = false) const;
   absl::Status DoubleList(const char* key, std::vector<double>* out, bool required = false) const;
-  absl::Status StringList(const char* key, std::vector<std::string>* out,
-                          bool required = false) const;
+  absl::Status StringList(const char* key, std::vector<std::string>* out, bool required = false) const;
   // An integer or a list of integers (bos/eos token ids).
   absl::Status IntOrIntList(const char* key, std::vector<int64_t>* out) const;
   // One integer that the file may spell under any of `keys` (the aliases of

@@ -43,21 +43,18 @@ int MaxDepth(std::string_view text, int limit) {
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> ParseStrict(std::string_view text, const std::string& source,
-                                           int max_depth, absl::StatusCode code) {
+absl::StatusOr<nlohmann::json> ParseStrict(std::string_view text, const std::string& source, int max_depth,
+                                           absl::StatusCode code) {
   if (MaxDepth(text, max_depth) > max_depth) {
-    return absl::Status(code, absl::StrCat(source, ": JSON nests deeper than ", max_depth,
-                                           " levels; this reader refuses it"));
+    return absl::Status(
+        code, absl::StrCat(source, ": JSON nests deeper than ", max_depth, " levels; this reader refuses it"));
   }
   // Duplicate-key detection: one key set per open object.
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto callback = [&](int /*depth*/, nlohmann::json::parse_event_t event,
-                      nlohmann::json& parsed) {
+  auto callback = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     switch (event) {
-      case nlohmann::json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
+      case nlohmann::json::parse_event_t::object_start: open_objects.emplace_back(); break;
       case nlohmann::json::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
@@ -67,8 +64,7 @@ absl::StatusOr<nlohmann::json> ParseStrict(std::string_view text, const std::str
           if (!open_objects.back().insert(key).second && duplicate.empty()) duplicate = key;
         }
         break;
-      default:
-        break;
+      default: break;
     }
     return true;
   };
@@ -83,8 +79,7 @@ absl::StatusOr<nlohmann::json> ParseStrict(std::string_view text, const std::str
     return absl::Status(code, absl::StrCat(source, ": cannot parse JSON: ", e.what()));
   }
   if (!duplicate.empty()) {
-    return absl::Status(code, absl::StrCat(source, ": key '", duplicate,
-                                           "' appears twice in one JSON object"));
+    return absl::Status(code, absl::StrCat(source, ": key '", duplicate, "' appears twice in one JSON object"));
   }
   return value;
 }
@@ -99,8 +94,7 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, uint64_t max_b
   if (!in) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
+    return absl::FailedPreconditionError(absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
   }
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
@@ -108,9 +102,8 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, uint64_t max_b
     return absl::FailedPreconditionError(absl::StrCat("cannot read '", path, "' (not a file?)"));
   }
   if (static_cast<uint64_t>(size) > max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("'", path, "' is ", size,
-                                                     " bytes; the limit for this file is ",
-                                                     max_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("'", path, "' is ", size, " bytes; the limit for this file is ", max_bytes));
   }
   in.seekg(0, std::ios::beg);
   std::string text(static_cast<size_t>(size), '\0');

@@ -27,8 +27,8 @@ namespace crashreplay::json_util {
 // ("safetensors header of 'x.safetensors'"); `code` is the status code used
 // for malformed input (DataLoss for corrupt files, InvalidArgument for
 // user-written configs).
-absl::StatusOr<nlohmann::json> ParseStrict(std::string_view text, const std::string& source,
-                                           int max_depth, absl::StatusCode code);
+absl::StatusOr<nlohmann::json> ParseStrict(std::string_view text, const std::string& source, int max_depth,
+                                           absl::StatusCode code);
 
 // The JSON type name ("string", "number", ...) for messages.
 const char* TypeName(const nlohmann::json& v);

@@ -21,9 +21,7 @@ class MappedFile final : public ByteSource {
   }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
-  std::span<const std::byte> bytes() const override {
-    return {static_cast<const std::byte*>(addr_), size_};
-  }
+  std::span<const std::byte> bytes() const override { return {static_cast<const std::byte*>(addr_), size_}; }
 
  private:
   void* addr_;
@@ -116,16 +114,14 @@ absl::StatusOr<std::unique_ptr<ByteSource>> MapFile(const std::string& path) {
   const int err = errno;
   ::close(fd);  // the mapping keeps the file alive
   if (addr == MAP_FAILED && err == ENOMEM) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot mmap the ", size, " bytes of '", path,
-                                                     "': out of address space (ulimit -v?)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot mmap the ", size, " bytes of '", path, "': out of address space (ulimit -v?)"));
   }
   if (addr == MAP_FAILED) return ErrnoStatus(err, absl::StrCat("cannot mmap '", path, "'"));
   return std::unique_ptr<ByteSource>(new MappedFile(addr, size));
 }
 
-std::unique_ptr<ByteSource> CopyBytes(std::span<const std::byte> bytes) {
-  return std::make_unique<OwnedBytes>(bytes);
-}
+std::unique_ptr<ByteSource> CopyBytes(std::span<const std::byte> bytes) { return std::make_unique<OwnedBytes>(bytes); }
 
 namespace {
 
@@ -195,7 +191,8 @@ absl::StatusOr<std::unique_ptr<ByteSource>> OpenFile::Map(uint64_t offset, uint6
                                             " when it was opened: the file changed while it was in use"));
   }
   if (MtimeNs(st) != mtime_ns_) {
-    return absl::DataLossError(absl::StrCat("'", path_, "' was modified after it was opened (its modification time "
+    return absl::DataLossError(absl::StrCat("'", path_,
+                                            "' was modified after it was opened (its modification time "
                                             "changed): the file changed while it was in use"));
   }
   if (n == 0) return std::unique_ptr<ByteSource>(new MappedRange(nullptr, 0, 0, 0));

@@ -16,8 +16,7 @@ bool IsKnownUnsupported(std::string_view name) {
   // The safetensors package's other dtypes (0.8: torch.complex64, the 6-bit
   // floats, and the "fnuz" fp8 variants AMD GPUs use, with one NaN and no
   // negative zero: a different decoding from F8_E4M3 / F8_E5M2).
-  return name == "C64" || name == "F6_E2M3" || name == "F6_E3M2" || name == "F8_E4M3FNUZ" ||
-         name == "F8_E5M2FNUZ";
+  return name == "C64" || name == "F6_E2M3" || name == "F6_E3M2" || name == "F8_E4M3FNUZ" || name == "F8_E5M2FNUZ";
 }
 
 int LayoutRank(DType t) {
@@ -67,16 +66,14 @@ bool ComputeExtent(DType t, std::span<const int64_t> shape, Extent* out, std::st
   const int bits = DTypeBits(t);
   uint64_t bytes = 0;
   if (bits % 8 == 0) {
-    if (__builtin_mul_overflow(static_cast<uint64_t>(elements), static_cast<uint64_t>(bits / 8),
-                               &bytes)) {
+    if (__builtin_mul_overflow(static_cast<uint64_t>(elements), static_cast<uint64_t>(bits / 8), &bytes)) {
       *why = "the byte size overflows 64 bits";
       return false;
     }
   } else {
     const uint64_t total_bits_div = 8 / static_cast<uint64_t>(bits);  // elements per byte
     if (static_cast<uint64_t>(elements) % total_bits_div != 0) {
-      *why = absl::StrCat(elements, " elements of ", std::string(Name(t)),
-                          " do not fill a whole number of bytes");
+      *why = absl::StrCat(elements, " elements of ", std::string(Name(t)), " do not fill a whole number of bytes");
       return false;
     }
     bytes = static_cast<uint64_t>(elements) / total_bits_div;

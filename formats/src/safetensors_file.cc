@@ -7,34 +7,31 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "crashreplay/base/status.h"
+#include "crashreplay/formats/safetensors_dtype.h"
 #include "json_util.h"
 #include "mapped_file.h"
-#include "crashreplay/formats/safetensors_dtype.h"
 #include "safetensors_header.h"
 
 namespace crashreplay {
 namespace {
 
-constexpr char kFixHint[] =
-    "; the file is corrupt or was written by a broken tool: re-download or re-convert it";
+constexpr char kFixHint[] = "; the file is corrupt or was written by a broken tool: re-download or re-convert it";
 
 absl::Status Corrupt(const std::string& file, const std::string& what) {
   return absl::DataLossError(absl::StrCat("safetensors file '", file, "': ", what, kFixHint));
 }
 
 absl::Status CorruptTensor(const std::string& file, const std::string& tensor, const std::string& what) {
-  return absl::DataLossError(
-      absl::StrCat("safetensors file '", file, "': tensor '", tensor, "': ", what, kFixHint));
+  return absl::DataLossError(absl::StrCat("safetensors file '", file, "': tensor '", tensor, "': ", what, kFixHint));
 }
 
 // Reads one tensor entry of the header into `info` (data_offset relative to
 // the data region for now).
-absl::Status ParseTensorEntry(const std::string& file, const std::string& name,
-                              const nlohmann::json& entry, uint64_t data_size, TensorInfo* info) {
+absl::Status ParseTensorEntry(const std::string& file, const std::string& name, const nlohmann::json& entry,
+                              uint64_t data_size, TensorInfo* info) {
   if (!entry.is_object()) {
     return CorruptTensor(file, name,
-                         absl::StrCat("entry is a JSON ", json_util::TypeName(entry),
-                                      ", expected an object"));
+                         absl::StrCat("entry is a JSON ", json_util::TypeName(entry), ", expected an object"));
   }
   const auto dtype_it = entry.find("dtype");
   const auto shape_it = entry.find("shape");
@@ -45,16 +42,15 @@ absl::Status ParseTensorEntry(const std::string& file, const std::string& name,
 
   if (!dtype_it->is_string()) {
     return CorruptTensor(file, name,
-                         absl::StrCat("\"dtype\" is a JSON ", json_util::TypeName(*dtype_it),
-                                      ", expected a string"));
+                         absl::StrCat("\"dtype\" is a JSON ", json_util::TypeName(*dtype_it), ", expected a string"));
   }
   const std::string& dtype_name = dtype_it->get_ref<const std::string&>();
   const std::optional<DType> dtype = safetensors_dtype::Parse(dtype_name);
   if (!dtype) {
     if (safetensors_dtype::IsKnownUnsupported(dtype_name)) {
-      return absl::UnimplementedError(
-          absl::StrCat("safetensors file '", file, "': tensor '", name, "': dtype ", dtype_name,
-                       " is valid safetensors but crashreplay does not support it"));
+      return absl::UnimplementedError(absl::StrCat("safetensors file '", file, "': tensor '", name, "': dtype ",
+                                                   dtype_name,
+                                                   " is valid safetensors but crashreplay does not support it"));
     }
     return CorruptTensor(file, name, absl::StrCat("unknown dtype \"", dtype_name, "\""));
   }
@@ -62,8 +58,7 @@ absl::Status ParseTensorEntry(const std::string& file, const std::string& name,
 
   if (!shape_it->is_array()) {
     return CorruptTensor(file, name,
-                         absl::StrCat("\"shape\" is a JSON ", json_util::TypeName(*shape_it),
-                                      ", expected an array"));
+                         absl::StrCat("\"shape\" is a JSON ", json_util::TypeName(*shape_it), ", expected an array"));
   }
   if (shape_it->size() > SafetensorsFile::kMaxRank) {
     return CorruptTensor(file, name,
@@ -76,24 +71,21 @@ absl::Status ParseTensorEntry(const std::string& file, const std::string& name,
     if (d.is_number_unsigned()) {
       const uint64_t v = d.get<uint64_t>();
       if (v > static_cast<uint64_t>(INT64_MAX)) {
-        return CorruptTensor(file, name, absl::StrCat("dimension ", i, " (", v,
-                                                      ") does not fit in 64-bit signed"));
+        return CorruptTensor(file, name, absl::StrCat("dimension ", i, " (", v, ") does not fit in 64-bit signed"));
       }
       info->shape.push_back(static_cast<int64_t>(v));
     } else if (d.is_number_integer()) {
-      return CorruptTensor(file, name, absl::StrCat("dimension ", i, " is negative (",
-                                                    d.get<int64_t>(), ")"));
+      return CorruptTensor(file, name, absl::StrCat("dimension ", i, " is negative (", d.get<int64_t>(), ")"));
     } else {
-      return CorruptTensor(file, name,
-                           absl::StrCat("dimension ", i, " is a JSON ", json_util::TypeName(d),
-                                        ", expected a non-negative integer"));
+      return CorruptTensor(
+          file, name,
+          absl::StrCat("dimension ", i, " is a JSON ", json_util::TypeName(d), ", expected a non-negative integer"));
     }
   }
   safetensors_dtype::Extent extent;
   std::string why;
   if (!safetensors_dtype::ComputeExtent(info->dtype, info->shape, &extent, &why)) {
-    return CorruptTensor(file, name, absl::StrCat("shape [", absl::StrJoin(info->shape, ", "),
-                                                  "]: ", why));
+    return CorruptTensor(file, name, absl::StrCat("shape [", absl::StrJoin(info->shape, ", "), "]: ", why));
   }
 
   const nlohmann::json& offsets = *offsets_it;
@@ -102,26 +94,22 @@ absl::Status ParseTensorEntry(const std::string& file, const std::string& name,
     return CorruptTensor(file, name,
                          absl::StrCat("\"data_offsets\" must be [begin, end] with non-negative "
                                       "integers, found ",
-                                      offsets.dump(-1, ' ', false,
-                                                   nlohmann::json::error_handler_t::replace)));
+                                      offsets.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
   }
   const uint64_t begin = offsets[0].get<uint64_t>();
   const uint64_t end = offsets[1].get<uint64_t>();
   if (begin > end) {
-    return CorruptTensor(file, name, absl::StrCat("data_offsets [", begin, ", ", end,
-                                                  "] end before they begin"));
+    return CorruptTensor(file, name, absl::StrCat("data_offsets [", begin, ", ", end, "] end before they begin"));
   }
   if (end > data_size) {
     return CorruptTensor(file, name,
-                         absl::StrCat("data_offsets [", begin, ", ", end,
-                                      "] reach past the data region, which holds ", data_size,
-                                      " bytes (file truncated?)"));
+                         absl::StrCat("data_offsets [", begin, ", ", end, "] reach past the data region, which holds ",
+                                      data_size, " bytes (file truncated?)"));
   }
   if (end - begin != extent.bytes) {
     return CorruptTensor(file, name,
-                         absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin,
-                                      " bytes but shape [", absl::StrJoin(info->shape, ", "),
-                                      "] of ", dtype_name, " needs ", extent.bytes));
+                         absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but shape [",
+                                      absl::StrJoin(info->shape, ", "), "] of ", dtype_name, " needs ", extent.bytes));
   }
   info->data_offset = begin;
   info->byte_size = extent.bytes;
@@ -136,8 +124,8 @@ absl::Status ParseMetadata(const std::string& file, const nlohmann::json& value,
   }
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string()) {
-      return Corrupt(file, absl::StrCat("\"__metadata__\" entry '", key, "' is a JSON ",
-                                        json_util::TypeName(v), ", expected a string"));
+      return Corrupt(file, absl::StrCat("\"__metadata__\" entry '", key, "' is a JSON ", json_util::TypeName(v),
+                                        ", expected a string"));
     }
     (*out)[key] = v.get<std::string>();
   }
@@ -193,18 +181,18 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::OpenDeferred(c
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBuffer(
-    std::string name, std::span<const std::byte> bytes) {
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBuffer(std::string name,
+                                                                             std::span<const std::byte> bytes) {
   return Parse(std::move(name), CopyBytes(bytes), bytes.size());
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
-    std::string path, std::unique_ptr<ByteSource> source, uint64_t file_size) {
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(std::string path,
+                                                                        std::unique_ptr<ByteSource> source,
+                                                                        uint64_t file_size) {
   const std::span<const std::byte> bytes = source->bytes();
   const std::string& file = path;
   if (file_size < 8) {
-    return Corrupt(file, absl::StrCat("the file is ", file_size,
-                                      " bytes, shorter than the 8-byte header length"));
+    return Corrupt(file, absl::StrCat("the file is ", file_size, " bytes, shorter than the 8-byte header length"));
   }
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) {
@@ -212,24 +200,21 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
   }
   const uint64_t after_length = file_size - 8;
   if (header_size > after_length) {
-    return Corrupt(file, absl::StrCat("header length ", header_size, " is more than the ",
-                                      after_length, " bytes that follow it (file truncated?)"));
+    return Corrupt(file, absl::StrCat("header length ", header_size, " is more than the ", after_length,
+                                      " bytes that follow it (file truncated?)"));
   }
   if (header_size > kMaxHeaderBytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("safetensors file '", file, "': header is ", header_size,
-                     " bytes, over this reader's limit of ", kMaxHeaderBytes));
+    return absl::ResourceExhaustedError(absl::StrCat("safetensors file '", file, "': header is ", header_size,
+                                                     " bytes, over this reader's limit of ", kMaxHeaderBytes));
   }
-  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + 8,
-                                static_cast<size_t>(header_size));
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<size_t>(header_size));
   if (header.empty() || header.front() != '{') {
     return Corrupt(file, "the header does not start with '{'");
   }
   // One linear pass and a sort (safetensors_header.h); the entries are
   // checked in name order, so the first error reported does not depend on
   // the order of the file.
-  auto entries = safetensors_header::Parse(header, absl::StrCat("safetensors file '", file, "' header"),
-                                           kMaxJsonDepth);
+  auto entries = safetensors_header::Parse(header, absl::StrCat("safetensors file '", file, "' header"), kMaxJsonDepth);
   if (!entries.ok()) return entries.status();
 
   auto result = std::unique_ptr<SafetensorsFile>(new SafetensorsFile(path, std::move(source)));
@@ -265,9 +250,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
     if (cur.data_offset < prev.data_offset + prev.byte_size) {
       return CorruptTensor(
           file, cur.name,
-          absl::StrCat("data_offsets [", cur.data_offset, ", ", cur.data_offset + cur.byte_size,
-                       "] overlap tensor '", prev.name, "' at [", prev.data_offset, ", ",
-                       prev.data_offset + prev.byte_size, "]"));
+          absl::StrCat("data_offsets [", cur.data_offset, ", ", cur.data_offset + cur.byte_size, "] overlap tensor '",
+                       prev.name, "' at [", prev.data_offset, ", ", prev.data_offset + prev.byte_size, "]"));
     }
   }
 
@@ -285,13 +269,12 @@ const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
 
 absl::StatusOr<std::shared_ptr<const TensorMapping>> SafetensorsFile::MapTensor(const TensorInfo& info) const {
   if (info.data_offset > file_size_ || info.byte_size > file_size_ - info.data_offset) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors file '", path_, "': tensor '", info.name,
-                                                   "' is not one of this file's"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors file '", path_, "': tensor '", info.name, "' is not one of this file's"));
   }
   class Held final : public TensorMapping {
    public:
-    Held(std::unique_ptr<ByteSource> owned, std::span<const std::byte> view)
-        : owned_(std::move(owned)), view_(view) {}
+    Held(std::unique_ptr<ByteSource> owned, std::span<const std::byte> view) : owned_(std::move(owned)), view_(view) {}
     std::span<const std::byte> bytes() const override { return owned_ ? owned_->bytes() : view_; }
 
    private:
@@ -301,8 +284,7 @@ absl::StatusOr<std::shared_ptr<const TensorMapping>> SafetensorsFile::MapTensor(
   if (!file_) return std::shared_ptr<const TensorMapping>(std::make_shared<Held>(nullptr, Data(info)));
   auto mapped = file_->Map(info.data_offset, info.byte_size);
   if (!mapped.ok()) {
-    return absl::Status(mapped.status().code(),
-                        absl::StrCat("tensor '", info.name, "': ", mapped.status().message()));
+    return absl::Status(mapped.status().code(), absl::StrCat("tensor '", info.name, "': ", mapped.status().message()));
   }
   return std::shared_ptr<const TensorMapping>(std::make_shared<Held>(*std::move(mapped), std::span<const std::byte>{}));
 }
@@ -313,8 +295,7 @@ std::span<const std::byte> SafetensorsFile::Data(const TensorInfo& info) const {
   if (file_) return {};
   const uint64_t size = source_->bytes().size();
   if (info.data_offset > size || info.byte_size > size - info.data_offset) return {};
-  return source_->bytes().subspan(static_cast<size_t>(info.data_offset),
-                                  static_cast<size_t>(info.byte_size));
+  return source_->bytes().subspan(static_cast<size_t>(info.data_offset), static_cast<size_t>(info.byte_size));
 }
 
 }  // namespace crashreplay

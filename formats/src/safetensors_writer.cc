@@ -94,32 +94,27 @@ absl::Status ErrnoError(int err, const std::string& what) {
 absl::Status SafetensorsWriter::Add(std::string name, DType dtype, std::vector<int64_t> shape,
                                     std::span<const std::byte> data) {
   if (name.empty() || name == "__metadata__") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors writer: '", name, "' cannot be a tensor name"));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: '", name, "' cannot be a tensor name"));
   }
   if (!IsValidUtf8(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors writer: tensor name '", name, "' is not valid UTF-8"));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor name '", name, "' is not valid UTF-8"));
   }
   if (tensors_.contains(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors writer: tensor '", name, "' was already added"));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor '", name, "' was already added"));
   }
   safetensors_dtype::Extent extent;
   std::string why;
   if (!safetensors_dtype::ComputeExtent(dtype, shape, &extent, &why)) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor '", name,
-                                                   "': shape [", absl::StrJoin(shape, ", "),
-                                                   "]: ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors writer: tensor '", name, "': shape [", absl::StrJoin(shape, ", "), "]: ", why));
   }
   if (extent.bytes != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors writer: tensor '", name, "': shape [", absl::StrJoin(shape, ", "), "] of ",
-        std::string(DTypeName(dtype)), " needs ", extent.bytes, " bytes, got ", data.size()));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor '", name, "': shape [",
+                                                   absl::StrJoin(shape, ", "), "] of ", std::string(DTypeName(dtype)),
+                                                   " needs ", extent.bytes, " bytes, got ", data.size()));
   }
   data_bytes_ += data.size();
-  tensors_.emplace(std::move(name),
-                   Entry{dtype, std::move(shape), std::vector<std::byte>(data.begin(), data.end())});
+  tensors_.emplace(std::move(name), Entry{dtype, std::move(shape), std::vector<std::byte>(data.begin(), data.end())});
   return absl::OkStatus();
 }
 
@@ -132,8 +127,7 @@ std::string SafetensorsWriter::Serialize() const {
   order.reserve(tensors_.size());
   for (const auto& kv : tensors_) order.push_back(&kv);
   std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    return safetensors_dtype::LayoutRank(a->second.dtype) >
-           safetensors_dtype::LayoutRank(b->second.dtype);
+    return safetensors_dtype::LayoutRank(a->second.dtype) > safetensors_dtype::LayoutRank(b->second.dtype);
   });  // stable: equal dtypes keep name order from the map
 
   std::string header = "{";
@@ -157,9 +151,8 @@ std::string SafetensorsWriter::Serialize() const {
     if (!first) header.push_back(',');
     first = false;
     AppendJsonString(&header, kv->first);
-    absl::StrAppend(&header, ":{\"dtype\":\"", std::string(safetensors_dtype::Name(e.dtype)),
-                    "\",\"shape\":[", absl::StrJoin(e.shape, ","), "],\"data_offsets\":[", offset,
-                    ",", offset + e.data.size(), "]}");
+    absl::StrAppend(&header, ":{\"dtype\":\"", std::string(safetensors_dtype::Name(e.dtype)), "\",\"shape\":[",
+                    absl::StrJoin(e.shape, ","), "],\"data_offsets\":[", offset, ",", offset + e.data.size(), "]}");
     offset += e.data.size();
   }
   header.push_back('}');
@@ -176,12 +169,9 @@ std::string SafetensorsWriter::Serialize() const {
   return out;
 }
 
-absl::Status SafetensorsWriter::Write(const std::string& path) const {
-  return WriteFileAtomically(path, Serialize());
-}
+absl::Status SafetensorsWriter::Write(const std::string& path) const { return WriteFileAtomically(path, Serialize()); }
 
-absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
-                                             uint64_t max_shard_bytes) const {
+absl::Status SafetensorsWriter::WriteSharded(const std::string& dir, uint64_t max_shard_bytes) const {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -207,8 +197,7 @@ absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
 
   std::map<std::string, std::string> weight_map;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string file =
-        absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
+    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
     SafetensorsWriter shard;
     shard.metadata_ = metadata_;
     for (const auto* kv : shards[i]) {
@@ -218,8 +207,8 @@ absl::Status SafetensorsWriter::WriteSharded(const std::string& dir,
     CR_RETURN_IF_ERROR(shard.Write(base + "/" + file));
   }
   // The index, formatted as transformers formats it (indent 2, keys sorted).
-  std::string index = absl::StrCat("{\n  \"metadata\": {\n    \"total_size\": ", data_bytes_,
-                                   "\n  },\n  \"weight_map\": {");
+  std::string index =
+      absl::StrCat("{\n  \"metadata\": {\n    \"total_size\": ", data_bytes_, "\n  },\n  \"weight_map\": {");
   bool first = true;
   for (const auto& [name, file] : weight_map) {
     index.append(first ? "\n    " : ",\n    ");

@@ -81,7 +81,8 @@ absl::StatusOr<ShardBlock> ShardBlockFor(std::string_view tensor_name, const Sha
                                          std::span<const int64_t> shape, uint64_t byte_size) {
   ShardBlock b;
   b.rows = shape.empty() ? 1 : shape[0];
-  if (b.rows < 0) return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(tensor_name), "' has a negative dimension"));
+  if (b.rows < 0)
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(tensor_name), "' has a negative dimension"));
   b.row_bytes = b.rows == 0 ? 0 : byte_size / static_cast<uint64_t>(b.rows);
   if (b.rows != 0 && b.row_bytes * static_cast<uint64_t>(b.rows) != byte_size) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(tensor_name), "': ", byte_size,
@@ -104,7 +105,8 @@ absl::StatusOr<ShardBlock> ShardBlockFor(std::string_view tensor_name, const Sha
                                                    " dimensions; the row-parallel rule splits 2-D tensors only"));
   }
   if (spec.parts <= 0 || spec.part < 0 || spec.part >= spec.parts) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(tensor_name), "': part ", spec.part, " of ", spec.parts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", std::string(tensor_name), "': part ", spec.part, " of ", spec.parts));
   }
   if (spec.dim == 0) {
     if (b.rows % spec.parts != 0) {
@@ -119,8 +121,8 @@ absl::StatusOr<ShardBlock> ShardBlockFor(std::string_view tensor_name, const Sha
   }
   if (shape[1] % spec.parts != 0 || b.row_bytes % static_cast<uint64_t>(spec.parts) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(tensor_name), "' has rows of ", b.row_bytes,
-                                                   " bytes (", shape[1], " columns), which do not split into ", spec.parts,
-                                                   " equal column parts; use a tp size that divides them"));
+                                                   " bytes (", shape[1], " columns), which do not split into ",
+                                                   spec.parts, " equal column parts; use a tp size that divides them"));
   }
   const uint64_t per = b.row_bytes / static_cast<uint64_t>(spec.parts);
   b.col_byte_begin = static_cast<uint64_t>(spec.part) * per;

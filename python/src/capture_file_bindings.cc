@@ -85,8 +85,7 @@ class CaptureFile {
   static Hash128 ParseHash(const std::string& hex) {
     std::optional<Hash128> h = Hash128::FromHex(hex);
     if (!h) {
-      ThrowIfError(absl::InvalidArgumentError(
-          absl::StrCat("'", hex, "' is not a content hash (32 hex digits)")));
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("'", hex, "' is not a content hash (32 hex digits)")));
     }
     return *h;
   }
@@ -115,8 +114,8 @@ void BindCaptureFile(nb::module_& m) {
            "Decodes one blob by content hash (verified against the hash).");
 
   m.def(
-      "list_capture_files",
-      [](const std::string& path) { return ValueOrThrow(ListCaptureFiles(path)); }, nb::arg("path"),
+      "list_capture_files", [](const std::string& path) { return ValueOrThrow(ListCaptureFiles(path)); },
+      nb::arg("path"),
       "The capture files a path names: the file itself, or a session directory's rank files in order.");
 }
 

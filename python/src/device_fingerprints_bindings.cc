@@ -53,8 +53,8 @@ class PyDeviceFingerprints {
                int64_t columns, uintptr_t stream) {
     std::optional<DType> dtype = ParseDType(dtype_name);
     if (!dtype) {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("device fingerprint ", name, ": unknown dtype '",
-                                                           dtype_name, "'")));
+      ThrowIfError(
+          absl::InvalidArgumentError(absl::StrCat("device fingerprint ", name, ": unknown dtype '", dtype_name, "'")));
     }
     if (numel < 0 || columns < 1 || numel % columns != 0) {
       ThrowIfError(absl::InvalidArgumentError(

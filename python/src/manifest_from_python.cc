@@ -49,8 +49,8 @@ class DictReader {
   }
 
   absl::Status TypeError(const char* key, nb::handle v) const {
-    return absl::InvalidArgumentError(absl::StrCat(where_, ".", key, ": unexpected value of type ",
-                                                   nb::type_name(v.type()).c_str()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where_, ".", key, ": unexpected value of type ", nb::type_name(v.type()).c_str()));
   }
 
  private:
@@ -63,8 +63,8 @@ template <typename T>
 absl::Status ReadUnsigned(nb::handle v, T* out, const std::string& where) {
   uint64_t x = 0;
   if (!nb::try_cast<uint64_t>(v, x) || x > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": expected a non-negative integer that fits ",
-                                                   8 * sizeof(T), " bits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected a non-negative integer that fits ", 8 * sizeof(T), " bits"));
   }
   *out = static_cast<T>(x);
   return absl::OkStatus();
@@ -83,8 +83,7 @@ absl::StatusOr<ToggleValue> ToggleFromPython(nb::handle v, const std::string& na
   }
   if (nb::isinstance<nb::float_>(v)) return ToggleValue{nb::cast<double>(v)};
   if (nb::isinstance<nb::str>(v)) return ToggleValue{nb::cast<std::string>(v)};
-  return absl::InvalidArgumentError(absl::StrCat("toggle '", name, "': value of type ",
-                                                 nb::type_name(v.type()).c_str(),
+  return absl::InvalidArgumentError(absl::StrCat("toggle '", name, "': value of type ", nb::type_name(v.type()).c_str(),
                                                  " (toggles are None, bool, int, float or str)"));
 }
 
@@ -133,11 +132,14 @@ absl::StatusOr<SessionManifest> ManifestFromPython(const nb::dict& d) {
     r.Field("quantization", &mc.quantization);
     r.Field("dtype", &mc.dtype);
     r.Field("checkpoint_path", &mc.checkpoint_path);
-    const std::pair<const char*, uint32_t*> ints[] = {
-        {"num_layers", &mc.num_layers},       {"hidden_size", &mc.hidden_size},
-        {"vocab_size", &mc.vocab_size},       {"num_heads", &mc.num_heads},
-        {"num_kv_heads", &mc.num_kv_heads},   {"head_dim", &mc.head_dim},
-        {"intermediate_size", &mc.intermediate_size}, {"num_experts", &mc.num_experts}};
+    const std::pair<const char*, uint32_t*> ints[] = {{"num_layers", &mc.num_layers},
+                                                      {"hidden_size", &mc.hidden_size},
+                                                      {"vocab_size", &mc.vocab_size},
+                                                      {"num_heads", &mc.num_heads},
+                                                      {"num_kv_heads", &mc.num_kv_heads},
+                                                      {"head_dim", &mc.head_dim},
+                                                      {"intermediate_size", &mc.intermediate_size},
+                                                      {"num_experts", &mc.num_experts}};
     for (auto [key, ptr] : ints) {
       r.Custom(key, [key, ptr](nb::handle x) { return ReadUnsigned(x, ptr, absl::StrCat("manifest.model.", key)); });
     }

@@ -19,9 +19,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -152,9 +152,9 @@ void Sampling(const SamplingSpans& s, std::vector<SamplingParams>* params) {
   auto take = [&n](size_t m, const char* what) {
     if (m == 0) return;
     if (n != 0 && m != n) {
-      ThrowIfError(absl::InvalidArgumentError(
-          absl::StrCat("sampling.", what, " has ", m, " entries but another field has ", n,
-                       "; every sampling field has one entry per request")));
+      ThrowIfError(
+          absl::InvalidArgumentError(absl::StrCat("sampling.", what, " has ", m, " entries but another field has ", n,
+                                                  "; every sampling field has one entry per request")));
     }
     n = m;
   };
@@ -184,7 +184,8 @@ capture::DigestView Digest(std::string_view name_view, nb::handle value) {
   uint64_t x = 0;
   if (nb::try_cast<std::string>(value, hex)) {
     std::optional<Hash128> h = Hash128::FromHex(hex);
-    if (!h) ThrowIfError(absl::InvalidArgumentError(absl::StrCat("digest '", name, "': '", hex, "' is not 32 hex digits")));
+    if (!h)
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("digest '", name, "': '", hex, "' is not 32 hex digits")));
     d.is_128 = true;
     d.value128 = *h;
   } else if (nb::try_cast<uint64_t>(value, x)) {
@@ -245,8 +246,8 @@ bool CutRows(const BufferVec& rows, std::span<const int64_t> lengths, bool whole
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = (*out->own_offsets)[static_cast<size_t>(i) + 1] - (*out->own_offsets)[static_cast<size_t>(i)];
     if (len > 0) {
-      std::memcpy(out->own_slots->data() + (*out->own_offsets)[static_cast<size_t>(i)], base + i * rows.row_stride_bytes(),
-                  static_cast<size_t>(len) * sizeof(int64_t));
+      std::memcpy(out->own_slots->data() + (*out->own_offsets)[static_cast<size_t>(i)],
+                  base + i * rows.row_stride_bytes(), static_cast<size_t>(len) * sizeof(int64_t));
     }
   }
   out->offsets = *out->own_offsets;
@@ -334,8 +335,8 @@ ViewSet MakeViews(const std::vector<NamedTensor>& tensors, bool device = false) 
   set.names.reserve(tensors.size());
   for (const auto& [name, array, dtype] : tensors) {
     std::optional<DType> override_dtype = ValueOrThrow(ParseDTypeOverride(dtype));
-    set.host.push_back(ValueOrThrow(device ? DeviceView(array, name, override_dtype)
-                                           : HostView(array, name, override_dtype)));
+    set.host.push_back(
+        ValueOrThrow(device ? DeviceView(array, name, override_dtype) : HostView(array, name, override_dtype)));
     set.names.push_back(name);
   }
   set.views.reserve(tensors.size());
@@ -407,12 +408,12 @@ class PyRecorder {
     recorder_ = ValueOrThrow(std::move(rec));
   }
 
-  void RecordStep(uint64_t step, const std::string& mode, nb::handle request_ids,
-                  const OptI64& token_ids, const OptI64& positions, const OptI64& seq_lens,
-                  const OptI64& extend_lens, const OptI64& req_pool_indices, const OptI64& page_table_offsets,
-                  const OptI64& page_table_slots, const OptI64& out_cache_loc, const OptF32& temperatures,
-                  const OptF32& top_ps, const std::optional<I64>& top_ks, const OptF32& min_ps,
-                  const OptI64& seeds, const std::optional<U8>& has_seed, uint64_t rng_seed, uint64_t rng_offset,
+  void RecordStep(uint64_t step, const std::string& mode, nb::handle request_ids, const OptI64& token_ids,
+                  const OptI64& positions, const OptI64& seq_lens, const OptI64& extend_lens,
+                  const OptI64& req_pool_indices, const OptI64& page_table_offsets, const OptI64& page_table_slots,
+                  const OptI64& out_cache_loc, const OptF32& temperatures, const OptF32& top_ps,
+                  const std::optional<I64>& top_ks, const OptF32& min_ps, const OptI64& seeds,
+                  const std::optional<U8>& has_seed, uint64_t rng_seed, uint64_t rng_offset,
                   const OptI64& output_token_ids, const std::vector<std::pair<std::string, nb::object>>& digests,
                   int64_t timestamp_nanos, const OptI64& page_table_starts) {
     capture::Recorder& rec = Live();
@@ -468,10 +469,10 @@ class PyRecorder {
   // says what is wrong with it) and calls record_step. Errors of the step
   // itself (lengths that disagree, a closed recorder) raise as there.
   bool RecordStepFast(nb::handle step, nb::handle mode, nb::handle request_ids, nb::handle token_ids,
-                      nb::handle positions, nb::handle seq_lens, nb::handle extend_lens,
-                      nb::handle req_pool_indices, nb::handle page_table, nb::handle out_cache_loc,
-                      nb::handle sampling, nb::handle rng_seed, nb::handle rng_offset,
-                      nb::handle output_token_ids, nb::handle digests, nb::handle timestamp_nanos) {
+                      nb::handle positions, nb::handle seq_lens, nb::handle extend_lens, nb::handle req_pool_indices,
+                      nb::handle page_table, nb::handle out_cache_loc, nb::handle sampling, nb::handle rng_seed,
+                      nb::handle rng_offset, nb::handle output_token_ids, nb::handle digests,
+                      nb::handle timestamp_nanos) {
     using K = BufferVec::Kind;
     capture::StepView v;
     int64_t stamp = 0;
@@ -606,7 +607,9 @@ class PyRecorder {
     for (size_t i = 0; i < items.size(); ++i) {
       const auto& [name, address, numel, dtype_name, columns] = items[i];
       std::optional<DType> dtype = ParseDType(dtype_name);
-      if (!dtype) ThrowIfError(absl::InvalidArgumentError(absl::StrCat("fingerprint ", name, ": unknown dtype '", dtype_name, "'")));
+      if (!dtype)
+        ThrowIfError(
+            absl::InvalidArgumentError(absl::StrCat("fingerprint ", name, ": unknown dtype '", dtype_name, "'")));
       if (numel < 0 || columns < 1 || (numel > 0 && address == 0) || numel % columns != 0) {
         ThrowIfError(absl::InvalidArgumentError(absl::StrCat("fingerprint ", name, ": ", numel, " elements at 0x",
                                                              absl::Hex(address), " in rows of ", columns)));
@@ -622,14 +625,16 @@ class PyRecorder {
     absl::Status s;
     {
       nb::gil_scoped_release release;
-      for (size_t i = 0; i < views.size() && s.ok(); ++i) s = rec.RecordFingerprint(step, std::get<0>(items[i]), views[i]);
+      for (size_t i = 0; i < views.size() && s.ok(); ++i)
+        s = rec.RecordFingerprint(step, std::get<0>(items[i]), views[i]);
     }
     ThrowIfError(s);
   }
 
   // Records load-time weight hashes computed earlier (hash_tensors, or one
   // tensor at a time for device weights); the root is computed here.
-  nb::dict RecordWeightHashes(uint32_t rank, const std::vector<std::tuple<std::string, std::string, uint64_t>>& entries) {
+  nb::dict RecordWeightHashes(uint32_t rank,
+                              const std::vector<std::tuple<std::string, std::string, uint64_t>>& entries) {
     capture::Recorder& rec = Live();
     WeightShardHashes shard = ShardFromEntries(rank, entries);
     absl::Status s;
@@ -729,7 +734,6 @@ class PyRecorder {
   }
 
  private:
-
   static void Record(capture::Recorder& rec, const capture::StepView& v) {
     absl::Status s;
     {
@@ -760,13 +764,11 @@ void BindRecorder(nb::module_& m) {
       .def(nb::init<const nb::dict&, const nb::dict&>(), nb::arg("manifest"), nb::arg("options"))
       .def("record_step", &PyRecorder::RecordStep, nb::arg("step"), nb::arg("mode"), nb::arg("request_ids"),
            nb::arg("token_ids").none(), nb::arg("positions").none(), nb::arg("seq_lens").none(),
-           nb::arg("extend_lens").none(), nb::arg("req_pool_indices").none(),
-           nb::arg("page_table_offsets").none(), nb::arg("page_table_slots").none(),
-           nb::arg("out_cache_loc").none(), nb::arg("temperatures").none(), nb::arg("top_ps").none(),
-           nb::arg("top_ks").none(), nb::arg("min_ps").none(), nb::arg("seeds").none(),
-           nb::arg("has_seed").none(), nb::arg("rng_seed"), nb::arg("rng_offset"),
-           nb::arg("output_token_ids").none(), nb::arg("digests"), nb::arg("timestamp_nanos"),
-           nb::arg("page_table_starts").none() = nb::none())
+           nb::arg("extend_lens").none(), nb::arg("req_pool_indices").none(), nb::arg("page_table_offsets").none(),
+           nb::arg("page_table_slots").none(), nb::arg("out_cache_loc").none(), nb::arg("temperatures").none(),
+           nb::arg("top_ps").none(), nb::arg("top_ks").none(), nb::arg("min_ps").none(), nb::arg("seeds").none(),
+           nb::arg("has_seed").none(), nb::arg("rng_seed"), nb::arg("rng_offset"), nb::arg("output_token_ids").none(),
+           nb::arg("digests"), nb::arg("timestamp_nanos"), nb::arg("page_table_starts").none() = nb::none())
       .def("_record_step_fast", &PyRecorder::RecordStepFast, nb::arg("step").none(), nb::arg("mode").none(),
            nb::arg("request_ids").none(), nb::arg("token_ids").none(), nb::arg("positions").none(),
            nb::arg("seq_lens").none(), nb::arg("extend_lens").none(), nb::arg("req_pool_indices").none(),

@@ -26,17 +26,10 @@ void ThrowIfError(const absl::Status& status) {
   PyObject* type = g_error;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-      type = PyExc_ValueError;
-      break;
-    case absl::StatusCode::kNotFound:
-      type = PyExc_FileNotFoundError;
-      break;
-    case absl::StatusCode::kDataLoss:
-      type = g_corrupt;
-      break;
-    default:
-      break;
+    case absl::StatusCode::kOutOfRange: type = PyExc_ValueError; break;
+    case absl::StatusCode::kNotFound: type = PyExc_FileNotFoundError; break;
+    case absl::StatusCode::kDataLoss: type = g_corrupt; break;
+    default: break;
   }
   std::string text = msg;
   if (type == g_error) {

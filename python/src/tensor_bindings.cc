@@ -56,8 +56,7 @@ void BindTensors(nb::module_& m) {
       "XXH3-128 of a host tensor's bytes as 32 canonical hex digits (as `xxhsum -H2` prints).");
 
   m.def(
-      "hash_bytes",
-      [](nb::bytes b) { return XXH128Of(b.c_str(), b.size()).Hex(); }, nb::arg("data"),
+      "hash_bytes", [](nb::bytes b) { return XXH128Of(b.c_str(), b.size()).Hex(); }, nb::arg("data"),
       "XXH3-128 of a bytes object, canonical hex.");
 }
 

@@ -13,8 +13,7 @@ using Code = nb::dlpack::dtype_code;
 
 bool IsHostReadable(int device_type) {
   return device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value ||
-         device_type == nb::device::cuda_managed::value ||
-         device_type == nb::device::rocm_host::value;
+         device_type == nb::device::cuda_managed::value || device_type == nb::device::rocm_host::value;
 }
 
 // Row-major contiguity; dimensions of extent 1 may carry any stride (torch
@@ -32,8 +31,8 @@ bool IsRowMajor(const AnyTensor& t) {
 
 absl::StatusOr<DType> DTypeFromDLPack(nb::dlpack::dtype dt, const std::string& tensor_name) {
   if (dt.lanes != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor_name, "': vector dtypes (lanes=",
-                                                   dt.lanes, ") are not supported"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor_name, "': vector dtypes (lanes=", dt.lanes, ") are not supported"));
   }
   const Code code = static_cast<Code>(dt.code);
   switch (code) {
@@ -72,8 +71,7 @@ absl::StatusOr<DType> DTypeFromDLPack(nb::dlpack::dtype dt, const std::string& t
     case Code::Float4_E2M1FN:
       if (dt.bits == 4) return DType::kF4E2M1;
       break;
-    default:
-      break;
+    default: break;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("tensor '", tensor_name, "': DLPack dtype (code ", dt.code, ", ", dt.bits,
@@ -97,8 +95,8 @@ absl::StatusOr<std::optional<DType>> ParseDTypeOverride(const std::string& name)
   if (name.empty()) return std::optional<DType>();
   std::optional<DType> d = ParseDType(name);
   if (!d) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown dtype name '", name, "'; use a safetensors spelling such as BF16, F8_E4M3, F32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype name '", name, "'; use a safetensors spelling such as BF16, F8_E4M3, F32"));
   }
   return d;
 }
@@ -115,10 +113,10 @@ absl::StatusOr<HostTensorView> DeviceView(const AnyTensor& t, const std::string&
 absl::StatusOr<HostTensorView> HostView(const AnyTensor& t, const std::string& tensor_name,
                                         std::optional<DType> dtype_override) {
   if (!IsHostReadable(t.device_type())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", tensor_name, "' is in device memory (", DeviceName(t.device_type(), t.device_id()),
-        "); the recorder copies only host memory. Pass it through crashreplay.Recorder.snapshot, "
-        "which stages CUDA tensors into pinned host memory on a side stream before the step runs"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", tensor_name, "' is in device memory (", DeviceName(t.device_type(), t.device_id()),
+                     "); the recorder copies only host memory. Pass it through crashreplay.Recorder.snapshot, "
+                     "which stages CUDA tensors into pinned host memory on a side stream before the step runs"));
   }
   return ViewOf(t, tensor_name, dtype_override);
 }

@@ -18,8 +18,8 @@
 namespace crashreplay::bisect {
 namespace {
 
-using testing::FakeRunner;
 using testing::Failure;
+using testing::FakeRunner;
 using testing::Key;
 using testing::Keys;
 using testing::On;
@@ -55,10 +55,12 @@ TEST(SearchCost, SingleCulpritCostsCeilLog2NPlusOneTrialsAfterTheChecks) {
     int worst = 0;
     for (int c = 0; c < n; ++c) {
       const std::string culprit = Key(c);
-      Searched r = Bisect([&](const Config& cfg, int) -> std::optional<FailureSignature> {
-        if (On(cfg, culprit)) return Failure(FailureClass::kOther, "exit 1");
-        return std::nullopt;
-      }, n);
+      Searched r = Bisect(
+          [&](const Config& cfg, int) -> std::optional<FailureSignature> {
+            if (On(cfg, culprit)) return Failure(FailureClass::kOther, "exit 1");
+            return std::nullopt;
+          },
+          n);
       ASSERT_EQ(r.report.status, BisectStatus::kCulpritFound) << "n=" << n << " culprit " << culprit;
       EXPECT_EQ(testing::CulpritNames(r.report), (std::set<std::string>{culprit}));
       EXPECT_TRUE(r.report.culprit_minimal);
@@ -77,10 +79,12 @@ TEST(SearchCost, EveryPairOfSixteenCostsAtMostFourteenTrials) {
   int worst = 0;
   for (int a = 0; a < 16; ++a) {
     for (int b = a + 1; b < 16; ++b) {
-      Searched r = Bisect([&](const Config& cfg, int) -> std::optional<FailureSignature> {
-        if (On(cfg, Key(a)) && On(cfg, Key(b))) return Failure(FailureClass::kOther, "exit 1");
-        return std::nullopt;
-      }, 16);
+      Searched r = Bisect(
+          [&](const Config& cfg, int) -> std::optional<FailureSignature> {
+            if (On(cfg, Key(a)) && On(cfg, Key(b))) return Failure(FailureClass::kOther, "exit 1");
+            return std::nullopt;
+          },
+          16);
       ASSERT_EQ(r.report.status, BisectStatus::kCulpritFound) << a << "," << b;
       EXPECT_EQ(testing::CulpritNames(r.report), Names({a, b}));
       EXPECT_TRUE(r.report.culprit_minimal);
@@ -96,10 +100,12 @@ TEST(SearchCost, EveryTripleOfTwentyIsFoundInOKLogNTrials) {
   for (int a = 0; a < 20; ++a)
     for (int b = a + 1; b < 20; ++b)
       for (int c = b + 1; c < 20; ++c) {
-        Searched r = Bisect([&](const Config& cfg, int) -> std::optional<FailureSignature> {
-          if (On(cfg, Key(a)) && On(cfg, Key(b)) && On(cfg, Key(c))) return Failure(FailureClass::kOther, "exit 1");
-          return std::nullopt;
-        }, 20);
+        Searched r = Bisect(
+            [&](const Config& cfg, int) -> std::optional<FailureSignature> {
+              if (On(cfg, Key(a)) && On(cfg, Key(b)) && On(cfg, Key(c))) return Failure(FailureClass::kOther, "exit 1");
+              return std::nullopt;
+            },
+            20);
         ASSERT_EQ(r.report.status, BisectStatus::kCulpritFound);
         ASSERT_EQ(testing::CulpritNames(r.report), Names({a, b, c}));
         worst = std::max(worst, r.report.trials);
@@ -132,11 +138,13 @@ TEST(SearchCost, ParallelProbesFindTheSameCulprit) {
 }
 
 TEST(SearchCost, TenThousandKeysAreSearchedInFewTrials) {
-  Searched r = Bisect([](const Config& cfg, int) -> std::optional<FailureSignature> {
-    if (On(cfg, Key(7321))) return Failure(FailureClass::kOom, "cuda");
-    if (On(cfg, Key(1234)) && On(cfg, Key(9876))) return Failure(FailureClass::kDeviceAssert);
-    return std::nullopt;
-  }, 10000);
+  Searched r = Bisect(
+      [](const Config& cfg, int) -> std::optional<FailureSignature> {
+        if (On(cfg, Key(7321))) return Failure(FailureClass::kOom, "cuda");
+        if (On(cfg, Key(1234)) && On(cfg, Key(9876))) return Failure(FailureClass::kDeviceAssert);
+        return std::nullopt;
+      },
+      10000);
   ASSERT_EQ(r.report.status, BisectStatus::kCulpritFound) << r.report.message;
   EXPECT_EQ(testing::CulpritNames(r.report), Names({7321}));
   EXPECT_LE(r.report.trials, Log2Ceil(10000) + 3);

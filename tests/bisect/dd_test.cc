@@ -195,9 +195,7 @@ class FlakyOracle : public PredicateOracle {
   }
 
  protected:
-  Outcome ConfirmOne(const ChangeSet& s) override {
-    return flaky_.count(s) ? Outcome::kUnresolved : Judge(s);
-  }
+  Outcome ConfirmOne(const ChangeSet& s) override { return flaky_.count(s) ? Outcome::kUnresolved : Judge(s); }
 
  private:
   std::set<ChangeSet> flaky_;

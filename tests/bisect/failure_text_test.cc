@@ -52,8 +52,8 @@ TEST(FailureText, EveryCudaRuntimeErrorStringNamesItsError) {
     const std::string name = line.substr(sp + 1, bar - sp - 1);
     const std::string text = line.substr(bar + 3);
     // PyTorch's form (c10/cuda/CUDAException) and Triton's.
-    for (const std::string& msg : {"torch.AcceleratorError: CUDA error: " + text + "\n",
-                                   "RuntimeError: Triton Error [CUDA]: " + text + "\n"}) {
+    for (const std::string& msg :
+         {"torch.AcceleratorError: CUDA error: " + text + "\n", "RuntimeError: Triton Error [CUDA]: " + text + "\n"}) {
       const FailureSignature s = Sig(msg);
       if (name == "cudaErrorAssert") {
         EXPECT_EQ(s.failure_class, FailureClass::kDeviceAssert) << msg;
@@ -74,31 +74,30 @@ TEST(FailureText, EveryCudaRuntimeErrorStringNamesItsError) {
 }
 
 TEST(FailureText, TorchDeviceAssertNamesTheKernelAndTheAssertion) {
-  const FailureSignature s = Sig(
-      "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [0,0,0] "
-      "Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.\n"
-      "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [1,0,0] "
-      "Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.\n"
-      "Traceback (most recent call last):\n"
-      "  File \"/srv/train.py\", line 173, in <module>\n"
-      "    main()\n"
-      "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
-      "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might "
-      "be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n");
+  const FailureSignature s =
+      Sig("/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [0,0,0] "
+          "Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.\n"
+          "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [1,0,0] "
+          "Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.\n"
+          "Traceback (most recent call last):\n"
+          "  File \"/srv/train.py\", line 173, in <module>\n"
+          "    main()\n"
+          "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+          "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might "
+          "be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n");
   EXPECT_EQ(s.failure_class, FailureClass::kDeviceAssert);
   EXPECT_EQ(s.kernel, "IndexKernel.cu:111");
   EXPECT_EQ(s.check, "-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"");
   // A wrapped assert line (the loss kernel prints its name on its own line).
-  const FailureSignature loss = Sig(
-      "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
-      "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: \n"
-      "block: [0,0,0], thread: [0,0,0] Assertion `t >= 0 && t < n_classes` failed.\n");
+  const FailureSignature loss =
+      Sig("torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+          "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: \n"
+          "block: [0,0,0], thread: [0,0,0] Assertion `t >= 0 && t < n_classes` failed.\n");
   EXPECT_EQ(loss.kernel, "Loss.cu:245");
   EXPECT_EQ(loss.check, "t >= 0 && t < n_classes");
   EXPECT_FALSE(SameBug(s, loss));
   // Without the assert line, still a device assert.
-  EXPECT_EQ(Sig("RuntimeError: CUDA error: device-side assert triggered\n").failure_class,
-            FailureClass::kDeviceAssert);
+  EXPECT_EQ(Sig("RuntimeError: CUDA error: device-side assert triggered\n").failure_class, FailureClass::kDeviceAssert);
 }
 
 TEST(FailureText, OutOfMemoryFormsAreOomAndTellDeviceKvPoolAndHostApart) {
@@ -126,21 +125,21 @@ TEST(FailureText, OutOfMemoryFormsAreOomAndTellDeviceKvPoolAndHostApart) {
 }
 
 TEST(FailureText, SglangGraphCaptureFailureIsInTheGraphCaptureStage) {
-  const FailureSignature s = Sig(
-      "[2025-06-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
-      "[2025-06-01 10:00:03 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
-      "  File \"/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py\", line 380, in "
-      "capture\n"
-      "    ) = self.capture_one_batch_size(bs, forward)\n"
-      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
-      "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
-      "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n");
+  const FailureSignature s =
+      Sig("[2025-06-01 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+          "[2025-06-01 10:00:03 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+          "  File \"/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py\", line 380, in "
+          "capture\n"
+          "    ) = self.capture_one_batch_size(bs, forward)\n"
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+          "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+          "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n");
   EXPECT_EQ(s.failure_class, FailureClass::kOom);
   EXPECT_EQ(s.stage, FailureStage::kGraphCapture);
   // The same OOM at decode ("Capture cuda graph begin/end" are only logs).
-  const FailureSignature decode = Sig(
-      "[TP0] Capture cuda graph begin. This can take up to several minutes.\n[TP0] Capture cuda graph end.\n"
-      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n");
+  const FailureSignature decode =
+      Sig("[TP0] Capture cuda graph begin. This can take up to several minutes.\n[TP0] Capture cuda graph end.\n"
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n");
   EXPECT_EQ(decode.stage, FailureStage::kUnknown);
   EXPECT_FALSE(SameBug(s, decode));
 }
@@ -191,23 +190,23 @@ TEST(FailureText, NonFiniteMessages) {
 }
 
 TEST(FailureText, PythonExceptionTypeOfTheLastTracebackLine) {
-  const FailureSignature key = Sig(
-      "INFO starting\nTraceback (most recent call last):\n  File \"serve.py\", line 3, in <module>\n"
-      "    raise KeyError(\"attention_backend\")\nKeyError: 'attention_backend'\n");
+  const FailureSignature key =
+      Sig("INFO starting\nTraceback (most recent call last):\n  File \"serve.py\", line 3, in <module>\n"
+          "    raise KeyError(\"attention_backend\")\nKeyError: 'attention_backend'\n");
   EXPECT_EQ(key.failure_class, FailureClass::kException);
   EXPECT_EQ(key.check, "KeyError");
   EXPECT_EQ(key.detail, "KeyError: 'attention_backend'");
   // Chained: the last traceback's exception ends the process.
-  const FailureSignature chained = Sig(
-      "Traceback (most recent call last):\n  File \"a.py\", line 2, in f\n    x = d[k]\n           ~^^^\n"
-      "KeyError: 'k'\n\nDuring handling of the above exception, another exception occurred:\n\n"
-      "Traceback (most recent call last):\n  File \"a.py\", line 4, in <module>\n    f()\n"
-      "sglang.srt.errors.SchedulerError: request 7 could not be scheduled\n");
+  const FailureSignature chained =
+      Sig("Traceback (most recent call last):\n  File \"a.py\", line 2, in f\n    x = d[k]\n           ~^^^\n"
+          "KeyError: 'k'\n\nDuring handling of the above exception, another exception occurred:\n\n"
+          "Traceback (most recent call last):\n  File \"a.py\", line 4, in <module>\n    f()\n"
+          "sglang.srt.errors.SchedulerError: request 7 could not be scheduled\n");
   EXPECT_EQ(chained.check, "sglang.srt.errors.SchedulerError");
   // torchrun prefixes every line of a rank.
-  const FailureSignature ranked = Sig(
-      "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"t.py\", line 9, in <module>\n"
-      "[rank1]:     run()\n[rank1]: AssertionError\n");
+  const FailureSignature ranked =
+      Sig("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"t.py\", line 9, in <module>\n"
+          "[rank1]:     run()\n[rank1]: AssertionError\n");
   EXPECT_EQ(ranked.check, "AssertionError");
   EXPECT_FALSE(SameBug(key, chained));
 }
@@ -268,18 +267,19 @@ TEST(FailureText, ExitCodesAndSignalsAreDifferentBugsWhenNothingElseNamesThem) {
   segv.term_signal = 11;
   ProcessResult abrt = segv;
   abrt.term_signal = 6;
-  EXPECT_FALSE(SameBug(ClassifyProcess(segv, {}, std::nullopt).signature,
-                       ClassifyProcess(abrt, {}, std::nullopt).signature));
+  EXPECT_FALSE(
+      SameBug(ClassifyProcess(segv, {}, std::nullopt).signature, ClassifyProcess(abrt, {}, std::nullopt).signature));
   // A shell's 128+11 is the same bug as a death by SIGSEGV.
   EXPECT_TRUE(SameBug(ClassifyProcess(Exited(139), {}, std::nullopt).signature,
                       ClassifyProcess(segv, {}, std::nullopt).signature));
   // What it printed names it, whatever the exit code.
   const TrialResult oom = ClassifyProcess(Exited(1, "torch.OutOfMemoryError: CUDA out of memory.\n"), {}, std::nullopt);
-  const TrialResult oom_abort = ClassifyProcess(Exited(134, "torch.OutOfMemoryError: CUDA out of memory.\n"), {}, std::nullopt);
+  const TrialResult oom_abort =
+      ClassifyProcess(Exited(134, "torch.OutOfMemoryError: CUDA out of memory.\n"), {}, std::nullopt);
   EXPECT_EQ(oom.signature.failure_class, FailureClass::kOom);
   EXPECT_TRUE(SameBug(oom.signature, oom_abort.signature));
-  const TrialResult assert_ = ClassifyProcess(Exited(1, "RuntimeError: CUDA error: device-side assert triggered\n"), {},
-                                              std::nullopt);
+  const TrialResult assert_ =
+      ClassifyProcess(Exited(1, "RuntimeError: CUDA error: device-side assert triggered\n"), {}, std::nullopt);
   EXPECT_FALSE(SameBug(oom.signature, assert_.signature));
 }
 

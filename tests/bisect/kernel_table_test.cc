@@ -19,7 +19,7 @@ KernelRow Row(const std::string& name, int64_t layer, double max_abs, const std:
 
 std::vector<KernelRow> Reference() {
   return {Row("embedding", -1, 1.0, "d0"), Row("rmsnorm", 0, 3.0, "d1"), Row("qkv_proj", 0, 10.0, "d2"),
-          Row("attention", 0, 8.0, "d3"), Row("o_proj", 0, 6.0, "d4"), Row("lm_head", -1, 20.0, "d5")};
+          Row("attention", 0, 8.0, "d3"),  Row("o_proj", 0, 6.0, "d4"),  Row("lm_head", -1, 20.0, "d5")};
 }
 
 TEST(FirstBadKernel, IdenticalTablesHaveNoBadKernel) {

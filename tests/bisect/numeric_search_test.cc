@@ -43,7 +43,8 @@ TEST(Threshold, FindsTheHighestPassingFloatToThePrecision) {
 
 TEST(Threshold, IntegerToggleWithParallelProbes) {
   TempDir dir;
-  const std::string script = WriteTrialScript(dir, "bs.sh", "[ \"$(val cuda_graph_max_bs)\" -ge 161 ] && exit 1\nexit 0");
+  const std::string script =
+      WriteTrialScript(dir, "bs.sh", "[ \"$(val cuda_graph_max_bs)\" -ge 161 ] && exit 1\nexit 0");
   CommandTrialRunner runner({{script}, {}, dir.path(), {}});
   SchedulerOptions so;
   so.jobs = 3;
@@ -80,7 +81,8 @@ std::string StepScript(const TempDir& dir) {
   return WriteTrialScript(
       dir, "step.sh",
       "[ \"$CRASHREPLAY_STEP\" = \"$1\" ] || exit 2\n"
-      "if [ \"$CRASHREPLAY_STEP\" -eq 20 ]; then echo '{\"class\":\"oom\"}' > \"$CRASHREPLAY_SIGNATURE_OUT\"; exit 1; fi\n"
+      "if [ \"$CRASHREPLAY_STEP\" -eq 20 ]; then echo '{\"class\":\"oom\"}' > \"$CRASHREPLAY_SIGNATURE_OUT\"; exit 1; "
+      "fi\n"
       "[ \"$CRASHREPLAY_STEP\" -ge 37 ] || exit 0\n"
       "echo '{\"class\":\"device_assert\",\"kernel\":\"topk\"}' > \"$CRASHREPLAY_SIGNATURE_OUT\"\nexit 1");
 }

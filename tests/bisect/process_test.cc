@@ -150,7 +150,9 @@ TEST(Classify, MemoryLimitExhaustionIsOom) {
 
 TEST(Process, StderrKeepsTheHeadAsWellAsTheTail) {
   ProcessSpec spec;
-  spec.argv = {"sh", "-c", "echo first-error >&2; i=0; while [ $i -lt 3000 ]; do echo noise-noise-noise-noise >&2; i=$((i+1)); done"};
+  spec.argv = {
+      "sh", "-c",
+      "echo first-error >&2; i=0; while [ $i -lt 3000 ]; do echo noise-noise-noise-noise >&2; i=$((i+1)); done"};
   spec.stderr_limit = 1024;
   spec.stderr_head_limit = 64;
   ProcessResult p = RunProcess(spec);
@@ -172,7 +174,8 @@ TEST(Classify, SigkillUnderAMemoryLimitIsOom) {
 }
 
 TEST(Classify, WrittenSignatureRefinesABadExit) {
-  const std::string sig = R"({"class":"device_assert","stage":"decode","kernel":"topk","check":"expert_id_in_range","step":4})";
+  const std::string sig =
+      R"({"class":"device_assert","stage":"decode","kernel":"topk","check":"expert_id_in_range","step":4})";
   TrialResult r = ClassifyProcess(Sh("exit 1"), {}, sig);
   EXPECT_EQ(r.signature.failure_class, FailureClass::kDeviceAssert);
   EXPECT_EQ(r.signature.kernel, "topk");

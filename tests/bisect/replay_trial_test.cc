@@ -36,10 +36,9 @@ TEST(ReplayOutput, ReproducedIsGoodAndKeepsTheKernelTable) {
 }
 
 TEST(ReplayOutput, FailedCarriesReplaysSignatureAndStep) {
-  TrialResult r = InterpretReplayOutput(
-      Exited(1, R"({"outcome":"failed","step":17,"kernels":[],
+  TrialResult r = InterpretReplayOutput(Exited(1, R"({"outcome":"failed","step":17,"kernels":[],
                     "signature":{"class":"device_assert","stage":"decode","kernel":"paged_decode","check":"page_index_in_pool"}})"),
-      {});
+                                        {});
   EXPECT_EQ(r.verdict, Verdict::kBad);
   EXPECT_EQ(r.signature.failure_class, FailureClass::kDeviceAssert);
   EXPECT_EQ(r.signature.kernel, "paged_decode");
@@ -50,11 +49,10 @@ TEST(ReplayOutput, FailedCarriesReplaysSignatureAndStep) {
 TEST(ReplayOutput, AFaultWhileReexecutingAnEarlierStepNamesThatStepAndItsKernelTable) {
   // replay --step 3 under another configuration failed in step 0, which it
   // re-executed to rebuild step 3's state: the kernels it printed are step 0's.
-  TrialResult r = InterpretReplayOutput(
-      Exited(1, std::string(R"({"outcome":"failed","step":3,"kernels":)") + kKernels +
-                    R"(,"fault":{"step":0,"layer":0},
+  TrialResult r = InterpretReplayOutput(Exited(1, std::string(R"({"outcome":"failed","step":3,"kernels":)") + kKernels +
+                                                      R"(,"fault":{"step":0,"layer":0},
                     "signature":{"class":"device_assert","stage":"prefill","kernel":"q_proj","check":"ue8m0_scale_layout"}})"),
-      {});
+                                        {});
   EXPECT_EQ(r.verdict, Verdict::kBad);
   EXPECT_EQ(r.signature.step, 0);
   EXPECT_EQ(r.kernels_step, 0);
@@ -117,13 +115,17 @@ TEST(ReplayTrialRunner, BuildsTheReplayCommandAndReadsItsJson) {
   const std::string fake = dir / "fake-crashreplay";
   WriteFile(fake,
             "#!/bin/sh\n"
-            "echo \"$@\" > '" + dir.path() + "/args'\n"
-            "cfg=\"$4\"\n"
-            "if grep -q '^attention_backend = \"paged\"' \"$cfg\"; then\n"
-            "  echo '{\"outcome\":\"failed\",\"step\":9,\"signature\":{\"class\":\"device_assert\",\"stage\":\"decode\",\"kernel\":\"paged_decode\",\"check\":\"page_size_is_64\"}}'\n"
-            "  exit 1\n"
-            "fi\n"
-            "echo '{\"outcome\":\"reproduced\",\"step\":9,\"kernels\":[]}'\n",
+            "echo \"$@\" > '" +
+                dir.path() +
+                "/args'\n"
+                "cfg=\"$4\"\n"
+                "if grep -q '^attention_backend = \"paged\"' \"$cfg\"; then\n"
+                "  echo "
+                "'{\"outcome\":\"failed\",\"step\":9,\"signature\":{\"class\":\"device_assert\",\"stage\":\"decode\","
+                "\"kernel\":\"paged_decode\",\"check\":\"page_size_is_64\"}}'\n"
+                "  exit 1\n"
+                "fi\n"
+                "echo '{\"outcome\":\"reproduced\",\"step\":9,\"kernels\":[]}'\n",
             true);
   ReplayTrialOptions o;
   o.crashreplay_binary = fake;

@@ -19,11 +19,16 @@ using testing::WriteTrialScript;
 std::string KernelScript(const TempDir& dir) {
   return WriteTrialScript(
       dir, "kern.sh",
-      "row() { printf '{\"name\":\"%s\",\"layer\":%s,\"numel\":64,\"nan_count\":%s,\"inf_count\":0,\"digest\":\"%s\",\"max_abs\":%s}' \"$@\"; }\n"
+      "row() { printf "
+      "'{\"name\":\"%s\",\"layer\":%s,\"numel\":64,\"nan_count\":%s,\"inf_count\":0,\"digest\":\"%s\",\"max_abs\":%s}' "
+      "\"$@\"; }\n"
       "if on t2; then nan=5; dig=bad; mx=9.0; else nan=0; dig=ok; mx=1.0; fi\n"
-      "k=\"[$(row embedding -1 0 e 1.0),$(row attention 0 0 a0 2.0),$(row attention 1 $nan $dig $mx),$(row lm_head -1 $nan $dig $mx)]\"\n"
+      "k=\"[$(row embedding -1 0 e 1.0),$(row attention 0 0 a0 2.0),$(row attention 1 $nan $dig $mx),$(row lm_head -1 "
+      "$nan $dig $mx)]\"\n"
       "if on t2; then\n"
-      "  printf '{\"signature\":{\"class\":\"non_finite\",\"stage\":\"decode\",\"kernel\":\"sampling\",\"check\":\"probs_finite\"},\"kernels\":%s}' \"$k\" > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
+      "  printf "
+      "'{\"signature\":{\"class\":\"non_finite\",\"stage\":\"decode\",\"kernel\":\"sampling\",\"check\":\"probs_"
+      "finite\"},\"kernels\":%s}' \"$k\" > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
       "  exit 1\n"
       "fi\n"
       "printf '{\"signature\":{\"class\":\"none\"},\"kernels\":%s}' \"$k\" > \"$CRASHREPLAY_SIGNATURE_OUT\"\nexit 0");

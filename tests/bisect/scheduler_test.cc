@@ -44,8 +44,10 @@ TEST(Scheduler, RunnerPrefixWrapsEveryTrialAndConfigPlaceholderIsSubstituted) {
   const std::string wrapper = dir / "wrap.sh";
   WriteFile(wrapper,
             "#!/bin/sh\n"
-            "echo \"wrapped $1 $2 | $3 $4\" >> '" + dir.path() + "/wrap.log'\n"
-            "shift 2\nexec \"$@\"\n",
+            "echo \"wrapped $1 $2 | $3 $4\" >> '" +
+                dir.path() +
+                "/wrap.log'\n"
+                "shift 2\nexec \"$@\"\n",
             true);
   const std::string script = WriteTrialScript(dir, "t.sh", "[ \"$1\" = \"$CRASHREPLAY_CONFIG\" ] || exit 1\nexit 0");
   auto prefix = SplitCommandLine("'" + wrapper + "' --tag 'a b'");
@@ -63,12 +65,16 @@ TEST(Scheduler, RunnerPrefixWrapsEveryTrialAndConfigPlaceholderIsSubstituted) {
 TEST(Scheduler, GpuPoolGivesEachConcurrentWorkerItsOwnDevices) {
   TempDir dir;
   // mkdir is atomic: two trials holding the same GPU at once would collide.
-  const std::string script = WriteTrialScript(
-      dir, "gpu.sh",
-      "echo \"$CUDA_VISIBLE_DEVICES\" >> '" + dir.path() + "/seen.log'\n"
-      "mkdir '" + dir.path() + "/gpu-'\"$CUDA_VISIBLE_DEVICES\" || echo CONFLICT >> '" + dir.path() + "/seen.log'\n"
-      "sleep 0.2\n"
-      "rmdir '" + dir.path() + "/gpu-'\"$CUDA_VISIBLE_DEVICES\"\nexit 0");
+  const std::string script =
+      WriteTrialScript(dir, "gpu.sh",
+                       "echo \"$CUDA_VISIBLE_DEVICES\" >> '" + dir.path() +
+                           "/seen.log'\n"
+                           "mkdir '" +
+                           dir.path() + "/gpu-'\"$CUDA_VISIBLE_DEVICES\" || echo CONFLICT >> '" + dir.path() +
+                           "/seen.log'\n"
+                           "sleep 0.2\n"
+                           "rmdir '" +
+                           dir.path() + "/gpu-'\"$CUDA_VISIBLE_DEVICES\"\nexit 0");
   CommandTrialRunner runner({{script}, {}, dir.path(), {}});
   SchedulerOptions so;
   so.jobs = 8;  // more jobs than GPUs: the pool caps parallelism
@@ -92,8 +98,7 @@ TEST(Scheduler, RepeatDetectsAFlakyCommand) {
   TempDir dir;
   // Fails on every other invocation overall.
   const std::string script = WriteTrialScript(
-      dir, "flaky.sh",
-      "n=$(wc -l < '" + dir.path() + "/invocations.log')\n[ $((n % 2)) -eq 1 ] && exit 1\nexit 0");
+      dir, "flaky.sh", "n=$(wc -l < '" + dir.path() + "/invocations.log')\n[ $((n % 2)) -eq 1 ] && exit 1\nexit 0");
   CommandTrialRunner runner({{script}, {}, dir.path(), {}});
   SchedulerOptions so;
   so.repeat = 2;

@@ -67,10 +67,14 @@ std::vector<OracleCase> LoadCases() {
     for (absl::string_view r : absl::StrSplit(f[3], ' ', absl::SkipEmpty())) c.rules.emplace_back(r);
     for (absl::string_view e : absl::StrSplit(f[4], ' ', absl::SkipEmpty())) {
       const std::string tok(e);
-      if (tok == "flaky") c.flaky = true;
-      else if (tok.rfind("status=", 0) == 0) c.statuses = absl::StrSplit(tok.substr(7), ',');
-      else if (tok.rfind("culprit=", 0) == 0) c.culprit = KeySet(tok.substr(8));
-      else if (tok.rfind("class=", 0) == 0) c.target_class = tok.substr(6);
+      if (tok == "flaky")
+        c.flaky = true;
+      else if (tok.rfind("status=", 0) == 0)
+        c.statuses = absl::StrSplit(tok.substr(7), ',');
+      else if (tok.rfind("culprit=", 0) == 0)
+        c.culprit = KeySet(tok.substr(8));
+      else if (tok.rfind("class=", 0) == 0)
+        c.target_class = tok.substr(6);
       else if (tok.rfind("other=", 0) == 0) {
         const size_t colon = tok.find(':');
         c.others.push_back({KeySet(tok.substr(6, colon - 6)), tok.substr(colon + 1)});
@@ -256,13 +260,16 @@ TEST(BisectSearch, AFlakyConfigurationMakesTheSearchFlakyNotCulpritFound) {
   // t6 always fails. t1 without t6 fails every other run of the same
   // configuration (a counter file per configuration), with the same exit
   // code: a second, intermittent cause of the same failure.
-  const std::string script = WriteTrialScript(dir, "flaky.sh",
-                                              "on t6 && exit 1\n"
-                                              "if on t1; then\n"
-                                              "  f=\"" + dir.path() + "/count-$(grep -v '^#' \"$cfg\" | cksum | cut -d' ' -f1)\"\n"
-                                              "  n=$(cat \"$f\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$f\"\n"
-                                              "  [ $((n % 2)) -eq 1 ] && exit 1\n"
-                                              "fi\nexit 0");
+  const std::string script =
+      WriteTrialScript(dir, "flaky.sh",
+                       "on t6 && exit 1\n"
+                       "if on t1; then\n"
+                       "  f=\"" +
+                           dir.path() +
+                           "/count-$(grep -v '^#' \"$cfg\" | cksum | cut -d' ' -f1)\"\n"
+                           "  n=$(cat \"$f\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$f\"\n"
+                           "  [ $((n % 2)) -eq 1 ] && exit 1\n"
+                           "fi\nexit 0");
   auto [good, bad] = BoolToggles(8);
   Search s = RunSearch(dir, script, good, bad, Options(1, 2));
   ASSERT_EQ(s.report.status, BisectStatus::kFlaky) << s.report.message;
@@ -283,11 +290,14 @@ TEST(BisectSearch, AFlakyConfigurationMakesTheSearchFlakyNotCulpritFound) {
 TEST(BisectSearch, AFlakyBadConfigurationIsReportedAsSuchWithoutRepeatAdvice) {
   TempDir dir;
   // Fails on odd runs only.
-  const std::string script = WriteTrialScript(dir, "odd.sh",
-                                              "on t2 || exit 0\n"
-                                              "f=\"" + dir.path() + "/count\"\n"
-                                              "n=$(cat \"$f\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$f\"\n"
-                                              "[ $((n % 2)) -eq 0 ] && exit 1\nexit 0");
+  const std::string script =
+      WriteTrialScript(dir, "odd.sh",
+                       "on t2 || exit 0\n"
+                       "f=\"" +
+                           dir.path() +
+                           "/count\"\n"
+                           "n=$(cat \"$f\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$f\"\n"
+                           "[ $((n % 2)) -eq 0 ] && exit 1\nexit 0");
   auto [good, bad] = BoolToggles(4);
   Search s = RunSearch(dir, script, good, bad);
   EXPECT_EQ(s.report.status, BisectStatus::kFlaky) << s.report.message;
@@ -325,16 +335,18 @@ TEST(BisectSearch, ASignatureFileNamesTheBugAndTheThresholdIsSearched) {
   TempDir dir;
   // The target: a device assert in decode when t3 is on. With the bad
   // configuration's mem_fraction_static=0.95 but t3 off, graph capture OOMs.
-  const std::string script = WriteTrialScript(
-      dir, "sig.sh",
-      "if on t3; then\n"
-      "  echo '{\"class\":\"device_assert\",\"stage\":\"decode\",\"kernel\":\"paged_decode\",\"check\":\"page_index_in_pool\",\"step\":17}' > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
-      "  exit 1\n"
-      "fi\n"
-      "if [ \"$(val mem_fraction_static)\" = 0.95 ]; then\n"
-      "  echo '{\"class\":\"oom\",\"stage\":\"graph_capture\"}' > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
-      "  exit 1\n"
-      "fi\nexit 0");
+  const std::string script =
+      WriteTrialScript(dir, "sig.sh",
+                       "if on t3; then\n"
+                       "  echo "
+                       "'{\"class\":\"device_assert\",\"stage\":\"decode\",\"kernel\":\"paged_decode\",\"check\":"
+                       "\"page_index_in_pool\",\"step\":17}' > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
+                       "  exit 1\n"
+                       "fi\n"
+                       "if [ \"$(val mem_fraction_static)\" = 0.95 ]; then\n"
+                       "  echo '{\"class\":\"oom\",\"stage\":\"graph_capture\"}' > \"$CRASHREPLAY_SIGNATURE_OUT\"\n"
+                       "  exit 1\n"
+                       "fi\nexit 0");
   auto [good, bad] = BoolToggles(6);
   good["mem_fraction_static"] = ConfigValue::Float(0.85);
   bad["mem_fraction_static"] = ConfigValue::Float(0.95);
@@ -364,8 +376,7 @@ TEST(BisectSearch, ASignatureFileNamesTheBugAndTheThresholdIsSearched) {
 
 TEST(BisectSearch, AnIntegerThresholdIsFoundAndWrittenAsAnInteger) {
   TempDir dir;
-  const std::string script =
-      WriteTrialScript(dir, "batch.sh", "[ \"$(val max_batch)\" -ge 37 ] && exit 1\nexit 0");
+  const std::string script = WriteTrialScript(dir, "batch.sh", "[ \"$(val max_batch)\" -ge 37 ] && exit 1\nexit 0");
   Config good = {{"max_batch", ConfigValue::Int(16)}, {"t0", ConfigValue::Bool(false)}};
   Config bad = {{"max_batch", ConfigValue::Int(64)}, {"t0", ConfigValue::Bool(true)}};
   Search s = RunSearch(dir, script, good, bad, {}, {}, std::string("max_batch"));

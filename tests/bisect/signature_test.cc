@@ -48,9 +48,9 @@ TEST(Signature, JsonRoundTripsWithTheDocumentedKeys) {
 }
 
 TEST(Signature, EveryClassAndStageNameRoundTrips) {
-  for (auto c : {FailureClass::kNone, FailureClass::kDeviceAssert, FailureClass::kOom, FailureClass::kNonFinite,
-                 FailureClass::kOutputMismatch, FailureClass::kTimeout, FailureClass::kCrashSignal,
-                 FailureClass::kOther}) {
+  for (auto c :
+       {FailureClass::kNone, FailureClass::kDeviceAssert, FailureClass::kOom, FailureClass::kNonFinite,
+        FailureClass::kOutputMismatch, FailureClass::kTimeout, FailureClass::kCrashSignal, FailureClass::kOther}) {
     EXPECT_EQ(ParseFailureClass(FailureClassName(c)), c);
   }
   for (auto s : {FailureStage::kLoad, FailureStage::kGraphCapture, FailureStage::kPrefill, FailureStage::kDecode,

@@ -96,8 +96,8 @@ inline std::string WriteTrialScript(const TempDir& dir, const std::string& name,
             // One printf, one write(2) on an O_APPEND file: parallel trials
             // never interleave their lines.
             "line=$(grep -v '^#' \"$cfg\" | tr '\\n' ' ')\n"
-            "printf '%s\\n' \"$line\" >> '" + dir.path() + "/invocations.log'\n" +
-                body + "\n",
+            "printf '%s\\n' \"$line\" >> '" +
+                dir.path() + "/invocations.log'\n" + body + "\n",
             /*executable=*/true);
   return path;
 }
@@ -186,7 +186,8 @@ inline std::pair<Config, Config> Keys(int n, int width = 3) {
   Config good, bad;
   for (int i = 0; i < n; ++i) {
     std::string num = std::to_string(i);
-    const std::string name = "k" + std::string(static_cast<size_t>(std::max(0, width - static_cast<int>(num.size()))), '0') + num;
+    const std::string name =
+        "k" + std::string(static_cast<size_t>(std::max(0, width - static_cast<int>(num.size()))), '0') + num;
     good[name] = ConfigValue::Bool(false);
     bad[name] = ConfigValue::Bool(true);
   }

@@ -18,7 +18,8 @@ using namespace crashreplay::capture;
 TEST(Xxh3Long, SharedBodyMatchesLibxxhashAtBlockAndStripeBoundaries) {
   const std::vector<std::byte> data = RandomBytes(200000, 3);
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  for (size_t len : {241ul, 255ul, 256ul, 1023ul, 1024ul, 1025ul, 1087ul, 1088ul, 4109ul, 65536ul, 131072ul, 200000ul}) {
+  for (size_t len :
+       {241ul, 255ul, 256ul, 1023ul, 1024ul, 1025ul, 1087ul, 1088ul, 4109ul, 65536ul, 131072ul, 200000ul}) {
     EXPECT_EQ(xxh3::HashLong64(p, len, Xxh3DefaultSecret()), XXH3_64bits(p, len)) << "length " << len;
     EXPECT_EQ(xxh3::HashLong64(p + 3, len - 3 > 240 ? len - 3 : len, Xxh3DefaultSecret()),
               XXH3_64bits(p + 3, len - 3 > 240 ? len - 3 : len))

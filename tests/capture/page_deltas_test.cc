@@ -66,7 +66,8 @@ class PagedServer {
         r = Row{true, {}};
         if (!live.empty() && Draw(2) == 0) {  // a cached prefix: another request's first slots
           const Row& other = rows_[static_cast<size_t>(live[Draw(live.size())])];
-          r.slots.assign(other.slots.begin(), other.slots.begin() + static_cast<std::ptrdiff_t>(other.slots.size() / 2));
+          r.slots.assign(other.slots.begin(),
+                         other.slots.begin() + static_cast<std::ptrdiff_t>(other.slots.size() / 2));
         }
         const size_t n = 1 + Draw(300);
         for (size_t i = 0; i < n; ++i) r.slots.push_back(next_slot_++);
@@ -187,12 +188,13 @@ TEST(PageDeltas, EveryWayOfRecordingReadsBackAsTheWholeRows) {
   EXPECT_LT(c.raw_step_bytes * 10, a.raw_step_bytes) << c.raw_step_bytes << " against " << a.raw_step_bytes;
   EXPECT_LT(b.bytes * 2, a.bytes) << b.bytes << " against " << a.bytes;
   EXPECT_LT(c.bytes * 2, a.bytes) << c.bytes << " against " << a.bytes;
-  std::printf("%llu steps: whole rows %llu bytes in the file (%llu in the records), deltas %llu (%llu) given whole, "
-              "%llu (%llu) given as deltas\n",
-              static_cast<unsigned long long>(kSteps), static_cast<unsigned long long>(a.bytes),
-              static_cast<unsigned long long>(a.raw_step_bytes), static_cast<unsigned long long>(b.bytes),
-              static_cast<unsigned long long>(b.raw_step_bytes), static_cast<unsigned long long>(c.bytes),
-              static_cast<unsigned long long>(c.raw_step_bytes));
+  std::printf(
+      "%llu steps: whole rows %llu bytes in the file (%llu in the records), deltas %llu (%llu) given whole, "
+      "%llu (%llu) given as deltas\n",
+      static_cast<unsigned long long>(kSteps), static_cast<unsigned long long>(a.bytes),
+      static_cast<unsigned long long>(a.raw_step_bytes), static_cast<unsigned long long>(b.bytes),
+      static_cast<unsigned long long>(b.raw_step_bytes), static_cast<unsigned long long>(c.bytes),
+      static_cast<unsigned long long>(c.raw_step_bytes));
 }
 
 TEST(PageDeltas, WholeRowsReturnOnceTheDeltasOutweighThem) {
@@ -458,7 +460,8 @@ TEST(PageRowTracker, WhatItPassesOnRebuildsEveryRowThroughAppendsRewindsWholeRow
     if (out.from_previous) {
       ++deltas;
       ASSERT_GE(out.start, received_start[static_cast<size_t>(pool)]) << "call " << call;
-      ASSERT_LE(out.start - received_start[static_cast<size_t>(pool)], static_cast<int64_t>(r.size())) << "call " << call;
+      ASSERT_LE(out.start - received_start[static_cast<size_t>(pool)], static_cast<int64_t>(r.size()))
+          << "call " << call;
       r.resize(static_cast<size_t>(out.start - received_start[static_cast<size_t>(pool)]));
       r.insert(r.end(), out.slots.begin(), out.slots.end());
     } else {

@@ -71,7 +71,8 @@ TEST(RecorderC, SessionThroughTheCAbiReadsBackInCpp) {
   ASSERT_EQ(cr_recorder_submit_snapshot(r, 3, &t, 1), CR_OK) << cr_last_error();
   uint64_t hi = 0, lo = 0;
   ASSERT_EQ(cr_recorder_record_weight_hashes(r, 1, &t, 1, &hi, &lo), CR_OK) << cr_last_error();
-  const cr_failure f{"device-side assert triggered", "decode", 1, 3, CR_FAILURE_DEVICE_ASSERT, "torch.AcceleratorError", ""};
+  const cr_failure f{"device-side assert triggered", "decode", 1, 3, CR_FAILURE_DEVICE_ASSERT,
+                     "torch.AcceleratorError",       ""};
   ASSERT_EQ(cr_recorder_on_failure(r, &f), CR_OK) << cr_last_error();
   cr_recorder_stats st;
   ASSERT_EQ(cr_recorder_stats_get(r, &st), CR_OK);

@@ -128,7 +128,8 @@ TEST(RecorderCrash, UncaughtExceptionRecordsItsTextThenAborts) {
   auto r = ReadCapture(capture::SessionRankPath(dir.path(), 0));
   ASSERT_NE(r, nullptr);
   ExpectStepsAndSnapshots(*r);
-  ASSERT_EQ(r->failures().size(), 1u) << "the terminate path writes the failure; the SIGABRT that follows does not repeat it";
+  ASSERT_EQ(r->failures().size(), 1u)
+      << "the terminate path writes the failure; the SIGABRT that follows does not repeat it";
   const FailureRecord& f = r->failures()[0];
   EXPECT_EQ(f.failure_class, FailureClass::kException);
   EXPECT_EQ(f.stage, "decode");
@@ -248,7 +249,7 @@ TEST(RecorderCrash, PreviousHandlerRunsAfterTheRecorderWrote) {
   const int status = RunInChild([&] {
     close(fds[0]);
     g_marker_fd = fds[1];
-    struct sigaction sa {};
+    struct sigaction sa{};
     sa.sa_handler = PreviousAbortHandler;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGABRT, &sa, nullptr);  // installed before the recorder's

@@ -164,10 +164,11 @@ TEST(RecorderDisk, FileSizeLimitReportsOnceHoldsStepsAndWritesThemWhenSpaceRetur
   const CaptureSummary sum = r->Summary();
   EXPECT_GE(sum.write_errors, 2u);
   EXPECT_EQ(sum.steps_dropped, 0u);
-  std::printf("file-size limit 256 KiB: %llu steps in the intact prefix, %llu held and written when space "
-              "returned, 1100 read back, %llu failed writes, 1 report in 1100 calls\n",
-              static_cast<unsigned long long>(prefix_steps), static_cast<unsigned long long>(1000 - prefix_steps),
-              static_cast<unsigned long long>(sum.write_errors));
+  std::printf(
+      "file-size limit 256 KiB: %llu steps in the intact prefix, %llu held and written when space "
+      "returned, 1100 read back, %llu failed writes, 1 report in 1100 calls\n",
+      static_cast<unsigned long long>(prefix_steps), static_cast<unsigned long long>(1000 - prefix_steps),
+      static_cast<unsigned long long>(sum.write_errors));
 }
 
 // Steps [from, to) ten at a time, 2 ms apart: paced as a server would be
@@ -230,8 +231,7 @@ TEST(RecorderDisk, WriterRetriesOnItsOwnWhenSpaceReturns) {
     }
     const bool start = r->Payload(info)[0] == kStreamPartStart;
     starts += start;
-    EXPECT_TRUE(start || last_was_part) << "a stream part continues past a step frame of its own at "
-                                        << info.offset;
+    EXPECT_TRUE(start || last_was_part) << "a stream part continues past a step frame of its own at " << info.offset;
     last_was_part = true;
   }
   EXPECT_GE(alone, 1);   // held while the disk refused them
@@ -259,8 +259,8 @@ TEST(RecorderDisk, SpaceNeverReturnsCloseNamesWhatWasNotWrittenAndTheFileStaysIn
   EXPECT_EQ(calls.failed, 1u);
   EXPECT_EQ(closed.code(), absl::StatusCode::kResourceExhausted);
   // The newest steps, up to 50, are what Close() could not write.
-  const std::string held = absl::StrFormat("steps %d-999 (%d steps, held in memory)", 1000 - st.steps_held,
-                                           st.steps_held);
+  const std::string held =
+      absl::StrFormat("steps %d-999 (%d steps, held in memory)", 1000 - st.steps_held, st.steps_held);
   EXPECT_NE(closed.message().find(held), std::string_view::npos) << closed;
   EXPECT_NE(closed.message().find("steps dropped"), std::string_view::npos) << closed;
   EXPECT_NE(closed.message().find("index and end record"), std::string_view::npos) << closed;
@@ -353,8 +353,9 @@ TEST(RecorderDisk, SmallTmpfsFillsAndFreedSpaceTakesTheHeldSteps) {
   ASSERT_NE(r, nullptr);
   EXPECT_TRUE(r->end().has_value() && r->end()->ok);
   ExpectSteps(*r, 2000);
-  std::printf("tmpfs of 8 MiB, 96 KiB free: %llu steps in the prefix, %llu held and written after the filler was deleted\n",
-              static_cast<unsigned long long>(held.steps_written), static_cast<unsigned long long>(held.steps_held));
+  std::printf(
+      "tmpfs of 8 MiB, 96 KiB free: %llu steps in the prefix, %llu held and written after the filler was deleted\n",
+      static_cast<unsigned long long>(held.steps_written), static_cast<unsigned long long>(held.steps_held));
 }
 
 TEST(RecorderDisk, StalledDiskNeverStallsTheCallerDropsAreCounted) {
@@ -412,10 +413,11 @@ TEST(RecorderDisk, StalledDiskNeverStallsTheCallerDropsAreCounted) {
   EXPECT_EQ((*r)->steps().size(), stalled.steps_accepted);
   for (size_t i = 1; i < (*r)->steps().size(); ++i) EXPECT_LT((*r)->steps()[i - 1].step, (*r)->steps()[i].step);
   EXPECT_EQ((*r)->Summary().steps_dropped, stalled.steps_dropped);
-  std::printf("stalled writer: 2000 calls in %.3f s (slowest %.3f s), %llu steps queued and written, %llu dropped "
-              "and counted, 1 report\n",
-              total, slowest, static_cast<unsigned long long>(stalled.steps_accepted),
-              static_cast<unsigned long long>(stalled.steps_dropped));
+  std::printf(
+      "stalled writer: 2000 calls in %.3f s (slowest %.3f s), %llu steps queued and written, %llu dropped "
+      "and counted, 1 report\n",
+      total, slowest, static_cast<unsigned long long>(stalled.steps_accepted),
+      static_cast<unsigned long long>(stalled.steps_dropped));
 }
 
 // The same through the C ABI (version 2): the disk options are honoured and

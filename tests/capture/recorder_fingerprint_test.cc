@@ -37,7 +37,9 @@ RecorderOptions Options(const std::string& dir) {
 
 // fp16 [2, 2]: 1.0, 2.0 | 3.0, +Inf (when `overflow`) or 4.0
 const int64_t kShape[] = {2, 2};
-std::vector<uint16_t> Half(bool overflow) { return {0x3C00, 0x4000, 0x4200, overflow ? uint16_t{0x7C00} : uint16_t{0x4400}}; }
+std::vector<uint16_t> Half(bool overflow) {
+  return {0x3C00, 0x4000, 0x4200, overflow ? uint16_t{0x7C00} : uint16_t{0x4400}};
+}
 
 TEST(RecorderFingerprints, HeldPerStepAndWrittenWhenTheNextStepBegins) {
   Dir d;

@@ -177,7 +177,8 @@ TEST(SnapshotRing, LargeUnalignedTensorsAreStagedByteExact) {
   const std::vector<std::byte> backing = RandomBytes((300 << 10) + 16, 22);
   const std::span<const std::byte> large(backing.data() + 3, (300 << 10) + 13);  // source misaligned
   const int64_t large_shape[] = {static_cast<int64_t>(large.size())};
-  const TensorView views[] = {small.view("small"), TensorView{"large", DType::kU8, large_shape, large.data(), large.size()}};
+  const TensorView views[] = {small.view("small"),
+                              TensorView{"large", DType::kU8, large_shape, large.data(), large.size()}};
   ASSERT_TRUE(ring.Submit(5, views).ok());
   ASSERT_TRUE(ring.EncodeNext());
   auto writer = CaptureWriter::Create(path, TestManifest());

@@ -27,7 +27,8 @@ struct FullStep {
   uint64_t step;
 
   FullStep(uint64_t step_, size_t requests, size_t slots_per_row, size_t num_digests = 2) : step(step_) {
-    for (size_t i = 0; i < requests; ++i) id_storage.push_back("r" + std::to_string(step) + "-" + std::string(i % 7, 'x'));
+    for (size_t i = 0; i < requests; ++i)
+      id_storage.push_back("r" + std::to_string(step) + "-" + std::string(i % 7, 'x'));
     for (const std::string& s : id_storage) ids.push_back(s);
     for (size_t i = 0; i < requests; ++i) {
       tokens.push_back(static_cast<int64_t>(step * 1000 + i));
@@ -117,8 +118,10 @@ struct FullStep {
     for (const DigestView& d : digests) {
       Digest g;
       g.name = std::string(d.name);
-      if (d.is_128) g.value = d.value128;
-      else g.value = d.value64;
+      if (d.is_128)
+        g.value = d.value128;
+      else
+        g.value = d.value64;
       r.digests.push_back(g);
     }
     return r;
@@ -279,7 +282,8 @@ TEST(StepQueue, IdsAndNamesOfEveryLengthRoundTrip) {
     FullStep s(step, 150, step);
     for (size_t i = 0; i < s.id_storage.size(); ++i) {
       s.id_storage[i].clear();
-      for (size_t k = 0; k < (i + step) % 150; ++k) s.id_storage[i].push_back(static_cast<char>('a' + (i * 7 + k) % 26));
+      for (size_t k = 0; k < (i + step) % 150; ++k)
+        s.id_storage[i].push_back(static_cast<char>('a' + (i * 7 + k) % 26));
       s.ids[i] = s.id_storage[i];
     }
     s.digest_names.assign(70, "");

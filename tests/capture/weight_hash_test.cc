@@ -62,10 +62,12 @@ TEST(ShardingRule, CompanionTensorsFollowTheirWeight) {
   ASSERT_TRUE(block.ok());
   EXPECT_EQ(block->col_byte_begin, 8u);
   EXPECT_EQ(block->col_byte_end, 16u);
-  auto bias = ShardBlockFor("b", Rule("model.layers.0.self_attn.o_proj.bias", {32}, 2, 1), std::vector<int64_t>{32}, 64);
+  auto bias =
+      ShardBlockFor("b", Rule("model.layers.0.self_attn.o_proj.bias", {32}, 2, 1), std::vector<int64_t>{32}, 64);
   ASSERT_TRUE(bias.ok());
   EXPECT_EQ(bias->bytes(), 64u);
-  auto qbias = ShardBlockFor("b", Rule("model.layers.0.self_attn.q_proj.bias", {32}, 2, 1), std::vector<int64_t>{32}, 64);
+  auto qbias =
+      ShardBlockFor("b", Rule("model.layers.0.self_attn.q_proj.bias", {32}, 2, 1), std::vector<int64_t>{32}, 64);
   ASSERT_TRUE(qbias.ok());
   EXPECT_EQ(qbias->bytes(), 32u);
   EXPECT_EQ(qbias->row_begin, 16);
@@ -167,8 +169,16 @@ TEST(WeightRoot, DefinitionOverSortedNamesHashesAndSizes) {
   auto le = [&](uint64_t v) {
     for (int i = 0; i < 8; ++i) buf.push_back(static_cast<char>(v >> (8 * i)));
   };
-  le(1); buf += "a"; le(3); le(4); le(20);
-  le(1); buf += "b"; le(1); le(2); le(10);
+  le(1);
+  buf += "a";
+  le(3);
+  le(4);
+  le(20);
+  le(1);
+  buf += "b";
+  le(1);
+  le(2);
+  le(10);
   EXPECT_EQ(capture::WeightRoot(&t), XXH128Of(buf.data(), buf.size()));
   EXPECT_EQ(t[0].name, "a");
 }

@@ -35,10 +35,8 @@ TEST(Nvfp4Test, QuantizesHandComputedBlocks) {
   // One row, four 16-element blocks, global scale 1 (tensor amax 2688).
   std::vector<float> x(64, 0.0f);
   // Block 0: amax 2688 -> scale 2688/6 = 448 (e4m3 0x7e); x/448 rounds to e2m1.
-  const float b0[16] = {2688, 1344, 448,  224,   100, 112, 113,   -896,
-                        1120, 1568, 2240, 2300, -2688, 0,  -0.0f, 672};
-  const uint8_t b0_codes[16] = {0x7, 0x5, 0x2, 0x1, 0x0, 0x0, 0x1, 0xc,
-                                0x4, 0x6, 0x6, 0x7, 0xf, 0x0, 0x8, 0x3};
+  const float b0[16] = {2688, 1344, 448, 224, 100, 112, 113, -896, 1120, 1568, 2240, 2300, -2688, 0, -0.0f, 672};
+  const uint8_t b0_codes[16] = {0x7, 0x5, 0x2, 0x1, 0x0, 0x0, 0x1, 0xc, 0x4, 0x6, 0x6, 0x7, 0xf, 0x0, 0x8, 0x3};
   // Block 1: amax 12 -> scale 2 (0x40).
   const float b1[4] = {12, 3, -1, 0.4f};
   const uint8_t b1_codes[4] = {0x7, 0x3, 0x9, 0x0};
@@ -128,11 +126,9 @@ TEST(Nvfp4Test, RejectsOddColumnsAndWrongSizesNamingThem) {
   EXPECT_THAT(s.message(), HasSubstr("15"));
 
   std::vector<float> out(32);
-  s = DequantizeNvfp4(std::vector<uint8_t>(16), std::vector<uint8_t>(1), 1.0f, MatrixShape{1, 32},
-                      out);
+  s = DequantizeNvfp4(std::vector<uint8_t>(16), std::vector<uint8_t>(1), 1.0f, MatrixShape{1, 32}, out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(QuantizeNvfp4(y, MatrixShape{-1, 32}, 1.0f, small, sc).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QuantizeNvfp4(y, MatrixShape{-1, 32}, 1.0f, small, sc).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ------------------------------------------------------------------ MXFP4
@@ -285,8 +281,7 @@ TEST(Fp8BlockTest, RequantToUe8m0FollowsSglangBf16Path) {
   // 1.5 * scale = 1.50146 -> bf16 1.5 -> 0x3c.
   std::vector<uint8_t> q_bf16(q.size());
   std::vector<float> s_bf16(1);
-  ASSERT_TRUE(
-      RequantizeFp8BlocksToUe8m0(q, scales, shape, kFp8WeightBlocks, true, q_bf16, s_bf16).ok());
+  ASSERT_TRUE(RequantizeFp8BlocksToUe8m0(q, scales, shape, kFp8WeightBlocks, true, q_bf16, s_bf16).ok());
   EXPECT_EQ(s_bf16[0], 1.0f);
   EXPECT_EQ(q_bf16[0], 0x7e);
   EXPECT_EQ(q_bf16[1], 0x3c);
@@ -295,8 +290,7 @@ TEST(Fp8BlockTest, RequantToUe8m0FollowsSglangBf16Path) {
   // e4m3 224 (0x76); 1.50146/2 = 0.7507 -> 0.75 (0x34).
   std::vector<uint8_t> q_f32(q.size());
   std::vector<float> s_f32(1);
-  ASSERT_TRUE(
-      RequantizeFp8BlocksToUe8m0(q, scales, shape, kFp8WeightBlocks, false, q_f32, s_f32).ok());
+  ASSERT_TRUE(RequantizeFp8BlocksToUe8m0(q, scales, shape, kFp8WeightBlocks, false, q_f32, s_f32).ok());
   EXPECT_EQ(s_f32[0], 2.0f);
   EXPECT_EQ(q_f32[0], 0x76);
   EXPECT_EQ(q_f32[1], 0x34);
@@ -325,8 +319,7 @@ TEST(Fp8BlockTest, RequantInPlaceMakesEveryScaleAPowerOfTwo) {
       const size_t i = static_cast<size_t>(r * shape.cols + c);
       const float block_scale = scales[(r / 128) * 3 + c / 128];
       const float v = std::fabs(before[i]);
-      EXPECT_LE(std::fabs(after[i] - before[i]),
-                v / 16 + v / 512 + block_scale * std::ldexp(1.0f, -10))
+      EXPECT_LE(std::fabs(after[i] - before[i]), v / 16 + v / 512 + block_scale * std::ldexp(1.0f, -10))
           << "row " << r << " col " << c;
     }
   }
@@ -338,8 +331,7 @@ TEST(Fp8BlockTest, RejectsBadBlocksAndSizes) {
   std::vector<float> s(1);
   Fp8BlockOptions bad = kFp8WeightBlocks;
   bad.block_rows = 0;
-  EXPECT_EQ(QuantizeFp8Blocks(x, MatrixShape{4, 4}, bad, q, s).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QuantizeFp8Blocks(x, MatrixShape{4, 4}, bad, q, s).code(), absl::StatusCode::kInvalidArgument);
   std::vector<float> s2(2);
   absl::Status st = QuantizeFp8Blocks(x, MatrixShape{4, 4}, kFp8WeightBlocks, q, s2);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);

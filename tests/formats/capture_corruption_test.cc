@@ -56,8 +56,9 @@ TEST(CaptureTruncation, CutAtEveryByteRecoversExactlyTheCompletePrefix) {
     EXPECT_EQ(v.status.ok(), boundary) << "cut " << cut << ": " << v.status;
     if (!boundary) {
       EXPECT_EQ(v.bad_record, complete);
-      EXPECT_EQ(v.bad_offset, complete == 0 ? kFileHeaderSize : all[complete - 1].offset + kFrameHeaderSize +
-                                                                    all[complete - 1].payload_size);
+      EXPECT_EQ(v.bad_offset, complete == 0
+                                  ? kFileHeaderSize
+                                  : all[complete - 1].offset + kFrameHeaderSize + all[complete - 1].payload_size);
     }
   }
 }

@@ -344,6 +344,7 @@ CaptureLimits SmallBlobCap() {
 
 std::vector<HostileCase> Cases() {
   using C = absl::StatusCode;
+  // clang-format off: a table, one case a line as written
   return {
       {"deep_nesting", DeepNesting, {}, C::kOk, C::kDataLoss, "malformed Cap'n Proto record"},
       {"huge_frame_length", HugeFrameLength, {}, C::kOk, C::kDataLoss, "declares 9223372036854775808 payload bytes"},
@@ -383,6 +384,7 @@ std::vector<HostileCase> Cases() {
       {"page_delta_flag_on_blob", PageDeltaFlagOnBlob, {}, C::kOk, C::kDataLoss,
        "the page-table-deltas flag on a record that is not a step record"},
   };
+  // clang-format on
 }
 
 std::string DataDir() {
@@ -460,8 +462,10 @@ TEST(CaptureHostile, TotalDecodedBytesAreCapped) {
   for (const SnapshotRecord& s : (*reader)->snapshots()) {
     for (const TensorDescriptor& t : s.tensors) {
       auto b = (*reader)->ReadBlob(t.content_hash);
-      if (b.ok()) ++ok;
-      else if (b.status().code() == absl::StatusCode::kResourceExhausted) ++refused;
+      if (b.ok())
+        ++ok;
+      else if (b.status().code() == absl::StatusCode::kResourceExhausted)
+        ++refused;
     }
   }
   EXPECT_EQ(ok, 3);

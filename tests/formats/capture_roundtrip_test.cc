@@ -84,7 +84,8 @@ TEST(CaptureRoundTrip, SameBytesAreStoredOnceHoweverOftenReferenced) {
   auto reader = CaptureReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   size_t blob_frames = 0;
-  for (const RecordInfo& rec : (*reader)->records()) blob_frames += rec.type == static_cast<uint16_t>(RecordType::kBlob);
+  for (const RecordInfo& rec : (*reader)->records())
+    blob_frames += rec.type == static_cast<uint16_t>(RecordType::kBlob);
   EXPECT_EQ(blob_frames, 6u);  // 5 step-own + 1 shared, referenced 5 times
   EXPECT_EQ((*reader)->Summary().duplicate_blobs, 0u);
   const auto shared = Bf16Normal(4096, 7);
@@ -282,7 +283,10 @@ TEST(CaptureCompat, NewerMajorVersionIsRefusedNamingBothVersions) {
   auto reader = CaptureReader::Open(path);
   ASSERT_FALSE(reader.ok());
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(reader.status().message().find(absl::StrFormat("version %d.%d is newer", kCaptureMajorVersion + 1, kCaptureMinorVersion)), std::string_view::npos) << reader.status();
+  EXPECT_NE(reader.status().message().find(
+                absl::StrFormat("version %d.%d is newer", kCaptureMajorVersion + 1, kCaptureMinorVersion)),
+            std::string_view::npos)
+      << reader.status();
   EXPECT_NE(reader.status().message().find("use a newer crashreplay"), std::string_view::npos);
 }
 

@@ -158,11 +158,12 @@ inline void WriteSmallCapture(const std::string& path, int steps, bool close, si
     ASSERT_TRUE((*writer)->Append(TestStep(static_cast<uint64_t>(i), 0, {Describe("input_ids", own, false)})).ok());
     ASSERT_TRUE((*writer)->AppendBlob(shared, 2).ok());
     ASSERT_TRUE((*writer)->AppendBlob(own, 2).ok());
-    SnapshotRecord snap{static_cast<uint64_t>(i), 0, {Describe("kv_pages", shared, true), Describe("hidden", own, true)}};
+    SnapshotRecord snap{
+        static_cast<uint64_t>(i), 0, {Describe("kv_pages", shared, true), Describe("hidden", own, true)}};
     ASSERT_TRUE((*writer)->Append(snap).ok());
   }
-  WeightCheckRecord wc{static_cast<uint64_t>(steps), 0, 8,
-                       {{"lm_head.weight", 0, 512, Hash128{3, 4}, Hash128{3, 4}, false}}};
+  WeightCheckRecord wc{
+      static_cast<uint64_t>(steps), 0, 8, {{"lm_head.weight", 0, 512, Hash128{3, 4}, Hash128{3, 4}, false}}};
   ASSERT_TRUE((*writer)->Append(wc).ok());
   ASSERT_TRUE((*writer)->Append(DroppedSnapshotsRecord{static_cast<uint64_t>(steps), 2, 4096}).ok());
   FailureRecord f;

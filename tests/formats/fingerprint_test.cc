@@ -75,7 +75,7 @@ TEST(Fingerprint, SumsRunInEightInterleavedLanesAddedPairwise) {
     lane_sq[i % 8] += static_cast<double>(v[i]) * v[i];
     serial += v[i];
   }
-  auto pairwise = [](const double (&l)[8]) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); };
+  auto pairwise = [](const double(&l)[8]) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); };
   const Fingerprint f = SummarizeTensor("x", DType::kF32, v.data(), v.size(), 21);
   EXPECT_EQ(f.sum, pairwise(lane));
   EXPECT_EQ(f.sum, 18.0);

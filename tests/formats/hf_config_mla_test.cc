@@ -14,9 +14,7 @@ namespace {
 using testing::ElementsAre;
 using testing::HasSubstr;
 
-std::string ConfigPath(const std::string& name) {
-  return testing_util::SourceDir() + "/tests/data/configs/" + name;
-}
+std::string ConfigPath(const std::string& name) { return testing_util::SourceDir() + "/tests/data/configs/" + name; }
 
 absl::StatusOr<ModelConfig> Parse(const std::string& json) { return ParseHfConfig(json, "test.json"); }
 
@@ -147,8 +145,7 @@ TEST(HfConfigMlaTest, InconsistentIndexerKeysAreNamed) {
       {R"({"model_type": "glm_moe_dsa", "num_hidden_layers": 2, "indexer_types": ["full"]})", "indexer_types"},
       {R"({"model_type": "glm_moe_dsa", "num_hidden_layers": 2, "indexer_types": ["shared", "full"]})",
        "indexer_types"},
-      {R"({"model_type": "glm_moe_dsa", "num_hidden_layers": 2, "index_topk_pattern": "FX"})",
-       "index_topk_pattern"},
+      {R"({"model_type": "glm_moe_dsa", "num_hidden_layers": 2, "index_topk_pattern": "FX"})", "index_topk_pattern"},
       {R"({"model_type": "deepseek_v32", "num_hidden_layers": 2, "mlp_layer_types": ["dense", "moe"]})",
        "mlp_layer_types"},
   };

@@ -16,9 +16,7 @@ namespace {
 using testing::ElementsAre;
 using testing::HasSubstr;
 
-std::string ConfigPath(const std::string& name) {
-  return testing_util::SourceDir() + "/tests/data/configs/" + name;
-}
+std::string ConfigPath(const std::string& name) { return testing_util::SourceDir() + "/tests/data/configs/" + name; }
 
 ModelConfig Load(const std::string& name) {
   auto c = LoadHfConfig(ConfigPath(name));
@@ -36,8 +34,7 @@ std::string Llama(const std::string& extra = "") {
   return base + (extra.empty() ? "" : ", " + extra) + "}";
 }
 
-void ExpectInvalid(const absl::StatusOr<ModelConfig>& c, absl::StatusCode code,
-                   const std::string& detail) {
+void ExpectInvalid(const absl::StatusOr<ModelConfig>& c, absl::StatusCode code, const std::string& detail) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), code) << c.status();
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("test.json"));
@@ -268,10 +265,9 @@ TEST(HfConfigTest, Mxfp4) {
 
 TEST(HfConfigTest, EverySampleRoundTripsThroughHfConfigToJson) {
   for (const char* name :
-       {"llama3_8b.json", "llama3_8b_rope_parameters.json", "mistral_7b.json", "qwen2_7b.json",
-        "qwen3_8b.json", "qwen3_8b_fp8.json", "mixtral_8x7b.json", "qwen3_moe_30b_a3b.json",
-        "qwen3_moe_mxfp4.json", "qwen2_moe.json", "deepseek_v3.json", "glm4_moe.json",
-        "nvfp4_modelopt/config.json", "nvfp4_side_file/config.json"}) {
+       {"llama3_8b.json", "llama3_8b_rope_parameters.json", "mistral_7b.json", "qwen2_7b.json", "qwen3_8b.json",
+        "qwen3_8b_fp8.json", "mixtral_8x7b.json", "qwen3_moe_30b_a3b.json", "qwen3_moe_mxfp4.json", "qwen2_moe.json",
+        "deepseek_v3.json", "glm4_moe.json", "nvfp4_modelopt/config.json", "nvfp4_side_file/config.json"}) {
     SCOPED_TRACE(name);
     ModelConfig original = Load(name);
     const std::string json = HfConfigToJson(original);
@@ -296,14 +292,12 @@ TEST(HfConfigTest, WrittenConfigUsesTheFamilysKeyNames) {
 }
 
 TEST(HfConfigTest, RopeTypeKeyVariantsAndRopeParameterTheta) {
-  auto a = ParseHfConfig(Llama(R"("rope_scaling": {"type": "linear", "factor": 2.0})"),
-                         "test.json");
+  auto a = ParseHfConfig(Llama(R"("rope_scaling": {"type": "linear", "factor": 2.0})"), "test.json");
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->rope.type, RopeType::kLinear);
   EXPECT_TRUE(a->rope.legacy_type_key);
-  auto b = ParseHfConfig(
-      Llama(R"("rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6})"),
-      "test.json");
+  auto b = ParseHfConfig(Llama(R"("rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6})"),
+                         "test.json");
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->rope.type, RopeType::kDynamic);
   EXPECT_DOUBLE_EQ(b->rope.theta, 1e6);
@@ -382,10 +376,9 @@ TEST(HfConfigDefaultsTest, NullMeansDeriveAbsentMeansClassDefault) {
 TEST(HfConfigAliasTest, Qwen3MoeReadsBothExpertSpellings) {
   // transformers 5 writes num_local_experts (attribute_map num_experts ->
   // num_local_experts); 4.x wrote num_experts.
-  auto v5 = ParseHfConfig(R"({"model_type": "qwen3_moe", "num_local_experts": 8, "num_experts_per_tok": 2})",
-                          "test.json");
-  auto v4 = ParseHfConfig(R"({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2})",
-                          "test.json");
+  auto v5 =
+      ParseHfConfig(R"({"model_type": "qwen3_moe", "num_local_experts": 8, "num_experts_per_tok": 2})", "test.json");
+  auto v4 = ParseHfConfig(R"({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2})", "test.json");
   auto both = ParseHfConfig(
       R"({"model_type": "qwen3_moe", "num_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2})",
       "test.json");
@@ -407,8 +400,8 @@ TEST(HfConfigAliasTest, MixtralGlmAndDeepseekAliases) {
   ASSERT_TRUE(glm.ok()) << glm.status();
   EXPECT_EQ(glm->num_experts, 16);
   EXPECT_EQ(glm->num_nextn_predict_layers, 2);
-  auto ds = ParseHfConfig(R"({"model_type": "deepseek_v3", "num_local_experts": 64, "q_lora_rank": null})",
-                          "test.json");
+  auto ds =
+      ParseHfConfig(R"({"model_type": "deepseek_v3", "num_local_experts": 64, "q_lora_rank": null})", "test.json");
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(ds->num_experts, 64);
   EXPECT_EQ(ds->q_lora_rank, 0);   // null: no q compression
@@ -468,8 +461,7 @@ TEST(HfConfigQuantTest, ModelOptFp8AndWeightOnlyFormats) {
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   EXPECT_EQ(fp8->quant.method, QuantMethod::kFp8Tensor);
   EXPECT_FALSE(fp8->quant.WeightOnly());
-  auto w4a16 = ParseHfQuantConfig(R"({"quantization": {"quant_algo": "W4A16_NVFP4", "group_size": 16}})",
-                                  "test.json");
+  auto w4a16 = ParseHfQuantConfig(R"({"quantization": {"quant_algo": "W4A16_NVFP4", "group_size": 16}})", "test.json");
   ASSERT_TRUE(w4a16.ok()) << w4a16.status();
   EXPECT_EQ(w4a16->method, QuantMethod::kNvfp4);
   EXPECT_TRUE(w4a16->WeightOnly());
@@ -495,54 +487,50 @@ TEST(HfConfigErrorTest, UnsupportedInputsCarryTheUnsupportedMarker) {
 // --- errors ---
 
 TEST(HfConfigErrorTest, UnknownModelTypeIsUnimplementedAndNamed) {
-  ExpectInvalid(ParseHfConfig(R"({"model_type": "gpt_bigcode"})", "test.json"),
-                absl::StatusCode::kUnimplemented, "model_type 'gpt_bigcode' is not supported");
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "gpt_bigcode"})", "test.json"), absl::StatusCode::kUnimplemented,
+                "model_type 'gpt_bigcode' is not supported");
 }
 
 TEST(HfConfigErrorTest, OnlyModelTypeIsRequired) {
-  ExpectInvalid(ParseHfConfig(R"({"hidden_size": 64})", "test.json"),
-                absl::StatusCode::kInvalidArgument, "field 'model_type' is required");
+  ExpectInvalid(ParseHfConfig(R"({"hidden_size": 64})", "test.json"), absl::StatusCode::kInvalidArgument,
+                "field 'model_type' is required");
 }
 
 TEST(HfConfigErrorTest, WrongJsonTypesAreClearErrors) {
-  ExpectInvalid(ParseHfConfig(Llama(R"("num_key_value_heads": "4")"), "test.json"),
-                absl::StatusCode::kInvalidArgument,
+  ExpectInvalid(ParseHfConfig(Llama(R"("num_key_value_heads": "4")"), "test.json"), absl::StatusCode::kInvalidArgument,
                 "field 'num_key_value_heads' is a JSON string (\"4\"), expected an integer");
-  ExpectInvalid(ParseHfConfig(Llama(R"("num_key_value_heads": 2.5)"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "expected an integer");
-  ExpectInvalid(ParseHfConfig(Llama(R"("tie_word_embeddings": 1)"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "expected true or false");
-  ExpectInvalid(ParseHfConfig(Llama(R"("eos_token_id": [1, "x"])"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "field 'eos_token_id'");
-  ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": [1])"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "field 'rope_scaling' must be an object");
-  ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": {"rope_type": "yarn", "factor": "4"})"),
-                              "test.json"),
+  ExpectInvalid(ParseHfConfig(Llama(R"("num_key_value_heads": 2.5)"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "expected an integer");
+  ExpectInvalid(ParseHfConfig(Llama(R"("tie_word_embeddings": 1)"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "expected true or false");
+  ExpectInvalid(ParseHfConfig(Llama(R"("eos_token_id": [1, "x"])"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "field 'eos_token_id'");
+  ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": [1])"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "field 'rope_scaling' must be an object");
+  ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": {"rope_type": "yarn", "factor": "4"})"), "test.json"),
                 absl::StatusCode::kInvalidArgument, "field 'rope_scaling.factor'");
-  ExpectInvalid(ParseHfConfig("[1, 2]", "test.json"), absl::StatusCode::kInvalidArgument,
-                "expected a JSON object");
+  ExpectInvalid(ParseHfConfig("[1, 2]", "test.json"), absl::StatusCode::kInvalidArgument, "expected a JSON object");
 }
 
 TEST(HfConfigErrorTest, MalformedAndDuplicateKeyJson) {
-  ExpectInvalid(ParseHfConfig(R"({"model_type": "llama",)", "test.json"),
-                absl::StatusCode::kInvalidArgument, "malformed JSON");
-  ExpectInvalid(ParseHfConfig(Llama(R"("hidden_size": 128)"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "'hidden_size' appears twice");
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "llama",)", "test.json"), absl::StatusCode::kInvalidArgument,
+                "malformed JSON");
+  ExpectInvalid(ParseHfConfig(Llama(R"("hidden_size": 128)"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "'hidden_size' appears twice");
 }
 
 TEST(HfConfigErrorTest, InconsistentShapes) {
-  ExpectInvalid(ParseHfConfig(Llama(R"("num_key_value_heads": 3)"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "must divide num_attention_heads (4)");
+  ExpectInvalid(ParseHfConfig(Llama(R"("num_key_value_heads": 3)"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "must divide num_attention_heads (4)");
   std::string zero_layers = Llama();
   zero_layers.replace(zero_layers.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 0");
-  ExpectInvalid(ParseHfConfig(zero_layers, "test.json"),
-                absl::StatusCode::kInvalidArgument, "'num_hidden_layers' must be positive");
-  ExpectInvalid(
-      ParseHfConfig(R"({"model_type": "llama", "hidden_size": 66, "intermediate_size": 128,
+  ExpectInvalid(ParseHfConfig(zero_layers, "test.json"), absl::StatusCode::kInvalidArgument,
+                "'num_hidden_layers' must be positive");
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "llama", "hidden_size": 66, "intermediate_size": 128,
           "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
           "max_position_embeddings": 256})",
-                    "test.json"),
-      absl::StatusCode::kInvalidArgument, "set head_dim explicitly");
+                              "test.json"),
+                absl::StatusCode::kInvalidArgument, "set head_dim explicitly");
   ExpectInvalid(ParseHfConfig(Llama(R"("partial_rotary_factor": 0.3)"), "test.json"),
                 absl::StatusCode::kInvalidArgument, "even whole number of rotary dimensions");
 }
@@ -556,31 +544,25 @@ TEST(HfConfigErrorTest, MoeConsistency) {
   ExpectInvalid(ParseHfConfig(mixtral, "test.json"), absl::StatusCode::kInvalidArgument,
                 "field 'num_experts_per_tok' (5) must be in [1, num_local_experts = 4]");
   auto ds = testing_util::ReadBytes(ConfigPath("deepseek_v3.json"));
-  const std::string bad_group = std::string(ds).replace(ds.find("\"n_group\": 8"), 12,
-                                                        "\"n_group\": 7");
+  const std::string bad_group = std::string(ds).replace(ds.find("\"n_group\": 8"), 12, "\"n_group\": 7");
   ExpectInvalid(ParseHfConfig(bad_group, "test.json"), absl::StatusCode::kInvalidArgument,
                 "field 'n_group' (7) must divide the 256 experts");
   const std::string bad_scoring = std::string(ds).replace(ds.find("\"sigmoid\""), 9, "\"relu\"");
-  ExpectInvalid(ParseHfConfig(bad_scoring, "test.json"), absl::StatusCode::kUnimplemented,
-                "scoring_func 'relu'");
-  ExpectInvalid(ParseHfConfig(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_local_experts": 8})",
-                              "test.json"),
-                absl::StatusCode::kInvalidArgument,
-                "field 'num_local_experts' (8) disagrees with 'num_experts' (4)");
+  ExpectInvalid(ParseHfConfig(bad_scoring, "test.json"), absl::StatusCode::kUnimplemented, "scoring_func 'relu'");
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "qwen3_moe", "num_experts": 4, "num_local_experts": 8})", "test.json"),
+                absl::StatusCode::kInvalidArgument, "field 'num_local_experts' (8) disagrees with 'num_experts' (4)");
 }
 
 TEST(HfConfigErrorTest, RopeErrors) {
-  ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": {"rope_type": "mrope", "factor": 2})"),
-                              "test.json"),
+  ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": {"rope_type": "mrope", "factor": 2})"), "test.json"),
                 absl::StatusCode::kUnimplemented, "rope type 'mrope'");
   ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": {"factor": 2.0})"), "test.json"),
                 absl::StatusCode::kInvalidArgument, "'rope_scaling.rope_type' is required");
   ExpectInvalid(ParseHfConfig(Llama(R"("rope_scaling": {"rope_type": "linear"})"), "test.json"),
                 absl::StatusCode::kInvalidArgument, "'rope_scaling.factor' is required");
-  ExpectInvalid(ParseHfConfig(Llama(R"("rope_theta": -1)"), "test.json"),
-                absl::StatusCode::kInvalidArgument, "'rope_theta' must be positive");
-  ExpectInvalid(ParseHfConfig(Llama(R"("rope_parameters": {"rope_type": "default", "rope_theta": 0})"),
-                              "test.json"),
+  ExpectInvalid(ParseHfConfig(Llama(R"("rope_theta": -1)"), "test.json"), absl::StatusCode::kInvalidArgument,
+                "'rope_theta' must be positive");
+  ExpectInvalid(ParseHfConfig(Llama(R"("rope_parameters": {"rope_type": "default", "rope_theta": 0})"), "test.json"),
                 absl::StatusCode::kInvalidArgument, "'rope_parameters.rope_theta' must be positive");
   ExpectInvalid(ParseHfConfig(Llama(R"("rope_parameters": {"full_attention": {"rope_type": "default"},
                      "sliding_attention": {"rope_type": "default"}})"),
@@ -589,11 +571,9 @@ TEST(HfConfigErrorTest, RopeErrors) {
 }
 
 TEST(HfConfigErrorTest, QuantizationErrors) {
-  ExpectInvalid(ParseHfConfig(Llama(R"("quantization_config": {"quant_method": "awq", "bits": 4})"),
-                              "test.json"),
+  ExpectInvalid(ParseHfConfig(Llama(R"("quantization_config": {"quant_method": "awq", "bits": 4})"), "test.json"),
                 absl::StatusCode::kUnimplemented, "quant_method 'awq' is not supported");
-  ExpectInvalid(ParseHfConfig(Llama(R"("quantization_config": {"quant_method": "fp8"})"),
-                              "test.json"),
+  ExpectInvalid(ParseHfConfig(Llama(R"("quantization_config": {"quant_method": "fp8"})"), "test.json"),
                 absl::StatusCode::kUnimplemented, "fp8 quantization without weight_block_size");
   ExpectInvalid(ParseHfConfig(Llama(R"("quantization_config": {"quant_method": "fp8",
                      "weight_block_size": [128]})"),
@@ -610,8 +590,7 @@ TEST(HfConfigErrorTest, QuantizationErrors) {
   ExpectInvalid(ParseHfConfig(Llama(R"("quantization_config": {"quant_method": "mxfp4",
                      "modules_to_not_convert": "lm_head"})"),
                               "test.json"),
-                absl::StatusCode::kInvalidArgument,
-                "'quantization_config.modules_to_not_convert' is a JSON string");
+                absl::StatusCode::kInvalidArgument, "'quantization_config.modules_to_not_convert' is a JSON string");
   auto side = ParseHfQuantConfig(R"({"producer": {"name": "modelopt"}})", "test.json");
   ASSERT_FALSE(side.ok());
   EXPECT_THAT(std::string(side.status().message()), HasSubstr("'quantization' is required"));

@@ -36,8 +36,8 @@ std::vector<T> LoadTable(const std::string& name) {
   }
   const std::streamsize bytes = in.tellg();
   if (bytes <= 0 || bytes % static_cast<std::streamsize>(sizeof(T)) != 0) {
-    ADD_FAILURE() << "oracle table " << path << " has " << bytes << " bytes, not a whole number of "
-                  << sizeof(T) << "-byte entries";
+    ADD_FAILURE() << "oracle table " << path << " has " << bytes << " bytes, not a whole number of " << sizeof(T)
+                  << "-byte entries";
     return {};
   }
   std::vector<T> v(static_cast<size_t>(bytes) / sizeof(T));
@@ -69,36 +69,29 @@ void ExpectDecodeMatchesOracle(const char* table, int codes, Decode decode) {
     const float got = decode(static_cast<uint32_t>(c));
     if (!SameFloat(got, oracle[c])) {
       ++mismatches;
-      ADD_FAILURE() << table << ": code " << Hex(c) << " decodes to " << got << " ("
-                    << Hex(FloatBits(got)) << "), ml_dtypes says " << oracle[c] << " ("
-                    << Hex(FloatBits(oracle[c])) << ")";
+      ADD_FAILURE() << table << ": code " << Hex(c) << " decodes to " << got << " (" << Hex(FloatBits(got))
+                    << "), ml_dtypes says " << oracle[c] << " (" << Hex(FloatBits(oracle[c])) << ")";
     }
   }
 }
 
 TEST(NumericDecodeTest, Bf16EveryCodeMatchesMlDtypes) {
-  ExpectDecodeMatchesOracle("decode_bf16.f32", 65536,
-                            [](uint32_t c) { return Bf16ToFloat(static_cast<uint16_t>(c)); });
+  ExpectDecodeMatchesOracle("decode_bf16.f32", 65536, [](uint32_t c) { return Bf16ToFloat(static_cast<uint16_t>(c)); });
 }
 TEST(NumericDecodeTest, Fp16EveryCodeMatchesNumpy) {
-  ExpectDecodeMatchesOracle("decode_fp16.f32", 65536,
-                            [](uint32_t c) { return Fp16ToFloat(static_cast<uint16_t>(c)); });
+  ExpectDecodeMatchesOracle("decode_fp16.f32", 65536, [](uint32_t c) { return Fp16ToFloat(static_cast<uint16_t>(c)); });
 }
 TEST(NumericDecodeTest, E4m3EveryCodeMatchesMlDtypes) {
-  ExpectDecodeMatchesOracle("decode_e4m3.f32", 256,
-                            [](uint32_t c) { return E4m3ToFloat(static_cast<uint8_t>(c)); });
+  ExpectDecodeMatchesOracle("decode_e4m3.f32", 256, [](uint32_t c) { return E4m3ToFloat(static_cast<uint8_t>(c)); });
 }
 TEST(NumericDecodeTest, E5m2EveryCodeMatchesMlDtypes) {
-  ExpectDecodeMatchesOracle("decode_e5m2.f32", 256,
-                            [](uint32_t c) { return E5m2ToFloat(static_cast<uint8_t>(c)); });
+  ExpectDecodeMatchesOracle("decode_e5m2.f32", 256, [](uint32_t c) { return E5m2ToFloat(static_cast<uint8_t>(c)); });
 }
 TEST(NumericDecodeTest, E8m0EveryCodeMatchesMlDtypes) {
-  ExpectDecodeMatchesOracle("decode_e8m0.f32", 256,
-                            [](uint32_t c) { return E8m0ToFloat(static_cast<uint8_t>(c)); });
+  ExpectDecodeMatchesOracle("decode_e8m0.f32", 256, [](uint32_t c) { return E8m0ToFloat(static_cast<uint8_t>(c)); });
 }
 TEST(NumericDecodeTest, E2m1EveryCodeMatchesMlDtypes) {
-  ExpectDecodeMatchesOracle("decode_e2m1.f32", 16,
-                            [](uint32_t c) { return E2m1ToFloat(static_cast<uint8_t>(c)); });
+  ExpectDecodeMatchesOracle("decode_e2m1.f32", 16, [](uint32_t c) { return E2m1ToFloat(static_cast<uint8_t>(c)); });
 }
 
 // How an oracle code compares with ours when the input is NaN.
@@ -109,8 +102,7 @@ enum class NanRule {
 };
 
 template <typename Code, typename Encode>
-void ExpectEncodeMatchesOracle(const std::string& name, NanRule nan_rule, Encode encode,
-                               bool (*is_nan_code)(Code)) {
+void ExpectEncodeMatchesOracle(const std::string& name, NanRule nan_rule, Encode encode, bool (*is_nan_code)(Code)) {
   const std::vector<float> in = LoadTable<float>("encode_" + name + ".in.f32");
   const std::vector<Code> oracle = LoadTable<Code>("encode_" + name + ".out");
   ASSERT_FALSE(in.empty());
@@ -122,22 +114,19 @@ void ExpectEncodeMatchesOracle(const std::string& name, NanRule nan_rule, Encode
     bool ok = got == oracle[i];
     if (std::isnan(in[i])) {
       switch (nan_rule) {
-        case NanRule::kExact:
-          break;
+        case NanRule::kExact: break;
         case NanRule::kSignedNan:
-          ok = is_nan_code(got) && is_nan_code(oracle[i]) && got >> (8 * sizeof(Code) - 1) ==
-                                                                 oracle[i] >> (8 * sizeof(Code) - 1);
+          ok = is_nan_code(got) && is_nan_code(oracle[i]) &&
+               got >> (8 * sizeof(Code) - 1) == oracle[i] >> (8 * sizeof(Code) - 1);
           break;
-        case NanRule::kNotOracle:
-          ok = true;
-          break;
+        case NanRule::kNotOracle: ok = true; break;
       }
     }
     matched += ok ? 1 : 0;
     if (!ok) {
       ++mismatches;
-      ADD_FAILURE() << name << ": input " << in[i] << " (" << Hex(FloatBits(in[i]))
-                    << ") encodes to " << Hex(got) << ", oracle says " << Hex(oracle[i]);
+      ADD_FAILURE() << name << ": input " << in[i] << " (" << Hex(FloatBits(in[i])) << ") encodes to " << Hex(got)
+                    << ", oracle says " << Hex(oracle[i]);
     }
   }
   // The table is dense: guard against an accidentally tiny one.

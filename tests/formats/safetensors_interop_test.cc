@@ -39,9 +39,7 @@ size_t BytesOf(const Spec& s) {
   return DTypeBytes(ToDType(s.dtype), static_cast<uint64_t>(n));
 }
 
-std::vector<std::byte> BytesFor(const Spec& s) {
-  return Pattern(s.seed, BytesOf(s), s.dtype == "BOOL");
-}
+std::vector<std::byte> BytesFor(const Spec& s) { return Pattern(s.seed, BytesOf(s), s.dtype == "BOOL"); }
 
 // Every dtype the format and we share, plus the awkward shapes: scalar,
 // empty, zero-sized middle dimension, odd sizes that leave unaligned offsets,
@@ -77,16 +75,14 @@ std::string SpecJson(const std::vector<Spec>& specs, const nlohmann::json& metad
   nlohmann::json j;
   j["tensors"] = nlohmann::json::array();
   for (const Spec& s : specs) {
-    j["tensors"].push_back({{"name", s.name}, {"dtype", s.dtype}, {"shape", s.shape},
-                            {"seed", s.seed}});
+    j["tensors"].push_back({{"name", s.name}, {"dtype", s.dtype}, {"shape", s.shape}, {"seed", s.seed}});
   }
   j["metadata"] = metadata;
   return j.dump();
 }
 
-std::string PythonWrite(const std::string& dir, const std::string& file,
-                        const std::vector<Spec>& specs, const nlohmann::json& metadata,
-                        const std::string& command = "write") {
+std::string PythonWrite(const std::string& dir, const std::string& file, const std::vector<Spec>& specs,
+                        const nlohmann::json& metadata, const std::string& command = "write") {
   const std::string spec_path = dir + "/" + file + ".spec.json";
   WriteBytes(spec_path, SpecJson(specs, metadata));
   const std::string out = dir + "/" + file;
@@ -103,8 +99,7 @@ SafetensorsWriter WriterFor(const std::vector<Spec>& specs) {
 }
 
 void ExpectMatchesSpecs(const SafetensorsFile& f, std::vector<Spec> specs) {
-  std::sort(specs.begin(), specs.end(),
-            [](const Spec& a, const Spec& b) { return a.name < b.name; });
+  std::sort(specs.begin(), specs.end(), [](const Spec& a, const Spec& b) { return a.name < b.name; });
   ASSERT_EQ(f.tensors().size(), specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorInfo& t = f.tensors()[i];
@@ -132,12 +127,9 @@ TEST(SafetensorsInteropTest, FilesWrittenByPythonLoadByteIdentically) {
 
 TEST(SafetensorsInteropTest, NumpySaveFileOutputLoads) {
   const std::string dir = ScratchDir();
-  const std::vector<Spec> specs = {{"w", "F32", {4, 4}, 1},
-                                   {"ids", "I64", {3}, 2},
-                                   {"mask", "BOOL", {2, 2}, 3},
-                                   {"half", "F16", {6}, 4}};
-  const std::string path =
-      PythonWrite(dir, "np.safetensors", specs, nullptr, /*command=*/"write-numpy");
+  const std::vector<Spec> specs = {
+      {"w", "F32", {4, 4}, 1}, {"ids", "I64", {3}, 2}, {"mask", "BOOL", {2, 2}, 3}, {"half", "F16", {6}, 4}};
+  const std::string path = PythonWrite(dir, "np.safetensors", specs, nullptr, /*command=*/"write-numpy");
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status();
   ExpectMatchesSpecs(**f, specs);
@@ -147,8 +139,7 @@ TEST(SafetensorsInteropTest, NumpySaveFileOutputLoads) {
 TEST(SafetensorsInteropTest, WriterOutputIsByteIdenticalToPython) {
   const std::string dir = ScratchDir();
   const auto specs = AllDTypeSpecs();
-  for (const nlohmann::json& metadata :
-       {nlohmann::json(nullptr), nlohmann::json({{"format", "pt"}})}) {
+  for (const nlohmann::json& metadata : {nlohmann::json(nullptr), nlohmann::json({{"format", "pt"}})}) {
     SCOPED_TRACE(metadata.dump());
     const std::string py = ReadBytes(PythonWrite(dir, "py.safetensors", specs, metadata));
     SafetensorsWriter w = WriterFor(specs);
@@ -182,12 +173,10 @@ TEST(SafetensorsInteropTest, PythonReadsWriterOutputIdentically) {
   const std::string path = dir + "/ours.safetensors";
   ASSERT_TRUE(w.Write(path).ok());
   const nlohmann::json dump = nlohmann::json::parse(RunPython("dump '" + path + "'"));
-  EXPECT_EQ(dump["metadata"], nlohmann::json({{"format", "pt"},
-                                              {"producer", "crashreplay"},
-                                              {"zeta", "\"quoted\"\n"}}));
+  EXPECT_EQ(dump["metadata"],
+            nlohmann::json({{"format", "pt"}, {"producer", "crashreplay"}, {"zeta", "\"quoted\"\n"}}));
   auto sorted = specs;
-  std::sort(sorted.begin(), sorted.end(),
-            [](const Spec& a, const Spec& b) { return a.name < b.name; });
+  std::sort(sorted.begin(), sorted.end(), [](const Spec& a, const Spec& b) { return a.name < b.name; });
   ASSERT_EQ(dump["tensors"].size(), sorted.size());
   for (size_t i = 0; i < sorted.size(); ++i) {
     const nlohmann::json& t = dump["tensors"][i];
@@ -217,8 +206,7 @@ TEST(SafetensorsInteropTest, ShardedCheckpointWrittenByUsReadsBackThroughIndex) 
   EXPECT_GT((*ckpt)->shards().size(), 2u);
   ASSERT_EQ((*ckpt)->names().size(), specs.size());
   EXPECT_TRUE(std::is_sorted((*ckpt)->names().begin(), (*ckpt)->names().end()));
-  const nlohmann::json index =
-      nlohmann::json::parse(ReadBytes(dir + "/ckpt/model.safetensors.index.json"));
+  const nlohmann::json index = nlohmann::json::parse(ReadBytes(dir + "/ckpt/model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), w.data_bytes());
   for (const Spec& s : specs) {
     SCOPED_TRACE(s.name);

@@ -15,7 +15,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-
 #include "crashreplay/formats/checkpoint.h"
 #include "crashreplay/formats/safetensors.h"
 #include "safetensors_test_util.h"
@@ -67,15 +66,14 @@ TEST(SafetensorsSpecialFiles, ADeviceOrADirectoryIsRefused) {
 TEST(SafetensorsSpecialFiles, ACheckpointWithAFifoShardOrIndexIsRefusedAtOnce) {
   const std::string dir = ScratchDir();
   ASSERT_EQ(::mkfifo((dir + "/model.safetensors").c_str(), 0600), 0);
-  const absl::Status shard =
-      OpenedWithin(dir + "/model.safetensors", [&] { return Checkpoint::Open(dir).status(); });
+  const absl::Status shard = OpenedWithin(dir + "/model.safetensors", [&] { return Checkpoint::Open(dir).status(); });
   ExpectRefused(shard, dir + "/model.safetensors", "FIFO");
 
   const std::string indexed = ScratchDir() + "/indexed";
   std::filesystem::create_directories(indexed);
   ASSERT_EQ(::mkfifo((indexed + "/model.safetensors.index.json").c_str(), 0600), 0);
-  const absl::Status index = OpenedWithin(indexed + "/model.safetensors.index.json",
-                                          [&] { return Checkpoint::Open(indexed).status(); });
+  const absl::Status index =
+      OpenedWithin(indexed + "/model.safetensors.index.json", [&] { return Checkpoint::Open(indexed).status(); });
   ExpectRefused(index, "model.safetensors.index.json", "FIFO");
 
   // A shard that is a device, named by an index.
@@ -85,8 +83,7 @@ TEST(SafetensorsSpecialFiles, ACheckpointWithAFifoShardOrIndexIsRefusedAtOnce) {
   ::symlink("/dev/zero", (dev + "/zero.safetensors").c_str());
   ExpectRefused(Checkpoint::Open(dev).status(), "zero.safetensors", "character device");
   // A checkpoint "directory" that is a file.
-  ExpectRefused(Checkpoint::Open(dev + "/model.safetensors.index.json").status(), "index.json",
-                "is not a directory");
+  ExpectRefused(Checkpoint::Open(dev + "/model.safetensors.index.json").status(), "index.json", "is not a directory");
 }
 
 // 100,000 tensors, written in reverse name order: every one is found, in
@@ -97,8 +94,7 @@ TEST(SafetensorsHeader, OneHundredThousandTensorsParse) {
   std::string header = "{";
   std::string data;
   for (int i = kTensors - 1; i >= 0; --i) {
-    const std::string name = "model.layers." + std::to_string(i / 100) + ".experts." + std::to_string(i % 100) +
-                             ".w";
+    const std::string name = "model.layers." + std::to_string(i / 100) + ".experts." + std::to_string(i % 100) + ".w";
     header += (header.size() > 1 ? ",\"" : "\"") + name + "\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[" +
               std::to_string(data.size()) + "," + std::to_string(data.size() + 2) + "]}";
     data += static_cast<char>(i & 0xFF);
@@ -122,8 +118,8 @@ TEST(SafetensorsHeader, OneHundredThousandTensorsParse) {
 TEST(SafetensorsHeader, ADuplicateNameAmongManyIsCaught) {
   std::string header = "{";
   for (int i = 0; i < 5000; ++i) {
-    header += "\"t" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[" +
-              std::to_string(i) + "," + std::to_string(i + 1) + "]},";
+    header += "\"t" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[" + std::to_string(i) +
+              "," + std::to_string(i + 1) + "]},";
   }
   header += "\"t2500\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[5000,5001]}}";
   const std::string path = ScratchDir() + "/dup.safetensors";

@@ -32,14 +32,12 @@ class ScratchCleanup : public ::testing::Environment {
     }
   }
 };
-inline const bool kScratchCleanupRegistered =
-    (::testing::AddGlobalTestEnvironment(new ScratchCleanup), true);
+inline const bool kScratchCleanupRegistered = (::testing::AddGlobalTestEnvironment(new ScratchCleanup), true);
 
 // A fresh directory under the gtest temp dir, named after the running test.
 inline std::string ScratchDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path dir =
-      ScratchRoot() / (std::string(info->test_suite_name()) + "." + info->name());
+  std::filesystem::path dir = ScratchRoot() / (std::string(info->test_suite_name()) + "." + info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -86,8 +84,8 @@ inline std::string SourceDir() {
 // exit (the driver's stderr shows in the test log).
 inline std::string RunPython(const std::string& args) {
   const char* py = std::getenv("PYTHON");
-  const std::string cmd = std::string(py != nullptr ? py : "python3") + " " + SourceDir() +
-                          "/tests/formats/safetensors_py.py " + args;
+  const std::string cmd =
+      std::string(py != nullptr ? py : "python3") + " " + SourceDir() + "/tests/formats/safetensors_py.py " + args;
   std::string out;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) {

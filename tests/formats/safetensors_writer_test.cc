@@ -16,9 +16,7 @@ using testing::HasSubstr;
 using testing_util::ReadBytes;
 using testing_util::ScratchDir;
 
-std::vector<std::byte> Bytes(size_t n, uint8_t v = 1) {
-  return std::vector<std::byte>(n, static_cast<std::byte>(v));
-}
+std::vector<std::byte> Bytes(size_t n, uint8_t v = 1) { return std::vector<std::byte>(n, static_cast<std::byte>(v)); }
 
 TEST(SafetensorsWriterTest, AddRejectsSizeThatDisagreesWithShape) {
   SafetensorsWriter w;
@@ -33,11 +31,9 @@ TEST(SafetensorsWriterTest, AddRejectsDuplicateReservedAndBadNames) {
   SafetensorsWriter w;
   ASSERT_TRUE(w.Add("w", DType::kU8, {1}, Bytes(1)).ok());
   EXPECT_EQ(w.Add("w", DType::kU8, {1}, Bytes(1)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.Add("__metadata__", DType::kU8, {1}, Bytes(1)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.Add("__metadata__", DType::kU8, {1}, Bytes(1)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w.Add("", DType::kU8, {1}, Bytes(1)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.Add("bad\xc3", DType::kU8, {1}, Bytes(1)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.Add("bad\xc3", DType::kU8, {1}, Bytes(1)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w.Add("neg", DType::kU8, {-1}, {}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w.num_tensors(), 1u);
 }
@@ -51,10 +47,9 @@ TEST(SafetensorsWriterTest, LaysOutByDtypeRankThenNameWithAlignedHeader) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
   EXPECT_EQ(n % 8, 0u);
-  const std::string json =
-      R"({"z_f32":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-      R"("a_u8":{"dtype":"U8","shape":[1],"data_offsets":[4,5]},)"
-      R"("b_u8":{"dtype":"U8","shape":[3],"data_offsets":[5,8]}})";
+  const std::string json = R"({"z_f32":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("a_u8":{"dtype":"U8","shape":[1],"data_offsets":[4,5]},)"
+                           R"("b_u8":{"dtype":"U8","shape":[3],"data_offsets":[5,8]}})";
   ASSERT_GE(n, json.size());
   EXPECT_LT(n - json.size(), 8u);
   EXPECT_EQ(bytes.substr(8, n), json + std::string(n - json.size(), ' '));

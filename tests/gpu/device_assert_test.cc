@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "gpu_test_util.h"
 #include "exec_replay_test_util.h"
+#include "gpu_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -40,13 +40,13 @@ namespace {
   // The CPU engine's fault for the same run, for the parent to compare.
   const Fault& want = *run.result.fault;
   std::fprintf(stderr, "cuda: kernel=%s layer=%d check=%s index=%lld value=%g error=%s surfaced=%s\n",
-               f->tag.kernel.c_str(), f->tag.layer, CheckName(f->status.check),
-               static_cast<long long>(f->status.index), f->status.value, f->device_error.c_str(),
-               f->surfaced_in.c_str());
+               f->tag.kernel.c_str(), f->tag.layer, CheckName(f->status.check), static_cast<long long>(f->status.index),
+               f->status.value, f->device_error.c_str(), f->surfaced_in.c_str());
   std::fprintf(stderr, "cpu: kernel=%s layer=%d check=%s index=%lld value=%g\n", want.kernel.c_str(), want.layer,
                want.check.c_str(), static_cast<long long>(want.index), want.value);
-  const bool same = f->tag.kernel == want.kernel && f->tag.layer == want.layer && CheckName(f->status.check) == want.check &&
-                    f->status.index == want.index && f->status.value == want.value;
+  const bool same = f->tag.kernel == want.kernel && f->tag.layer == want.layer &&
+                    CheckName(f->status.check) == want.check && f->status.index == want.index &&
+                    f->status.value == want.value;
   std::fprintf(stderr, "match=%s launch=%u surfaced_after=%u\n", same ? "yes" : "no", f->launch,
                f->surfaced_after_launch);
   // After the sticky error every call fails the same way.
@@ -68,19 +68,17 @@ class DeviceAssert : public ::testing::Test {
 
 TEST_F(DeviceAssert, Paged64OnSmallPagesTrapsInDecodeAttentionKernelByKernel) {
   CR_REQUIRE_CUDA_DEVICE();
-  EXPECT_EXIT(ReplayAndReport({"attention_backend=paged64"}, "llama", ExecMode::kKernelByKernel),
-              ::testing::ExitedWithCode(3),
-              AllOf(HasSubstr("cuda: kernel=attention layer=0 check=page_size_is_64 "),
-                    HasSubstr(" error=cudaErrorAssert (710)"), HasSubstr(" surfaced=Launch\n"),
-                    HasSubstr("\nmatch=yes ")));
+  EXPECT_EXIT(
+      ReplayAndReport({"attention_backend=paged64"}, "llama", ExecMode::kKernelByKernel), ::testing::ExitedWithCode(3),
+      AllOf(HasSubstr("cuda: kernel=attention layer=0 check=page_size_is_64 "),
+            HasSubstr(" error=cudaErrorAssert (710)"), HasSubstr(" surfaced=Launch\n"), HasSubstr("\nmatch=yes ")));
 }
 
 TEST_F(DeviceAssert, AsyncModeSurfacesLaterButTheRecordNamesTheFailingKernel) {
   CR_REQUIRE_CUDA_DEVICE();
   // Async: the assert surfaces at a later call (a following launch, a copy or
   // the step's synchronize); the record still says attention, layer 0.
-  EXPECT_EXIT(ReplayAndReport({"attention_backend=paged64"}, "llama", ExecMode::kAsync),
-              ::testing::ExitedWithCode(3),
+  EXPECT_EXIT(ReplayAndReport({"attention_backend=paged64"}, "llama", ExecMode::kAsync), ::testing::ExitedWithCode(3),
               AllOf(HasSubstr("cuda: kernel=attention layer=0 check=page_size_is_64 "),
                     HasSubstr(" error=cudaErrorAssert (710)"), HasSubstr("\nmatch=yes ")));
 }
@@ -107,7 +105,8 @@ TEST_F(DeviceAssert, Ue8m0KernelTrapsOnNvfp4ScalesWithTheScaleValue) {
                  f->tag.kernel.c_str(), run.result.fault->kernel.c_str(), (bits & 0x807fffffu) != 0);
     std::_Exit(3);
   };
-  EXPECT_EXIT(child(), ::testing::ExitedWithCode(3), "check=ue8m0_scale_layout kernel=q_proj cpu_kernel=q_proj not_ue8m0=1");
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(3),
+              "check=ue8m0_scale_layout kernel=q_proj cpu_kernel=q_proj not_ue8m0=1");
 }
 
 TEST_F(DeviceAssert, GoodConfigurationRunsToTheEndWithoutATrap) {

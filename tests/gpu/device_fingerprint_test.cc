@@ -95,7 +95,8 @@ bool SameAsHost(const Fingerprint& device, DType dtype, const void* host, uint64
   if (r.fingerprints[0].name != "L3.attention" || r.fingerprints[1].name != "L3.topk") std::_Exit(18);
   if (!SameAsHost(r.fingerprints[0], DType::kBF16, act.data(), act.size(), kCols)) std::_Exit(19);
   if (!SameAsHost(r.fingerprints[1], DType::kI32, ids.data(), ids.size(), 8)) std::_Exit(22);
-  std::fprintf(stderr, "first non-finite (%lld, %lld)\n", static_cast<long long>(r.fingerprints[0].first_nonfinite_token),
+  std::fprintf(stderr, "first non-finite (%lld, %lld)\n",
+               static_cast<long long>(r.fingerprints[0].first_nonfinite_token),
                static_cast<long long>(r.fingerprints[0].first_nonfinite_column));
 
   RecorderOptions o;
@@ -177,10 +178,10 @@ TEST_F(DeviceFingerprintsTest, ABoundaryKeepsItsShapeAndSlotsRunOut) {
   const int64_t shape[] = {kRows, kCols}, half[] = {kRows / 2, kCols};
   ASSERT_TRUE((*table)->BeginStep(0, nullptr).ok());
   ASSERT_TRUE((*table)->Enqueue(TensorView{"L0.mlp", DType::kBF16, shape, d_act, act.size() * 2}, nullptr).ok());
-  const absl::Status reshaped =
-      (*table)->Enqueue(TensorView{"L0.mlp", DType::kBF16, half, d_act, act.size()}, nullptr);
+  const absl::Status reshaped = (*table)->Enqueue(TensorView{"L0.mlp", DType::kBF16, half, d_act, act.size()}, nullptr);
   EXPECT_EQ(reshaped.code(), absl::StatusCode::kInvalidArgument) << reshaped;
-  const absl::Status full = (*table)->Enqueue(TensorView{"L1.mlp", DType::kBF16, shape, d_act, act.size() * 2}, nullptr);
+  const absl::Status full =
+      (*table)->Enqueue(TensorView{"L1.mlp", DType::kBF16, shape, d_act, act.size() * 2}, nullptr);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(d_act);

@@ -17,8 +17,8 @@ TEST(DeviceHash, KernelMatchesTheHostDefinitionAtChunkBoundaries) {
   if (!DeviceHashAvailable()) GTEST_SKIP() << "no CUDA device, GPU test skipped";
   std::mt19937_64 rng(7);
   const size_t chunk = kChunkedHashChunkBytes;
-  for (size_t size : {size_t{1}, size_t{240}, size_t{241}, chunk - 1, chunk, chunk + 240, chunk + 241,
-                      3 * chunk + 17, size_t{8} << 20}) {
+  for (size_t size : {size_t{1}, size_t{240}, size_t{241}, chunk - 1, chunk, chunk + 240, chunk + 241, 3 * chunk + 17,
+                      size_t{8} << 20}) {
     std::vector<unsigned char> host(size);
     for (auto& b : host) b = static_cast<unsigned char>(rng());
     void* dev = nullptr;

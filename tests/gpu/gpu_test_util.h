@@ -25,9 +25,9 @@
 #include "crashreplay/formats/dtype.h"
 #include "crashreplay/replay/cuda/cuda_executor.h"
 
-#define CR_REQUIRE_CUDA_DEVICE()                                                              \
-  do {                                                                                        \
-    auto cr_count_ = ::crashreplay::replay::cuda::DeviceCount();                              \
+#define CR_REQUIRE_CUDA_DEVICE()                                                                     \
+  do {                                                                                               \
+    auto cr_count_ = ::crashreplay::replay::cuda::DeviceCount();                                     \
     if (!cr_count_.ok()) GTEST_SKIP() << "no CUDA device, GPU test skipped: " << cr_count_.status(); \
   } while (0)
 
@@ -52,17 +52,16 @@ inline Tolerance ToleranceFor(DType storage) {
 
 // Kernels whose arithmetic has no transcendental function: bitwise equal.
 inline bool ExactKernel(const std::string& name) {
-  for (const char* k : {"embedding", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                        "attn_all_reduce", "mlp_all_reduce", "moe_all_reduce", "router", "lm_head",
-                        "logits_all_gather", "kv_write", "input_norm", "post_attention_norm", "final_norm",
-                        "qkv_act_quant", "o_act_quant", "gate_up_act_quant", "down_act_quant",
-                        "experts_act_quant", "shared_expert_act_quant",
+  for (const char* k :
+       {"embedding", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "attn_all_reduce",
+        "mlp_all_reduce", "moe_all_reduce", "router", "lm_head", "logits_all_gather", "kv_write", "input_norm",
+        "post_attention_norm", "final_norm", "qkv_act_quant", "o_act_quant", "gate_up_act_quant", "down_act_quant",
+        "experts_act_quant", "shared_expert_act_quant",
                         // MLA / DSA: projections, norms, the latent's moves, the
                         // absorption matmuls and the indexer's integer top-k
                         // carry no transcendental function.
-                        "q_a_proj", "q_b_proj", "kv_a_proj", "q_a_norm", "kv_a_norm", "latent_gather", "kv_b_proj",
-                        "q_absorb", "v_up", "indexer_q_proj", "indexer_k_proj", "indexer_k_norm",
-                        "indexer_weights_proj", "indexer", "qkv_a_act_quant"}) {
+        "q_a_proj", "q_b_proj", "kv_a_proj", "q_a_norm", "kv_a_norm", "latent_gather", "kv_b_proj", "q_absorb", "v_up",
+        "indexer_q_proj", "indexer_k_proj", "indexer_k_norm", "indexer_weights_proj", "indexer", "qkv_a_act_quant"}) {
     if (name == k) return true;
   }
   return false;

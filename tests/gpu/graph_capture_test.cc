@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "crashreplay/replay/cuda/device_pool.h"
-#include "gpu_test_util.h"
 #include "exec_replay_test_util.h"
+#include "gpu_test_util.h"
 
 namespace crashreplay::replay {
 namespace {

@@ -6,8 +6,8 @@
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
-#include "gpu_test_util.h"
 #include "exec_replay_test_util.h"
+#include "gpu_test_util.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -15,8 +15,8 @@ namespace {
 using testing::CompareWithTolerance;
 using testing::ExactKernel;
 using testing::kKernelTolerance;
-using testing::Tolerance;
 using testing::RecordRun;
+using testing::Tolerance;
 
 using Case = testing::ConfigCase;
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "gpu_test_util.h"
 #include "exec_replay_test_util.h"
+#include "gpu_test_util.h"
 #if defined(CRASHREPLAY_HAVE_NCCL)
 #include "crashreplay/replay/cuda/nccl_comm.h"
 #endif
@@ -56,7 +56,10 @@ TEST(NcclRankChild, AllGatherReduce) {
   auto hidden = mem.Copy(Hidden());
   auto gathered = mem.Alloc(kN * ranks * 4);
   ASSERT_TRUE(local.ok() && hidden.ok() && gathered.ok());
-  ASSERT_TRUE((*comm)->AllGatherReduce(*hidden, *local, static_cast<float*>(*gathered), kN, LaunchTag{"attn_all_reduce", 0}).ok());
+  ASSERT_TRUE(
+      (*comm)
+          ->AllGatherReduce(*hidden, *local, static_cast<float*>(*gathered), kN, LaunchTag{"attn_all_reduce", 0})
+          .ok());
   std::vector<float> out(kN);
   ASSERT_TRUE((*ex)->CopyToHost(out.data(), *hidden, kN * 4).ok());
   std::ofstream f(dir + "/rank" + std::to_string(rank), std::ios::binary);

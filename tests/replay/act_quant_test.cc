@@ -195,7 +195,8 @@ Nvfp4Matrix MakeWeight(int64_t rows, int64_t cols, uint32_t seed) {
       for (int64_t c = b * 16; c < b * 16 + 16; ++c) bmax = std::max(bmax, std::abs(f[r * cols + c]));
       const uint8_t s8 = Nvfp4BlockScale(bmax, global);
       m.scales[r * (cols / 16) + b] = s8;
-      for (int64_t c = b * 16; c < b * 16 + 16; ++c) SetNibble(m.packed.data(), r * cols + c, QuantNvfp4(f[r * cols + c], s8, global));
+      for (int64_t c = b * 16; c < b * 16 + 16; ++c)
+        SetNibble(m.packed.data(), r * cols + c, QuantNvfp4(f[r * cols + c], s8, global));
     }
   m.w = QWeight{WFormat::kE2m1, SFormat::kE4m3, m.packed.data(), rows, cols, m.scales.data(), 1, 16, cols / 16, global};
   m.w.act_fp4 = true;

@@ -48,7 +48,8 @@ TEST(Boundaries, ADenseModelNamesEachLayersPointsInOrder) {
   want.push_back("lm_head");
   EXPECT_EQ(Names(fps), want);
   // [tokens, hidden] for the residual stream, [rows, vocab] for the logits.
-  const int64_t tokens = static_cast<int64_t>(std::string("Say hello in one sentence").size() + std::string("Hi").size());
+  const int64_t tokens =
+      static_cast<int64_t>(std::string("Say hello in one sentence").size() + std::string("Hi").size());
   EXPECT_EQ(fps.front().numel % static_cast<uint64_t>(tokens), 0u);
   EXPECT_EQ(fps.back().numel, 2u * fps.back().columns);
 }
@@ -74,7 +75,8 @@ TEST(Boundaries, TensorParallelRanksGiveTheSameTensorsAtEveryBoundary) {
     EXPECT_EQ(one[i].numel, two[i].numel) << one[i].name;
     EXPECT_EQ(one[i].columns, two[i].columns) << one[i].name;
     // Emulated ranks sum the partials in another order: within tolerance, never a departure.
-    EXPECT_FALSE(FingerprintDeparts(two[i], one[i]).has_value()) << one[i].name << ": " << *FingerprintDeparts(two[i], one[i]);
+    EXPECT_FALSE(FingerprintDeparts(two[i], one[i]).has_value())
+        << one[i].name << ": " << *FingerprintDeparts(two[i], one[i]);
   }
 }
 

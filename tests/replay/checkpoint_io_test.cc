@@ -13,7 +13,8 @@ namespace crashreplay::replay {
 namespace {
 
 std::string TempDir(const std::string& name) {
-  const auto d = std::filesystem::temp_directory_path() / ("crashreplay_replay_" + name + "_" + std::to_string(::getpid()));
+  const auto d =
+      std::filesystem::temp_directory_path() / ("crashreplay_replay_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   return d.string();
 }
@@ -266,7 +267,7 @@ TEST(CheckpointIo, MlaConfigBecomesTheEnginesMlaSpecAndBack) {
     types += absl::StrCat(l ? ", " : "", l < 3 || (l - 2) % 4 == 0 ? "\"full\"" : "\"shared\"");
   }
   auto c = ParseHfConfig(absl::StrCat(R"({"model_type": "glm_moe_dsa", "indexer_types": [)", types,
-                             R"(], "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                      R"(], "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
                                  "group_size": 16, "ignore": ["lm_head", "model.layers.*.self_attn*"]}})"),
                          "x/config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -334,11 +335,13 @@ TEST(ShardHashes, MatchTheSameCheckpointAndNameTheTamperedTensor) {
   c.scale_format = ScaleFormat::kUe8m0Requant;  // scale conversion does not change what is hashed
   auto b = BuildModel(ck->spec, ck->tensors, c);
   EXPECT_TRUE(VerifyShardHashes(**b, recorded).ok());
-  ck->tensors["model.layers.1.self_attn.o_proj.weight"].bytes.mutable_data()[20] ^= 1;  // packed byte 20 = columns 40, 41: rank 1's half
+  ck->tensors["model.layers.1.self_attn.o_proj.weight"].bytes.mutable_data()[20] ^=
+      1;  // packed byte 20 = columns 40, 41: rank 1's half
   auto t = BuildModel(ck->spec, ck->tensors, c);
   absl::Status s = VerifyShardHashes(**t, recorded);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(std::string(s.message()).find("rank 1 tensor 'model.layers.1.self_attn.o_proj.weight'"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("rank 1 tensor 'model.layers.1.self_attn.o_proj.weight'"), std::string::npos)
+      << s;
   c.tp_size = 1;
   auto one = BuildModel(ck->spec, ck->tensors, c);
   EXPECT_EQ(VerifyShardHashes(**one, recorded).code(), absl::StatusCode::kFailedPrecondition);

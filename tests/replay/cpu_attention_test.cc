@@ -46,8 +46,7 @@ std::vector<float> WorkItems(const Op& op, std::vector<float>& out, KernelStatus
 // `launch(op, pool, isa, status)` on `threads` threads, `out` reset to -7
 // first; *ran: whether it covered the op. It never fires a check.
 template <class Op, class Launch>
-std::vector<float> Launched(const Op& op, std::vector<float>& out, CpuIsa isa, int threads, bool* ran,
-                            Launch launch) {
+std::vector<float> Launched(const Op& op, std::vector<float>& out, CpuIsa isa, int threads, bool* ran, Launch launch) {
   std::fill(out.begin(), out.end(), -7.0f);
   CpuPool pool(threads);
   KernelStatus st;
@@ -343,8 +342,9 @@ TEST(CpuAttention, ExpandedMlaMatchesTheWorkItemsDenseAndOverTopK) {
           bool ran = false;
           const std::vector<float> got = c.Fast(isa, threads, &ran);
           ASSERT_TRUE(ran);
-          ExpectBitsEqual(got, want, "width " + std::to_string(width) + " nope " + std::to_string(nope) + " " +
-                                         CpuIsaName(isa) + " threads " + std::to_string(threads));
+          ExpectBitsEqual(got, want,
+                          "width " + std::to_string(width) + " nope " + std::to_string(nope) + " " + CpuIsaName(isa) +
+                              " threads " + std::to_string(threads));
         }
       }
     }
@@ -473,7 +473,8 @@ TEST(CpuAttention, AbsorbedQueryMatchesTheWorkItemsForEveryKvBFormat) {
       EXPECT_EQ(ran, covered) << static_cast<int>(fm.f);
       EXPECT_FALSE(st.fired);
       if (covered) {
-        ExpectBitsEqual(got, want, std::string("format ") + std::to_string(static_cast<int>(fm.f)) + " " + CpuIsaName(isa));
+        ExpectBitsEqual(got, want,
+                        std::string("format ") + std::to_string(static_cast<int>(fm.f)) + " " + CpuIsaName(isa));
       } else {
         for (float x : got) ASSERT_EQ(x, -7.0f);
       }
@@ -531,7 +532,8 @@ struct LatentCase {
           for (auto& x : c) x = nd(g);
           for (auto& x : rot) x = nd(g);
           KernelStatus st;
-          LatentWriteToken(views.back(), RowTableOf(op.batch, static_cast<int64_t>(req)), j, c.data(), rot.data(), 0, &st);
+          LatentWriteToken(views.back(), RowTableOf(op.batch, static_cast<int64_t>(req)), j, c.data(), rot.data(), 0,
+                           &st);
           EXPECT_FALSE(st.fired);
         }
       }
@@ -579,8 +581,8 @@ TEST(CpuAttention, SparseLatentAttentionMatchesTheWorkItems) {
         bool ran = false;
         const std::vector<float> got = c.Fast(isa, threads, &ran);
         ASSERT_TRUE(ran);
-        ExpectBitsEqual(got, want, std::string(fp8 ? "fp8 " : "bf16 ") + CpuIsaName(isa) + " threads " +
-                                       std::to_string(threads));
+        ExpectBitsEqual(got, want,
+                        std::string(fp8 ? "fp8 " : "bf16 ") + CpuIsaName(isa) + " threads " + std::to_string(threads));
       }
     }
   }

@@ -37,7 +37,9 @@ const char* FmtName(Fmt f) {
 }
 const Fmt kAllFmts[] = {Fmt::kF32, Fmt::kBF16, Fmt::kF16, Fmt::kFp8, Fmt::kNvfp4, Fmt::kNvfp4F32Scales, Fmt::kMxfp4};
 const DotKind kAllKinds[] = {DotKind::kDequant, DotKind::kFused, DotKind::kUe8m0};
-const char* KindName(DotKind k) { return k == DotKind::kDequant ? "dequant" : k == DotKind::kFused ? "fused" : "ue8m0"; }
+const char* KindName(DotKind k) {
+  return k == DotKind::kDequant ? "dequant" : k == DotKind::kFused ? "fused" : "ue8m0";
+}
 bool IsFp4(Fmt f) { return f == Fmt::kNvfp4 || f == Fmt::kNvfp4F32Scales || f == Fmt::kMxfp4; }
 
 std::vector<CpuIsa> Isas() {
@@ -82,8 +84,8 @@ TestWeight MakeWeight(Fmt f, int64_t rows, int64_t cols, uint32_t seed, bool pow
       w.format = f == Fmt::kBF16 ? WFormat::kBF16 : WFormat::kF16;
       t.data.resize(n * 2);
       for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = special(i) ? static_cast<uint16_t>(g())
-                                      : (f == Fmt::kBF16 ? FloatToBf16(nd(g)) : FloatToFp16(nd(g)));
+        const uint16_t h =
+            special(i) ? static_cast<uint16_t>(g()) : (f == Fmt::kBF16 ? FloatToBf16(nd(g)) : FloatToFp16(nd(g)));
         std::memcpy(t.data.data() + 2 * i, &h, 2);
       }
       break;
@@ -271,10 +273,10 @@ struct LinearCase {
 };
 
 std::string Describe(const LinearCase& c) {
-  return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") + " ranks=" +
-         std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) + " rows=" + std::to_string(c.rows) +
-         " cols=" + std::to_string(c.cols) + (c.per_rank ? " x_per_rank" : "") + (c.bias ? " bias" : "") +
-         (c.specials ? " specials" : "");
+  return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") +
+         " ranks=" + std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) +
+         " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols) + (c.per_rank ? " x_per_rank" : "") +
+         (c.bias ? " bias" : "") + (c.specials ? " specials" : "");
 }
 
 // Runs the case through the work items and through the fast launcher for
@@ -435,8 +437,8 @@ TEST(CpuKernels, AFailingUe8m0ScaleLeavesTheOpToTheWorkItems) {
   op.dot = DotKind::kFused;
   CpuPool pool(1);
   KernelStatus st;
-  EXPECT_TRUE(LaunchLinearFast(op, pool, DefaultCpuIsa() == CpuIsa::kReference ? CpuIsa::kGeneric : DefaultCpuIsa(),
-                               &st));
+  EXPECT_TRUE(
+      LaunchLinearFast(op, pool, DefaultCpuIsa() == CpuIsa::kReference ? CpuIsa::kGeneric : DefaultCpuIsa(), &st));
 }
 
 // ---- the GPU linear kernel's decomposition ----------------------------------
@@ -456,8 +458,7 @@ std::vector<KernelStatus> RunOnLanes(const LinearOp& op) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t rc = i / op.rows, rank = rc / chunks, t0 = (rc % chunks) * kT;
       const int nt = static_cast<int>(std::min<int64_t>(kT, op.tokens - t0));
-      LinearRowsLane<kT>(op, rank, t0, nt, i % op.rows, LinearInput(op, rank * op.tokens + t0), j, l,
-                         &st[i * 8 + j]);
+      LinearRowsLane<kT>(op, rank, t0, nt, i % op.rows, LinearInput(op, rank * op.tokens + t0), j, l, &st[i * 8 + j]);
     }
   });
   std::vector<KernelStatus> lane0(static_cast<size_t>(n));
@@ -468,9 +469,7 @@ std::vector<KernelStatus> RunOnLanes(const LinearOp& op) {
   return lane0;
 }
 
-bool SameOrBothNan(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
-}
+bool SameOrBothNan(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; }
 
 TEST(LinearLanes, EightLanesGiveTheBitsOfLinearRow) {
   int cases = 0;
@@ -482,7 +481,9 @@ TEST(LinearLanes, EightLanesGiveTheBitsOfLinearRow) {
           if (strided && (IsFp4(f) || f == Fmt::kFp8)) continue;  // scaled formats: packed shards (model.h)
           if (q && (!IsFp4(f) || cols % 2 != 0)) continue;
           SCOPED_TRACE(std::string(FmtName(f)) + " " + KindName(k) + " cols=" + std::to_string(cols) +
-                       (strided ? " strided" : q ? " w4a4" : ""));
+                       (strided ? " strided"
+                        : q     ? " w4a4"
+                                : ""));
           // Two ranks with their own weights and per-rank inputs; 11 tokens:
           // one whole chunk of 8 and a partial one.
           const int64_t ranks = 2, rows = 5, tokens = 11;
@@ -534,10 +535,10 @@ TEST(LinearLanes, EightLanesGiveTheBitsOfLinearRow) {
           op.y = eight.data();
           for (const KernelStatus& st : RunOnLanes<8>(op)) ASSERT_FALSE(st.fired);
           for (int64_t i = 0; i < n; ++i) {
-            ASSERT_TRUE(SameOrBothNan(want[i], one[i])) << "1 token a pass, element " << i << ": " << want[i]
-                                                        << " vs " << one[i];
-            ASSERT_TRUE(SameOrBothNan(want[i], eight[i])) << "8 tokens a pass, element " << i << ": " << want[i]
-                                                          << " vs " << eight[i];
+            ASSERT_TRUE(SameOrBothNan(want[i], one[i]))
+                << "1 token a pass, element " << i << ": " << want[i] << " vs " << one[i];
+            ASSERT_TRUE(SameOrBothNan(want[i], eight[i]))
+                << "8 tokens a pass, element " << i << ": " << want[i] << " vs " << eight[i];
           }
           ++cases;
         }
@@ -601,9 +602,9 @@ struct MoeCase {
 };
 
 std::string Describe(const MoeCase& c) {
-  return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") + " ranks=" +
-         std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) + " hidden=" + std::to_string(c.hidden) +
-         " inter=" + std::to_string(c.inter);
+  return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") +
+         " ranks=" + std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) +
+         " hidden=" + std::to_string(c.hidden) + " inter=" + std::to_string(c.inter);
 }
 
 void CheckMoe(const MoeCase& c) {
@@ -771,7 +772,6 @@ TEST(CpuKernels, ExpertsWithAnInvalidInputScaleLeaveTheOpToTheWorkItems) {
   EXPECT_TRUE(ref.fired);
   EXPECT_EQ(ref.check, Check::kNvfp4InputScale);
 }
-
 
 // ---- IndexerOp ------------------------------------------------------------------
 

@@ -130,7 +130,8 @@ TEST(EngineFaults, Ue8m0KernelRejectsNvfp4ScalesButAcceptsMxfp4AndRequantized) {
   uint32_t bits;
   std::memcpy(&bits, &v, 4);
   EXPECT_NE(bits & 0x807fffffu, 0u) << "the reported scale really has mantissa bits";
-  for (auto [quant, fmt] : {std::pair{"mxfp4", "ue8m0"}, std::pair{"nvfp4", "ue8m0_requant"}, std::pair{"fp8", "ue8m0_requant"}}) {
+  for (auto [quant, fmt] :
+       {std::pair{"mxfp4", "ue8m0"}, std::pair{"nvfp4", "ue8m0_requant"}, std::pair{"fp8", "ue8m0_requant"}}) {
     auto ok = MakeEngine(Opts("glm4_moe", quant), {std::string("scale_format=") + fmt});
     RunResult g = ok->Run(TwoRequests(2));
     EXPECT_FALSE(g.fault) << quant << " " << fmt << ": " << g.fault->message;
@@ -153,14 +154,14 @@ TEST(EnginePlanner, HighMemFractionLeavesNoRoomForGraphs) {
   auto probe = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2"});
   const double weights = static_cast<double>(probe->plan().weights);
   const std::string scale = "device_memory_scale=" + std::to_string(weights / 0.7 / 80e9);
-  auto bad = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.95",
-                                                        "cuda_graph_max_bs=64"});
+  auto bad =
+      MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.95", "cuda_graph_max_bs=64"});
   RunResult r = bad->Run(TwoRequests(2));
   ASSERT_TRUE(r.fault);
   EXPECT_EQ(r.fault->Signature(), "oom/graph_capture/memory_planner/graph_memory_fits");
   EXPECT_TRUE(r.steps.empty());
-  auto good = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.88",
-                                                         "cuda_graph_max_bs=64"});
+  auto good =
+      MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.88", "cuda_graph_max_bs=64"});
   EXPECT_FALSE(good->plan().fault) << good->plan().ToJson().dump();
   EXPECT_GT(good->plan().pool_pages, 0);
   auto no_weights_room = MakeEngine(Opts("glm4_moe", "nvfp4"), {"tp_size=2", scale, "mem_fraction_static=0.5"});

@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "crashreplay/replay/session/engine.h"
 #include "crashreplay/replay/make_model/random_checkpoint.h"
+#include "crashreplay/replay/session/engine.h"
 
 namespace crashreplay::replay::testing {
 

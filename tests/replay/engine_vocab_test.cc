@@ -45,9 +45,13 @@ TEST(EngineVocabulary, EveryRowSetsToggleValuesTheTableAccepts) {
 }
 
 TEST(EngineVocabulary, SglangBackendsBecomeKernelVariantsAndTheLibrariesTheyStandFor) {
-  const Config c = FromSglang({{"attention_backend", "fa3"}, {"decode_attention_backend", "flashmla"},
-                               {"moe_runner_backend", "deep_gemm"}, {"kv_cache_dtype", "fp8_e4m3"},
-                               {"page_size", "64"}, {"tp_size", "8"}, {"ep_size", "8"}});
+  const Config c = FromSglang({{"attention_backend", "fa3"},
+                               {"decode_attention_backend", "flashmla"},
+                               {"moe_runner_backend", "deep_gemm"},
+                               {"kv_cache_dtype", "fp8_e4m3"},
+                               {"page_size", "64"},
+                               {"tp_size", "8"},
+                               {"ep_size", "8"}});
   EXPECT_EQ(c.Enum("attention_backend"), "paged64") << "decode_attention_backend wins for decode";
   EXPECT_EQ(c.Enum("attention_kernel"), "flashmla_dense");
   EXPECT_EQ(c.Enum("prefill_attention_kernel"), "fa3") << "prefill keeps attention_backend's kernel";
@@ -59,8 +63,10 @@ TEST(EngineVocabulary, SglangBackendsBecomeKernelVariantsAndTheLibrariesTheyStan
 }
 
 TEST(EngineVocabulary, NewerSpellingsWinOverOlderOnesWhateverTheOrderGiven) {
-  const Config c = FromSglang({{"dsa_decode_backend", "flashmla_kv"}, {"nsa_decode_backend", "trtllm"},
-                               {"nsa_prefill_backend", "tilelang"}, {"cuda_graph_max_bs_decode", "256"},
+  const Config c = FromSglang({{"dsa_decode_backend", "flashmla_kv"},
+                               {"nsa_decode_backend", "trtllm"},
+                               {"nsa_prefill_backend", "tilelang"},
+                               {"cuda_graph_max_bs_decode", "256"},
                                {"cuda_graph_max_bs", "512"}});
   EXPECT_EQ(c.Enum("dsa_kernel"), "flashmla_sparse");
   EXPECT_EQ(c.Enum("dsa_prefill_kernel"), "tilelang") << "only the older name given";
@@ -71,8 +77,8 @@ TEST(EngineVocabulary, NewerSpellingsWinOverOlderOnesWhateverTheOrderGiven) {
 
 TEST(EngineVocabulary, AValueWithoutCounterpartIsANoteAndChangesNothing) {
   std::vector<std::string> notes;
-  const Config c = FromSglang({{"attention_backend", "fa4"}, {"kv_cache_dtype", "fp8_e5m2"}, {"host", "0.0.0.0"}},
-                              &notes);
+  const Config c =
+      FromSglang({{"attention_backend", "fa4"}, {"kv_cache_dtype", "fp8_e5m2"}, {"host", "0.0.0.0"}}, &notes);
   Config expected = Config::Defaults();
   ASSERT_TRUE(expected.Set("mla_decode", "absorbed").ok());  // what sglang always runs, whatever it is told
   EXPECT_EQ(c, expected);
@@ -102,11 +108,14 @@ TEST(EngineVocabulary, VllmConfigNamesMapToo) {
   Config c = Config::Defaults();
   VocabResult r;
   ASSERT_TRUE(ApplyEngineSettings("vllm",
-                                  {{"cache_config.block_size", "32"}, {"cache_config.cache_dtype", "fp8"},
+                                  {{"cache_config.block_size", "32"},
+                                   {"cache_config.cache_dtype", "fp8"},
                                    {"cache_config.gpu_memory_utilization", "0.9"},
                                    {"parallel_config.tensor_parallel_size", "2"},
-                                   {"attention_config.backend", "FLASHINFER"}, {"model_config.enforce_eager", "True"},
-                                   {"env.VLLM_USE_DEEP_GEMM", "1"}, {"env.VLLM_USE_DEEP_GEMM_E8M0", "1"}},
+                                   {"attention_config.backend", "FLASHINFER"},
+                                   {"model_config.enforce_eager", "True"},
+                                   {"env.VLLM_USE_DEEP_GEMM", "1"},
+                                   {"env.VLLM_USE_DEEP_GEMM_E8M0", "1"}},
                                   &c, &r)
                   .ok());
   EXPECT_EQ(c.Int("page_size"), 32);

@@ -75,7 +75,8 @@ Fp8Block MakeFp8(int rows, int cols, bool pow2_scales) {
   for (int i = 0; i < sr * sc; ++i) b.scale[i] = pow2_scales ? std::ldexp(1.0f, -8 - i) : 0.0003f * (i + 1.37f);
   b.q.resize(rows * cols);
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) b.q[r * cols + c] = FloatToE4m3(wf[r * cols + c] / b.scale[(r / 128) * sc + c / 128]);
+    for (int c = 0; c < cols; ++c)
+      b.q[r * cols + c] = FloatToE4m3(wf[r * cols + c] / b.scale[(r / 128) * sc + c / 128]);
   b.w = QWeight{WFormat::kE4m3, SFormat::kF32, b.q.data(), rows, cols, b.scale.data(), 128, 128, sc, 1.0f};
   return b;
 }
@@ -234,8 +235,8 @@ TEST(Attention, ThreeBackendsMatchNaiveSoftmax) {
 // The reference body spread over n cooperating threads (the CUDA kernel's
 // block), each phase run on every thread before the next: AttendReference's
 // bits, and on a bad page its fault and zeroed output.
-std::vector<float> AttendOnThreads(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head,
-                                   int64_t len, float scale, int64_t n, KernelStatus* st) {
+std::vector<float> AttendOnThreads(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
+                                   float scale, int64_t n, KernelStatus* st) {
   std::vector<float> out(kv.head_dim, -7.0f), scratch(len + 3, -7.0f);
   for (int phase = 0; phase < kAttendPhases; ++phase) {
     bool go = true;

@@ -21,7 +21,8 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string WriteModel(const MakeModelOptions& o, const std::string& name) {
-  const auto d = std::filesystem::temp_directory_path() / ("crashreplay_stream_" + name + "_" + std::to_string(::getpid()));
+  const auto d =
+      std::filesystem::temp_directory_path() / ("crashreplay_stream_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   auto ck = GenerateRandomCheckpoint(o);
   EXPECT_TRUE(ck.ok()) << ck.status();
@@ -53,8 +54,7 @@ std::unique_ptr<Engine> Load(const std::string& dir, const EngineConfig& ec, boo
 }
 
 // A two-layer llama written to `name` and loaded streaming under `sets`.
-std::unique_ptr<Engine> StreamedLlama(const std::string& name, const std::vector<std::string>& sets,
-                                      std::string* dir) {
+std::unique_ptr<Engine> StreamedLlama(const std::string& name, const std::vector<std::string>& sets, std::string* dir) {
   MakeModelOptions o;
   o.layers = 2;
   *dir = WriteModel(o, name);
@@ -99,30 +99,30 @@ TEST(LayerStream, GivesTheBitsOfResidentWeightsKernelByKernel) {
     const EngineConfig ec = Resolve(c.sets);
     auto resident = Load(dir, ec, false);
     for (bool device : {false, true}) {
-    SCOPED_TRACE(device ? "streamed on the guarded device executor" : "streamed on the cpu");
-    auto streamed = Load(dir, ec, true, device);
-    ASSERT_TRUE(resident && streamed);
-    EXPECT_FALSE(resident->streaming());
-    EXPECT_TRUE(streamed->streaming());
-    EXPECT_EQ(streamed->model().shard_hashes, resident->model().shard_hashes);
-    EXPECT_EQ(streamed->model().rank_weight_bytes, resident->model().rank_weight_bytes);
-    const RunResult a = resident->Run(testing::TwoRequests(3));
-    const RunResult b = streamed->Run(testing::TwoRequests(3));
-    ASSERT_EQ(b.fault.has_value(), a.fault.has_value());
-    if (a.fault) {
-      EXPECT_EQ(b.fault->Signature(), a.fault->Signature());
-      EXPECT_EQ(b.fault->message, a.fault->message);
-    }
-    EXPECT_EQ(b.outputs, a.outputs);
-    ASSERT_EQ(b.steps.size(), a.steps.size());
-    for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(b.steps[i].digest, a.steps[i].digest) << "step " << i;
-    ASSERT_EQ(b.last_step_kernels.size(), a.last_step_kernels.size());
-    for (size_t k = 0; k < a.last_step_kernels.size(); ++k) {
-      EXPECT_EQ(b.last_step_kernels[k].digest, a.last_step_kernels[k].digest) << a.last_step_kernels[k].label;
-    }
-    for (size_t l = 0; l < streamed->model().layers.size() && !a.fault; ++l) {  // a fault keeps its layer
-      EXPECT_FALSE(LayerHeld(streamed->model(), l)) << "layer " << l << " is still held after the run";
-    }
+      SCOPED_TRACE(device ? "streamed on the guarded device executor" : "streamed on the cpu");
+      auto streamed = Load(dir, ec, true, device);
+      ASSERT_TRUE(resident && streamed);
+      EXPECT_FALSE(resident->streaming());
+      EXPECT_TRUE(streamed->streaming());
+      EXPECT_EQ(streamed->model().shard_hashes, resident->model().shard_hashes);
+      EXPECT_EQ(streamed->model().rank_weight_bytes, resident->model().rank_weight_bytes);
+      const RunResult a = resident->Run(testing::TwoRequests(3));
+      const RunResult b = streamed->Run(testing::TwoRequests(3));
+      ASSERT_EQ(b.fault.has_value(), a.fault.has_value());
+      if (a.fault) {
+        EXPECT_EQ(b.fault->Signature(), a.fault->Signature());
+        EXPECT_EQ(b.fault->message, a.fault->message);
+      }
+      EXPECT_EQ(b.outputs, a.outputs);
+      ASSERT_EQ(b.steps.size(), a.steps.size());
+      for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(b.steps[i].digest, a.steps[i].digest) << "step " << i;
+      ASSERT_EQ(b.last_step_kernels.size(), a.last_step_kernels.size());
+      for (size_t k = 0; k < a.last_step_kernels.size(); ++k) {
+        EXPECT_EQ(b.last_step_kernels[k].digest, a.last_step_kernels[k].digest) << a.last_step_kernels[k].label;
+      }
+      for (size_t l = 0; l < streamed->model().layers.size() && !a.fault; ++l) {  // a fault keeps its layer
+        EXPECT_FALSE(LayerHeld(streamed->model(), l)) << "layer " << l << " is still held after the run";
+      }
     }
     std::filesystem::remove_all(dir);
   }

@@ -174,7 +174,8 @@ struct MlaCase {
     KernelStatus st;
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t r = 0; r < heads * (nope + vd); ++r) {
-        (*kv)[j * heads * (nope + vd) + r] = LinearElement(DotKind::kDequant, w, stored.data() + j * (lora + rope), r, 0, &st);
+        (*kv)[j * heads * (nope + vd) + r] =
+            LinearElement(DotKind::kDequant, w, stored.data() + j * (lora + rope), r, 0, &st);
       }
       for (int64_t d = 0; d < rope; ++d) (*rot)[j * rope + d] = stored[j * (lora + rope) + lora + d];
     }
@@ -190,8 +191,8 @@ TEST(MlaAttention, ExpandedMatchesTheDoubleFormulaDenseAndSparse) {
   std::vector<float> out(c.vd), scratch(c.n);
   KernelStatus st;
   const int64_t h = 1, len = 90;
-  MlaAttendExpanded(c.q.data(), kv.data(), rot.data(), c.heads * (c.nope + c.vd), h, c.nope, c.rope, c.vd, len,
-                    nullptr, 0, static_cast<float>(c.scale), out.data(), scratch.data(), 0, &st);
+  MlaAttendExpanded(c.q.data(), kv.data(), rot.data(), c.heads * (c.nope + c.vd), h, c.nope, c.rope, c.vd, len, nullptr,
+                    0, static_cast<float>(c.scale), out.data(), scratch.data(), 0, &st);
   ASSERT_FALSE(st.fired);
   std::vector<int> all(len);
   std::iota(all.begin(), all.end(), 0);
@@ -246,8 +247,8 @@ TEST(MlaAttention, AbsorbedAgreesWithExpandedWithinToleranceAndDiffersInBits) {
   std::vector<float> kv, rot, naive(c.vd), scratch(c.n);
   c.Expand(stored, &kv, &rot);
   KernelStatus st;
-  MlaAttendExpanded(c.q.data(), kv.data(), rot.data(), c.heads * (c.nope + c.vd), h, c.nope, c.rope, c.vd, len,
-                    nullptr, 0, static_cast<float>(c.scale), naive.data(), scratch.data(), 0, &st);
+  MlaAttendExpanded(c.q.data(), kv.data(), rot.data(), c.heads * (c.nope + c.vd), h, c.nope, c.rope, c.vd, len, nullptr,
+                    0, static_cast<float>(c.scale), naive.data(), scratch.data(), 0, &st);
   std::vector<int32_t> ids(len);
   std::iota(ids.begin(), ids.end(), 0);
   const auto sparse_ref = Absorbed(c, p, LatentAttention::kSparseReference, h, len, ids, &st);
@@ -296,8 +297,8 @@ TEST(MlaAttention, FlashMlaPreconditionsAreChecks) {
     EXPECT_EQ(st.index, 320);
     Pool p2(false, 256, 320, 64, 1);  // 576 wide, but v 256
     KernelStatus st2;
-    MlaAttendLatent(LatentAttention::kSparseTiled64, p2.v, p2.row(), q576.data(), 10, nullptr, 64, 2, 1.0f,
-                    o.data(), scratch.data(), 0, &st2);
+    MlaAttendLatent(LatentAttention::kSparseTiled64, p2.v, p2.row(), q576.data(), 10, nullptr, 64, 2, 1.0f, o.data(),
+                    scratch.data(), 0, &st2);
     EXPECT_EQ(st2.check, Check::kMlaVHeadDim512);
   }
   {

@@ -12,10 +12,10 @@
 #include <limits>
 #include <span>
 
+#include "absl/strings/str_join.h"
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/replay/captures/capture_io.h"
 #include "engine_test_util.h"
-#include "absl/strings/str_join.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -34,7 +34,8 @@ StepInput OnePrompt(const std::vector<int32_t>& tokens) {
   StepInput in;
   in.rows.resize(1);
   in.rows[0].tokens = tokens;
-  for (int64_t p = 0; p * 16 < static_cast<int64_t>(tokens.size()); ++p) in.rows[0].page_table.push_back(static_cast<int32_t>(p));
+  for (int64_t p = 0; p * 16 < static_cast<int64_t>(tokens.size()); ++p)
+    in.rows[0].page_table.push_back(static_cast<int32_t>(p));
   return in;
 }
 
@@ -73,8 +74,7 @@ TEST(Nvfp4Activation, QuantizationIsItsOwnKernelBeforeEveryNvfp4GemmGroup) {
   const StepInput in = OnePrompt({72, 105, 33});
   const std::vector<std::string> l = Labels(*w4a4->Prepare(in));
   for (const char* k : {"L0.qkv_act_quant", "L0.o_act_quant", "L0.gate_up_act_quant", "L0.down_act_quant",
-                               "L1.qkv_act_quant", "L1.o_act_quant", "L1.experts_act_quant",
-                               "L1.shared_expert_act_quant"}) {
+                        "L1.qkv_act_quant", "L1.o_act_quant", "L1.experts_act_quant", "L1.shared_expert_act_quant"}) {
     EXPECT_LT(IndexOf(l, k), l.size()) << k;
   }
   EXPECT_EQ(IndexOf(l, "L0.qkv_act_quant") + 1, IndexOf(l, "L0.q_proj"));
@@ -302,7 +302,8 @@ TEST(Nvfp4Activation, MakeModelCalibratesInputScaleFromTheInputsAmax) {
         EXPECT_FLOAT_EQ(s * 6.0f * 448.0f, amax) << arch << " " << pre << name;
       };
       if (k.name == "input_norm") {
-        for (const char* q : {"q_proj", "k_proj", "v_proj"}) expect(std::string("self_attn.") + q, Amax(p->buffer("x")));
+        for (const char* q : {"q_proj", "k_proj", "v_proj"})
+          expect(std::string("self_attn.") + q, Amax(p->buffer("x")));
       }
       if (k.name == "attention") expect("self_attn.o_proj", Amax(p->buffer("attn")));
       if (k.name == "post_attention_norm" && !ck->spec.layer_is_moe(k.layer)) {

@@ -33,13 +33,11 @@ TEST(PlannerGraphs, AGraphMaximumAboveThePoolCostsNothingMore) {
   // An 80 GB card at mem_fraction_static 0.88 leaves 9.6 GB for activations
   // and graphs: 256 graph slots do not fit, but a 64-request pool never
   // captures them.
-  auto pool64 = MakeEngine(Llama(), {"cuda_graph_max_bs=256", "mem_fraction_static=0.88",
-                                     "max_running_requests=64"});
+  auto pool64 = MakeEngine(Llama(), {"cuda_graph_max_bs=256", "mem_fraction_static=0.88", "max_running_requests=64"});
   EXPECT_FALSE(pool64->plan().fault) << pool64->plan().ToJson().dump();
   auto same = MakeEngine(Llama(), {"cuda_graph_max_bs=64", "mem_fraction_static=0.88", "max_running_requests=64"});
   EXPECT_EQ(pool64->plan().graph_reservation, same->plan().graph_reservation);
-  auto pool256 = MakeEngine(Llama(), {"cuda_graph_max_bs=256", "mem_fraction_static=0.88",
-                                      "max_running_requests=256"});
+  auto pool256 = MakeEngine(Llama(), {"cuda_graph_max_bs=256", "mem_fraction_static=0.88", "max_running_requests=256"});
   ASSERT_TRUE(pool256->plan().fault);
   EXPECT_EQ(pool256->plan().fault->Signature(), "oom/graph_capture/memory_planner/graph_memory_fits");
 }

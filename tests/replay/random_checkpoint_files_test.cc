@@ -19,8 +19,8 @@
 #include <string>
 
 #include "crashreplay/formats/hash.h"
-#include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/make_model/random_checkpoint.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -91,16 +91,17 @@ TEST_P(BoundedWriter, WritesTheInMemoryPathsBytes) {
   fs::remove_all(bounded);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ArchsQuantsShards, BoundedWriter,
-    ::testing::Values(Case{"llama", "bf16", 1ull << 30}, Case{"llama", "bf16", 40 << 10},
-                      Case{"qwen3_moe", "fp8", 1ull << 30}, Case{"qwen3_moe", "fp8", 64 << 10},
-                      Case{"glm_moe_dsa", "nvfp4", 1ull << 30}, Case{"glm_moe_dsa", "nvfp4", 100 << 10},
-                      Case{"deepseek_v3", "nvfp4", 200 << 10}, Case{"glm4_moe", "nvfp4", 64 << 10},
-                      Case{"mixtral", "mxfp4", 64 << 10}, Case{"deepseek_v32", "fp8", 1ull << 30}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(i.param.arch) + "_" + i.param.quant + (i.param.max_shard_bytes < (1ull << 30) ? "_sharded" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(ArchsQuantsShards, BoundedWriter,
+                         ::testing::Values(Case{"llama", "bf16", 1ull << 30}, Case{"llama", "bf16", 40 << 10},
+                                           Case{"qwen3_moe", "fp8", 1ull << 30}, Case{"qwen3_moe", "fp8", 64 << 10},
+                                           Case{"glm_moe_dsa", "nvfp4", 1ull << 30},
+                                           Case{"glm_moe_dsa", "nvfp4", 100 << 10},
+                                           Case{"deepseek_v3", "nvfp4", 200 << 10}, Case{"glm4_moe", "nvfp4", 64 << 10},
+                                           Case{"mixtral", "mxfp4", 64 << 10}, Case{"deepseek_v32", "fp8", 1ull << 30}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.arch) + "_" + i.param.quant +
+                                  (i.param.max_shard_bytes < (1ull << 30) ? "_sharded" : "");
+                         });
 
 // The calibration reads the layers from the files, one at a time, over an
 // embedding of the prompt's rows only; the input_scales are those the

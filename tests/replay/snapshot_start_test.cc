@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "crashreplay/replay/captures/capture_io.h"
-#include "crashreplay/replay/session/step_state.h"
 #include "crashreplay/replay/session/backends.h"
+#include "crashreplay/replay/session/step_state.h"
 #include "engine_test_util.h"
 #include "exec_replay_test_util.h"
 #include "snapshot_test_util.h"
@@ -33,9 +33,8 @@ MakeModelOptions Glm() {
 class SnapshotStart : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("snapshot_start_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+    dir_ = (std::filesystem::temp_directory_path() / ("snapshot_start_" + std::to_string(::getpid()) + "_" +
+                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name()))
                .string();
     std::filesystem::remove_all(dir_);
   }
@@ -162,7 +161,8 @@ TEST_F(SnapshotStart, ReplicatedMlaPlanesAreKeptOncePerLayerAtTp2) {
     const size_t plane = p.bytes.size() / static_cast<size_t>(p.shape[0]);
     std::vector<uint8_t> bytes;
     for (int64_t g = 0; g < p.shape[0]; ++g) {
-      for (int r = 0; r < 2; ++r) bytes.insert(bytes.end(), p.bytes.begin() + g * plane, p.bytes.begin() + (g + 1) * plane);
+      for (int r = 0; r < 2; ++r)
+        bytes.insert(bytes.end(), p.bytes.begin() + g * plane, p.bytes.begin() + (g + 1) * plane);
     }
     p.bytes = std::move(bytes);
     p.shape[0] *= 2;

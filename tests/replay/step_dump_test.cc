@@ -40,8 +40,7 @@ std::vector<RecordedStep> Record(const std::vector<std::string>& sets) {
 }
 
 std::string TempPath(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("step_dump_test_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("step_dump_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }
@@ -128,7 +127,9 @@ TEST(StepDump, EveryKernelsTensorsHashToItsReportedDigest) {
       ASSERT_NE(t, nullptr) << k.Label() << "." << out;
       // NVFP4-quantized activations (the w4a4 default) are packed bytes.
       const bool packed = absl::EndsWith(k.name, "act_quant");
-      EXPECT_EQ(t->dtype, out == "next_tokens" || out == "topk_ids" ? DType::kI32 : packed ? DType::kU8 : DType::kF32)
+      EXPECT_EQ(t->dtype, out == "next_tokens" || out == "topk_ids" ? DType::kI32
+                          : packed                                  ? DType::kU8
+                                                                    : DType::kF32)
           << k.Label() << "." << out;
       auto bytes = (*f)->Data(*t);
       h.Update(bytes.data(), bytes.size());
@@ -144,7 +145,8 @@ TEST(StepDump, EveryKernelsTensorsHashToItsReportedDigest) {
   const float* v = reinterpret_cast<const float*>((*f)->Data(*lg).data());
   for (int64_t row = 0; row < lg->shape[0]; ++row) {
     int64_t best = 0;
-    for (int64_t j = 1; j < lg->shape[1]; ++j) best = v[row * lg->shape[1] + j] > v[row * lg->shape[1] + best] ? j : best;
+    for (int64_t j = 1; j < lg->shape[1]; ++j)
+      best = v[row * lg->shape[1] + j] > v[row * lg->shape[1] + best] ? j : best;
     EXPECT_EQ(best, log[1].sampled[row]) << "row " << row;
   }
 }

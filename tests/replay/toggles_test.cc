@@ -10,8 +10,8 @@ namespace {
 
 TEST(Toggles, TableHasRequiredTogglesWithParsableDefaults) {
   for (const char* name : {"attention_backend", "gemm_backend", "moe_backend", "scale_format", "kv_cache_dtype",
-                           "page_size", "mem_fraction_static", "cuda_graph_max_bs", "sampling_backend",
-                           "rope_config", "tp_size", "device_memory_gb", "nvfp4_activation"}) {
+                           "page_size", "mem_fraction_static", "cuda_graph_max_bs", "sampling_backend", "rope_config",
+                           "tp_size", "device_memory_gb", "nvfp4_activation"}) {
     const ToggleSpec* s = FindToggle(name);
     ASSERT_NE(s, nullptr) << name;
     EXPECT_TRUE(ParseToggleValue(*s, s->default_value).ok()) << name;

@@ -74,8 +74,8 @@ TEST(TokenizerJson, MergesApplyLowestRankFirstWithinEachGpt2Piece) {
 
 TEST(TokenizerJson, AddedTokensSplitFirstWithStrip) {
   Json j = Tokenizer({}, {}, ByteLevel());
-  j["added_tokens"] = Json::array({{{"id", 300}, {"content", "<s>"}},
-                                   {{"id", 301}, {"content", "<sep>"}, {"lstrip", true}, {"rstrip", true}}});
+  j["added_tokens"] = Json::array(
+      {{{"id", 300}, {"content", "<s>"}}, {{"id", 301}, {"content", "<sep>"}, {"lstrip", true}, {"rstrip", true}}});
   auto t = Parse(j);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(Ids(*t, "a<s>b"), (std::vector<int32_t>{'a', 300, 'b'}));
@@ -89,7 +89,8 @@ TEST(TokenizerJson, AddedTokensSplitFirstWithStrip) {
 TEST(TokenizerJson, SplitBehavioursDecideWhatMayMerge) {
   auto with = [](const std::string& behavior) {
     Json split = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}};
-    return Parse(Tokenizer({"a-", "-b"}, {"a -", "- b"}, {{"type", "Sequence"}, {"pretokenizers", {split, ByteLevel(false)}}}));
+    return Parse(
+        Tokenizer({"a-", "-b"}, {"a -", "- b"}, {{"type", "Sequence"}, {"pretokenizers", {split, ByteLevel(false)}}}));
   };
   EXPECT_EQ(Ids(*with("Isolated"), "a-b"), (std::vector<int32_t>{'a', '-', 'b'}));
   EXPECT_EQ(Ids(*with("Removed"), "a-b"), (std::vector<int32_t>{'a', 'b'}));
@@ -122,7 +123,11 @@ TEST(TokenizerJson, InvalidUtf8InIsRefusedAndDecodedBytesAreReplacedByMaximalSub
   // followed by 80, so two.
   auto text = t->Decode(std::vector<int32_t>{0xe2, 0x82, 'A', 0xf0, 0x80, 0xe2, 0x82, 0xac});
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(*text, "\xef\xbf\xbd" "A" "\xef\xbf\xbd\xef\xbf\xbd" "\xe2\x82\xac");
+  EXPECT_EQ(*text,
+            "\xef\xbf\xbd"
+            "A"
+            "\xef\xbf\xbd\xef\xbf\xbd"
+            "\xe2\x82\xac");
   auto unknown = t->Decode(std::vector<int32_t>{999});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("token id 999"), std::string::npos);
@@ -135,7 +140,8 @@ TEST(TokenizerJson, ErrorsNameTheFileAndField) {
   EXPECT_NE(s.message().find("tok.json: model.merges[1] 'ab': expected two tokens"), std::string::npos) << s;
   s = status_of(Tokenizer({}, {"a b"}, ByteLevel()));  // "ab" is not in the vocabulary
   EXPECT_NE(s.message().find("model.merges[0] ('a', 'b'): a part or the merged token is not in model.vocab"),
-            std::string::npos) << s;
+            std::string::npos)
+      << s;
   Json neg = Tokenizer({}, {}, ByteLevel());
   neg["model"]["vocab"]["x y"] = -4;
   s = status_of(neg);
@@ -150,8 +156,9 @@ TEST(TokenizerJson, ErrorsNameTheFileAndField) {
   EXPECT_NE(s.message().find("normalizer type 'Lowercase' is not supported"), std::string::npos) << s;
   Json meta = Tokenizer({}, {}, {{"type", "Metaspace"}});
   EXPECT_NE(status_of(meta).message().find("pre_tokenizer type 'Metaspace'"), std::string::npos);
-  Json re = Tokenizer({}, {}, {{"type", "Sequence"},
-                               {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}}, ByteLevel()}}});
+  Json re = Tokenizer({}, {},
+                      {{"type", "Sequence"},
+                       {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}}, ByteLevel()}}});
   s = status_of(re);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("pre_tokenizer.pretokenizers[0].pattern: regex '(unclosed'"), std::string::npos) << s;

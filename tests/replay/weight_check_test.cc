@@ -9,8 +9,8 @@
 
 #include <filesystem>
 
-#include "crashreplay/replay/model/checkpoint_io.h"
 #include "crashreplay/replay/make_model/random_checkpoint.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -203,7 +203,8 @@ TEST(WeightCheck, ModelOptBlockScalesAreViewedAsTheirGrid) {
     const std::string suffix = ".weight_scale_inv";
     if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
     HostTensor s = t;
-    s.shape = s.shape[0] * s.shape[1] == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{s.shape[0], 1, s.shape[1], 1};
+    s.shape =
+        s.shape[0] * s.shape[1] == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{s.shape[0], 1, s.shape[1], 1};
     f.tensors.erase(name);
     f.tensors[name.substr(0, name.size() - 4)] = s;  // ".weight_scale"
   }

@@ -127,8 +127,7 @@ TEST_F(CaptureCli, ReplayOfAnotherEnginesCaptureNamesSettingsItCannotTakeAndAsks
   const std::string session = Sample();
   const Result r = Run("replay " + session);
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("note: crashreplay-sample recorded attention_backend = flashinfer"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("note: crashreplay-sample recorded attention_backend = flashinfer"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("replaying with attention_backend = reference; choose with --set attention_backend="),
             std::string::npos)
       << r.err;
@@ -362,4 +361,3 @@ TEST_F(CaptureCli, RunSaysWhenTheLastStepsStateIsOverTheSnapshotBudgetAndWhatBud
 
 }  // namespace
 }  // namespace crashreplay
-

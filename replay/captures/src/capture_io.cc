@@ -10,15 +10,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "crashreplay/base/status.h"
 #include "capture_steps.h"
+#include "crashreplay/base/status.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/capture/weight_hash.h"
 #include "crashreplay/formats/capture_format.h"
-#include "crashreplay/replay/config/engine_vocab.h"
-#include "crashreplay/replay/captures/engine_weights.h"
 #include "crashreplay/formats/hash.h"
+#include "crashreplay/replay/captures/engine_weights.h"
+#include "crashreplay/replay/config/engine_vocab.h"
 #include "crashreplay/replay/config/kernel_archs.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 
@@ -74,16 +74,21 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
   m.device.name = "crashreplay CPU (emulated device)";
   m.device.memory_capacity_bytes = static_cast<uint64_t>(config.Float("device_memory_gb") * 1e9);
   if (as == nullptr) {
-    for (const ToggleSpec& t : Toggles()) m.toggles.push_back(Toggle{std::string(t.name), ToCaptureValue(config.Get(t.name))});
+    for (const ToggleSpec& t : Toggles())
+      m.toggles.push_back(Toggle{std::string(t.name), ToCaptureValue(config.Get(t.name))});
   } else {
     m.engine = as->engine;
     m.engine_version = Cat("emulated by crashreplay ", CRASHREPLAY_VERSION);
     for (const auto& [k, v] : as->settings) {
       crashreplay::ToggleValue tv;
-      if (v.is_bool()) tv = v.as_bool();
-      else if (v.is_int()) tv = v.as_int();
-      else if (v.is_float()) tv = v.as_float();
-      else tv = v.as_string();
+      if (v.is_bool())
+        tv = v.as_bool();
+      else if (v.is_int())
+        tv = v.as_int();
+      else if (v.is_float())
+        tv = v.as_float();
+      else
+        tv = v.as_string();
       m.toggles.push_back(Toggle{k, tv});
     }
     for (const std::string& name : as->own_toggles) {
@@ -251,7 +256,7 @@ absl::Status CaptureRecorder::Finish(const std::optional<Fault>& fault) {
     f.reason = fault->message;
     f.stage = fault->stage;
     if (fault->step >= 0) f.step = static_cast<uint64_t>(fault->step);
-    f.failure_class = fault->klass == "oom" ? FailureClass::kOutOfMemory
+    f.failure_class = fault->klass == "oom"      ? FailureClass::kOutOfMemory
                       : fault->klass == "assert" ? FailureClass::kDeviceAssert
                                                  : FailureClass::kException;
     f.exception_type = fault->Signature();
@@ -264,8 +269,8 @@ namespace {
 
 // The recorded rows of one step become StepInputs (page tables at
 // `page_size` in the capture's unit, ids as numbers).
-absl::Status BuildStepRows(const std::string& file, const StepRecord& s, const internal::PageUnit& unit,
-                           int page_size, std::map<std::string, uint64_t>* sampled_so_far, StepInput* input,
+absl::Status BuildStepRows(const std::string& file, const StepRecord& s, const internal::PageUnit& unit, int page_size,
+                           std::map<std::string, uint64_t>* sampled_so_far, StepInput* input,
                            int64_t* unsampled_steps) {
   input->rows.clear();
   std::vector<std::string> ids = s.request_ids;
@@ -294,19 +299,19 @@ absl::Status BuildStepRows(const std::string& file, const StepRecord& s, const i
     row.request_id = internal::RequestIdNumber(ids[r]);
     const int64_t n = extend[r];
     if (n < 0 || tok + n > s.token_ids.size()) {
-      return absl::InvalidArgumentError(Cat(where, ": ", n, " new tokens, the step records ", s.token_ids.size(),
-                                            " token ids in all"));
+      return absl::InvalidArgumentError(
+          Cat(where, ": ", n, " new tokens, the step records ", s.token_ids.size(), " token ids in all"));
     }
     for (int64_t j = 0; j < n; ++j) row.tokens.push_back(static_cast<int32_t>(s.token_ids[tok + j]));
     tok += n;
     row.start_pos = s.seq_lens[r] - n;
     if (row.start_pos < 0) return absl::InvalidArgumentError(Cat(where, ": sequence length ", s.seq_lens[r], " < ", n));
     if (!s.page_table[r].complete()) {
-      return absl::FailedPreconditionError(Cat(
-          where, ": its page-table row (req_pool_index ", s.page_table[r].req_pool_index, ") holds columns from ",
-          s.page_table[r].start, " on only: the recorder never had columns 0..", s.page_table[r].start - 1,
-          " (it began after the request's prefill, or the steps that held them were lost); replay a step from "
-          "after the request's next prefill"));
+      return absl::FailedPreconditionError(
+          Cat(where, ": its page-table row (req_pool_index ", s.page_table[r].req_pool_index, ") holds columns from ",
+              s.page_table[r].start, " on only: the recorder never had columns 0..", s.page_table[r].start - 1,
+              " (it began after the request's prefill, or the steps that held them were lost); replay a step from "
+              "after the request's next prefill"));
     }
     CR_ASSIGN_OR_RETURN(row.page_table,
                         internal::RowPages(unit, s.page_table[r].token_slots, s.seq_lens[r], page_size, where));
@@ -380,7 +385,8 @@ void CollectSiblingWeights(const std::string& file, const SessionManifest& m,
                            std::map<uint32_t, LoadedCapture::RankWeights>* by_rank, std::vector<std::string>* notes) {
   const std::filesystem::path p(file);
   if (p.filename().string() != CaptureFileNameForRank(m.parallel.rank)) return;
-  absl::StatusOr<std::vector<std::string>> files = ListCaptureFiles(p.parent_path().empty() ? "." : p.parent_path().string());
+  absl::StatusOr<std::vector<std::string>> files =
+      ListCaptureFiles(p.parent_path().empty() ? "." : p.parent_path().string());
   if (!files.ok()) return;
   for (const std::string& f : *files) {
     if (std::filesystem::path(f).filename() == p.filename()) continue;
@@ -500,8 +506,8 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
       // no counterpart here; the default stands and the user is told.
       if (out.manifest.engine == "crashreplay") return absl::DataLossError(Cat(file, ": recorded ", s.message()));
       out.notes.push_back(Cat(out.manifest.engine, " recorded ", t.name, " = ", ToText(t.value),
-                              ", which the replay engine does not have (", s.message(), "); replaying with ",
-                              t.name, " = ", ToggleValueText(out.config.Get(t.name)), "; choose with --set ", t.name, "=..."));
+                              ", which the replay engine does not have (", s.message(), "); replaying with ", t.name,
+                              " = ", ToggleValueText(out.config.Get(t.name)), "; choose with --set ", t.name, "=..."));
     }
     has_nvfp4_activation |= t.name == "nvfp4_activation";
   }
@@ -518,7 +524,8 @@ absl::StatusOr<LoadedCapture> LoadCapture(const std::string& path) {
       }
     } else {
       out.notes.push_back(Cat(out.manifest.engine, " ran on '", out.manifest.device.name, "', which records no memory ",
-                              "capacity; memory is planned for device_memory_gb = ", out.config.Float("device_memory_gb"), "; choose with --set device_memory_gb=..."));
+                              "capacity; memory is planned for device_memory_gb = ",
+                              out.config.Float("device_memory_gb"), "; choose with --set device_memory_gb=..."));
     }
   }
   // Quirk: the built-in engine recorded before nvfp4_activation existed ran
@@ -623,7 +630,8 @@ absl::StatusOr<SnapshotTensor> ReadSnapshotTensor(const CaptureReader& reader, c
   if (!dt) return absl::DataLossError(Cat(where, ": tensor '", name, "' has unknown dtype '", d->dtype, "'"));
   uint64_t n = 1;
   for (int64_t x : d->shape) {
-    if (x < 0 || x > (int64_t{1} << 40)) return absl::DataLossError(Cat(where, ": tensor '", name, "' has a bad shape"));
+    if (x < 0 || x > (int64_t{1} << 40))
+      return absl::DataLossError(Cat(where, ": tensor '", name, "' has a bad shape"));
     n *= static_cast<uint64_t>(x);
   }
   if (!d->stored || DTypeBytes(*dt, n) != d->byte_size) {
@@ -677,8 +685,8 @@ absl::StatusOr<StepState> LoadStepState(const LoadedCapture& cap, int64_t step) 
     if (t.name.rfind("kv.", 0) != 0 || t.name == "kv.pages") continue;
     CR_ASSIGN_OR_RETURN(SnapshotTensor pool, ReadSnapshotTensor(*cap.reader, rec, where, t.name, true));
     if (pool.shape.size() < 3 || pool.shape[1] != static_cast<int64_t>(s.pages.size())) {
-      return absl::DataLossError(Cat(where, ": tensor '", t.name, "' is not [planes, ", s.pages.size(),
-                                     " pages, ...] as 'kv.pages' says"));
+      return absl::DataLossError(
+          Cat(where, ": tensor '", t.name, "' is not [planes, ", s.pages.size(), " pages, ...] as 'kv.pages' says"));
     }
     StatePool p;
     p.name = t.name.substr(3);

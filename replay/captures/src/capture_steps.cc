@@ -3,8 +3,8 @@
 #include <charconv>
 #include <limits>
 
-#include "crashreplay/formats/hash.h"
 #include "crashreplay/base/text.h"
+#include "crashreplay/formats/hash.h"
 
 namespace crashreplay::replay::internal {
 
@@ -44,15 +44,16 @@ absl::StatusOr<PageUnit> PageUnitOf(const SessionManifest& m) {
     return out;
   }
   if (unit != "block") {
-    return absl::InvalidArgumentError(Cat(m.engine, ".page_table_unit = '", unit,
-                                          "' is not a unit the replay knows (page, token, block)"));
+    return absl::InvalidArgumentError(
+        Cat(m.engine, ".page_table_unit = '", unit, "' is not a unit the replay knows (page, token, block)"));
   }
   out.kind = PageUnit::Kind::kBlock;
   std::optional<int64_t> b = IntValue(FindRecordedToggle(m, m.engine + ".block_size"));
   if (!b) b = IntValue(FindRecordedToggle(m, "cache_config.block_size"));
   if (!b || *b <= 0) {
-    return absl::InvalidArgumentError(Cat("the ", m.engine, " capture records page-table rows of block ids but not the ",
-                                          "block size (", m.engine, ".block_size or cache_config.block_size)"));
+    return absl::InvalidArgumentError(Cat("the ", m.engine,
+                                          " capture records page-table rows of block ids but not the ", "block size (",
+                                          m.engine, ".block_size or cache_config.block_size)"));
   }
   out.block = *b;
   return out;
@@ -86,11 +87,11 @@ absl::StatusOr<std::vector<int32_t>> RowPages(const PageUnit& unit, std::span<co
   }
   if (page_size <= 0) return absl::InvalidArgumentError(Cat(where, ": page_size ", page_size));
   const int64_t b = unit.block;
-  const int64_t covered = unit.kind == PageUnit::Kind::kToken ? static_cast<int64_t>(e.size())
-                                                                : static_cast<int64_t>(e.size()) * b;
+  const int64_t covered =
+      unit.kind == PageUnit::Kind::kToken ? static_cast<int64_t>(e.size()) : static_cast<int64_t>(e.size()) * b;
   if (seq_len < 0 || covered < seq_len) {
-    return absl::InvalidArgumentError(Cat(where, ": the page-table row covers ", covered, " tokens, the request has ",
-                                          seq_len));
+    return absl::InvalidArgumentError(
+        Cat(where, ": the page-table row covers ", covered, " tokens, the request has ", seq_len));
   }
   auto slot = [&](int64_t pos) -> int64_t {
     return unit.kind == PageUnit::Kind::kToken ? e[pos] : e[pos / b] * b + pos % b;

@@ -45,8 +45,8 @@ std::string PageUnitName(const PageUnit& unit);
 
 // The replay's page ids for one recorded row covering positions
 // [0, seq_len). `where` prefixes errors ("FILE: step 3 request 'r7'").
-absl::StatusOr<std::vector<int32_t>> RowPages(const PageUnit& unit, std::span<const int64_t> entries,
-                                              int64_t seq_len, int page_size, std::string_view where);
+absl::StatusOr<std::vector<int32_t>> RowPages(const PageUnit& unit, std::span<const int64_t> entries, int64_t seq_len,
+                                              int page_size, std::string_view where);
 
 // A request id as the replay engine's int64: the number itself when the id
 // is the decimal form of one (the built-in engine's ids), else a stable

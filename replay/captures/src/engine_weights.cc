@@ -1,14 +1,14 @@
 #include "crashreplay/replay/captures/engine_weights.h"
 
 #include <algorithm>
-#include <map>
 #include <charconv>
 #include <cstring>
+#include <map>
 
 #include "capture_steps.h"
 #include "crashreplay/base/status.h"
-#include "crashreplay/formats/hash.h"
 #include "crashreplay/base/text.h"
+#include "crashreplay/formats/hash.h"
 
 namespace crashreplay::replay {
 
@@ -45,7 +45,8 @@ class Builder {
     if (it == tensors_.end()) return absl::NotFoundError(Cat("the checkpoint has no tensor '", name, "'"));
     const HostTensor& t = it->second;
     if (t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kF32) {
-      return absl::UnimplementedError(Cat("'", name, "' is ", DTypeName(t.dtype), ": quantized tensors are repacked by ",
+      return absl::UnimplementedError(Cat("'", name, "' is ", DTypeName(t.dtype),
+                                          ": quantized tensors are repacked by ",
                                           "the engine's quantization method after loading and are not mapped"));
     }
     if (sources_ != nullptr) sources_->push_back(name);
@@ -170,7 +171,8 @@ absl::StatusOr<std::vector<uint8_t>> EngineParameterBytes(const EngineLayout& l,
     CR_RETURN_IF_ERROR(b.Rows(tied ? std::string("model.embed_tokens.weight") : name, 1, 0));
     return b.Take();
   }
-  for (std::string_view q : {"weight_scale", "input_scale", "weight_scale_inv", "weight_scale_2", "k_scale", "v_scale"}) {
+  for (std::string_view q :
+       {"weight_scale", "input_scale", "weight_scale_inv", "weight_scale_2", "k_scale", "v_scale"}) {
     if (EndsWith(name, Cat(".", q)) || EndsWith(name, Cat("_", q))) {
       if (l.engine == "vllm" && name.find(".attn._") != std::string::npos) break;
       return absl::UnimplementedError("a quantization scale: laid out by the engine's quantization method");
@@ -178,7 +180,8 @@ absl::StatusOr<std::vector<uint8_t>> EngineParameterBytes(const EngineLayout& l,
   }
   auto kind_of = [&](std::string_view stem) -> std::optional<std::string> {
     for (std::string_view k : {".weight", ".bias"}) {
-      if (EndsWith(name, Cat(stem, k))) return name.substr(0, name.size() - stem.size() - k.size()) + "|" + std::string(k);
+      if (EndsWith(name, Cat(stem, k)))
+        return name.substr(0, name.size() - stem.size() - k.size()) + "|" + std::string(k);
     }
     return std::nullopt;
   };
@@ -223,7 +226,8 @@ absl::StatusOr<std::vector<uint8_t>> EngineParameterBytes(const EngineLayout& l,
     std::string src = name;
     if (!embed && tensors.count(src) == 0 && spec.tie_embeddings) src = "model.embed_tokens.weight";
     const int64_t padded = (spec.vocab + l.vocab_padding - 1) / l.vocab_padding * l.vocab_padding;
-    if (padded % tp != 0) return absl::UnimplementedError(Cat("the padded vocabulary ", padded, " does not split over ", tp));
+    if (padded % tp != 0)
+      return absl::UnimplementedError(Cat("the padded vocabulary ", padded, " does not split over ", tp));
     const int64_t per = padded / tp;
     CR_RETURN_IF_ERROR(b.PaddedRows(src, r * per, (r + 1) * per));
     return b.Take();
@@ -297,8 +301,8 @@ absl::StatusOr<WeightVerification> VerifyEngineWeights(const LoadedCapture& cap,
         std::string from;
         for (const std::string& s : sources) from += (from.empty() ? "" : ", ") + s;
         return absl::DataLossError(Cat("rank ", rw.rank, " tensor '", t.name, "' (", engine, " layout of ", from,
-                                       "): the recording has ", t.hash.Hex(), ", the checkpoint gives ", h.Hex(),
-                                       " (", rw.file, "); is this the recorded checkpoint?"));
+                                       "): the recording has ", t.hash.Hex(), ", the checkpoint gives ", h.Hex(), " (",
+                                       rw.file, "); is this the recorded checkpoint?"));
       }
       ++v.verified;
     }
@@ -313,7 +317,8 @@ absl::StatusOr<WeightVerification> VerifyEngineWeights(const LoadedCapture& cap,
     std::string missing;
     for (uint32_t r : cap.ranks_without_file) missing += Cat(missing.empty() ? "" : ", ", r);
     const bool one = cap.ranks_without_file.size() == 1;
-    v.summary += Cat(one ? "; rank " : "; ranks ", missing, one ? " has" : " have", " no capture file here, not verified");
+    v.summary +=
+        Cat(one ? "; rank " : "; ranks ", missing, one ? " has" : " have", " no capture file here, not verified");
   }
   if (!v.unmapped.empty()) {
     v.summary += Cat("; ", v.unmapped.size(), " not mapped: ");

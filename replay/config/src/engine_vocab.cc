@@ -5,9 +5,9 @@
 #include <map>
 #include <optional>
 
+#include "crashreplay/base/text.h"
 #include "crashreplay/replay/config/kernel_archs.h"
 #include "crashreplay/replay/config/toggles.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -20,6 +20,7 @@ using text::Cat;
 // vLLM: the flattened VllmConfig the adapter records and vllm/envs.py.
 // Order matters: a later row of the same replay toggle wins.
 const std::vector<VocabRow>& Rows() {
+  // clang-format off: a table, one row a line as written
   static const std::vector<VocabRow> kRows = {
       // ---- sglang: attention (prefill and decode unless overridden below) ----
       {"sglang", "attention_backend", "triton",
@@ -195,6 +196,7 @@ const std::vector<VocabRow>& Rows() {
       {"vllm", "env.VLLM_USE_DEEP_GEMM", "true", {{"moe_kernel", "deep_gemm"}}, "DeepGEMM for FP8 block MoE"},
       {"vllm", "env.VLLM_USE_DEEP_GEMM", "false", {}, ""},
   };
+  // clang-format on
   return kRows;
 }
 
@@ -257,10 +259,10 @@ absl::Status ApplyEngineSettings(std::string_view engine, const EngineSettings& 
       // back to attention_backend) and "no cap" for max_total_tokens, as the
       // replay's defaults do; a number the engine sizes at run time
       // (mem_fraction_static, cuda_graph_max_bs, ...) is worth a note.
-      const bool sized_at_run_time =
-          k != "max_total_tokens" && !given.count("scheduler." + k) && std::any_of(Rows().begin(), Rows().end(), [&](const VocabRow& r) {
-            return r.engine == engine && r.key == k && r.value == "*" && !r.sets.empty();
-          });
+      const bool sized_at_run_time = k != "max_total_tokens" && !given.count("scheduler." + k) &&
+                                     std::any_of(Rows().begin(), Rows().end(), [&](const VocabRow& r) {
+                                       return r.engine == engine && r.key == k && r.value == "*" && !r.sets.empty();
+                                     });
       if (sized_at_run_time) {
         result->notes.push_back(Cat(engine, " left ", k, " unset (decided at run time); the replay keeps its value"));
       }
@@ -300,7 +302,8 @@ absl::Status ApplyEngineSettings(std::string_view engine, const EngineSettings& 
       continue;
     }
     for (const auto& [toggle, value] : r.sets) {
-      if (absl::Status s = set(toggle, value == "$" ? std::string_view(it->second) : value, Cat(r.key, " = ", it->second));
+      if (absl::Status s =
+              set(toggle, value == "$" ? std::string_view(it->second) : value, Cat(r.key, " = ", it->second));
           !s.ok()) {
         return s;
       }
@@ -324,14 +327,15 @@ absl::Status ApplyEngineSettings(std::string_view engine, const EngineSettings& 
     const bool blackwell = arch == 100 || arch == 103 || arch == 120 || arch == 121;
     if (arch == 0) {
       if (jit.value_or(false)) {
-        result->notes.push_back("sglang's DeepGEMM scale format (UE8M0 on SM100/SM120) depends on the device, and "
-                                "device_arch is any: scale_format keeps its value");
+        result->notes.push_back(
+            "sglang's DeepGEMM scale format (UE8M0 on SM100/SM120) depends on the device, and "
+            "device_arch is any: scale_format keeps its value");
       }
     } else {
       const bool ue8m0 = jit.value_or(true) && arch >= 90 && blackwell;
-      if (absl::Status s = set("scale_format", ue8m0 ? "deepgemm_ue8m0" : "checkpoint",
-                               Cat("DEEPGEMM_SCALE_UE8M0 (JIT DeepGEMM ", jit.value_or(true) ? "on" : "off", ", ",
-                                   ArchName(arch), ")"));
+      if (absl::Status s = set(
+              "scale_format", ue8m0 ? "deepgemm_ue8m0" : "checkpoint",
+              Cat("DEEPGEMM_SCALE_UE8M0 (JIT DeepGEMM ", jit.value_or(true) ? "on" : "off", ", ", ArchName(arch), ")"));
           !s.ok()) {
         return s;
       }
@@ -347,8 +351,7 @@ absl::Status ApplyEngineSettings(std::string_view engine, const EngineSettings& 
   if (engine == "vllm") {
     auto dg = given.find("env.VLLM_USE_DEEP_GEMM");
     auto e8 = given.find("env.VLLM_USE_DEEP_GEMM_E8M0");
-    if (dg != given.end() && e8 != given.end() && Canonical(dg->second) == "true" &&
-        Canonical(e8->second) == "true") {
+    if (dg != given.end() && e8 != given.end() && Canonical(dg->second) == "true" && Canonical(e8->second) == "true") {
       if (absl::Status s = set("scale_format", "deepgemm_ue8m0", "VLLM_USE_DEEP_GEMM_E8M0"); !s.ok()) return s;
     }
   }

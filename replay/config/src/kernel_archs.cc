@@ -14,6 +14,7 @@ using text::Cat;
 // (sm_100, sm_103); "sm_90a" is 9.0 only. A library built per architecture
 // has no code for the others, whatever their compute capability.
 std::span<const KernelLibrary> KernelLibraries() {
+  // clang-format off: a table, one row a line as written
   static const std::vector<KernelLibrary> kTable = {
       // Portable kernels: Triton JIT-compiles for the device it runs on; the
       // PyTorch reference ops run anywhere PyTorch does.
@@ -88,6 +89,7 @@ std::span<const KernelLibrary> KernelLibraries() {
       {"marlin", "moe", false, {80, 86, 87, 89, 90, 100, 103, 120, 121}, "Marlin weight-only MoE (sglang/vLLM marlin)",
        "Marlin requires compute capability >= 8.0"},
   };
+  // clang-format on
   return kTable;
 }
 
@@ -99,8 +101,8 @@ const KernelLibrary* FindKernelLibrary(std::string_view name) {
 }
 
 const std::vector<std::string_view>& ArchChoices() {
-  static const std::vector<std::string_view> kArchs = {"any",    "sm_70",  "sm_75",  "sm_80",  "sm_86",
-                                                       "sm_87",  "sm_89",  "sm_90",  "sm_100", "sm_103",
+  static const std::vector<std::string_view> kArchs = {"any",    "sm_70",  "sm_75", "sm_80",  "sm_86",
+                                                       "sm_87",  "sm_89",  "sm_90", "sm_100", "sm_103",
                                                        "sm_110", "sm_120", "sm_121"};
   return kArchs;
 }

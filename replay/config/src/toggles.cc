@@ -7,10 +7,10 @@
 #include <cstdlib>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/formats/config_file.h"
 #include "crashreplay/replay/config/engine_vocab.h"
 #include "crashreplay/replay/config/kernel_archs.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -28,6 +28,7 @@ std::vector<std::string_view> LibraryChoices(std::string_view family) {
 }
 
 const std::vector<ToggleSpec>& Table() {
+  // clang-format off: a table, one row a line as written
   static const std::vector<ToggleSpec> kTable = {
       {"attention_backend", ToggleType::kEnum, {"reference", "flashdecode", "paged64"}, 0, 0, "reference",
        "decode attention kernel: reference (two-pass softmax over positions in order); flashdecode "
@@ -139,6 +140,7 @@ const std::vector<ToggleSpec>& Table() {
        "memory this process may use, or the weights do not fit on the GPU)",
        false},
   };
+  // clang-format on
   return kTable;
 }
 
@@ -157,18 +159,15 @@ size_t EditDistance(std::string_view a, std::string_view b) {
 
 std::string Domain(const ToggleSpec& s) {
   switch (s.type) {
-    case ToggleType::kEnum:
-    {
+    case ToggleType::kEnum: {
       std::string out = "one of {";
       for (size_t i = 0; i < s.choices.size(); ++i) out += Cat(i ? ", " : "", s.choices[i]);
       return out + "}";
     }
     case ToggleType::kInt:
       return Cat("an integer in [", static_cast<int64_t>(s.min), ", ", static_cast<int64_t>(s.max), "]");
-    case ToggleType::kFloat:
-      return Cat("a number in [", s.min, ", ", s.max, "]");
-    case ToggleType::kBool:
-      return "true or false";
+    case ToggleType::kFloat: return Cat("a number in [", s.min, ", ", s.max, "]");
+    case ToggleType::kBool: return "true or false";
   }
   return "";
 }
@@ -235,8 +234,7 @@ absl::StatusOr<ToggleValue> ParseToggleValue(const ToggleSpec& spec, std::string
     text = text.substr(1, text.size() - 2);
   }
   auto bad = [&]() {
-    return absl::InvalidArgumentError(
-        Cat("toggle ", spec.name, ": '", text, "' is not ", Domain(spec)));
+    return absl::InvalidArgumentError(Cat("toggle ", spec.name, ": '", text, "' is not ", Domain(spec)));
   };
   switch (spec.type) {
     case ToggleType::kEnum:
@@ -384,28 +382,30 @@ EngineConfig ResolveConfig(const Config& c) {
   e.attention_backend = ab == "flashdecode" ? AttentionBackend::kFlashDecode
                         : ab == "paged64"   ? AttentionBackend::kPaged64
                                             : AttentionBackend::kReference;
-  e.gemm_backend = c.Enum("gemm_backend") == "fused_blockscaled" ? GemmBackend::kFusedBlockScaled
-                                                                 : GemmBackend::kDequantMatmul;
-  e.moe_backend = c.Enum("moe_backend") == "fused_blockscaled" ? GemmBackend::kFusedBlockScaled
-                                                               : GemmBackend::kDequantMatmul;
+  e.gemm_backend =
+      c.Enum("gemm_backend") == "fused_blockscaled" ? GemmBackend::kFusedBlockScaled : GemmBackend::kDequantMatmul;
+  e.moe_backend =
+      c.Enum("moe_backend") == "fused_blockscaled" ? GemmBackend::kFusedBlockScaled : GemmBackend::kDequantMatmul;
   const std::string& sf = c.Enum("scale_format");
-  e.scale_format = sf == "fp32"            ? ScaleFormat::kFp32
-                   : sf == "ue8m0_requant" ? ScaleFormat::kUe8m0Requant
-                   : sf == "ue8m0"         ? ScaleFormat::kUe8m0
+  e.scale_format = sf == "fp32"             ? ScaleFormat::kFp32
+                   : sf == "ue8m0_requant"  ? ScaleFormat::kUe8m0Requant
+                   : sf == "ue8m0"          ? ScaleFormat::kUe8m0
                    : sf == "deepgemm_ue8m0" ? ScaleFormat::kDeepGemmUe8m0
-                                           : ScaleFormat::kCheckpoint;
+                                            : ScaleFormat::kCheckpoint;
   e.nvfp4_activation = c.Enum("nvfp4_activation") == "w4a16" ? Nvfp4Activation::kW4a16 : Nvfp4Activation::kW4a4;
   e.kv_cache_dtype = c.Enum("kv_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
   const std::string act = c.Enum("activation_dtype");
-  e.activation_dtype = act == "bf16" ? ActivationDType::kBf16 : act == "fp16" ? ActivationDType::kF16 : ActivationDType::kF32;
+  e.activation_dtype = act == "bf16"   ? ActivationDType::kBf16
+                       : act == "fp16" ? ActivationDType::kF16
+                                       : ActivationDType::kF32;
   e.mla_decode = c.Enum("mla_decode") == "absorbed" ? MlaDecode::kAbsorbed : MlaDecode::kNaive;
   e.dsa_decode = c.Enum("dsa_decode") == "tiled64" ? DsaDecode::kTiled64 : DsaDecode::kReference;
   e.index_cache_dtype = c.Enum("index_cache_dtype") == "fp8_e4m3" ? KvCacheDType::kFp8E4m3 : KvCacheDType::kBf16;
   e.page_size = static_cast<int>(c.Int("page_size"));
   e.mem_fraction_static = c.Float("mem_fraction_static");
   e.cuda_graph_max_bs = static_cast<int>(c.Int("cuda_graph_max_bs"));
-  e.sampling_backend = c.Enum("sampling_backend") == "threshold" ? SamplingBackend::kThreshold
-                                                                 : SamplingBackend::kSorted;
+  e.sampling_backend =
+      c.Enum("sampling_backend") == "threshold" ? SamplingBackend::kThreshold : SamplingBackend::kSorted;
   const std::string& rc = c.Enum("rope_config");
   e.rope_config = rc == "legacy"            ? RopeConfig::kLegacy
                   : rc == "rope_parameters" ? RopeConfig::kRopeParameters
@@ -426,8 +426,9 @@ EngineConfig ResolveConfig(const Config& c) {
   e.moe_kernel = c.Enum("moe_kernel");
   e.shared_experts_fusion = c.Bool("shared_experts_fusion");
   const std::string& w = c.Enum("weights");
-  e.weights = w == "resident" ? WeightResidency::kResident : w == "stream" ? WeightResidency::kStream
-                                                                          : WeightResidency::kAuto;
+  e.weights = w == "resident" ? WeightResidency::kResident
+              : w == "stream" ? WeightResidency::kStream
+                              : WeightResidency::kAuto;
   return e;
 }
 

@@ -155,9 +155,8 @@ CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64
       return lane;
     });
     const float inv = ExpInPlace(p, len);
-    WeightedSum(p, len, groups, inv, o.out + rt * qd + h * hd, all, [&](int64_t j, int64_t c) CR_LAMBDA_INLINE {
-      return DecodeKv<kFp8>(kv.v, offs[j] + 8 * c);
-    });
+    WeightedSum(p, len, groups, inv, o.out + rt * qd + h * hd, all,
+                [&](int64_t j, int64_t c) CR_LAMBDA_INLINE { return DecodeKv<kFp8>(kv.v, offs[j] + 8 * c); });
   }
 }
 
@@ -202,9 +201,8 @@ CR_SIMD_INLINE void MlaTask(const MlaAttentionOp& o, int64_t r, int64_t t, int64
     return lane;
   });
   const float inv = ExpInPlace(p, n);
-  WeightedSum(p, n, o.v_dim / 8, inv, out, valid, [&](int64_t i, int64_t c) CR_LAMBDA_INLINE {
-    return Load8(kv + pos[i] * kvw + o.nope + 8 * c);
-  });
+  WeightedSum(p, n, o.v_dim / 8, inv, out, valid,
+              [&](int64_t i, int64_t c) CR_LAMBDA_INLINE { return Load8(kv + pos[i] * kvw + o.nope + 8 * c); });
 }
 
 // ---- the absorbed query (MlaQAbsorbOp) ----------------------------------------
@@ -397,8 +395,8 @@ bool LaunchLatentAttentionFast(const LatentAttentionOp& o, CpuPool& pool, CpuIsa
   *status = KernelStatus{};
   const int64_t T = o.batch.tokens, W = o.topk_width, qd = o.kv_lora + o.rope;
   if (isa == CpuIsa::kReference || o.variant != static_cast<int32_t>(LatentAttention::kSparseReference) ||
-      o.topk == nullptr || o.ranks <= 0 || o.heads <= 0 || T <= 0 || W <= 0 || o.kv_lora <= 0 ||
-      o.kv_lora % 8 != 0 || o.rope < 0 || qd % 8 != 0) {
+      o.topk == nullptr || o.ranks <= 0 || o.heads <= 0 || T <= 0 || W <= 0 || o.kv_lora <= 0 || o.kv_lora % 8 != 0 ||
+      o.rope < 0 || qd % 8 != 0) {
     return false;
   }
   // Every index must be padding or a position of its sequence whose page

@@ -271,8 +271,7 @@ CR_SIMD_INLINE f32x8 LookupE2m1(const uint8_t* group, const float* t16) {
     }
   } else {
     alignas(32) float v[8];
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < 8; ++j) v[j] = t16[(word >> (4 * j)) & 0xfu];
+    _Pragma("GCC unroll 16") for (int j = 0; j < 8; ++j) v[j] = t16[(word >> (4 * j)) & 0xfu];
     return Load8(v);
   }
 }
@@ -382,12 +381,10 @@ template <int MR, int NR>
 CR_SIMD_INLINE void BlockUpdate(bool token_scales, const f32x8 (&lane)[MR][NR], f32x8 rv, f32x8 tv,
                                 float (&acc)[MR * NR]) {
   constexpr int kN = MR * NR;
-  _Pragma("GCC unroll 16")
-  for (int k0 = 0; k0 < kN; k0 += 8) {
+  _Pragma("GCC unroll 16") for (int k0 = 0; k0 < kN; k0 += 8) {
     f32x8 v[8];
     i32x8 ri, ti;
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < 8; ++j) {
+    _Pragma("GCC unroll 16") for (int j = 0; j < 8; ++j) {
       const int k = k0 + j < kN ? k0 + j : 0;
       v[j] = k0 + j < kN ? lane[k / NR][k % NR] : Zero8();
       ri[j] = k / NR;
@@ -397,8 +394,7 @@ CR_SIMD_INLINE void BlockUpdate(bool token_scales, const f32x8 (&lane)[MR][NR], 
     const f32x8 m = token_scales ? r * __builtin_shuffle(tv, ti) : r;
     const f32x8 sums = LaneSums8(v);
     alignas(32) float a[8];
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < 8; ++j) a[j] = k0 + j < kN ? acc[k0 + j] : 0.0f;
+    _Pragma("GCC unroll 16") for (int j = 0; j < 8; ++j) a[j] = k0 + j < kN ? acc[k0 + j] : 0.0f;
     Store8(a, Load8(a) + sums * m);
     for (int j = 0; j < 8 && k0 + j < kN; ++j) acc[k0 + j] = a[j];
   }
@@ -410,8 +406,8 @@ CR_SIMD_INLINE void FinalSums(const f32x8 (&lane)[MR][NR], float (&out)[MR * NR]
   constexpr int kN = MR * NR;
   for (int k0 = 0; k0 < kN; k0 += 8) {
     f32x8 v[8];
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < 8; ++j) v[j] = k0 + j < kN ? lane[(k0 + j) / NR][(k0 + j) % NR] : Zero8();
+    _Pragma("GCC unroll 16") for (int j = 0; j < 8; ++j) v[j] =
+        k0 + j < kN ? lane[(k0 + j) / NR][(k0 + j) % NR] : Zero8();
     alignas(32) float s[8];
     Store8(s, LaneSums8(v));
     for (int j = 0; j < 8 && k0 + j < kN; ++j) out[k0 + j] = s[j];
@@ -420,10 +416,8 @@ CR_SIMD_INLINE void FinalSums(const f32x8 (&lane)[MR][NR], float (&out)[MR * NR]
 
 template <int MR, int NR>
 CR_SIMD_INLINE void ZeroLanes(f32x8 (&lane)[MR][NR]) {
-  _Pragma("GCC unroll 16")
-  for (int i = 0; i < MR; ++i)
-    _Pragma("GCC unroll 16")
-    for (int t = 0; t < NR; ++t) lane[i][t] = Zero8();
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t)
+      lane[i][t] = Zero8();
 }
 
 // y[t][row] = v (* alpha) (+ bias[row]) for the tile's valid rows and tokens.
@@ -445,11 +439,9 @@ CR_SIMD_INLINE void WriteTile(const DotJob& j, const Plan& p, int64_t row0, int 
 // lane[i][t] += w[i] * x[t][group g] for the tile's rows and tokens.
 template <int MR, int NR>
 CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x, int64_t g, f32x8 (&lane)[MR][NR]) {
-  _Pragma("GCC unroll 16")
-  for (int t = 0; t < NR; ++t) {
+  _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
     const f32x8 xv = Load8(x[t] + 8 * g);
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
   }
 }
 
@@ -461,15 +453,15 @@ CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x,
 // a llama decode step ran 14% slower, 2 and 6 tiles measured no better).
 template <class W, int MR, int NR>
 CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
-                                const float* const* x, int64_t g, uintptr_t ahead, uintptr_t far, f32x8 (&lane)[MR][NR]) {
+                                const float* const* x, int64_t g, uintptr_t ahead, uintptr_t far,
+                                f32x8 (&lane)[MR][NR]) {
   constexpr int64_t kAheadBytes = MR * W::kGroupBytes;
   for (int64_t off = 0; off < kAheadBytes; off += 64) {
     __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
     __builtin_prefetch(reinterpret_cast<const void*>(far + static_cast<uintptr_t>(g * kAheadBytes + off)), 0, 1);
   }
   f32x8 w[MR];
-  _Pragma("GCC unroll 16")
-  for (int i = 0; i < MR; ++i) w[i] = terms.AtFull(base[i], g, blk[i]);
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.AtFull(base[i], g, blk[i]);
   AccumulateGroup<MR, NR>(w, x, g, lane);
 }
 
@@ -483,16 +475,15 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
   const int64_t gf = std::min(g1, terms.full);
   if constexpr (kGpb > 0) {
     if (gf - g0 == kGpb) {
-      _Pragma("GCC unroll 16")
-      for (int k = 0; k < kGpb; ++k) DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
+      _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; ++k)
+          DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
       return;
     }
   }
   for (int64_t g = g0; g < gf; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, far, lane);
   for (int64_t g = std::max(g0, gf); g < g1; ++g) {
     f32x8 w[MR];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
     AccumulateGroup<MR, NR>(w, x, g, lane);
   }
 }
@@ -506,8 +497,8 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
 // kGpb > 0: the plan's blocks are kGpb groups (NVFP4 16 columns: 2, MXFP4
 // 32: 4).
 template <class W, int MR, int NR, int kGpb>
-CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, int64_t row0, int valid,
-                               const float* rs, const float* mv, int64_t nb, int64_t t0) {
+CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, int64_t row0, int valid, const float* rs,
+                               const float* mv, int64_t nb, int64_t t0) {
   const int64_t groups = (terms.w->cols + 7) / 8;
   const float* const* x = j.x + t0;
   f32x8 lane[MR][NR];
@@ -516,8 +507,7 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
   RowRef rows[MR];
   const void* base[MR];
   int64_t row[MR];
-  _Pragma("GCC unroll 16")
-  for (int i = 0; i < MR; ++i) {
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
     row[i] = row0 + std::min(i, valid - 1);
     rows[i] = terms.Row(row[i], rs != nullptr ? rs + i * nb : nullptr);
     base[i] = terms.RowBase(row[i]);
@@ -532,8 +522,7 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
     for (int64_t b = 0; b < blocks; ++b) {
       ZeroLanes(lane);
       typename W::Block blk[MR];
-      _Pragma("GCC unroll 16")
-      for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
       DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, far, lane);
       acc = acc + LaneSums8(&lane[0][0]) * Load8(mv + 8 * b);
     }
@@ -542,8 +531,7 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
     ZeroLanes(lane);
     for (int64_t b = 0; b < blocks; ++b) {
       typename W::Block blk[MR];
-      _Pragma("GCC unroll 16")
-      for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
       DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, far, lane);
     }
     FinalSums<MR, NR>(lane, out);
@@ -586,28 +574,25 @@ CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, i
   for (int64_t r = r0; r < r1; r += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
     if (need_rs) {
-      _Pragma("GCC unroll 16")
-      for (int i = 0; i < kRows; ++i) RowScalesV(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
+      _Pragma("GCC unroll 16") for (int i = 0; i < kRows; ++i)
+          RowScalesV(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
     }
     if constexpr (W::kBlocks) {
       int64_t b = 0;
       if constexpr (NR == 1) {  // 8 rows: transpose 8 x 8 blocks of the row scales
         for (; b + 8 <= nb; b += 8) {
           f32x8 v[8];
-          _Pragma("GCC unroll 8")
-          for (int i = 0; i < 8; ++i) v[i] = Load8(rs + i * nb + b);
+          _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) v[i] = Load8(rs + i * nb + b);
           Transpose8x8(v);
-          _Pragma("GCC unroll 8")
-          for (int k = 0; k < 8; ++k) {
+          _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
             Store8(mv + 8 * (b + k), p.token_scales ? v[k] * Splat(xs[0][b + k]) : v[k]);
           }
         }
       }
       for (; b < nb; ++b) {
-        _Pragma("GCC unroll 16")
-        for (int i = 0; i < kRows; ++i) {
-          _Pragma("GCC unroll 16")
-          for (int t = 0; t < NR; ++t) mv[8 * b + i * NR + t] = Multiplier(p, rs + i * nb, xs, t, b);
+        _Pragma("GCC unroll 16") for (int i = 0; i < kRows; ++i) {
+          _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) mv[8 * b + i * NR + t] =
+              Multiplier(p, rs + i * nb, xs, t, b);
         }
       }
     }
@@ -652,8 +637,8 @@ template <int NR>
 CR_SIMD_INLINE void PackB(const float* const* x, int tokens, int64_t g0, int64_t g1, float* bp) {
   for (int64_t g = g0; g < g1; ++g) {
     float* dst = bp + (g - g0) * NR * 8;
-    _Pragma("GCC unroll 16")
-    for (int t = 0; t < NR; ++t) Store8(dst + t * 8, t < tokens ? Load8(x[t] + 8 * g) : Zero8());
+    _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t)
+        Store8(dst + t * 8, t < tokens ? Load8(x[t] + 8 * g) : Zero8());
   }
 }
 
@@ -663,8 +648,7 @@ CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t group
   for (int64_t g = 0; g < groups; ++g, ap += MR * 8, bp += NR * 8) {
     f32x8 w[MR];
     for (int i = 0; i < MR; ++i) w[i] = Load8(ap + i * 8);
-    _Pragma("GCC unroll 16")
-    for (int t = 0; t < NR; ++t) {
+    _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
       const f32x8 xv = Load8(bp + t * 8);
       for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
     }
@@ -684,14 +668,12 @@ CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, 
   if constexpr (!kBlocked) {
     if (!first) {
       for (int i = 0; i < MR; ++i)
-        _Pragma("GCC unroll 16")
-        for (int t = 0; t < NR; ++t) lane[i][t] = Load8(state + (i * NR + t) * 8);
+        _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) lane[i][t] = Load8(state + (i * NR + t) * 8);
     }
     PackedGroups<MR, NR>(ap, bp, g1 - g0, lane);
     if (!last) {
       for (int i = 0; i < MR; ++i)
-        _Pragma("GCC unroll 16")
-        for (int t = 0; t < NR; ++t) Store8(state + (i * NR + t) * 8, lane[i][t]);
+        _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) Store8(state + (i * NR + t) * 8, lane[i][t]);
       return;
     }
     FinalSums<MR, NR>(lane, acc);
@@ -827,7 +809,7 @@ CR_SIMD_INLINE void PackedRows(const DotJob& j, const Plan& p, const W& terms, i
         const int64_t row0 = r0 + m * kMR;
         const int rows = static_cast<int>(std::min<int64_t>(kMR, r1 - row0));
         PackA<W, kMR>(terms, p, row0, rows, need_rs ? rs + (row0 - r0) * nb : nullptr, nb, a.g0, a.g1,
-                 ap + m * cg * kMR * 8);
+                      ap + m * cg * kMR * 8);
       }
 #if defined(__x86_64__)
       if constexpr (W::kIsa == kIsaAvx512) {
@@ -902,8 +884,7 @@ CR_SIMD_INLINE void PrimitivesBody(WFormat f, const void* data, int64_t i0, cons
   Store8(out, v);
   Store8(out + 8, RoundBf16(Load8(round_in)));
   f32x8 l[8];
-  _Pragma("GCC unroll 16")
-  for (int k = 0; k < 8; ++k) l[k] = Load8(lanes_in + 8 * k);
+  _Pragma("GCC unroll 16") for (int k = 0; k < 8; ++k) l[k] = Load8(lanes_in + 8 * k);
   Store8(out + 16, LaneSums8(l));
 }
 

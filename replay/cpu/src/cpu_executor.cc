@@ -9,10 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#include "crashreplay/base/text.h"
 #include "crashreplay/replay/cpu/cpu_kernels.h"
 #include "crashreplay/replay/cpu/cpu_pool.h"
 #include "crashreplay/replay/kernels/executor.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {

@@ -102,7 +102,8 @@ class MoeRun {
     // 2. gate and up.
     std::vector<Item> items;
     for (size_t gi = 0; gi < groups.size(); ++gi) {
-      for (int which = 0; which < 2; ++which) AddItems(static_cast<int64_t>(gi), which, groups[gi].e->gate.rows, &items);
+      for (int which = 0; which < 2; ++which)
+        AddItems(static_cast<int64_t>(gi), which, groups[gi].e->gate.rows, &items);
     }
     Pointers p = Gather();
     RunItems(pool, items, p);
@@ -154,7 +155,8 @@ class MoeRun {
   float* Q(int64_t s) { return AS(s) + nbm_; }
 
   void AddItems(int64_t group, int which, int64_t rows, std::vector<Item>* items) const {
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) items->push_back(Item{group, which, r0, std::min(rows, r0 + kRowBlock)});
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
+      items->push_back(Item{group, which, r0, std::min(rows, r0 + kRowBlock)});
   }
 
   Pointers Gather() {

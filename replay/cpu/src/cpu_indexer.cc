@@ -26,7 +26,8 @@ float* IndexerScratch(int64_t n) {
 // Runs the items of rank r, each on one thread's scratch.
 void RunRank(const IndexerOp& o, int64_t r, CpuPool& pool) {
   const int64_t T = o.batch.tokens, scratch = ScratchFloats(o);
-  pool.Launch(T, [&o, r, T, scratch](int64_t t, KernelStatus* st) { RunItem(o, r * T + t, IndexerScratch(scratch), st); });
+  pool.Launch(T,
+              [&o, r, T, scratch](int64_t t, KernelStatus* st) { RunItem(o, r * T + t, IndexerScratch(scratch), st); });
 }
 
 }  // namespace

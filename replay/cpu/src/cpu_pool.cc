@@ -42,8 +42,7 @@ int ThreadsFromEnv() {
   return t >= 1 && t <= 256 ? t : 1;
 }
 
-void RunRange(const std::function<void(int64_t, KernelStatus*)>& body, int64_t begin, int64_t end,
-              KernelStatus* st) {
+void RunRange(const std::function<void(int64_t, KernelStatus*)>& body, int64_t begin, int64_t end, KernelStatus* st) {
   for (int64_t i = begin; i < end && !st->fired; ++i) body(i, st);
 }
 
@@ -103,8 +102,9 @@ CpuPool::CpuPool(int threads) : threads_(threads > 0 ? threads : ThreadsFromEnv(
       Impl& im = *impl_;
       uint64_t seen = 0;
       for (;;) {
-        auto launched = [&] { return im.stop.load(std::memory_order_acquire) ||
-                                     im.generation.load(std::memory_order_acquire) != seen; };
+        auto launched = [&] {
+          return im.stop.load(std::memory_order_acquire) || im.generation.load(std::memory_order_acquire) != seen;
+        };
         if (!SpinFor(launched)) {
           std::unique_lock<std::mutex> lock(im.mu);
           im.cv_work.wait(lock, launched);

@@ -20,7 +20,9 @@ absl::Status CudaStatus(cudaError_t e, std::string_view what) {
   const std::string msg = Cat(what, " failed: ", CudaErrorText(e));
   if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
   if (IsNoDevice(e)) {
-    return absl::InvalidArgumentError(Cat("no CUDA device: ", msg, "; use the CPU backend instead (device=cpu, the default: `--set device=cpu`, or `devices --device cpu`)"));
+    return absl::InvalidArgumentError(
+        Cat("no CUDA device: ", msg,
+            "; use the CPU backend instead (device=cpu, the default: `--set device=cpu`, or `devices --device cpu`)"));
   }
   return absl::InternalError(msg);
 }

@@ -22,8 +22,8 @@ bool IsNoDevice(cudaError_t e);
 
 }  // namespace crashreplay::replay::cuda
 
-#define CR_CUDA_RETURN_IF_ERROR(call)                                           \
-  do {                                                                         \
-    const cudaError_t cr_cuda_err_ = (call);                                   \
+#define CR_CUDA_RETURN_IF_ERROR(call)                                                                     \
+  do {                                                                                                    \
+    const cudaError_t cr_cuda_err_ = (call);                                                              \
     if (cr_cuda_err_ != cudaSuccess) return ::crashreplay::replay::cuda::CudaStatus(cr_cuda_err_, #call); \
   } while (0)

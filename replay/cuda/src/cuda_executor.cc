@@ -4,10 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include "crashreplay/base/text.h"
 #include "crashreplay/replay/cuda/device_pool.h"
 #include "cuda_error.h"
 #include "op_kernels.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 
@@ -25,7 +25,10 @@ absl::StatusOr<int> DeviceCount() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) return CudaStatus(e, "cudaGetDeviceCount");
-  if (n == 0) return absl::InvalidArgumentError("no CUDA device: cudaGetDeviceCount found 0 devices; use the CPU backend instead (device=cpu, the default: `--set device=cpu`, or `devices --device cpu`)");
+  if (n == 0)
+    return absl::InvalidArgumentError(
+        "no CUDA device: cudaGetDeviceCount found 0 devices; use the CPU backend instead (device=cpu, the default: "
+        "`--set device=cpu`, or `devices --device cpu`)");
   return n;
 }
 

@@ -6,8 +6,8 @@
 #include <cuda_runtime.h>
 
 #include "crashreplay/base/status.h"
-#include "cuda_error.h"
 #include "crashreplay/base/text.h"
+#include "cuda_error.h"
 
 namespace crashreplay::replay::cuda {
 
@@ -96,8 +96,8 @@ absl::StatusOr<std::unique_ptr<DecodeGraphs>> CaptureDecodeGraphs(CudaExecutor& 
   // The planner's reservation split back into its parts (planner.h):
   // per-graph private memory, and one pool shared by all graphs.
   const uint64_t per_graph = static_cast<uint64_t>(std::llround(kPerGraphBytes * config.device_memory_scale));
-  const uint64_t shared_pool = plan.graph_reservation - std::min<uint64_t>(plan.graph_reservation,
-                                                                           per_graph * sizes.size());
+  const uint64_t shared_pool =
+      plan.graph_reservation - std::min<uint64_t>(plan.graph_reservation, per_graph * sizes.size());
   bool first = true;
   for (int bs : sizes) {
     CR_RETURN_IF_ERROR(exec.BeginCapture());

@@ -6,7 +6,6 @@ namespace crashreplay::replay {
 
 using text::Cat;
 
-
 const char* OpKindName(OpKind k) {
   switch (k) {
     case OpKind::kEmbedding: return "embedding";

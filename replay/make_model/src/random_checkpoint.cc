@@ -7,20 +7,20 @@
 #include <thread>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/formats/block_quant.h"
 #include "crashreplay/formats/hf_config.h"
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/formats/safetensors_writer.h"
+#include "crashreplay/replay/cpu/cpu_pool.h"
 #include "crashreplay/replay/kernels/elementwise.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/kernels/sampling.h"
 #include "crashreplay/replay/model/checkpoint_io.h"
-#include "crashreplay/replay/cpu/cpu_pool.h"
 #include "crashreplay/replay/model/model.h"
 #include "crashreplay/replay/program/step.h"
-#include "streamed_safetensors.h"
-#include "crashreplay/base/text.h"
 #include "crashreplay/replay/session/backends.h"
+#include "streamed_safetensors.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -68,7 +68,9 @@ int64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-uint64_t TensorByteSize(const PlannedTensor& t) { return DTypeBytes(t.dtype, static_cast<uint64_t>(Elements(t.shape))); }
+uint64_t TensorByteSize(const PlannedTensor& t) {
+  return DTypeBytes(t.dtype, static_cast<uint64_t>(Elements(t.shape)));
+}
 
 // Where the generator's tensors go. Begin() declares the next tensor, in
 // generation order; Write() gives bytes [offset, offset + n) of the tensor
@@ -248,7 +250,8 @@ class Generator {
     bytes_ += static_cast<int64_t>(n);
     if (!draw_) return absl::OkStatus();
     if (v.size() * sizeof(T) != n) {
-      return absl::InternalError(Cat("make-model: tensor '", t.name, "' has ", v.size() * sizeof(T), " bytes, not ", n));
+      return absl::InternalError(
+          Cat("make-model: tensor '", t.name, "' has ", v.size() * sizeof(T), " bytes, not ", n));
     }
     CR_RETURN_IF_ERROR(sink_->Write(0, {reinterpret_cast<const uint8_t*>(v.data()), n}));
     Report();
@@ -279,10 +282,11 @@ class Generator {
       const int64_t p1 = std::min(out, p0 + piece);
       const uint64_t base = first + static_cast<uint64_t>(p0 * in);
       ForRowChunks(*pool_, p1 - p0, in, 1, [&](int64_t r0, int64_t r1) {
-        for (int64_t i = r0 * in; i < r1 * in; ++i) buf[i] = FloatToBf16(NormalAt(seed, base + static_cast<uint64_t>(i)) * s);
+        for (int64_t i = r0 * in; i < r1 * in; ++i)
+          buf[i] = FloatToBf16(NormalAt(seed, base + static_cast<uint64_t>(i)) * s);
       });
-      CR_RETURN_IF_ERROR(sink_->Write(static_cast<uint64_t>(p0 * in * 2),
-                                      {reinterpret_cast<const uint8_t*>(buf.data()), static_cast<size_t>((p1 - p0) * in * 2)}));
+      CR_RETURN_IF_ERROR(sink_->Write(static_cast<uint64_t>(p0 * in * 2), {reinterpret_cast<const uint8_t*>(buf.data()),
+                                                                           static_cast<size_t>((p1 - p0) * in * 2)}));
       Report();
     }
     return absl::OkStatus();
@@ -338,7 +342,8 @@ class Generator {
         return Put(t[1], scale);
       }
       case QuantKind::kFp8Tensor: {  // ModelOpt FP8: one scale, amax / 448
-        const std::vector<PlannedTensor> t = {{name, DType::kF8E4M3, {out, in}}, {base + ".weight_scale", DType::kF32, {}}};
+        const std::vector<PlannedTensor> t = {{name, DType::kF8E4M3, {out, in}},
+                                              {base + ".weight_scale", DType::kF32, {}}};
         if (!draw_) return Declare(t);
         float amax = 0.0f;
         for (float v : w) amax = AbsMaxAccumulate(amax, v);
@@ -501,7 +506,8 @@ absl::StatusOr<HostTensor> PromptEmbedding(const HostTensor& embed, const std::v
   const size_t row = bytes.size() / static_cast<size_t>(embed.shape[0]);
   std::vector<uint8_t> out(tokens.size() * row);
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= embed.shape[0]) return absl::InternalError("make-model: calibration token out of range");
+    if (tokens[i] < 0 || tokens[i] >= embed.shape[0])
+      return absl::InternalError("make-model: calibration token out of range");
     std::memcpy(out.data() + i * row, bytes.data() + static_cast<size_t>(tokens[i]) * row, row);
   }
   return HostTensor{embed.dtype, {static_cast<int64_t>(tokens.size()), embed.shape[1]}, std::move(out)};
@@ -540,7 +546,8 @@ absl::StatusOr<std::map<std::string, float>> CalibrateInputScales(const ModelSpe
 
   EngineConfig cfg;
   cfg.nvfp4_activation = Nvfp4Activation::kW4a16;
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(cal, cal_tensors, cfg, {.stream = stream, .hash = false}));
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                      BuildModel(cal, cal_tensors, cfg, {.stream = stream, .hash = false}));
   StepInput in;
   in.rows.resize(1);
   StepRow& row = in.rows[0];
@@ -703,7 +710,8 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
     // transformers sets head_dim to the rope part: RoPE reads it.
     s.head_dim = m.qk_rope_head_dim;
     if (o.arch != "deepseek_v3") {
-      if (m.q_lora_rank <= 0) return absl::InvalidArgumentError(Cat("make-model: ", o.arch, " needs --q-lora-rank > 0"));
+      if (m.q_lora_rank <= 0)
+        return absl::InvalidArgumentError(Cat("make-model: ", o.arch, " needs --q-lora-rank > 0"));
       m.index_n_heads = o.index_n_heads;
       m.index_head_dim = o.index_head_dim;
       m.index_topk = o.index_topk;
@@ -715,8 +723,8 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
         m.index_full_layers.push_back(ch == 'F');
       }
       if (!o.index_pattern.empty() && static_cast<int64_t>(o.index_pattern.size()) != s.layers) {
-        return absl::InvalidArgumentError(Cat("make-model: --index-pattern has ", o.index_pattern.size(),
-                                              " letters for ", s.layers, " layers"));
+        return absl::InvalidArgumentError(
+            Cat("make-model: --index-pattern has ", o.index_pattern.size(), " letters for ", s.layers, " layers"));
       }
       if (m.index_head_dim < m.qk_rope_head_dim) {
         return absl::InvalidArgumentError("make-model: --index-head-dim must hold the qk rope dims");
@@ -778,17 +786,19 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
                       "model.layers.*.mlp.gate"};
   }
   if (s.heads % s.kv_heads != 0) {
-    return absl::InvalidArgumentError(Cat("make-model: --heads ", s.heads, " is not a multiple of --kv-heads ", s.kv_heads));
+    return absl::InvalidArgumentError(
+        Cat("make-model: --heads ", s.heads, " is not a multiple of --kv-heads ", s.kv_heads));
   }
   if (s.is_moe() && (s.num_experts % s.n_group != 0 || s.topk_group > s.n_group || s.experts_per_tok > kMaxTopK)) {
-    return absl::InvalidArgumentError("make-model: experts must split evenly into --n-group groups, topk-group <= n-group");
+    return absl::InvalidArgumentError(
+        "make-model: experts must split evenly into --n-group groups, topk-group <= n-group");
   }
   const int64_t bc = s.quant_block_cols;
   const int64_t attn_in = s.mla.enabled() ? bc : s.heads * s.head_dim;  // MLA attention stays bf16 in fp4
   for (int64_t in : {s.hidden, attn_in, s.intermediate, s.is_moe() ? s.moe_intermediate : bc}) {
     if (s.quant != QuantKind::kFp8Block && in % bc != 0) {
-      return absl::InvalidArgumentError(Cat("make-model: input dimension ", in, " is not a multiple of the ",
-                                            o.quant, " block of ", bc));
+      return absl::InvalidArgumentError(
+          Cat("make-model: input dimension ", in, " is not a multiple of the ", o.quant, " block of ", bc));
     }
   }
   return s;

@@ -11,9 +11,9 @@
 #include <filesystem>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/formats/safetensors_dtype.h"
 #include "crashreplay/formats/safetensors_writer.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -28,7 +28,8 @@ absl::Status ErrnoError(int err, const std::string& what) {
 }
 
 bool PlainJson(const std::string& s) {
-  return std::none_of(s.begin(), s.end(), [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; });
+  return std::none_of(s.begin(), s.end(),
+                      [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; });
 }
 
 std::string JoinDims(const std::vector<int64_t>& shape) {
@@ -120,7 +121,8 @@ absl::StatusOr<std::unique_ptr<StreamedSafetensors>> StreamedSafetensors::Create
     }
   }
   for (const auto& [k, v] : metadata) {
-    if (!PlainJson(k) || !PlainJson(v)) return absl::InvalidArgumentError("streamed safetensors: metadata needs escaping");
+    if (!PlainJson(k) || !PlainJson(v))
+      return absl::InvalidArgumentError("streamed safetensors: metadata needs escaping");
   }
   // The greedy fill of SafetensorsWriter::WriteSharded.
   std::vector<std::vector<const PlannedTensor*>> groups;
@@ -160,8 +162,9 @@ absl::StatusOr<std::unique_ptr<StreamedSafetensors>> StreamedSafetensors::Create
     s.tmp = Cat(s.path, ".tmp-", ::getpid());
     // The header of SafetensorsWriter::Serialize.
     std::vector<const PlannedTensor*> order = groups[i];
-    std::stable_sort(order.begin(), order.end(),
-                     [](const PlannedTensor* a, const PlannedTensor* b) { return safetensors_dtype::LayoutRank(a->dtype) > safetensors_dtype::LayoutRank(b->dtype); });
+    std::stable_sort(order.begin(), order.end(), [](const PlannedTensor* a, const PlannedTensor* b) {
+      return safetensors_dtype::LayoutRank(a->dtype) > safetensors_dtype::LayoutRank(b->dtype);
+    });
     std::string header = "{";
     if (!metadata.empty()) {
       header += "\"__metadata__\":{";
@@ -176,8 +179,8 @@ absl::StatusOr<std::unique_ptr<StreamedSafetensors>> StreamedSafetensors::Create
     for (const PlannedTensor* t : order) {
       Place& p = w->places_[t->name];
       if (header.size() > 1) header += ",";
-      header += Cat("\"", t->name, "\":{\"dtype\":\"", safetensors_dtype::Name(t->dtype), "\",\"shape\":[", JoinDims(t->shape),
-                    "],\"data_offsets\":[", offset, ",", offset + p.bytes, "]}");
+      header += Cat("\"", t->name, "\":{\"dtype\":\"", safetensors_dtype::Name(t->dtype), "\",\"shape\":[",
+                    JoinDims(t->shape), "],\"data_offsets\":[", offset, ",", offset + p.bytes, "]}");
       p.shard = i;
       p.offset = offset;  // made absolute below
       offset += p.bytes;
@@ -196,7 +199,8 @@ absl::StatusOr<std::unique_ptr<StreamedSafetensors>> StreamedSafetensors::Create
     if (::fallocate(fd, 0, 0, static_cast<off_t>(s.size)) != 0) {
       const int err = errno;
       if (err == ENOSPC || err == EDQUOT) {
-        return absl::ResourceExhaustedError(Cat("no space for '", s.path, "' (", s.size, " bytes): ", std::strerror(err)));
+        return absl::ResourceExhaustedError(
+            Cat("no space for '", s.path, "' (", s.size, " bytes): ", std::strerror(err)));
       }
       if (::ftruncate(fd, static_cast<off_t>(s.size)) != 0) return ErrnoError(errno, Cat("cannot size '", s.tmp, "'"));
     }
@@ -216,11 +220,12 @@ StreamedSafetensors::~StreamedSafetensors() {
 
 absl::Status StreamedSafetensors::Check(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const {
   auto it = places_.find(name);
-  if (it == places_.end()) return absl::InvalidArgumentError(Cat("streamed safetensors: tensor '", name, "' was not planned"));
+  if (it == places_.end())
+    return absl::InvalidArgumentError(Cat("streamed safetensors: tensor '", name, "' was not planned"));
   if (it->second.dtype != dtype || it->second.shape != shape) {
     return absl::InvalidArgumentError(Cat("streamed safetensors: tensor '", name, "' was planned as ",
-                                          DTypeName(it->second.dtype), " [", JoinDims(it->second.shape), "], written as ",
-                                          DTypeName(dtype), " [", JoinDims(shape), "]"));
+                                          DTypeName(it->second.dtype), " [", JoinDims(it->second.shape),
+                                          "], written as ", DTypeName(dtype), " [", JoinDims(shape), "]"));
   }
   return absl::OkStatus();
 }
@@ -228,7 +233,8 @@ absl::Status StreamedSafetensors::Check(const std::string& name, DType dtype, co
 absl::Status StreamedSafetensors::Write(const std::string& name, uint64_t offset, std::span<const uint8_t> bytes) {
   if (committed_) return absl::FailedPreconditionError("streamed safetensors: written after Commit");
   auto it = places_.find(name);
-  if (it == places_.end()) return absl::InvalidArgumentError(Cat("streamed safetensors: tensor '", name, "' was not planned"));
+  if (it == places_.end())
+    return absl::InvalidArgumentError(Cat("streamed safetensors: tensor '", name, "' was not planned"));
   const Place& p = it->second;
   if (offset > p.bytes || bytes.size() > p.bytes - offset) {
     return absl::InvalidArgumentError(Cat("streamed safetensors: bytes [", offset, ", ", offset + bytes.size(),
@@ -245,8 +251,8 @@ TensorSet StreamedSafetensors::Tensors() const {
     HostTensor t;
     t.dtype = p.dtype;
     t.shape = p.shape;
-    t.bytes = TensorBytes::Deferred(
-        p.bytes, std::make_shared<FileRangeSource>(s.file, s.file->fd, p.offset, p.bytes, Cat("'", name, "' in ", s.tmp)));
+    t.bytes = TensorBytes::Deferred(p.bytes, std::make_shared<FileRangeSource>(s.file, s.file->fd, p.offset, p.bytes,
+                                                                               Cat("'", name, "' in ", s.tmp)));
     out.emplace(name, std::move(t));
   }
   return out;
@@ -258,7 +264,8 @@ absl::Status StreamedSafetensors::Commit() {
     if (::fsync(s.file->fd) != 0) return ErrnoError(errno, Cat("cannot flush '", s.tmp, "'"));
   }
   for (const Shard& s : shards_) {
-    if (::rename(s.tmp.c_str(), s.path.c_str()) != 0) return ErrnoError(errno, Cat("cannot rename '", s.tmp, "' to '", s.path, "'"));
+    if (::rename(s.tmp.c_str(), s.path.c_str()) != 0)
+      return ErrnoError(errno, Cat("cannot rename '", s.tmp, "' to '", s.path, "'"));
   }
   committed_ = true;
   if (shards_.size() == 1) return absl::OkStatus();

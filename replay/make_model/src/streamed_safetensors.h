@@ -54,10 +54,9 @@ class StreamedSafetensors {
  public:
   // Plans the shards of `tensors` (names unique, plain JSON: no quote,
   // backslash or control character) in `dir` and creates their files.
-  static absl::StatusOr<std::unique_ptr<StreamedSafetensors>> Create(const std::string& dir,
-                                                                     const std::vector<PlannedTensor>& tensors,
-                                                                     uint64_t max_shard_bytes,
-                                                                     const std::map<std::string, std::string>& metadata);
+  static absl::StatusOr<std::unique_ptr<StreamedSafetensors>> Create(
+      const std::string& dir, const std::vector<PlannedTensor>& tensors, uint64_t max_shard_bytes,
+      const std::map<std::string, std::string>& metadata);
   ~StreamedSafetensors();
   StreamedSafetensors(const StreamedSafetensors&) = delete;
   StreamedSafetensors& operator=(const StreamedSafetensors&) = delete;

@@ -1,17 +1,17 @@
 #include "crashreplay/replay/model/checkpoint_io.h"
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
-#include <fstream>
 #include <sstream>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/formats/checkpoint.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/kernels/router.h"
 #include "crashreplay/replay/model/weight_check.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -38,7 +38,7 @@ RopeSpec ToRopeSpec(const RopeConfig& r) {
 RopeConfig ToRopeConfig(const RopeSpec& r, RopeForm form, double partial) {
   RopeConfig c;
   c.form = form;
-  c.type = r.type == "linear" ? RopeType::kLinear
+  c.type = r.type == "linear"   ? RopeType::kLinear
            : r.type == "llama3" ? RopeType::kLlama3
            : r.type == "yarn"   ? RopeType::kYarn
                                 : RopeType::kDefault;
@@ -59,8 +59,8 @@ RopeConfig ToRopeConfig(const RopeSpec& r, RopeForm form, double partial) {
 }
 
 absl::Status CheckRopeImplemented(const ModelConfig& c) {
-  for (const RopeConfig* r : {&c.rope, c.rope_parameters ? &*c.rope_parameters : nullptr,
-                              c.rope_legacy ? &*c.rope_legacy : nullptr}) {
+  for (const RopeConfig* r :
+       {&c.rope, c.rope_parameters ? &*c.rope_parameters : nullptr, c.rope_legacy ? &*c.rope_legacy : nullptr}) {
     if (r == nullptr) continue;
     if (r->type != RopeType::kDefault && r->type != RopeType::kLinear && r->type != RopeType::kLlama3 &&
         r->type != RopeType::kYarn) {
@@ -77,13 +77,11 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
   ModelSpec s;
   s.model_type = c.model_type;
   if (c.shared_expert_intermediate_size > 0) {
-    return UnsupportedModelError(Cat(c.source,
-                                     ": qwen2_moe's gated shared expert (shared_expert_intermediate_size ",
+    return UnsupportedModelError(Cat(c.source, ": qwen2_moe's gated shared expert (shared_expert_intermediate_size ",
                                      c.shared_expert_intermediate_size, ") is not implemented"));
   }
   if (c.hidden_act != "silu") {
-    return UnsupportedModelError(Cat(c.source, ": hidden_act '", c.hidden_act,
-                                     "' is not implemented (silu)"));
+    return UnsupportedModelError(Cat(c.source, ": hidden_act '", c.hidden_act, "' is not implemented (silu)"));
   }
   CR_RETURN_IF_ERROR(CheckRopeImplemented(c));
   s.hidden = c.hidden_size;
@@ -153,8 +151,8 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
     s.first_k_dense = c.first_k_dense_replace;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) s.moe_layer_mask.push_back(c.IsMoeLayer(static_cast<int>(l)));
     if (s.experts_per_tok > kMaxTopK || s.num_experts > kMaxExperts || s.n_group > 4 * kMaxTopK) {
-      return UnsupportedModelError(Cat(c.source, ": MoE routing beyond the kernels' limits (top-k <= ",
-                                       kMaxTopK, ", experts <= ", kMaxExperts, ")"));
+      return UnsupportedModelError(Cat(c.source, ": MoE routing beyond the kernels' limits (top-k <= ", kMaxTopK,
+                                       ", experts <= ", kMaxExperts, ")"));
     }
   }
   s.quant_weight_only = c.quant.WeightOnly();
@@ -165,9 +163,7 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
       s.quant_block_rows = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[0] : 128;
       s.quant_block_cols = c.quant.weight_block_size.size() == 2 ? c.quant.weight_block_size[1] : 128;
       break;
-    case QuantMethod::kFp8Tensor:
-      s.quant = QuantKind::kFp8Tensor;
-      break;
+    case QuantMethod::kFp8Tensor: s.quant = QuantKind::kFp8Tensor; break;
     case QuantMethod::kNvfp4:
       s.quant = QuantKind::kNvfp4;
       s.quant_block_cols = c.quant.group_size > 0 ? c.quant.group_size : 16;
@@ -183,11 +179,16 @@ absl::StatusOr<ModelSpec> ModelSpecFromHfConfig(const ModelConfig& c) {
 ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
   ModelConfig c;
   c.model_type = s.model_type;
-  static const std::map<std::string, std::string> kArch = {
-      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"},   {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
-      {"glm4_moe", "Glm4MoeForCausalLM"},   {"deepseek_v3", "DeepseekV3ForCausalLM"},
-      {"deepseek_v32", "DeepseekV32ForCausalLM"}, {"glm_moe_dsa", "GlmMoeDsaForCausalLM"}};
+  static const std::map<std::string, std::string> kArch = {{"llama", "LlamaForCausalLM"},
+                                                           {"mistral", "MistralForCausalLM"},
+                                                           {"qwen2", "Qwen2ForCausalLM"},
+                                                           {"qwen3", "Qwen3ForCausalLM"},
+                                                           {"mixtral", "MixtralForCausalLM"},
+                                                           {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                                           {"glm4_moe", "Glm4MoeForCausalLM"},
+                                                           {"deepseek_v3", "DeepseekV3ForCausalLM"},
+                                                           {"deepseek_v32", "DeepseekV32ForCausalLM"},
+                                                           {"glm_moe_dsa", "GlmMoeDsaForCausalLM"}};
   if (kArch.count(s.model_type)) c.architectures = {kArch.at(s.model_type)};
   c.hidden_size = s.hidden;
   c.intermediate_size = s.intermediate;
@@ -221,14 +222,15 @@ ModelConfig HfConfigFromModelSpec(const ModelSpec& s) {
       for (uint8_t full : m.index_full_layers) c.indexer_types.push_back(full ? "full" : "shared");
     }
   }
-  if (s.rope_parameters) c.rope_parameters = ToRopeConfig(*s.rope_parameters, RopeForm::kRopeParameters, s.partial_rotary_factor);
+  if (s.rope_parameters)
+    c.rope_parameters = ToRopeConfig(*s.rope_parameters, RopeForm::kRopeParameters, s.partial_rotary_factor);
   if (s.rope_legacy) {
     c.rope_legacy = ToRopeConfig(*s.rope_legacy, RopeForm::kLegacy, s.partial_rotary_factor);
     c.rope_legacy->scaling_object = c.rope_legacy->scaling_object || s.rope_scaling_wins;
   }
   c.rope = c.rope_legacy && (c.rope_legacy->scaling_object || !c.rope_parameters) ? *c.rope_legacy
-           : c.rope_parameters                                                   ? *c.rope_parameters
-                                                                                 : ToRopeConfig(RopeSpec{}, RopeForm::kNone, s.partial_rotary_factor);
+           : c.rope_parameters                                                    ? *c.rope_parameters
+                               : ToRopeConfig(RopeSpec{}, RopeForm::kNone, s.partial_rotary_factor);
   if (s.is_moe()) {
     c.num_experts = s.num_experts;
     c.num_experts_per_tok = s.experts_per_tok;
@@ -282,7 +284,8 @@ namespace {
 // A tensor of a deferred checkpoint: mapped on its own when read.
 class MappedTensorSource final : public TensorSource {
  public:
-  MappedTensorSource(std::shared_ptr<const Checkpoint> ck, std::string name) : ck_(std::move(ck)), name_(std::move(name)) {}
+  MappedTensorSource(std::shared_ptr<const Checkpoint> ck, std::string name)
+      : ck_(std::move(ck)), name_(std::move(name)) {}
   absl::StatusOr<TensorBytes> Read() const override {
     CR_ASSIGN_OR_RETURN(std::shared_ptr<const TensorMapping> m, ck_->MapTensor(name_));
     const std::span<const std::byte> b = m->bytes();
@@ -302,8 +305,9 @@ absl::StatusOr<uint64_t> CheckpointFileBytes(const std::string& dir) {
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir, LoadOptions options) {
-  CR_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> opened,
-                      Checkpoint::Open(dir, options.deferred ? Checkpoint::Mode::kDeferred : Checkpoint::Mode::kMapped));
+  CR_ASSIGN_OR_RETURN(
+      std::unique_ptr<Checkpoint> opened,
+      Checkpoint::Open(dir, options.deferred ? Checkpoint::Mode::kDeferred : Checkpoint::Mode::kMapped));
   // The tensors view the mapped shards; the last of them to go unmaps them.
   const std::shared_ptr<const Checkpoint> ck = std::move(opened);
   if (ck->config_path().empty()) return absl::NotFoundError(Cat(dir, ": no config.json"));
@@ -328,12 +332,14 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir, LoadO
   if (out.spec.sliding_window > 0) {
     out.notes.push_back(Cat("config.json sets sliding_window ", out.spec.sliding_window,
                             "; the engine attends over the whole context, which is the same only while every "
-                            "sequence stays within ", out.spec.sliding_window, " tokens"));
+                            "sequence stays within ",
+                            out.spec.sliding_window, " tokens"));
   }
   if (out.spec.quant == QuantKind::kFp8Tensor) {
-    out.notes.push_back("ModelOpt FP8 (per-tensor): the engine multiplies by the fp8 weights with unquantized "
-                        "activations (W8A16); input_scale is read and hashed but not applied, whereas serving "
-                        "engines quantize activations to fp8 with it (W8A8)");
+    out.notes.push_back(
+        "ModelOpt FP8 (per-tensor): the engine multiplies by the fp8 weights with unquantized "
+        "activations (W8A16); input_scale is read and hashed but not applied, whereas serving "
+        "engines quantize activations to fp8 with it (W8A8)");
   }
   return out;
 }
@@ -346,8 +352,9 @@ absl::Status WriteCheckpointDir(const std::string& dir, const ModelSpec& spec, c
   SafetensorsWriter w;
   w.SetMetadata("format", "pt");
   for (const auto& [name, t] : tensors) {
-    CR_RETURN_IF_ERROR(w.Add(name, t.dtype, t.shape,
-                             std::span<const std::byte>(reinterpret_cast<const std::byte*>(t.bytes.data()), t.bytes.size())));
+    CR_RETURN_IF_ERROR(
+        w.Add(name, t.dtype, t.shape,
+              std::span<const std::byte>(reinterpret_cast<const std::byte*>(t.bytes.data()), t.bytes.size())));
   }
   CR_RETURN_IF_ERROR(w.WriteSharded(dir, max_shard_bytes));
   return WriteFileAtomically(dir + "/config.json", HfConfigToJson(HfConfigFromModelSpec(spec)));

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "crashreplay/base/status.h"
-#include "model_builder_internal.h"
 #include "crashreplay/base/text.h"
+#include "model_builder_internal.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -74,8 +74,9 @@ absl::Status LoadMlaAttention(WeightSource& b, const ModelSpec& spec, const Engi
     CR_ASSIGN_OR_RETURN(ml.index_k_norm, b.Vector(x + "k_norm.weight", m.index_head_dim));
     CR_ASSIGN_OR_RETURN(ml.index_k_norm_bias, b.Vector(x + "k_norm.bias", m.index_head_dim));
   } else if (m.dsa() && l == 0) {
-    return absl::InvalidArgumentError("layer 0 reuses the indexer top-k of an earlier layer (indexer_types "
-                                      "'shared'), but there is none");
+    return absl::InvalidArgumentError(
+        "layer 0 reuses the indexer top-k of an earlier layer (indexer_types "
+        "'shared'), but there is none");
   }
   // A weight-only checkpoint (W4A16_NVFP4) has no input_scale to quantize with.
   if (cfg.nvfp4_activation != Nvfp4Activation::kW4a4 || spec.quant_weight_only) return absl::OkStatus();

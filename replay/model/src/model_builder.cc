@@ -3,11 +3,11 @@
 #include <cstring>
 
 #include "crashreplay/base/status.h"
-#include "crashreplay/formats/sharding.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/formats/sharding.h"
 #include "crashreplay/replay/model/model.h"
 #include "model_builder_internal.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -200,7 +200,10 @@ class Builder : public WeightSource {
     switch (w->dtype) {
       case DType::kBF16: q.format = WFormat::kBF16; break;
       case DType::kF16: q.format = WFormat::kF16; break;
-      case DType::kF32: q.format = WFormat::kF32; bits = 32; break;
+      case DType::kF32:
+        q.format = WFormat::kF32;
+        bits = 32;
+        break;
       case DType::kF8E4M3: {
         q.format = WFormat::kE4m3;
         bits = 8;
@@ -240,8 +243,8 @@ class Builder : public WeightSource {
         break;
       }
       default:
-        return absl::UnimplementedError(Cat("tensor '", name, "' has dtype ", DTypeName(w->dtype),
-                                            ", which the engine does not load as a weight"));
+        return absl::UnimplementedError(
+            Cat("tensor '", name, "' has dtype ", DTypeName(w->dtype), ", which the engine does not load as a weight"));
     }
     ShardSpec spec;
     ShardBlock blk;
@@ -264,13 +267,13 @@ class Builder : public WeightSource {
       // they stay aligned only when every part holds whole scale blocks.
       const int64_t want_rows = (q.rows + q.block_rows - 1) / q.block_rows;
       const int64_t want_cols = (q.cols + q.block_cols - 1) / q.block_cols;
-      const bool aligned = spec.kind != ShardKind::kSplit ||
-                           (spec.dim == 0 ? q.rows % q.block_rows == 0 || spec.parts == 1
-                                          : q.cols % q.block_cols == 0 || spec.parts == 1);
+      const bool aligned =
+          spec.kind != ShardKind::kSplit || (spec.dim == 0 ? q.rows % q.block_rows == 0 || spec.parts == 1
+                                                           : q.cols % q.block_cols == 0 || spec.parts == 1);
       if (!aligned || want_rows != sb.row_end - sb.row_begin || want_cols != q.scale_cols) {
-        return absl::InvalidArgumentError(
-            Cat("rank ", rank, "'s shard of '", name, "' (", q.rows, "x", q.cols, ") splits a ", q.block_rows, "x",
-                q.block_cols, " scale block; use a tp_size that divides the blocks evenly"));
+        return absl::InvalidArgumentError(Cat("rank ", rank, "'s shard of '", name, "' (", q.rows, "x", q.cols,
+                                              ") splits a ", q.block_rows, "x", q.block_cols,
+                                              " scale block; use a tp_size that divides the blocks evenly"));
       }
     }
     auto bias_it = t_.find(base + ".bias");
@@ -542,7 +545,6 @@ absl::StatusOr<Layer> BuildLayer(Builder& b, const ModelSpec& spec, const Engine
     CR_RETURN_IF_ERROR(SetActivationScales(b, spec, n, &layer));
   }
   return layer;
-
 }
 
 }  // namespace
@@ -680,10 +682,12 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
   if (!rope.note.empty()) m->notes.push_back(std::move(rope.note));
 
   const bool ue8m0 = cfg.scale_format == ScaleFormat::kUe8m0 || cfg.scale_format == ScaleFormat::kDeepGemmUe8m0;
-  m->dense_dot = ue8m0 ? DotKind::kUe8m0
-                       : cfg.gemm_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
-  m->moe_dot = ue8m0 ? DotKind::kUe8m0
-                     : cfg.moe_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused : DotKind::kDequant;
+  m->dense_dot = ue8m0                                                ? DotKind::kUe8m0
+                 : cfg.gemm_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused
+                                                                      : DotKind::kDequant;
+  m->moe_dot = ue8m0                                               ? DotKind::kUe8m0
+               : cfg.moe_backend == GemmBackend::kFusedBlockScaled ? DotKind::kFused
+                                                                   : DotKind::kDequant;
   return m;
 }
 
@@ -696,7 +700,8 @@ absl::Status VerifyShardHashes(const Model& m, const std::vector<std::map<std::s
     for (const auto& [name, hash] : recorded[r]) {
       auto it = m.shard_hashes[r].find(name);
       if (it == m.shard_hashes[r].end()) {
-        return absl::NotFoundError(Cat("rank ", r, ": the recording hashed tensor '", name, "', the checkpoint has no such shard"));
+        return absl::NotFoundError(
+            Cat("rank ", r, ": the recording hashed tensor '", name, "', the checkpoint has no such shard"));
       }
       if (it->second.hash != hash) {
         return absl::DataLossError(Cat("rank ", r, " tensor '", name, "': shard hash ", it->second.hash.Hex(),

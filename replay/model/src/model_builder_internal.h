@@ -36,7 +36,6 @@ absl::Status SetGroupActivationScale(WeightSource& b, const std::vector<LinearSh
 // every rank's q (q_b_proj or q_proj), kv_b and o shards into
 // layer->ranks[r] (which must exist), and the replicated parts into
 // layer->mla. Under w4a4 the NVFP4 ones get their activation scales.
-absl::Status LoadMlaAttention(WeightSource& b, const ModelSpec& spec, const EngineConfig& cfg, int64_t l,
-                              Layer* layer);
+absl::Status LoadMlaAttention(WeightSource& b, const ModelSpec& spec, const EngineConfig& cfg, int64_t l, Layer* layer);
 
 }  // namespace crashreplay::replay

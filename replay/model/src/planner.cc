@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "crashreplay/base/text.h"
 #include "crashreplay/replay/kernels/indexer.h"
 #include "crashreplay/replay/kernels/mla.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 
@@ -35,8 +35,8 @@ uint64_t KvBytesPerToken(const Model& m, const EngineConfig& c) {
                                                           static_cast<int32_t>(mla.qk_rope_head_dim)));
   for (int64_t l = 0; l < s.layers; ++l) {
     if (mla.layer_has_indexer(l)) {
-      bytes += static_cast<uint64_t>(
-          IndexPageBytes(c.index_cache_dtype == KvCacheDType::kFp8E4m3, 1, mla.index_head_dim));
+      bytes +=
+          static_cast<uint64_t>(IndexPageBytes(c.index_cache_dtype == KvCacheDType::kFp8E4m3, 1, mla.index_head_dim));
     }
   }
   return bytes;
@@ -52,7 +52,8 @@ uint64_t ActivationBytesPerToken(const Model& m) {
     const int64_t kva = a.kv_lora_rank + a.qk_rope_head_dim;
     q = m.heads_local * (a.qk_head_dim() + kva + a.kv_lora_rank + a.v_head_dim) / 2;
     kv = (kva + a.q_lora_rank + m.heads_local * (a.qk_nope_head_dim + a.v_head_dim) +
-          a.index_n_heads * (a.index_head_dim + 1) + a.index_head_dim + a.index_topk) / 2;
+          a.index_n_heads * (a.index_head_dim + 1) + a.index_head_dim + a.index_topk) /
+         2;
   }
   int64_t mlp = 3 * m.intermediate_local;
   if (s.is_moe()) {
@@ -83,10 +84,10 @@ MemoryPlan PlanMemory(const Model& m, const EngineConfig& c) {
   const int graph_max_bs = std::min(c.cuda_graph_max_bs, std::max(c.max_running_requests, 0));
   p.graph_batch_sizes = GraphBatchSizes(graph_max_bs);
   const double max_bs = static_cast<double>(graph_max_bs);
-  p.graph_reservation = static_cast<uint64_t>(std::llround(
-      (kGraphBytesPerSeq * max_bs + kPerGraphBytes * static_cast<double>(p.graph_batch_sizes.size()) +
-       per_token * max_bs) *
-      scale));
+  p.graph_reservation = static_cast<uint64_t>(
+      std::llround((kGraphBytesPerSeq * max_bs + kPerGraphBytes * static_cast<double>(p.graph_batch_sizes.size()) +
+                    per_token * max_bs) *
+                   scale));
   auto oom = [&](const char* stage, std::string what, uint64_t need, uint64_t have) {
     Fault f;
     f.klass = "oom";
@@ -95,8 +96,8 @@ MemoryPlan PlanMemory(const Model& m, const EngineConfig& c) {
     f.check = what;
     f.index = static_cast<int64_t>(need);
     f.value = static_cast<double>(have);
-    f.message = Cat("out of memory at ", stage, ": ", what, " needs ", need, " bytes, ", have,
-                    " available (capacity ", p.capacity, ", mem_fraction_static ", c.mem_fraction_static, ")");
+    f.message = Cat("out of memory at ", stage, ": ", what, " needs ", need, " bytes, ", have, " available (capacity ",
+                    p.capacity, ", mem_fraction_static ", c.mem_fraction_static, ")");
     p.fault = f;
   };
   if (p.weights >= p.static_budget) {

@@ -4,17 +4,15 @@
 #include <algorithm>
 #include <cmath>
 
-#include "crashreplay/replay/model/model.h"
 #include "crashreplay/base/text.h"
+#include "crashreplay/replay/model/model.h"
 
 namespace crashreplay::replay {
 namespace {
 
 using text::Cat;
 
-double YarnMscale(double scale, double mscale) {
-  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-}
+double YarnMscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
 double CorrectionDim(double rotations, double dim, double base, double max_pos) {
   return dim * std::log(max_pos / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
@@ -48,8 +46,8 @@ RopeChoice ChooseRope(const ModelSpec& spec, RopeConfig toggle) {
       if (both && !(*spec.rope_legacy == *spec.rope_parameters)) {
         const bool legacy_won = spec.rope_scaling_wins;
         c.note = Cat("config.json states RoPE twice and the two disagree: rope_parameters says (",
-                     DescribeRope(*spec.rope_parameters), "), ", legacy_won ? "rope_scaling" : "rope_theta",
-                     " says (", DescribeRope(*spec.rope_legacy), "); using ",
+                     DescribeRope(*spec.rope_parameters), "), ", legacy_won ? "rope_scaling" : "rope_theta", " says (",
+                     DescribeRope(*spec.rope_legacy), "); using ",
                      legacy_won ? "rope_scaling, which transformers 5 reads over rope_parameters"
                                 : "rope_parameters, as transformers 5 does",
                      " (--set rope_config=legacy or rope_config=rope_parameters reads only one)");
@@ -59,18 +57,22 @@ RopeChoice ChooseRope(const ModelSpec& spec, RopeConfig toggle) {
       c.from_default = !spec.rope_legacy.has_value();
       c.rope = spec.rope_legacy.value_or(RopeSpec{});
       if (!(c.rope == file)) {
-        c.note = Cat("rope_config=legacy: the engine reads only rope_theta/rope_scaling and ignores config.json's "
-                     "rope_parameters (", DescribeRope(file), "); RoPE used: ", DescribeRope(c.rope),
-                     c.from_default ? " (defaults: the file has no rope_theta or rope_scaling)" : "");
+        c.note =
+            Cat("rope_config=legacy: the engine reads only rope_theta/rope_scaling and ignores config.json's "
+                "rope_parameters (",
+                DescribeRope(file), "); RoPE used: ", DescribeRope(c.rope),
+                c.from_default ? " (defaults: the file has no rope_theta or rope_scaling)" : "");
       }
       return c;
     case RopeConfig::kRopeParameters:
       c.from_default = !spec.rope_parameters.has_value();
       c.rope = spec.rope_parameters.value_or(RopeSpec{});
       if (!(c.rope == file)) {
-        c.note = Cat("rope_config=rope_parameters: the engine reads only rope_parameters and ignores config.json's "
-                     "rope_theta/rope_scaling (", DescribeRope(file), "); RoPE used: ", DescribeRope(c.rope),
-                     c.from_default ? " (defaults: the file has no rope_parameters)" : "");
+        c.note =
+            Cat("rope_config=rope_parameters: the engine reads only rope_parameters and ignores config.json's "
+                "rope_theta/rope_scaling (",
+                DescribeRope(file), "); RoPE used: ", DescribeRope(c.rope),
+                c.from_default ? " (defaults: the file has no rope_parameters)" : "");
       }
       return c;
   }

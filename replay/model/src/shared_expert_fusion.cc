@@ -40,8 +40,10 @@ std::optional<Fault> CheckSharedExpertFusion(const Model& model) {
         const Stored a = StoredOf(pair.first->w), b = StoredOf(pair.second->w);
         int dim = -1;
         int64_t sa = 0, sb = 0;
-        if (a.rows != b.rows) dim = 0, sa = a.rows, sb = b.rows;
-        else if (a.cols != b.cols) dim = 1, sa = a.cols, sb = b.cols;
+        if (a.rows != b.rows)
+          dim = 0, sa = a.rows, sb = b.rows;
+        else if (a.cols != b.cols)
+          dim = 1, sa = a.cols, sb = b.cols;
         if (dim < 0 && std::string_view(a.dtype) == b.dtype) continue;
         Fault f;
         f.klass = "error";

@@ -52,15 +52,16 @@ class Checker {
     CR_RETURN_IF_ERROR(Float("model.embed_tokens.weight", {V, H}, Cat(Vw, ", ", Hw)));
     CR_RETURN_IF_ERROR(Float("model.norm.weight", {H}, Hw));
     if (!s_.tie_embeddings || t_.count("lm_head.weight")) {
-      CR_RETURN_IF_ERROR(Linear("lm_head", V, H, false, Vw, Hw,
-                                s_.tie_embeddings ? "" : "; tie_word_embeddings is false"));
+      CR_RETURN_IF_ERROR(
+          Linear("lm_head", V, H, false, Vw, Hw, s_.tie_embeddings ? "" : "; tie_word_embeddings is false"));
     }
     if (s_.tie_embeddings && t_.count("lm_head.weight")) {
       const HostTensor& head = t_.at("lm_head.weight");
       const HostTensor& embed = t_.at("model.embed_tokens.weight");
       if (head.dtype != embed.dtype || head.bytes != embed.bytes) {
-        notes.push_back("config.json ties lm_head to embed_tokens (tie_word_embeddings), but the checkpoint has its "
-                        "own, different lm_head.weight: using it, as transformers 5 does (it unties them)");
+        notes.push_back(
+            "config.json ties lm_head to embed_tokens (tie_word_embeddings), but the checkpoint has its "
+            "own, different lm_head.weight: using it, as transformers 5 does (it unties them)");
       }
     }
     const std::string q_rows = Cat("num_attention_heads ", s_.heads, " x head_dim ", hd);
@@ -96,8 +97,8 @@ class Checker {
       // transformers zero-initialises a missing e_score_correction_bias, as the
       // engine runs without one; when present it must fit.
       if (s_.scoring == "sigmoid" && t_.count(n.bias())) CR_RETURN_IF_ERROR(Float(n.bias(), {s_.num_experts}, E));
-      const std::string MI = Cat(s_.model_type == "mixtral" ? "intermediate_size " : "moe_intermediate_size ",
-                                 s_.moe_intermediate);
+      const std::string MI =
+          Cat(s_.model_type == "mixtral" ? "intermediate_size " : "moe_intermediate_size ", s_.moe_intermediate);
       for (int64_t j = 0; j < s_.num_experts; ++j) {
         for (const char* proj : {"gate", "up", "down"}) {
           const std::string w = n.expert(j, proj);
@@ -112,8 +113,8 @@ class Checker {
         for (const char* proj : {"gate", "up", "down"}) {
           const std::string w = n.shared(proj);
           const bool down = std::string_view(proj) == "down";
-          CR_RETURN_IF_ERROR(Linear(w.substr(0, w.size() - 7), down ? H : SI, down ? SI : H, false,
-                                    down ? Hw : SIw, down ? SIw : Hw));
+          CR_RETURN_IF_ERROR(
+              Linear(w.substr(0, w.size() - 7), down ? H : SI, down ? SI : H, false, down ? Hw : SIw, down ? SIw : Hw));
         }
       }
     }
@@ -146,8 +147,7 @@ class Checker {
     const std::string R = Cat("kv_lora_rank ", m.kv_lora_rank);
     CR_RETURN_IF_ERROR(Linear(a + "kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, H, bias, KVA, Hw));
     CR_RETURN_IF_ERROR(Float(a + "kv_a_layernorm.weight", {m.kv_lora_rank}, R));
-    CR_RETURN_IF_ERROR(Linear(a + "kv_b_proj", s_.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
-                              false,
+    CR_RETURN_IF_ERROR(Linear(a + "kv_b_proj", s_.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, false,
                               Cat("num_attention_heads ", s_.heads, " x (qk_nope_head_dim ", m.qk_nope_head_dim,
                                   " + v_head_dim ", m.v_head_dim, ")"),
                               R));
@@ -172,12 +172,13 @@ class Checker {
     if (at != std::string::npos) {
       const std::string fused = name.substr(0, at) + "experts.gate_up_proj";
       if (t_.count(fused)) {
-        hint = Cat("; the file has fused expert tensors ('", fused, "'), transformers 5's in-memory layout, "
+        hint = Cat("; the file has fused expert tensors ('", fused,
+                   "'), transformers 5's in-memory layout, "
                    "which save_pretrained writes back per expert: re-save the checkpoint with save_pretrained");
       }
     }
-    return absl::NotFoundError(Cat(where_, ": checkpoint has no tensor '", name, "', which config.json implies (",
-                                   why, ")", hint));
+    return absl::NotFoundError(
+        Cat(where_, ": checkpoint has no tensor '", name, "', which config.json implies (", why, ")", hint));
   }
 
   absl::Status WrongShape(const std::string& name, const HostTensor& t, const std::vector<int64_t>& want,
@@ -249,8 +250,7 @@ class Checker {
   }
 
   // The weight of `module` and its scales.
-  absl::Status Weight(const std::string& module, const HostTensor& w, int64_t out, int64_t in,
-                      const std::string& why) {
+  absl::Status Weight(const std::string& module, const HostTensor& w, int64_t out, int64_t in, const std::string& why) {
     const std::string name = module + ".weight";
     const QuantConfig& q = c_.quant;
     const bool quantized = q.IsQuantized(module);
@@ -262,9 +262,9 @@ class Checker {
                                 q.quant_algo.empty() ? "" : Cat(" ", q.quant_algo), ")");
     if (q.method == QuantMethod::kNone || !quantized) {
       return absl::DataLossError(Cat(where_, ": tensor '", name, "' is ", DTypeName(w.dtype), " (quantized), but ",
-                                     q.method == QuantMethod::kNone ? "config.json has no quantization"
-                                                                     : "config.json leaves module '" + module +
-                                                                           "' unquantized (its ignore list)",
+                                     q.method == QuantMethod::kNone
+                                         ? "config.json has no quantization"
+                                         : "config.json leaves module '" + module + "' unquantized (its ignore list)",
                                      "; expected BF16, F16 or F32"));
     }
     switch (q.method) {
@@ -304,13 +304,12 @@ class Checker {
           return Scale(module + ".weight_scale", {DType::kU8, DType::kF8E8M0}, {out, in / 32},
                        "one e8m0 scale per 32 columns");
         }
-        CR_RETURN_IF_ERROR(Scale(module + ".weight_scale", {DType::kF8E4M3}, {out, in / 16},
-                                 "one e4m3 scale per 16 columns"));
+        CR_RETURN_IF_ERROR(
+            Scale(module + ".weight_scale", {DType::kF8E4M3}, {out, in / 16}, "one e4m3 scale per 16 columns"));
         CR_RETURN_IF_ERROR(Scalar(module + ".weight_scale_2", true, "NVFP4: one fp32 global scale per tensor"));
         return Scalar(module + ".input_scale", false, "NVFP4: one fp32 input scale per tensor");
       }
-      case QuantMethod::kNone:
-        break;
+      case QuantMethod::kNone: break;
     }
     return absl::OkStatus();
   }
@@ -357,8 +356,10 @@ class Checker {
       std::string list;
       for (size_t i = 0; i < other.size() && i < 4; ++i) list += Cat(i ? ", " : "", other[i]);
       if (other.size() > 4) list += Cat(", ... (", other.size() - 4, " more)");
-      notes.push_back(Cat("ignoring ", other.size(), " tensor(s) the config does not imply and the engine does not "
-                          "read, as transformers does: ", list));
+      notes.push_back(Cat("ignoring ", other.size(),
+                          " tensor(s) the config does not imply and the engine does not "
+                          "read, as transformers does: ",
+                          list));
     }
     return absl::OkStatus();
   }

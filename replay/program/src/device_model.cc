@@ -30,8 +30,7 @@ absl::StatusOr<const void*> ExecMemory::Share(const void* host, size_t bytes) {
   return static_cast<const void*>(p);
 }
 
-absl::StatusOr<QWeight> DeviceModel::Weight(ExecMemory& mem, const QWeight& w, size_t data_bytes,
-                                            size_t scale_bytes) {
+absl::StatusOr<QWeight> DeviceModel::Weight(ExecMemory& mem, const QWeight& w, size_t data_bytes, size_t scale_bytes) {
   QWeight d = w;
   if (StridedRows(w) && !mem.exec()->host_visible() && w.data != nullptr) {
     // A column split read in place on the host: uploaded as packed rows.
@@ -83,7 +82,8 @@ struct DeviceModel::LayerArrays {
   // The arrays in a fixed order, as (bytes, size); the order slots_ follows.
   std::vector<std::pair<const void*, size_t>> Parts() const {
     std::vector<std::pair<const void*, size_t>> out;
-    for (const auto* a : {&q, &k, &v, &o, &kv_b, &gate, &up, &down, &q_a, &kv_a, &index_wq_b, &index_wk, &index_weights}) {
+    for (const auto* a :
+         {&q, &k, &v, &o, &kv_b, &gate, &up, &down, &q_a, &kv_a, &index_wq_b, &index_wk, &index_weights}) {
       out.emplace_back(a->data(), a->size() * sizeof(LinearShardView));
     }
     out.emplace_back(experts.data(), experts.size() * sizeof(ExpertView));
@@ -100,7 +100,7 @@ absl::StatusOr<DeviceModel::LayerArrays> DeviceModel::Arrays(const Layer& L, Exe
     a.bytes += ShardBytes(s);
     return Shard(mem, s);
   };
-  auto ranks = [&](LinearShard RankLayer::*member, std::vector<LinearShardView>* out) -> absl::Status {
+  auto ranks = [&](LinearShard RankLayer::* member, std::vector<LinearShardView>* out) -> absl::Status {
     for (const RankLayer& rl : L.ranks) {
       if (!Present(rl.*member)) {
         out->clear();
@@ -235,9 +235,19 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::Make(const Model& m, E
     // shards keep theirs).
     if (!L.ranks.empty()) {
       const RankLayer& r0 = L.ranks.front();
-      const LinearShard* host[] = {&r0.q,       &r0.k,        &r0.v,     &r0.o,           &r0.kv_b,
-                                   &r0.gate,    &r0.up,       &r0.down,  &L.mla.q_a,      &L.mla.kv_a,
-                                   &L.mla.index_wq_b, &L.mla.index_wk, &L.mla.index_weights};
+      const LinearShard* host[] = {&r0.q,
+                                   &r0.k,
+                                   &r0.v,
+                                   &r0.o,
+                                   &r0.kv_b,
+                                   &r0.gate,
+                                   &r0.up,
+                                   &r0.down,
+                                   &L.mla.q_a,
+                                   &L.mla.kv_a,
+                                   &L.mla.index_wq_b,
+                                   &L.mla.index_wk,
+                                   &L.mla.index_weights};
       for (size_t i = 0; i < 13; ++i) {
         if (slots[i] != nullptr) dm->formats_[slots[i]] = host[i]->w.format;
       }
@@ -260,7 +270,8 @@ absl::Status DeviceModel::Hold(int64_t l) {
     CR_ASSIGN_OR_RETURN(LayerArrays empty, Arrays(host_->layers[held_], mem_, strides_[held_], false));
     const auto parts = empty.Parts();
     for (size_t i = 0; i < parts.size(); ++i) {
-      if (slots_[held_][i] != nullptr) CR_RETURN_IF_ERROR(exec->CopyToDevice(slots_[held_][i], parts[i].first, parts[i].second));
+      if (slots_[held_][i] != nullptr)
+        CR_RETURN_IF_ERROR(exec->CopyToDevice(slots_[held_][i], parts[i].first, parts[i].second));
     }
     layer_mem_.reset();
     ReleaseLayerWeights(*host_, held_);

@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "crashreplay/base/status.h"
-#include "crashreplay/replay/config/kernel_archs.h"
 #include "crashreplay/base/text.h"
+#include "crashreplay/replay/config/kernel_archs.h"
 #include "value_stats.h"
 
 namespace crashreplay::replay {
@@ -44,8 +44,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const Model& m, const E
     for (int64_t l = 0; l < m.spec.layers; ++l) {
       std::vector<KvPoolView> views;
       for (int r = 0; r < m.tp; ++r) {
-        CR_ASSIGN_OR_RETURN(uint8_t * k, kv->NewPlane(&kv->pools_[0]));
-        CR_ASSIGN_OR_RETURN(uint8_t * v, kv->NewPlane(&kv->pools_[1]));
+        CR_ASSIGN_OR_RETURN(uint8_t* k, kv->NewPlane(&kv->pools_[0]));
+        CR_ASSIGN_OR_RETURN(uint8_t* v, kv->NewPlane(&kv->pools_[1]));
         views.push_back(KvPoolView{k, v, kv->fp8_, pages, ps, static_cast<int32_t>(heads), static_cast<int32_t>(hd)});
       }
       CR_ASSIGN_OR_RETURN(KvPoolView * p, kv->mem_.Copy(views));
@@ -55,22 +55,29 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const Model& m, const E
   }
   const int32_t lora = static_cast<int32_t>(mla.kv_lora_rank), rope = static_cast<int32_t>(mla.qk_rope_head_dim);
   const int32_t tb = LatentTokenBytes(kv->fp8_, lora, rope);
-  Pool latent{"latent", kv->fp8_ ? DType::kU8 : DType::kBF16, {ps, kv->fp8_ ? tb : lora + rope},
-              static_cast<size_t>(ps) * tb, {}, m.tp};
+  Pool latent{"latent",
+              kv->fp8_ ? DType::kU8 : DType::kBF16,
+              {ps, kv->fp8_ ? tb : lora + rope},
+              static_cast<size_t>(ps) * tb,
+              {},
+              m.tp};
   kv->pools_.push_back(std::move(latent));
   const bool index_fp8 = c.index_cache_dtype == KvCacheDType::kFp8E4m3;
   const int32_t idim = static_cast<int32_t>(mla.index_head_dim);
   if (mla.dsa()) {
     const int64_t ipb = IndexPageBytes(index_fp8, ps, idim);
-    Pool index{"index_k", index_fp8 ? DType::kU8 : DType::kBF16,
-               index_fp8 ? std::vector<int64_t>{ipb} : std::vector<int64_t>{ps, idim}, static_cast<size_t>(ipb), {},
+    Pool index{"index_k",
+               index_fp8 ? DType::kU8 : DType::kBF16,
+               index_fp8 ? std::vector<int64_t>{ipb} : std::vector<int64_t>{ps, idim},
+               static_cast<size_t>(ipb),
+               {},
                m.tp};
     kv->pools_.push_back(std::move(index));
   }
   for (int64_t l = 0; l < m.spec.layers; ++l) {
     std::vector<LatentPoolView> views;
     for (int r = 0; r < m.tp; ++r) {
-      CR_ASSIGN_OR_RETURN(uint8_t * p, kv->NewPlane(&kv->pools_[0]));
+      CR_ASSIGN_OR_RETURN(uint8_t* p, kv->NewPlane(&kv->pools_[0]));
       views.push_back(LatentPoolView{p, kv->fp8_, pages, ps, lora, rope, tb});
     }
     CR_ASSIGN_OR_RETURN(LatentPoolView * lv, kv->mem_.Copy(views));
@@ -82,7 +89,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const Model& m, const E
     }
     std::vector<IndexPoolView> iv;
     for (int r = 0; r < m.tp; ++r) {
-      CR_ASSIGN_OR_RETURN(uint8_t * p, kv->NewPlane(&kv->pools_[1]));
+      CR_ASSIGN_OR_RETURN(uint8_t* p, kv->NewPlane(&kv->pools_[1]));
       iv.push_back(IndexPoolView{p, index_fp8, pages, ps, idim});
     }
     CR_ASSIGN_OR_RETURN(IndexPoolView * ip, kv->mem_.Copy(iv));
@@ -155,8 +162,8 @@ std::unique_ptr<StepProgram> StepProgram::Failed(Executor* exec, StepInput input
   return p;
 }
 
-absl::StatusOr<StepProgram::Buf*> StepProgram::Alloc(const std::string& name, std::vector<int64_t> shape,
-                                                     bool is_int, bool is_bytes) {
+absl::StatusOr<StepProgram::Buf*> StepProgram::Alloc(const std::string& name, std::vector<int64_t> shape, bool is_int,
+                                                     bool is_bytes) {
   Buf& b = bufs_[name];
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -300,8 +307,8 @@ Fault StepProgram::DeviceFault(const KernelCall& k, const absl::Status& s) {
   }
   f.klass = absl::IsResourceExhausted(s) ? "oom" : "error";
   f.check = absl::IsResourceExhausted(s) ? "device_allocation" : "device_error";
-  f.message = Cat("step ", input_.step, " (", f.stage, "): kernel ", k.Label(), " on ", exec_->name(), ": ",
-                  s.message());
+  f.message =
+      Cat("step ", input_.step, " (", f.stage, "): kernel ", k.Label(), " on ", exec_->name(), ": ", s.message());
   return f;
 }
 
@@ -356,8 +363,9 @@ std::optional<Fault> StepProgram::ArchFault(const KernelCall& k) const {
   f.layer = k.layer;
   f.check = Cat(k.library, "_on_", ArchName(arch_));
   f.value = arch_;
-  f.message = Cat("step ", input_.step, " (", f.stage, "): kernel ", k.Label(), " is ", lib->what, ", which has code for ",
-                  ArchList(*lib), ", not ", ArchName(arch_), lib->refusal.empty() ? "" : Cat(" (\"", lib->refusal, "\")"));
+  f.message =
+      Cat("step ", input_.step, " (", f.stage, "): kernel ", k.Label(), " is ", lib->what, ", which has code for ",
+          ArchList(*lib), ", not ", ArchName(arch_), lib->refusal.empty() ? "" : Cat(" (\"", lib->refusal, "\")"));
   return f;
 }
 
@@ -466,11 +474,10 @@ std::optional<Fault> StepProgram::RunAll() {
 // (the label, unique in a step), layer, numel, nan_count, inf_count, digest,
 // max_abs; the rest are extra.
 nlohmann::json KernelRecordToJson(const KernelRecord& r) {
-  return nlohmann::json{{"name", r.label},      {"kernel", r.name},         {"layer", r.layer},
-                        {"numel", r.numel},     {"nan_count", r.nan},       {"inf_count", r.inf},
-                        {"digest", r.digest.Hex()}, {"max_abs", r.max_abs}, {"min", r.min},
-                        {"max", r.max},         {"mean_abs", r.mean_abs},   {"micros", r.micros},
-                        {"failed", r.failed},   {"checks", r.checks}};
+  return nlohmann::json{{"name", r.label},    {"kernel", r.name},   {"layer", r.layer},         {"numel", r.numel},
+                        {"nan_count", r.nan}, {"inf_count", r.inf}, {"digest", r.digest.Hex()}, {"max_abs", r.max_abs},
+                        {"min", r.min},       {"max", r.max},       {"mean_abs", r.mean_abs},   {"micros", r.micros},
+                        {"failed", r.failed}, {"checks", r.checks}};
 }
 
 std::vector<int32_t> StepProgram::SampledTokens() const {

@@ -58,8 +58,10 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
 
   const int64_t il = std::max<int64_t>(m.intermediate_local, 1);
   const std::vector<std::pair<std::string, std::vector<int64_t>>> floats = {
-      {"hidden", {T, H}},    {"x", {T, H}},       {"partial", {N, T, H}}, {"gate", {N, T, il}},
-      {"up", {N, T, il}},    {"act", {N, T, il}}, {"last_hidden", {R, H}}, {"logits_local", {N, R, m.vocab_local}},
+      {"hidden", {T, H}},       {"x", {T, H}},
+      {"partial", {N, T, H}},   {"gate", {N, T, il}},
+      {"up", {N, T, il}},       {"act", {N, T, il}},
+      {"last_hidden", {R, H}},  {"logits_local", {N, R, m.vocab_local}},
       {"logits", {R, s.vocab}}, {"probs", {R, s.vocab}}};
   for (const auto& [name, shape] : floats) CR_RETURN_IF_ERROR(Alloc(name, shape).status());
   if (s.is_moe()) {
@@ -77,10 +79,9 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
   auto norm = [&](const std::string& x, const float* w, const std::string& out, int64_t rows, int64_t n) {
     return MakeNorm(c, x, w, out, rows, n);
   };
-  auto act_quant = [&](const std::string& name, int layer, const LinearShard* first, const std::string& x,
-                       int64_t rows, int64_t cols, int64_t tpr, const std::string& out) {
-    return ActQuant(name, layer, first, x, rows, cols, tpr, out);
-  };
+  auto act_quant = [&](const std::string& name, int layer, const LinearShard* first, const std::string& x, int64_t rows,
+                       int64_t cols, int64_t tpr,
+                       const std::string& out) { return ActQuant(name, layer, first, x, rows, cols, tpr, out); };
   auto reduce = [&] {
     ReduceOp op;
     op.hidden = F("hidden");
@@ -117,8 +118,8 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
       sm.rows = N * T;
       sm.n = inter;
       Add("silu_mul", li, {"act"}, T, {sm});
-      CR_RETURN_IF_ERROR(
-          AddProjection(c, li, "down_proj", &host.down, L.down, m.dense_dot, "act", true, "partial", T, H, inter, "act_fp4"));
+      CR_RETURN_IF_ERROR(AddProjection(c, li, "down_proj", &host.down, L.down, m.dense_dot, "act", true, "partial", T,
+                                       H, inter, "act_fp4"));
       Add("mlp_all_reduce", li, {"hidden"}, 0, {reduce()});
       continue;
     }
@@ -147,8 +148,8 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
     // partial. Under w4a4 the layer's input is quantized once, with the max
     // input_scale of every expert's gate/up, before the routed experts read it.
     CR_ASSIGN_OR_RETURN(const std::string ex_fp4,
-                        act_quant("experts_act_quant", li, host.experts.empty() ? nullptr : &host.experts[0].gate,
-                                  "x", T, H, 0, "x_fp4"));
+                        act_quant("experts_act_quant", li, host.experts.empty() ? nullptr : &host.experts[0].gate, "x",
+                                  T, H, 0, "x_fp4"));
     ExpertsOp ex;
     if (!ex_fp4.empty()) {
       ex.xq = U8(ex_fp4);
@@ -221,7 +222,6 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
   Add("sampler", -1, {"next_tokens"}, 0, {sa});
   return absl::OkStatus();
 }
-
 
 absl::Status StepProgram::Ensure(const std::string& name, std::vector<int64_t> shape, bool is_int) {
   if (bufs_.count(name)) return absl::OkStatus();
@@ -296,10 +296,10 @@ absl::StatusOr<std::string> StepProgram::ActQuant(const std::string& name, int l
 // [tokens, cols]), then kernel `name` is the linear x -> y (MakeLinear's
 // arguments). A group sharing one quantization (q/k/v, gate/up) calls
 // ActQuant once and MakeLinear for each.
-absl::Status StepProgram::AddProjection(const Lowering& c, int layer, const std::string& name,
-                                        const LinearShard* first, const LinearShardView* shards, DotKind dot,
-                                        const std::string& x, bool per_rank, const std::string& y, int64_t tokens,
-                                        int64_t rows, int64_t cols, const std::string& xq, int ranks) {
+absl::Status StepProgram::AddProjection(const Lowering& c, int layer, const std::string& name, const LinearShard* first,
+                                        const LinearShardView* shards, DotKind dot, const std::string& x, bool per_rank,
+                                        const std::string& y, int64_t tokens, int64_t rows, int64_t cols,
+                                        const std::string& xq, int ranks) {
   const std::string base = name.ends_with("_proj") ? name.substr(0, name.size() - 5) : name;
   CR_ASSIGN_OR_RETURN(const std::string fp4,
                       ActQuant(base + "_act_quant", layer, first, x, per_rank ? c.ranks * tokens : tokens, cols,
@@ -367,7 +367,8 @@ absl::Status StepProgram::LowerGqaAttention(const Lowering& c, int64_t l) {
   at.max_len = c.max_len;
   at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Add("attention", li, {"attn"}, T, {at});
-  CR_RETURN_IF_ERROR(AddProjection(c, li, "o_proj", &host.o, L.o, m.dense_dot, "attn", true, "partial", T, H, qd, "attn_fp4"));
+  CR_RETURN_IF_ERROR(
+      AddProjection(c, li, "o_proj", &host.o, L.o, m.dense_dot, "attn", true, "partial", T, H, qd, "attn_fp4"));
   return absl::OkStatus();
 }
 

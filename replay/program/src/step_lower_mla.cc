@@ -19,9 +19,9 @@
 #include <cmath>
 
 #include "crashreplay/base/status.h"
+#include "crashreplay/base/text.h"
 #include "crashreplay/replay/program/step.h"
 #include "step_lower_internal.h"
-#include "crashreplay/base/text.h"
 
 namespace crashreplay::replay {
 namespace {
@@ -117,8 +117,8 @@ absl::Status StepProgram::LowerMlaAttention(const Lowering& c, int64_t l) {
     CR_RETURN_IF_ERROR(Ensure("index_topk", {N, T, topk}, true));
     CR_RETURN_IF_ERROR(AddProjection(c, li, "indexer_q_proj", &ml.index_wq_b, L.index_wq_b, dot, "q_a", false,
                                      "index_q", T, nh * idim, qlora, "q_a_fp4", 1));
-    CR_RETURN_IF_ERROR(
-        AddProjection(c, li, "indexer_k_proj", &ml.index_wk, L.index_wk, dot, "x", false, "index_k", T, idim, H, "x_fp4", 1));
+    CR_RETURN_IF_ERROR(AddProjection(c, li, "indexer_k_proj", &ml.index_wk, L.index_wk, dot, "x", false, "index_k", T,
+                                     idim, H, "x_fp4", 1));
     RmsNormOp ln = MakeNorm(c, "index_k", L.index_k_norm, "index_k", T, idim);
     ln.bias = L.index_k_norm_bias;
     ln.eps = static_cast<float>(kMlaNormEps);
@@ -234,7 +234,7 @@ absl::Status StepProgram::LowerMlaAttention(const Lowering& c, int64_t l) {
     at.topk = ids;
     at.out = F("attn_latent");
     at.batch = c.batch;
-    at.variant = static_cast<int32_t>(!sparse ? LatentAttention::kPaged64
+    at.variant = static_cast<int32_t>(!sparse                                   ? LatentAttention::kPaged64
                                       : c.cfg.dsa_decode == DsaDecode::kTiled64 ? LatentAttention::kSparseTiled64
                                                                                 : LatentAttention::kSparseReference);
     at.ranks = N;

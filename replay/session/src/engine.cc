@@ -4,8 +4,8 @@
 #include <deque>
 #include <set>
 
-#include "crashreplay/replay/model/shared_expert_fusion.h"
 #include "crashreplay/base/text.h"
+#include "crashreplay/replay/model/shared_expert_fusion.h"
 #include "crashreplay/replay/session/backends.h"
 
 namespace crashreplay::replay {

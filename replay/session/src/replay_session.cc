@@ -87,7 +87,9 @@ void CompareFingerprints(const RecordedStep& rec, const StepProgram& prog, Repla
 }  // namespace
 
 nlohmann::json EngineDivergence::ToJson() const {
-  return nlohmann::json{{"boundary", boundary}, {"reason", reason}, {"engine", FingerprintJson(engine)},
+  return nlohmann::json{{"boundary", boundary},
+                        {"reason", reason},
+                        {"engine", FingerprintJson(engine)},
                         {"replay", FingerprintJson(replay)}};
 }
 
@@ -115,13 +117,13 @@ nlohmann::json ReplayReport::ToJson() const {
     // A step that ran clean but departs from what the engine computed is a
     // finding of its own, which bisection can target (--diverged-is-bad).
     if (!fault) {
-      j["signature"] = {{"class", "engine_divergence"},
-                        {"stage", ForwardModeName(mode)},
-                        {"kernel", engine_divergence->boundary},
-                        {"check", "fingerprint"},
-                        {"detail", Cat(engine_divergence->reason, "; the engine: ",
-                                       FingerprintText(engine_divergence->engine), "; the reference: ",
-                                       FingerprintText(engine_divergence->replay))}};
+      j["signature"] = {
+          {"class", "engine_divergence"},
+          {"stage", ForwardModeName(mode)},
+          {"kernel", engine_divergence->boundary},
+          {"check", "fingerprint"},
+          {"detail", Cat(engine_divergence->reason, "; the engine: ", FingerprintText(engine_divergence->engine),
+                         "; the reference: ", FingerprintText(engine_divergence->replay))}};
     }
   }
   j["detail"] = detail;
@@ -239,9 +241,9 @@ ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& log, in
   CompareFingerprints(rec, *prog, &rep);
   const std::string engine_note =
       rep.engine_divergence
-          ? Cat("the engine's ", rep.engine_divergence->boundary, " at step ", rec.input.step, " departs from the exact ",
-                "reference at the same point: ", rep.engine_divergence->reason, "; the divergence starts in ",
-                BoundaryWhere(rep.engine_divergence->boundary))
+          ? Cat("the engine's ", rep.engine_divergence->boundary, " at step ", rec.input.step,
+                " departs from the exact ", "reference at the same point: ", rep.engine_divergence->reason,
+                "; the divergence starts in ", BoundaryWhere(rep.engine_divergence->boundary))
           : std::string();
   if (rep.fault) {
     // A failure is "failed" whether or not it was recorded: exit status 1,
@@ -292,15 +294,15 @@ nlohmann::json ChromeTrace(const std::vector<KernelRecord>& kernels, int64_t ste
   nlohmann::json events = nlohmann::json::array();
   double ts = 0;
   for (const KernelRecord& k : kernels) {
-    events.push_back({{"name", k.label},
-                      {"cat", k.name},
-                      {"ph", "X"},
-                      {"ts", ts},
-                      {"dur", k.micros},
-                      {"pid", 1},
-                      {"tid", 1},
-                      {"args", {{"step", step}, {"nan", k.nan}, {"inf", k.inf}, {"digest", k.digest.Hex()},
-                                {"failed", k.failed}}}});
+    events.push_back(
+        {{"name", k.label},
+         {"cat", k.name},
+         {"ph", "X"},
+         {"ts", ts},
+         {"dur", k.micros},
+         {"pid", 1},
+         {"tid", 1},
+         {"args", {{"step", step}, {"nan", k.nan}, {"inf", k.inf}, {"digest", k.digest.Hex()}, {"failed", k.failed}}}});
     ts += k.micros;
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}};

@@ -78,7 +78,11 @@ void StepDump::AfterKernel(const StepProgram& program, size_t index) {
   for (const std::string& out : call.outputs) {
     const Buffer* b = program.buffer(out);
     if (b == nullptr) continue;  // the KV cache
-    status_.Update(writer_.Add(Cat(rec.label, ".", out), b->is_bytes ? DType::kU8 : b->is_int ? DType::kI32 : DType::kF32, b->shape,
+    status_.Update(writer_.Add(Cat(rec.label, ".", out),
+                               b->is_bytes ? DType::kU8
+                               : b->is_int ? DType::kI32
+                                           : DType::kF32,
+                               b->shape,
                                std::span<const std::byte>(static_cast<const std::byte*>(b->data()), b->bytes())));
   }
 }

@@ -38,8 +38,8 @@ bool ReplicasAgree(const KvCache::Pool& p, const std::vector<uint8_t>& bytes) {
 std::vector<int32_t> StatePages(const StepInput& in, int page_size) {
   std::vector<int32_t> pages;
   for (const StepRow& row : in.rows) {
-    const int64_t n = std::min<int64_t>((row.start_pos + page_size - 1) / page_size,
-                                        static_cast<int64_t>(row.page_table.size()));
+    const int64_t n =
+        std::min<int64_t>((row.start_pos + page_size - 1) / page_size, static_cast<int64_t>(row.page_table.size()));
     for (int64_t i = 0; i < n; ++i) pages.push_back(row.page_table[i]);
   }
   std::sort(pages.begin(), pages.end());
@@ -130,8 +130,8 @@ absl::Status RestoreState(const StepState& s, const StepInput& in, KvCache* kv) 
     const size_t plane_bytes = p.page_bytes * need.size();
     const size_t want_bytes = plane_bytes * static_cast<size_t>(kept);
     if (sp.bytes.size() != want_bytes) {
-      return absl::InvalidArgumentError(Cat(where, ": KV tensor 'kv.", sp.name, "' holds ", sp.bytes.size(),
-                                            " bytes, the shape needs ", want_bytes));
+      return absl::InvalidArgumentError(
+          Cat(where, ": KV tensor 'kv.", sp.name, "' holds ", sp.bytes.size(), " bytes, the shape needs ", want_bytes));
     }
     if (!grouped) {
       bytes.push_back(sp.bytes);

@@ -131,8 +131,8 @@ class Regex {
     auto r = std::unique_ptr<Regex>(new Regex);
     OnigErrorInfo info;
     const auto* p = reinterpret_cast<const OnigUChar*>(pattern.data());
-    const int rc = onig_new(&r->reg_, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8,
-                            ONIG_SYNTAX_DEFAULT, &info);
+    const int rc =
+        onig_new(&r->reg_, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
     if (rc != ONIG_NORMAL) {
       r->reg_ = nullptr;
       OnigUChar msg[ONIG_MAX_ERROR_MESSAGE_LEN];
@@ -384,8 +384,8 @@ class BpeTokenizer final : public Tokenizer {
       const auto it = vocab_.find(word.substr(i, n));
       if (it == vocab_.end()) {
         if (unk_ < 0) {
-          return absl::InvalidArgumentError(
-              StrCat("the byte-level symbol '", word.substr(i, n), "' is not in the vocabulary and there is no unk_token"));
+          return absl::InvalidArgumentError(StrCat("the byte-level symbol '", word.substr(i, n),
+                                                   "' is not in the vocabulary and there is no unk_token"));
         }
         sym.push_back(unk_);
       } else {
@@ -452,7 +452,9 @@ class ByteTokenizer final : public Tokenizer {
 
 // ---- parsing -----------------------------------------------------------
 
-std::string TypeOf(const Json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
+std::string TypeOf(const Json& j) {
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "";
+}
 
 absl::Status Unsupported(const std::string& origin, const std::string& field, const std::string& what) {
   return absl::UnimplementedError(
@@ -499,11 +501,13 @@ absl::Status ParsePreTokenizer(const Json& p, const std::string& origin, const s
     }
     const Json& pat = p.contains("pattern") ? p["pattern"] : Json();
     if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
-      CR_ASSIGN_OR_RETURN(s.regex, Regex::Compile(pat["Regex"].get<std::string>(), StrCat(origin, ": ", field, ".pattern")));
+      CR_ASSIGN_OR_RETURN(s.regex,
+                          Regex::Compile(pat["Regex"].get<std::string>(), StrCat(origin, ": ", field, ".pattern")));
     } else if (pat.is_object() && pat.contains("String") && pat["String"].is_string()) {
       s.literal = pat["String"].get<std::string>();
     } else {
-      return absl::InvalidArgumentError(StrCat(origin, ": ", field, ".pattern: expected {\"Regex\": ...} or {\"String\": ...}"));
+      return absl::InvalidArgumentError(
+          StrCat(origin, ": ", field, ".pattern: expected {\"Regex\": ...} or {\"String\": ...}"));
     }
     splits->push_back(std::move(s));
     return absl::OkStatus();
@@ -534,7 +538,8 @@ absl::Status ParsePostProcessor(const Json& p, const std::string& origin, const 
   if (type == "TemplateProcessing") {
     const Json& single = p.contains("single") ? p["single"] : Json();
     const Json& specials = p.contains("special_tokens") ? p["special_tokens"] : Json::object();
-    if (!single.is_array()) return absl::InvalidArgumentError(StrCat(origin, ": ", field, ".single: expected an array"));
+    if (!single.is_array())
+      return absl::InvalidArgumentError(StrCat(origin, ": ", field, ".single: expected an array"));
     tmpl->clear();
     for (size_t i = 0; i < single.size(); ++i) {
       const Json& item = single[i];
@@ -634,7 +639,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseTokenizerJson(std::string_view t
       const std::string s = m.get<std::string>();
       const size_t sp = s.find(' ');
       if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size() || s.find(' ', sp + 1) != std::string::npos) {
-        return absl::InvalidArgumentError(StrCat(origin, ": model.merges[", i, "] '", s, "': expected two tokens separated by one space"));
+        return absl::InvalidArgumentError(
+            StrCat(origin, ": model.merges[", i, "] '", s, "': expected two tokens separated by one space"));
       }
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
@@ -659,8 +665,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseTokenizerJson(std::string_view t
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) {
     return Unsupported(origin, "pre_tokenizer", "null");
   }
-  CR_RETURN_IF_ERROR(ParsePreTokenizer(j["pre_tokenizer"], origin, "pre_tokenizer", &t->splits_, &byte_level,
-                                       &t->add_prefix_space_));
+  CR_RETURN_IF_ERROR(
+      ParsePreTokenizer(j["pre_tokenizer"], origin, "pre_tokenizer", &t->splits_, &byte_level, &t->add_prefix_space_));
   if (!byte_level) return Unsupported(origin, "pre_tokenizer", "without ByteLevel");
   if (j.contains("post_processor") && !j["post_processor"].is_null()) {
     CR_RETURN_IF_ERROR(ParsePostProcessor(j["post_processor"], origin, "post_processor", &t->template_));

@@ -21,16 +21,15 @@
 #define CR_CONCAT_(a, b) CR_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` yields a non-OK status.
-#define CR_RETURN_IF_ERROR(expr)                     \
-  do {                                               \
-    ::absl::Status cr_status_ = (expr);              \
-    if (!cr_status_.ok()) return cr_status_;         \
+#define CR_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status cr_status_ = (expr);      \
+    if (!cr_status_.ok()) return cr_status_; \
   } while (0)
 
 // `CR_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a StatusOr, or
 // returns its error.
-#define CR_ASSIGN_OR_RETURN(lhs, expr) \
-  CR_ASSIGN_OR_RETURN_IMPL_(CR_CONCAT_(cr_statusor_, __LINE__), lhs, expr)
+#define CR_ASSIGN_OR_RETURN(lhs, expr) CR_ASSIGN_OR_RETURN_IMPL_(CR_CONCAT_(cr_statusor_, __LINE__), lhs, expr)
 #define CR_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return std::move(tmp).status();  \

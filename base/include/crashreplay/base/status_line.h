@@ -38,8 +38,7 @@ class StatusLine {
   ~StatusLine() { Finish(); }
   StatusLine(const StatusLine&) = delete;
   StatusLine& operator=(const StatusLine&) = delete;
-  StatusLine(StatusLine&& o) noexcept
-      : out_(o.out_), live_(o.live_), quiet_(o.quiet_), prefix_(std::move(o.prefix_)) {
+  StatusLine(StatusLine&& o) noexcept : out_(o.out_), live_(o.live_), quiet_(o.quiet_), prefix_(std::move(o.prefix_)) {
     o.quiet_ = true;
   }
 
@@ -110,7 +109,8 @@ class StatusLine {
     return s;
   }
   std::string Left(int64_t done, int64_t total) const {
-    return TimeLeft(std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_start_).count(), done, total);
+    return TimeLeft(std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_start_).count(), done,
+                    total);
   }
   void Clear() {
     if (live_ && drawn_) {

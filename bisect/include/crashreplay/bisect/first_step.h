@@ -26,8 +26,8 @@ struct StepSearchResult {
   int probes = 0;
 };
 
-absl::StatusOr<StepSearchResult> FirstFailingStep(Scheduler& scheduler, Judge& judge, const Config& config,
-                                                  int64_t lo, int64_t hi, StepSearchMode mode);
+absl::StatusOr<StepSearchResult> FirstFailingStep(Scheduler& scheduler, Judge& judge, const Config& config, int64_t lo,
+                                                  int64_t hi, StepSearchMode mode);
 
 nlohmann::json StepSearchResultToJson(const StepSearchResult& r);
 

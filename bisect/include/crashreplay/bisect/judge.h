@@ -86,8 +86,13 @@ class ConfigOracle : public DeltaOracle {
   // `max_trials` > 0 stops the search once it has added that many trials.
   ConfigOracle(Scheduler& scheduler, Judge& judge, const Config& good, const std::vector<Change>& changes,
                Progress* progress, int max_trials = 0)
-      : scheduler_(scheduler), judge_(judge), good_(good), changes_(changes), progress_(progress),
-        max_trials_(max_trials), start_trials_(scheduler.evaluations()) {}
+      : scheduler_(scheduler),
+        judge_(judge),
+        good_(good),
+        changes_(changes),
+        progress_(progress),
+        max_trials_(max_trials),
+        start_trials_(scheduler.evaluations()) {}
   std::vector<Outcome> Test(const std::vector<ChangeSet>& sets) override;
   std::vector<Outcome> Confirm(const std::vector<ChangeSet>& sets) override;
   int parallelism() const override { return scheduler_.parallelism(); }

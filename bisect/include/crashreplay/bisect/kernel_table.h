@@ -65,8 +65,7 @@ std::string_view KernelFindingReasonName(KernelFinding::Reason r);
 // tolerance and the sequences match. Row tolerances (atol/rtol in the test
 // row) override `tol`. `error` is max_err when present, else
 // |max_abs_test - max_abs_ref| (a lower bound of the element-wise error).
-std::optional<KernelFinding> FirstBadKernel(const std::vector<KernelRow>& reference,
-                                            const std::vector<KernelRow>& test,
+std::optional<KernelFinding> FirstBadKernel(const std::vector<KernelRow>& reference, const std::vector<KernelRow>& test,
                                             const Tolerance& tol = {});
 
 nlohmann::json KernelRowToJson(const KernelRow& row);

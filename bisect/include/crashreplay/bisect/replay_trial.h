@@ -28,8 +28,8 @@
 namespace crashreplay::bisect {
 
 // Judges a finished `replay --json` process.
-TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits,
-                                  bool diverged_is_bad = false, const FailureTextRules* rules = nullptr);
+TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits, bool diverged_is_bad = false,
+                                  const FailureTextRules* rules = nullptr);
 
 struct ReplayTrialOptions {
   std::string crashreplay_binary;    // path of the crashreplay executable

@@ -37,7 +37,8 @@ enum class FailureClass {
   kCudaError,       // a CUDA runtime error other than assert/OOM (illegal address, ...)
   kNcclError,       // an NCCL collective failed or timed out
   kException,       // an uncaught exception, named by its type (Python tracebacks)
-  kUnsupportedArch, // a kernel with no code for the device's architecture ("no kernel image", "Unsupported architecture")
+  kUnsupportedArch, // a kernel with no code for the device's architecture ("no kernel image", "Unsupported
+                    // architecture")
   kEngineDivergence, // replay: the capture's engine fingerprints depart from the replay's at a boundary
 };
 

@@ -113,21 +113,33 @@ typedef struct cr_step {
   uint64_t step;
   int32_t mode;              /* CR_MODE_* */
   int64_t timestamp_nanos;   /* 0: now */
-  const char* const* request_ids; size_t num_requests;
-  const int64_t* token_ids; size_t num_tokens;
-  const int64_t* positions; size_t num_positions;
-  const int64_t* seq_lens; size_t num_seq_lens;
-  const int64_t* extend_lens; size_t num_extend_lens;
-  const int64_t* req_pool_indices; size_t num_req_pool_indices;
+  const char* const* request_ids;
+  size_t num_requests;
+  const int64_t* token_ids;
+  size_t num_tokens;
+  const int64_t* positions;
+  size_t num_positions;
+  const int64_t* seq_lens;
+  size_t num_seq_lens;
+  const int64_t* extend_lens;
+  size_t num_extend_lens;
+  const int64_t* req_pool_indices;
+  size_t num_req_pool_indices;
   /* page-table rows as CSR: num_page_table_rows + 1 offsets into slots */
-  const int64_t* page_table_offsets; size_t num_page_table_rows;
-  const int64_t* page_table_slots; size_t num_page_table_slots;
-  const int64_t* out_cache_loc; size_t num_out_cache_loc;
-  const cr_sampling* sampling; size_t num_sampling;
+  const int64_t* page_table_offsets;
+  size_t num_page_table_rows;
+  const int64_t* page_table_slots;
+  size_t num_page_table_slots;
+  const int64_t* out_cache_loc;
+  size_t num_out_cache_loc;
+  const cr_sampling* sampling;
+  size_t num_sampling;
   uint64_t rng_seed;
   uint64_t rng_offset;
-  const int64_t* output_token_ids; size_t num_output_token_ids;
-  const cr_digest* digests; size_t num_digests;
+  const int64_t* output_token_ids;
+  size_t num_output_token_ids;
+  const cr_digest* digests;
+  size_t num_digests;
   /* ABI 3: NULL, or one per page-table row: row i's slots are its columns
    * from page_table_starts[i] on (StepView::page_table_starts). */
   const int64_t* page_table_starts;

@@ -55,9 +55,8 @@ void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigne
 // check for duplicates). element_size: bytes per element (0 or 1: none).
 // The result starts with `headroom` zero bytes before the payload, room for
 // a frame header without copying the payload again.
-std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash,
-                                             size_t element_size, const BlobEncodeOptions& options,
-                                             size_t headroom = 0);
+std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
+                                             const BlobEncodeOptions& options, size_t headroom = 0);
 
 // As EncodeBlobPayload, computing the hash (into *hash) at the same time:
 // on a second thread for blobs of 4 MiB or more, so that hashing and
@@ -65,8 +64,7 @@ std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, con
 // must know the hash before deciding to encode (a duplicate is skipped)
 // hash first and call EncodeBlobPayload.
 std::vector<unsigned char> EncodeBlobPayloadHashing(std::span<const std::byte> raw, size_t element_size,
-                                                    const BlobEncodeOptions& options, size_t headroom,
-                                                    Hash128* hash);
+                                                    const BlobEncodeOptions& options, size_t headroom, Hash128* hash);
 
 // Decodes and verifies a blob payload; `max_raw_size` caps the allocation.
 absl::StatusOr<std::vector<std::byte>> DecodeBlobPayload(const unsigned char* payload, size_t size,

@@ -88,9 +88,7 @@ CR_HD uint8_t QuantNvfp4(float x, uint8_t e4m3_scale, float global_scale) {
 
 // ------------------------------------------------------------------ MXFP4
 
-CR_HD float DequantMxfp4(uint8_t nibble, uint8_t e8m0_scale) {
-  return E2m1ToFloat(nibble) * E8m0ToFloat(e8m0_scale);
-}
+CR_HD float DequantMxfp4(uint8_t nibble, uint8_t e8m0_scale) { return E2m1ToFloat(nibble) * E8m0ToFloat(e8m0_scale); }
 
 // OCP MX v1.0: shared exponent = floor(log2(amax)) - emax(e2m1) where
 // emax = 2, clamped below at -127 (an all-zero block gets 2^-127). An amax
@@ -145,19 +143,19 @@ int64_t Mxfp4ScaleCount(MatrixShape shape);    // rows * ceil(cols / 32)
 float Nvfp4GlobalScale(std::span<const float> x);
 
 // Quantizes x ([rows, cols], cols even) with ModelOpt's scale rule.
-absl::Status QuantizeNvfp4(std::span<const float> x, MatrixShape shape, float global_scale,
-                           std::span<uint8_t> packed, std::span<uint8_t> scales);
+absl::Status QuantizeNvfp4(std::span<const float> x, MatrixShape shape, float global_scale, std::span<uint8_t> packed,
+                           std::span<uint8_t> scales);
 
-absl::Status DequantizeNvfp4(std::span<const uint8_t> packed, std::span<const uint8_t> scales,
-                             float global_scale, MatrixShape shape, std::span<float> out);
+absl::Status DequantizeNvfp4(std::span<const uint8_t> packed, std::span<const uint8_t> scales, float global_scale,
+                             MatrixShape shape, std::span<float> out);
 
 // ------------------------------------------------------------ host: MXFP4
 
 absl::Status QuantizeMxfp4(std::span<const float> x, MatrixShape shape, std::span<uint8_t> packed,
                            std::span<uint8_t> scales);
 
-absl::Status DequantizeMxfp4(std::span<const uint8_t> packed, std::span<const uint8_t> scales,
-                             MatrixShape shape, std::span<float> out);
+absl::Status DequantizeMxfp4(std::span<const uint8_t> packed, std::span<const uint8_t> scales, MatrixShape shape,
+                             std::span<float> out);
 
 // ------------------------------------------------------- host: FP8 blocks
 
@@ -178,14 +176,12 @@ inline constexpr Fp8BlockOptions kFp8ActivationGroups{1, kFp8BlockSize, false, 1
 int64_t Fp8ScaleCount(MatrixShape shape, const Fp8BlockOptions& opts);
 
 // q = e4m3(x / scale) per block, scale = Fp8BlockScale(block amax).
-absl::Status QuantizeFp8Blocks(std::span<const float> x, MatrixShape shape,
-                               const Fp8BlockOptions& opts, std::span<uint8_t> q,
-                               std::span<float> scales);
+absl::Status QuantizeFp8Blocks(std::span<const float> x, MatrixShape shape, const Fp8BlockOptions& opts,
+                               std::span<uint8_t> q, std::span<float> scales);
 
 // x = e4m3 * scale (DeepSeek-V3 `weight_scale_inv` semantics).
-absl::Status DequantizeFp8Blocks(std::span<const uint8_t> q, std::span<const float> scales,
-                                 MatrixShape shape, const Fp8BlockOptions& opts,
-                                 std::span<float> out);
+absl::Status DequantizeFp8Blocks(std::span<const uint8_t> q, std::span<const float> scales, MatrixShape shape,
+                                 const Fp8BlockOptions& opts, std::span<float> out);
 
 // Requantizes FP8 block weights so every scale is a power of two, as sglang
 // does when it converts a checkpoint for DeepGEMM's UE8M0 kernels:
@@ -193,9 +189,8 @@ absl::Status DequantizeFp8Blocks(std::span<const uint8_t> q, std::span<const flo
 // block_quant_dequant(..., torch.bfloat16) does), then requantize each block
 // with scale ceil_pow2(max(amax, 1e-4) / 448). `opts.ue8m0_scales` and
 // `opts.amax_floor` are ignored. q_out/scales_out may be q/scales (in place).
-absl::Status RequantizeFp8BlocksToUe8m0(std::span<const uint8_t> q, std::span<const float> scales,
-                                        MatrixShape shape, const Fp8BlockOptions& opts,
-                                        bool through_bf16, std::span<uint8_t> q_out,
+absl::Status RequantizeFp8BlocksToUe8m0(std::span<const uint8_t> q, std::span<const float> scales, MatrixShape shape,
+                                        const Fp8BlockOptions& opts, bool through_bf16, std::span<uint8_t> q_out,
                                         std::span<float> scales_out);
 
 // ------------------------------------------------------- host: UE8M0 scales
@@ -211,9 +206,7 @@ absl::Status Fp32ScalesToE8m0Floor(std::span<const float> scales, std::span<uint
 // layout before its TMA alignment/transposition): [rows, ceil(cols/4)]. A
 // row's padding bytes are 0.
 int64_t Ue8m0PackedWords(MatrixShape shape);
-absl::Status PackUe8m0(std::span<const uint8_t> codes, MatrixShape shape,
-                       std::span<uint32_t> packed);
-absl::Status UnpackUe8m0(std::span<const uint32_t> packed, MatrixShape shape,
-                         std::span<uint8_t> codes);
+absl::Status PackUe8m0(std::span<const uint8_t> codes, MatrixShape shape, std::span<uint32_t> packed);
+absl::Status UnpackUe8m0(std::span<const uint32_t> packed, MatrixShape shape, std::span<uint8_t> codes);
 
 }  // namespace crashreplay

@@ -105,14 +105,12 @@ void EncodeFrameHeader(uint16_t type, uint16_t flags, const void* payload, size_
 // Reads the fields; false if the marker is wrong (nothing else is checked).
 bool ParseFrameHeader(const unsigned char in[kFrameHeaderSize], FrameHeader* out);
 // The checksum a frame with this header and payload must carry.
-uint64_t FrameChecksum(const unsigned char header[kFrameHeaderSize], const void* payload,
-                       size_t payload_size);
+uint64_t FrameChecksum(const unsigned char header[kFrameHeaderSize], const void* payload, size_t payload_size);
 
 void EncodeFileHeader(unsigned char out[kFileHeaderSize]);
 // Checks magic, checksum, reserved fields and version; the error names what
 // is wrong (Unimplemented for a newer major version, DataLoss otherwise).
-absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* major,
-                             uint16_t* minor);
+absl::Status CheckFileHeader(const unsigned char* data, size_t size, uint16_t* major, uint16_t* minor);
 
 // ---- blob payload ----------------------------------------------------------
 //   0  1  codec: 0 none, 1 zstd
@@ -162,9 +160,7 @@ inline void StoreLE32(unsigned char* p, uint32_t v) {
 inline void StoreLE64(unsigned char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
-inline uint16_t LoadLE16(const unsigned char* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
+inline uint16_t LoadLE16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 inline uint32_t LoadLE32(const unsigned char* p) {
   uint32_t v = 0;
   for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];

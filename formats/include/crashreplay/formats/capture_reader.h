@@ -92,8 +92,7 @@ struct VerifyResult {
 
 class CaptureReader {
  public:
-  static absl::StatusOr<std::unique_ptr<CaptureReader>> Open(const std::string& path,
-                                                             const CaptureLimits& limits = {});
+  static absl::StatusOr<std::unique_ptr<CaptureReader>> Open(const std::string& path, const CaptureLimits& limits = {});
   // Reads a capture from memory (copied); `name` appears in messages.
   static absl::StatusOr<std::unique_ptr<CaptureReader>> FromBytes(std::span<const unsigned char> bytes,
                                                                   const CaptureLimits& limits = {},

@@ -60,8 +60,7 @@ struct CaptureWriterOptions {
 
 class CaptureWriter {
  public:
-  static absl::StatusOr<std::unique_ptr<CaptureWriter>> Create(const std::string& path,
-                                                               const SessionManifest& manifest,
+  static absl::StatusOr<std::unique_ptr<CaptureWriter>> Create(const std::string& path, const SessionManifest& manifest,
                                                                const CaptureWriterOptions& options = {});
   ~CaptureWriter();
   CaptureWriter(const CaptureWriter&) = delete;

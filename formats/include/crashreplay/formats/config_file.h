@@ -89,8 +89,7 @@ absl::StatusOr<std::pair<std::string, ConfigValue>> ParseSetFlag(std::string_vie
 std::string FormatConfig(const Config& config, std::string_view comment = "");
 
 // Writes FormatConfig(config) to `path` (replacing it). Internal on I/O error.
-absl::Status WriteConfigFile(const std::string& path, const Config& config,
-                             std::string_view comment = "");
+absl::Status WriteConfigFile(const std::string& path, const Config& config, std::string_view comment = "");
 
 // True for names a file may use: [A-Za-z0-9_-]+.
 bool IsValidConfigName(std::string_view name);

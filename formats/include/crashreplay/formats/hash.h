@@ -27,9 +27,7 @@ struct Hash128 {
 };
 
 Hash128 XXH128Of(const void* data, size_t size);
-inline Hash128 XXH128Of(std::span<const std::byte> bytes) {
-  return XXH128Of(bytes.data(), bytes.size());
-}
+inline Hash128 XXH128Of(std::span<const std::byte> bytes) { return XXH128Of(bytes.data(), bytes.size()); }
 uint64_t XXH64Of(const void* data, size_t size);  // XXH3-64, seed 0
 
 // Incremental XXH3-128 over several pieces; equals XXH128Of of their concatenation.

@@ -125,8 +125,7 @@ CR_HD float Fp16ToFloat(uint16_t h) {
   const uint32_t mag = h & 0x7fffu;
   if (mag >= 0x7c00u) {  // Inf, or NaN made quiet with its payload kept
     const uint32_t payload = (mag & 0x3ffu) << 13;
-    return BitsToFloat(sign | numeric_internal::kFloatInf |
-                       (payload != 0 ? (payload | 0x400000u) : 0u));
+    return BitsToFloat(sign | numeric_internal::kFloatInf | (payload != 0 ? (payload | 0x400000u) : 0u));
   }
   return BitsToFloat(sign | numeric_internal::DecodeMagnitudeBits<10, 15>(mag));
 }
@@ -164,9 +163,7 @@ CR_HD uint8_t FloatToE4m3(float f) {
 // --------------------------------------------------------------- fp8 e5m2
 // OCP e5m2: bias 15, IEEE-like (Inf 0x7c, NaN 0x7d..0x7f); max +-57344.
 
-CR_HD float E5m2ToFloat(uint8_t b) {
-  return Fp16ToFloat(static_cast<uint16_t>(static_cast<uint16_t>(b) << 8));
-}
+CR_HD float E5m2ToFloat(uint8_t b) { return Fp16ToFloat(static_cast<uint16_t>(static_cast<uint16_t>(b) << 8)); }
 
 // Non-saturating, as ml_dtypes: values from 61440 (the tie above 57344) up
 // become +-Inf.
@@ -234,13 +231,11 @@ CR_HD bool IsUe8m0Layout(uint32_t fp32_bits) { return (fp32_bits & 0x807fffffu) 
 // The four UE8M0 bytes of one int32 in DeepGEMM's packed scale layout:
 // element 0 in the low byte.
 CR_HD uint32_t PackUe8m0x4(uint8_t e0, uint8_t e1, uint8_t e2, uint8_t e3) {
-  return static_cast<uint32_t>(e0) | (static_cast<uint32_t>(e1) << 8) |
-         (static_cast<uint32_t>(e2) << 16) | (static_cast<uint32_t>(e3) << 24);
+  return static_cast<uint32_t>(e0) | (static_cast<uint32_t>(e1) << 8) | (static_cast<uint32_t>(e2) << 16) |
+         (static_cast<uint32_t>(e3) << 24);
 }
 
-CR_HD uint8_t UnpackUe8m0(uint32_t word, int i) {
-  return static_cast<uint8_t>(word >> (8 * i));
-}
+CR_HD uint8_t UnpackUe8m0(uint32_t word, int i) { return static_cast<uint8_t>(word >> (8 * i)); }
 
 // --------------------------------------------------------------------- e2m1
 // OCP fp4 e2m1: sign, 2 exponent bits (bias 1), 1 mantissa bit; values

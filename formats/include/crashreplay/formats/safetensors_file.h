@@ -85,8 +85,8 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> OpenDeferred(const std::string& path);
 
   // Validates a copy of `bytes`; `name` stands in for the path in messages.
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBuffer(
-      std::string name, std::span<const std::byte> bytes);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBuffer(std::string name,
+                                                                     std::span<const std::byte> bytes);
 
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -116,8 +116,8 @@ class SafetensorsFile {
   SafetensorsFile(std::string path, std::unique_ptr<ByteSource> source);
   // `source` holds the file's first bytes, at least the header (the whole
   // file unless deferred); `file_size` is the whole file's size.
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(
-      std::string path, std::unique_ptr<ByteSource> source, uint64_t file_size);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(std::string path, std::unique_ptr<ByteSource> source,
+                                                                uint64_t file_size);
 
   std::string path_;
   std::unique_ptr<ByteSource> source_;

@@ -37,8 +37,7 @@ class SafetensorsWriter {
  public:
   // Adds a tensor. `data` must hold exactly shape x dtype-size bytes
   // (little-endian element bytes; 4-bit types packed two per byte).
-  absl::Status Add(std::string name, DType dtype, std::vector<int64_t> shape,
-                   std::span<const std::byte> data);
+  absl::Status Add(std::string name, DType dtype, std::vector<int64_t> shape, std::span<const std::byte> data);
   void SetMetadata(std::string key, std::string value);
 
   size_t num_tensors() const { return tensors_.size(); }

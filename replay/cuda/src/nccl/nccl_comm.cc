@@ -54,7 +54,7 @@ struct NcclRanks::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<NcclRanks>> NcclRanks::Init(CudaExecutor* exec, int rank, int ranks,
-                                                            const std::string& id_path, double timeout_s) {
+                                                           const std::string& id_path, double timeout_s) {
   if (ranks < 1 || rank < 0 || rank >= ranks) {
     return absl::InvalidArgumentError(Cat("NCCL rank ", rank, " of ", ranks, " is out of range"));
   }
@@ -82,9 +82,9 @@ NcclRanks::~NcclRanks() {
 }
 
 absl::Status NcclRanks::AllGather(const float* local, float* gathered, int64_t n) {
-  CR_RETURN_IF_ERROR(NcclStatus(ncclAllGather(local, gathered, static_cast<size_t>(n), ncclFloat32, impl_->comm,
-                                              exec_->stream()),
-                                "ncclAllGather"));
+  CR_RETURN_IF_ERROR(
+      NcclStatus(ncclAllGather(local, gathered, static_cast<size_t>(n), ncclFloat32, impl_->comm, exec_->stream()),
+                 "ncclAllGather"));
   return exec_->mode() == ExecMode::kKernelByKernel ? exec_->Synchronize() : absl::OkStatus();
 }
 

@@ -79,8 +79,8 @@ class CaptureRecorder : public StepObserver {
   // Opens SESSION_DIR/rank-00000.crcap and writes the manifest (the built-in
   // engine's form, or `as`'s engine's).
   static absl::StatusOr<std::unique_ptr<CaptureRecorder>> Begin(const std::string& session_dir,
-                                                                const std::string& checkpoint_dir,
-                                                                const Config& config, const Model& model,
+                                                                const std::string& checkpoint_dir, const Config& config,
+                                                                const Model& model,
                                                                 const SnapshotOptions& snapshots = {},
                                                                 const EngineIdentity* as = nullptr);
   void StateBeforeStep(const StepInput& input, const KvCache& kv) override;

@@ -40,10 +40,10 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/statusor.h"
-#include "crashreplay/replay/cuda/cuda_executor.h"
 #include "crashreplay/replay/config/fault.h"
-#include "crashreplay/replay/model/planner.h"
 #include "crashreplay/replay/config/toggles.h"
+#include "crashreplay/replay/cuda/cuda_executor.h"
+#include "crashreplay/replay/model/planner.h"
 
 namespace crashreplay::replay::cuda {
 

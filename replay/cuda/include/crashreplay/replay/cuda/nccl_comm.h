@@ -27,7 +27,7 @@ namespace crashreplay::replay::cuda {
 class NcclRanks {
  public:
   static absl::StatusOr<std::unique_ptr<NcclRanks>> Init(CudaExecutor* exec, int rank, int ranks,
-                                                          const std::string& id_path, double timeout_s = 60);
+                                                         const std::string& id_path, double timeout_s = 60);
   ~NcclRanks();
 
   int rank() const { return rank_; }

@@ -18,8 +18,8 @@
 #include <cstdint>
 
 #include "crashreplay/base/hd.h"
-#include "crashreplay/replay/kernels/check.h"
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/kernels/check.h"
 
 namespace crashreplay::replay {
 
@@ -60,8 +60,7 @@ CR_HD void KvStore(const KvPoolView& kv, void* base, int64_t i, float x) {
 
 // Resolves logical page -> pool page through the table with both checks
 // (position within the table, page within a pool of `pool_pages`); -1 on failure.
-CR_HD int64_t ResolvePoolPage(int64_t pool_pages, PageTableRow row, int64_t logical, int64_t item,
-                              KernelStatus* st) {
+CR_HD int64_t ResolvePoolPage(int64_t pool_pages, PageTableRow row, int64_t logical, int64_t item, KernelStatus* st) {
   if (logical < 0 || logical >= row.width) {
     Fail(st, Check::kPositionInTable, item, logical, static_cast<double>(row.width));
     return -1;
@@ -74,8 +73,7 @@ CR_HD int64_t ResolvePoolPage(int64_t pool_pages, PageTableRow row, int64_t logi
   return page;
 }
 
-CR_HD int64_t ResolvePage(const KvPoolView& kv, PageTableRow row, int64_t logical, int64_t item,
-                          KernelStatus* st) {
+CR_HD int64_t ResolvePage(const KvPoolView& kv, PageTableRow row, int64_t logical, int64_t item, KernelStatus* st) {
   return ResolvePoolPage(kv.pages, row, logical, item, st);
 }
 
@@ -142,9 +140,9 @@ CR_HD void AttendReference(const KvPoolView& kv, PageTableRow row, const float* 
 // positions in order, times 1 / sum. scratch: len + 3 floats (the scores,
 // then max, sum and the fault flag).
 inline constexpr int kAttendPhases = 7;
-CR_HD bool AttendReferencePhase(int phase, int64_t i, int64_t n, const KvPoolView& kv, PageTableRow row,
-                                const float* q, int64_t kv_head, int64_t len, float scale, float* out,
-                                float* scratch, int64_t item, KernelStatus* st) {
+CR_HD bool AttendReferencePhase(int phase, int64_t i, int64_t n, const KvPoolView& kv, PageTableRow row, const float* q,
+                                int64_t kv_head, int64_t len, float scale, float* out, float* scratch, int64_t item,
+                                KernelStatus* st) {
   float* const stat = scratch + len;  // [max, sum, failed]
   switch (phase) {
     case 0:
@@ -206,9 +204,8 @@ CR_HD int64_t FlashScratchFloats(int64_t max_len, int64_t head_dim) {
   return chunks * (head_dim + 2) + kFlashChunk;
 }
 
-CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head,
-                             int64_t len, float scale, float* out, float* scratch, int64_t item,
-                             KernelStatus* st) {
+CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
+                             float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
   const int64_t hd = kv.head_dim;
   const int64_t chunks = (len + kFlashChunk - 1) / kFlashChunk;
   float* p = scratch + chunks * (hd + 2);  // kFlashChunk scores of the current chunk

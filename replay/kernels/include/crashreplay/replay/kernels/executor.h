@@ -35,10 +35,10 @@
 
 namespace crashreplay::replay {
 
-using Op = std::variant<EmbeddingOp, RmsNormOp, LinearOp, RopeOp, KvWriteOp, AttentionOp, SiluMulOp, ReduceOp,
-                        RouterOp, TopKOp, ExpertsOp, SharedExpertOp, GatherLogitsOp, ProcessLogitsOp, SampleOp,
-                        ActQuantOp, LatentWriteOp, LatentGatherOp, MlaAttentionOp, MlaQAbsorbOp, LatentAttentionOp,
-                        MlaVUpOp, IndexKWriteOp, IndexerOp, StoreOp>;
+using Op = std::variant<EmbeddingOp, RmsNormOp, LinearOp, RopeOp, KvWriteOp, AttentionOp, SiluMulOp, ReduceOp, RouterOp,
+                        TopKOp, ExpertsOp, SharedExpertOp, GatherLogitsOp, ProcessLogitsOp, SampleOp, ActQuantOp,
+                        LatentWriteOp, LatentGatherOp, MlaAttentionOp, MlaQAbsorbOp, LatentAttentionOp, MlaVUpOp,
+                        IndexKWriteOp, IndexerOp, StoreOp>;
 
 OpKind KindOf(const Op& op);
 

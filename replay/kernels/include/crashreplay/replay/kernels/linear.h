@@ -24,8 +24,8 @@
 #include <cstdint>
 
 #include "crashreplay/base/hd.h"
-#include "crashreplay/replay/kernels/check.h"
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/kernels/check.h"
 
 namespace crashreplay::replay {
 
@@ -91,9 +91,7 @@ CR_HD float DequantAt(const QWeight& w, int64_t r, int64_t c) {
   return Bf16ToFloat(FloatToBf16(RawAt(w, r, c) * ScaleAt(w, r, c)));
 }
 
-CR_HD float LaneSum8(const float* l) {
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+CR_HD float LaneSum8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
 
 // Storage decoders with the format fixed at compile time, so the dot-product
 // loops below carry no per-element switch and the compiler can vectorize them.
@@ -158,19 +156,17 @@ CR_HD float DotRawF(const QWeight& w, const float* x, int64_t r, int64_t c0, int
 }
 
 // `fn<F>(args...)` for the weight's storage format.
-#define CR_DISPATCH_WFORMAT(w, fn, ...)                                   \
-  switch ((w).format) {                                                   \
-    case WFormat::kF32: return fn<WFormat::kF32>(__VA_ARGS__);           \
-    case WFormat::kBF16: return fn<WFormat::kBF16>(__VA_ARGS__);         \
-    case WFormat::kF16: return fn<WFormat::kF16>(__VA_ARGS__);           \
-    case WFormat::kE4m3: return fn<WFormat::kE4m3>(__VA_ARGS__);         \
-    case WFormat::kE2m1: return fn<WFormat::kE2m1>(__VA_ARGS__);         \
-  }                                                                       \
+#define CR_DISPATCH_WFORMAT(w, fn, ...)                          \
+  switch ((w).format) {                                          \
+    case WFormat::kF32: return fn<WFormat::kF32>(__VA_ARGS__);   \
+    case WFormat::kBF16: return fn<WFormat::kBF16>(__VA_ARGS__); \
+    case WFormat::kF16: return fn<WFormat::kF16>(__VA_ARGS__);   \
+    case WFormat::kE4m3: return fn<WFormat::kE4m3>(__VA_ARGS__); \
+    case WFormat::kE2m1: return fn<WFormat::kE2m1>(__VA_ARGS__); \
+  }                                                              \
   return 0.0f
 
-CR_HD float DotDequant(const QWeight& w, const float* x, int64_t r) {
-  CR_DISPATCH_WFORMAT(w, DotDequantF, w, x, r);
-}
+CR_HD float DotDequant(const QWeight& w, const float* x, int64_t r) { CR_DISPATCH_WFORMAT(w, DotDequantF, w, x, r); }
 
 CR_HD float DotRaw(const QWeight& w, const float* x, int64_t r, int64_t c0, int64_t c1) {
   CR_DISPATCH_WFORMAT(w, DotRawF, w, x, r, c0, c1);
@@ -263,8 +259,7 @@ CR_HD float DotFusedQ(const QWeight& w, const QWeight& xq, int64_t r, bool ue8m0
 
 enum class DotKind : uint8_t { kDequant, kFused, kUe8m0 };
 
-CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_t r, int64_t item,
-                          KernelStatus* st) {
+CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_t r, int64_t item, KernelStatus* st) {
   switch (kind) {
     case DotKind::kDequant: return DotDequant(w, x, r);
     case DotKind::kFused: return DotFused(w, x, r);
@@ -288,8 +283,8 @@ CR_HD float LinearElement(DotKind kind, const QWeight& w, const float* x, int64_
 
 // Lane j's terms over columns [c0, c1), added to acc[t] for t < nt.
 template <WFormat F, bool kScale, bool kRound, int kT>
-CR_HD void LaneTerms(const QWeight& w, const float* const* x, int nt, int64_t r, int64_t c0, int64_t c1, float s,
-                     int j, float* acc) {
+CR_HD void LaneTerms(const QWeight& w, const float* const* x, int nt, int64_t r, int64_t c0, int64_t c1, float s, int j,
+                     float* acc) {
   const int64_t base = r * RowStride(w);
   for (int64_t c = c0 + ((j - c0) & 7); c < c1; c += 8) {
     float v = RawAtF<F>(w.data, base + c);
@@ -418,6 +413,5 @@ CR_HD void LinearElementsLaneQ(DotKind kind, const QWeight& w, const QWeight* xq
     if (t < nt) out[t] = acc[t] * ((ue8m0 ? 1.0f : w.global_scale) * xq[t].global_scale);
   }
 }
-
 
 }  // namespace crashreplay::replay

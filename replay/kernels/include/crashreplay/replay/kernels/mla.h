@@ -179,8 +179,8 @@ CR_HD bool SparseIndexValid(int32_t j, int64_t len, int64_t item, KernelStatus* 
 // k_rot rows ([rope] each) of the same positions. Dense: positions [0, len);
 // sparse (ids != null): the n_ids entries of ids, each checked against len.
 CR_HD void MlaAttendExpanded(const float* q, const float* kv, const float* rot, int64_t kv_stride, int64_t h,
-                             int64_t nope, int64_t rope, int64_t v_dim, int64_t len, const int32_t* ids,
-                             int64_t n_ids, float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
+                             int64_t nope, int64_t rope, int64_t v_dim, int64_t len, const int32_t* ids, int64_t n_ids,
+                             float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
   for (int64_t e = 0; e < v_dim; ++e) out[e] = 0.0f;
   const int64_t n = ids != nullptr ? n_ids : len;
   const int64_t head_off = h * (nope + v_dim);

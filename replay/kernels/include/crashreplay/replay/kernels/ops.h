@@ -34,9 +34,30 @@ namespace crashreplay::replay {
 
 // Stable ids, recorded by the CUDA fault buffer.
 enum class OpKind : uint32_t {
-  kEmbedding, kRmsNorm, kLinear, kRope, kKvWrite, kAttention, kSiluMul, kReduce,
-  kRouter, kTopK, kExperts, kSharedExpert, kGatherLogits, kProcessLogits, kSample, kActQuant,
-  kLatentWrite, kLatentGather, kMlaAttention, kMlaQAbsorb, kLatentAttention, kMlaVUp, kIndexKWrite, kIndexer,
+  kEmbedding,
+  kRmsNorm,
+  kLinear,
+  kRope,
+  kKvWrite,
+  kAttention,
+  kSiluMul,
+  kReduce,
+  kRouter,
+  kTopK,
+  kExperts,
+  kSharedExpert,
+  kGatherLogits,
+  kProcessLogits,
+  kSample,
+  kActQuant,
+  kLatentWrite,
+  kLatentGather,
+  kMlaAttention,
+  kMlaQAbsorb,
+  kLatentAttention,
+  kMlaVUp,
+  kIndexKWrite,
+  kIndexer,
   kStore,
   kCount,
 };
@@ -538,8 +559,7 @@ CR_HD void RunItem(const TopKOp& o, int64_t t, float* scratch, KernelStatus* st)
     RouteSigmoidGrouped(o.logits + t * E, o.bias, o.experts, o.k, o.n_group, o.topk_group, o.renormalize, o.scaling,
                         o.ids + t * K, o.weights + t * K, scratch, mask, t, st);
   } else {
-    RouteSoftmaxTopK(o.logits + t * E, o.experts, o.k, o.renormalize, o.ids + t * K, o.weights + t * K, scratch, t,
-                     st);
+    RouteSoftmaxTopK(o.logits + t * E, o.experts, o.k, o.renormalize, o.ids + t * K, o.weights + t * K, scratch, t, st);
   }
 }
 
@@ -685,11 +705,11 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
     return;
   }
   if (stage == 1) return ExpertActivationItem(o, i, ws, st);
-  o.partial[i] = DownSum(o, i, ws, [&](const ExpertView& e, const float* a, const QWeight& aq, int64_t rt,
-                                       int64_t row) {
-    return e.down.act_fp4 ? LinearElementQ(o.dot, e.down, aq, row, rt, st)
-                          : LinearElement(o.dot, e.down, a, row, rt, st);
-  });
+  o.partial[i] =
+      DownSum(o, i, ws, [&](const ExpertView& e, const float* a, const QWeight& aq, int64_t rt, int64_t row) {
+        return e.down.act_fp4 ? LinearElementQ(o.dot, e.down, aq, row, rt, st)
+                              : LinearElement(o.dot, e.down, a, row, rt, st);
+      });
 }
 
 // Stages 0 and 2 of ExpertStageItem on lane j of eight (kernels/linear.h,
@@ -725,16 +745,16 @@ CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int 
     return;
   }
   if (stage == 1) return;  // no dot product: ExpertActivationItem
-  const float acc = DownSum(o, i, ws, [&](const ExpertView& e, const float* a, const QWeight& aq, int64_t rt,
-                                          int64_t row) {
-    float v = 0.0f;
-    if (e.down.act_fp4) {
-      LinearElementsLaneQ<1>(o.dot, e.down, &aq, 1, row, j, rt, st, lanes, &v);
-    } else {
-      LinearElementsLane<1>(o.dot, e.down, &a, 1, row, j, rt, st, lanes, &v);
-    }
-    return v;
-  });
+  const float acc =
+      DownSum(o, i, ws, [&](const ExpertView& e, const float* a, const QWeight& aq, int64_t rt, int64_t row) {
+        float v = 0.0f;
+        if (e.down.act_fp4) {
+          LinearElementsLaneQ<1>(o.dot, e.down, &aq, 1, row, j, rt, st, lanes, &v);
+        } else {
+          LinearElementsLane<1>(o.dot, e.down, &a, 1, row, j, rt, st, lanes, &v);
+        }
+        return v;
+      });
   if (j == 0) o.partial[i] = acc;
 }
 
@@ -781,8 +801,8 @@ CR_HD int64_t Items(const LatentGatherOp& o) { return o.ranks * o.n; }
 CR_HD int64_t ScratchFloats(const LatentGatherOp& o) { return o.kv_lora + o.rope; }
 CR_HD void RunItem(const LatentGatherOp& o, int64_t i, float* scratch, KernelStatus* st) {
   const int64_t r = i / o.n, s = i % o.n;
-  LatentGatherRow(o.views[r], RowTableOf(o.batch, o.row[s]), o.pos[s], o.c + i * o.kv_lora, o.rot + i * o.rope,
-                  scratch, i, st);
+  LatentGatherRow(o.views[r], RowTableOf(o.batch, o.row[s]), o.pos[s], o.c + i * o.kv_lora, o.rot + i * o.rope, scratch,
+                  i, st);
 }
 
 CR_HD int64_t Items(const MlaAttentionOp& o) { return o.ranks * o.batch.tokens * o.heads; }

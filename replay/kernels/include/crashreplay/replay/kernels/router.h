@@ -55,8 +55,8 @@ CR_HD void CheckExpertIds(const int32_t* ids, int32_t k, int32_t experts, int64_
 }
 
 // scratch: n floats.
-CR_HD void RouteSoftmaxTopK(const float* logits, int32_t n, int32_t k, bool renormalize, int32_t* ids,
-                            float* weights, float* scratch, int64_t item, KernelStatus* st) {
+CR_HD void RouteSoftmaxTopK(const float* logits, int32_t n, int32_t k, bool renormalize, int32_t* ids, float* weights,
+                            float* scratch, int64_t item, KernelStatus* st) {
   float m = -INFINITY;
   for (int32_t e = 0; e < n; ++e) m = logits[e] > m ? logits[e] : m;
   float sum = 0.0f;
@@ -79,8 +79,8 @@ CR_HD void RouteSoftmaxTopK(const float* logits, int32_t n, int32_t k, bool reno
 
 // scratch: 2 * n floats + n bytes (passed as mask).
 CR_HD void RouteSigmoidGrouped(const float* logits, const float* bias, int32_t n, int32_t k, int32_t n_group,
-                               int32_t topk_group, bool renormalize, float scaling, int32_t* ids,
-                               float* weights, float* scratch, uint8_t* mask, int64_t item, KernelStatus* st) {
+                               int32_t topk_group, bool renormalize, float scaling, int32_t* ids, float* weights,
+                               float* scratch, uint8_t* mask, int64_t item, KernelStatus* st) {
   float* score = scratch;
   float* choice = scratch + n;
   for (int32_t e = 0; e < n; ++e) {

@@ -143,7 +143,10 @@ CR_HD void ProcessLogits(const float* logits, int32_t n, const SamplingParams& s
       // sorted filter, so the cut may rise while either allows it.
       const bool ok_k = sp.top_k > 0 && count >= sp.top_k;
       const bool ok_p = sp.top_p < 1.0f && mass >= sp.top_p;
-      if (ok_k || ok_p) lo = t; else hi = t;
+      if (ok_k || ok_p)
+        lo = t;
+      else
+        hi = t;
     }
     float cut = lo;
     if (sp.min_p * pmax > cut) cut = sp.min_p * pmax;

@@ -25,10 +25,10 @@
 
 #include "absl/status/statusor.h"
 #include "crashreplay/formats/hash.h"
+#include "crashreplay/replay/config/toggles.h"
 #include "crashreplay/replay/kernels/linear.h"
 #include "crashreplay/replay/model/model_spec.h"
 #include "crashreplay/replay/model/tensor_bytes.h"
-#include "crashreplay/replay/config/toggles.h"
 
 namespace crashreplay::replay {
 

@@ -48,7 +48,8 @@ std::string DescribeRope(const RopeSpec& rope);
 enum class QuantKind { kNone, kFp8Block, kNvfp4, kMxfp4, kFp8Tensor };
 
 struct ModelSpec {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe | deepseek_v3 | deepseek_v32 | glm_moe_dsa
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe | deepseek_v3 |
+                           // deepseek_v32 | glm_moe_dsa
   int64_t hidden = 0;
   int64_t layers = 0;
   int64_t heads = 0;

@@ -34,8 +34,8 @@
 #include <nlohmann/json.hpp>
 
 #include "crashreplay/replay/config/fault.h"
-#include "crashreplay/replay/model/model.h"
 #include "crashreplay/replay/config/toggles.h"
+#include "crashreplay/replay/model/model.h"
 
 namespace crashreplay::replay {
 

@@ -37,15 +37,15 @@
 #include "crashreplay/formats/dtype.h"
 #include "crashreplay/formats/fingerprint.h"
 #include "crashreplay/formats/hash.h"
-#include "crashreplay/replay/program/device_model.h"
-#include "crashreplay/replay/kernels/executor.h"
 #include "crashreplay/replay/config/fault.h"
+#include "crashreplay/replay/config/toggles.h"
 #include "crashreplay/replay/kernels/attention.h"
+#include "crashreplay/replay/kernels/executor.h"
 #include "crashreplay/replay/kernels/indexer.h"
 #include "crashreplay/replay/kernels/mla.h"
 #include "crashreplay/replay/kernels/sampling.h"
 #include "crashreplay/replay/model/model.h"
-#include "crashreplay/replay/config/toggles.h"
+#include "crashreplay/replay/program/device_model.h"
 
 namespace crashreplay::replay {
 
@@ -84,8 +84,8 @@ struct StepInput {
 //                         (kernels/indexer.h).
 class KvCache {
  public:
-  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const Model& model, const EngineConfig& config,
-                                                         int64_t pages, Executor* exec);
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const Model& model, const EngineConfig& config, int64_t pages,
+                                                         Executor* exec);
   // One pool, as the snapshot reads and writes it.
   struct Pool {
     std::string name;                 // "k", "v", "latent", "index_k"
@@ -106,9 +106,7 @@ class KvCache {
   const LatentPoolView* latent_views(int64_t layer) const {
     return latent_views_.empty() ? nullptr : latent_views_[layer];
   }
-  const IndexPoolView* index_views(int64_t layer) const {
-    return index_views_.empty() ? nullptr : index_views_[layer];
-  }
+  const IndexPoolView* index_views(int64_t layer) const { return index_views_.empty() ? nullptr : index_views_[layer]; }
   int64_t pages() const { return pages_; }
   int page_size() const { return page_size_; }
   bool fp8() const { return fp8_; }
@@ -309,8 +307,7 @@ class StepProgram {
   float* F(const std::string& name) { return static_cast<float*>(bufs_[name].p); }
   int32_t* I(const std::string& name) { return static_cast<int32_t*>(bufs_[name].p); }
   uint8_t* U8(const std::string& name) { return static_cast<uint8_t*>(bufs_[name].p); }
-  void Add(std::string name, int layer, std::vector<std::string> outputs, int64_t tokens_per_rank,
-           std::vector<Op> ops);
+  void Add(std::string name, int layer, std::vector<std::string> outputs, int64_t tokens_per_rank, std::vector<Op> ops);
   Fault DeviceFault(const KernelCall& k, const absl::Status& s);
   // Streaming: holds kernel k's layer; the fault when it cannot.
   std::optional<Fault> HoldLayer(const KernelCall& k);

@@ -28,14 +28,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "crashreplay/replay/program/device_model.h"
-#include "crashreplay/replay/kernels/executor.h"
 #include "crashreplay/replay/config/fault.h"
+#include "crashreplay/replay/config/toggles.h"
+#include "crashreplay/replay/kernels/executor.h"
 #include "crashreplay/replay/model/model.h"
 #include "crashreplay/replay/model/planner.h"
+#include "crashreplay/replay/program/device_model.h"
 #include "crashreplay/replay/program/step.h"
 #include "crashreplay/replay/session/step_state.h"
-#include "crashreplay/replay/config/toggles.h"
 
 namespace crashreplay::replay {
 

@@ -31,10 +31,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <string_view>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
