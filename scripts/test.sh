@@ -2,10 +2,13 @@
 # Installs what is missing, builds, and runs the whole test suite:
 #   1. every GoogleTest and regression corpus under ctest,
 #   2. the Python tests (pytest),
-#   3. the formats tests again under AddressSanitizer + UBSan.
+#   3. the formats tests again under AddressSanitizer + UBSan;
+# first of all, that every source is laid out as .clang-format says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "== format"
+bash scripts/format.sh --check
 bash scripts/build.sh
 
 echo "== ctest"
