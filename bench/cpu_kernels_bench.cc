@@ -34,7 +34,8 @@
 // what the CPU executor ran before) beside the launcher (rank 0's items,
 // the other ranks' pages compared and their ids copied), with the
 // arithmetic the items do (2 * heads * dim flops per query and key, per
-// rank computed).
+// rank computed) beside the arithmetic bound of the engine's mix on the
+// same threads (8-wide multiply then add, measured: ArithmeticBoundGflops).
 //
 // Figures only; nothing here is asserted. Medians of --reps runs (default 7).
 #include <cblas.h>
@@ -338,6 +339,48 @@ void Bandwidth(CpuPool& pool, int reps, double* read_gbs, double* copy_gbs) {
   *copy_gbs = static_cast<double>(n) / copy_ms * 1e-6;  // bytes copied (each read once and written once)
 }
 
+// ---- arithmetic bound ---------------------------------------------------------
+// The engine's dots are 8-float vectors, a multiply then an add (no FMA:
+// -ffp-contract=off, docs/replay.md). The bound of that mix on this machine:
+// N independent chains acc = acc + acc * y per thread, N as many as the
+// ISA's registers hold (14 of AVX2's 16, 28 of AVX-512's 32), in GFLOP/s
+// (2 flops a lane) over the pool's threads.
+typedef float BoundVec __attribute__((vector_size(32)));
+
+template <int N>
+inline __attribute__((always_inline)) float BoundLoop(int64_t iters) {
+  BoundVec acc[N];
+  for (int k = 0; k < N; ++k) acc[k] = BoundVec{} + (1.0f + 0.001f * static_cast<float>(k));
+  const BoundVec y = BoundVec{} + 1e-9f;
+  for (int64_t i = 0; i < iters; ++i) {
+    for (int k = 0; k < N; ++k) acc[k] = acc[k] + acc[k] * y;
+  }
+  float s = 0;
+  for (int k = 0; k < N; ++k) s += acc[k][0];
+  return s;
+}
+__attribute__((noinline)) float BoundGeneric(int64_t n) { return BoundLoop<6>(n); }
+#if defined(__x86_64__)
+__attribute__((target("avx2"), noinline)) float BoundAvx2(int64_t n) { return BoundLoop<14>(n); }
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) float BoundAvx512(int64_t n) {
+  return BoundLoop<28>(n);
+}
+#endif
+
+double ArithmeticBoundGflops(CpuPool& pool, CpuIsa isa, int reps) {
+  constexpr int64_t kIters = 20'000'000;
+  int chains = 6;
+  float (*fn)(int64_t) = BoundGeneric;
+#if defined(__x86_64__)
+  if (isa == CpuIsa::kAvx2) fn = BoundAvx2, chains = 14;
+  if (isa == CpuIsa::kAvx512) fn = BoundAvx512, chains = 28;
+#endif
+  std::vector<float> sink(static_cast<size_t>(pool.threads()) * 16);
+  const double ms = MedianMs(
+      reps, [&] { pool.Launch(pool.threads(), [&](int64_t p, KernelStatus*) { sink[p * 16] = fn(kIters); }); });
+  return 2.0 * 8 * chains * static_cast<double>(kIters) * pool.threads() / ms * 1e-6;
+}
+
 // ---- DSA indexer ------------------------------------------------------------
 
 struct IndexerFigures {
@@ -347,6 +390,7 @@ struct IndexerFigures {
 };
 
 int64_t g_indexer_tokens = 1024;
+double g_bound_gflops = 0;
 
 IndexerFigures BenchIndexer(bool fp8, CpuPool& pool, CpuIsa isa, int reps) {
   constexpr int32_t kDim = 128, kPageSize = 64;
@@ -459,6 +503,7 @@ int main(int argc, char** argv) {
   }
   std::vector<IndexerFigures> indexer;
   if (g_only.empty() || g_only == "indexer") {
+    g_bound_gflops = ArithmeticBoundGflops(pool, best, 3);
     for (bool fp8 : {false, true}) indexer.push_back(BenchIndexer(fp8, pool, best, std::max(1, reps / 3)));
   }
   if (json) {
@@ -520,14 +565,18 @@ int main(int argc, char** argv) {
     std::printf(
         "DSA indexer, one %lld-token prefill row at tp 8 (32 heads x 128, top-2048; GFLOP/s per rank computed):\n",
         static_cast<long long>(indexer[0].tokens));
-    std::printf("  %-6s %22s %22s %8s\n", "keys", "work items (8 ranks)", "launcher (1 rank)", "speedup");
+    std::printf("  arithmetic bound (8-wide multiply then add, %d thread(s), measured): %.1f GFLOP/s\n", pool.threads(),
+                g_bound_gflops);
+    std::printf("  %-6s %22s %22s %8s %9s\n", "keys", "work items (8 ranks)", "launcher (1 rank)", "speedup",
+                "of bound");
     for (const IndexerFigures& x : indexer) {
       char a[48] = "n/a", b[48];
       if (x.ref_ms > 0) std::snprintf(a, sizeof a, "%.0f ms (%.2f)", x.ref_ms, 8 * x.gflop_per_rank / x.ref_ms * 1e3);
       std::snprintf(b, sizeof b, "%.0f ms (%.2f)", x.fast_ms, x.gflop_per_rank / x.fast_ms * 1e3);
       char speedup[16] = "n/a";
       if (x.ref_ms > 0) std::snprintf(speedup, sizeof speedup, "%.1fx", x.ref_ms / x.fast_ms);
-      std::printf("  %-6s %22s %22s %8s\n", x.keys.c_str(), a, b, speedup);
+      const double share = g_bound_gflops > 0 ? x.gflop_per_rank / x.fast_ms * 1e3 / g_bound_gflops : 0;
+      std::printf("  %-6s %22s %22s %8s %8.0f%%\n", x.keys.c_str(), a, b, speedup, 100 * share);
     }
   }
   return 0;

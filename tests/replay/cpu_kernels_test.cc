@@ -828,13 +828,13 @@ struct IndexerCase {
     op.max_len = 71;
     op.fp8 = fp8;
   }
-  std::vector<int32_t> Run(bool fast, bool* covered = nullptr) {
+  std::vector<int32_t> Run(bool fast, bool* covered = nullptr, CpuIsa isa = DefaultCpuIsa()) {
     std::vector<int32_t> ids(kRanks * op.batch.tokens * kTopk, -7);
     op.ids = ids.data();
     if (fast) {
       CpuPool pool(2);
       KernelStatus st;
-      const bool ran = LaunchIndexerFast(op, pool, DefaultCpuIsa(), &st);
+      const bool ran = LaunchIndexerFast(op, pool, isa, &st);
       EXPECT_FALSE(st.fired);
       if (covered != nullptr) *covered = ran;
     } else {
@@ -865,6 +865,45 @@ TEST(CpuKernels, IndexerRunsOnceForRanksWhosePagesAgree) {
     std::vector<int32_t> untouched = c.Run(true, &covered);
     EXPECT_FALSE(covered);
     for (int32_t id : untouched) ASSERT_EQ(id, -7);
+  }
+}
+
+// The SIMD scores (cpu_indexer.cc) against the work items, on every ISA,
+// one rank and two: the ids in order, so every score's rank among the others
+// is the work items'. Keys that tie (the same key at two positions: the
+// lower position first), a NaN query head (NaN scores rank first), and
+// heads whose dots are negative (relu to zero: ties again).
+TEST(CpuKernels, IndexerScoresAreTheWorkItemsOnEveryIsa) {
+  for (bool fp8 : {false, true}) {
+    for (int64_t ranks : {int64_t{1}, int64_t{2}}) {
+      IndexerCase c(fp8);
+      c.op.ranks = ranks;
+      // Position 9 holds position 3's key (both in page 0 of every rank).
+      for (int64_t r = 0; r < IndexerCase::kRanks; ++r) {
+        uint8_t* page = c.pools[r].data();
+        const int64_t width = fp8 ? IndexerCase::kDim : 2 * IndexerCase::kDim;
+        std::memcpy(page + 9 * width, page + 3 * width, width);
+        if (fp8) {
+          std::memcpy(page + IndexerCase::kPageSize * IndexerCase::kDim + 9 * 4,
+                      page + IndexerCase::kPageSize * IndexerCase::kDim + 3 * 4, 4);
+        }
+      }
+      // Token 20: head 1 all negative weights (its relu terms count against);
+      // token 30: a NaN in head 0's query.
+      for (int64_t h = 0; h < IndexerCase::kHeads; ++h) c.w[20 * IndexerCase::kHeads + h] = -std::fabs(c.w[h]);
+      c.q[30 * IndexerCase::kHeads * IndexerCase::kDim + 5] = std::nanf("");
+      const std::vector<int32_t> ref = c.Run(false);
+      for (CpuIsa isa : Isas()) {
+        SCOPED_TRACE(::testing::Message()
+                     << (fp8 ? "fp8" : "bf16") << " keys, " << ranks << " rank(s), " << CpuIsaName(isa));
+        bool covered = false;
+        const std::vector<int32_t> got = c.Run(true, &covered, isa);
+        EXPECT_TRUE(covered);
+        for (int64_t i = 0; i < ranks * c.op.batch.tokens * IndexerCase::kTopk; ++i) {
+          ASSERT_EQ(got[i], ref[i]) << "slot " << i % IndexerCase::kTopk << " of row " << i / IndexerCase::kTopk;
+        }
+      }
+    }
   }
 }
 

@@ -70,8 +70,8 @@ TaskScratch& Scratch() {
 
 // The three passes every launcher here shares, over n entries (positions
 // or top-k slots); `valid(i)` false marks padding. Callers pass lambdas
-// marked always_inline, so they are built with the caller's ISA.
-#define CR_LAMBDA_INLINE __attribute__((always_inline))
+// marked always_inline (CR_LAMBDA_INLINE), so they are built with the
+// caller's ISA.
 
 // p[i] = LaneSums8 of entry i's lane vector (`lanes(i)`: its 8-lane dot,
 // each lane in dimension order) times scale, eight entries per LaneSums8;
@@ -277,37 +277,6 @@ CR_SIMD_INLINE void LatentHead(const LatentAttentionOp& o, const float* lat, int
 // Causal rows grow with the token index: z-th task -> token first, last,
 // second, second last, ..., so contiguous task ranges carry about the same
 // number of positions.
-CR_SIMD_INLINE int64_t Zigzag(int64_t z, int64_t tokens) { return (z & 1) == 0 ? z / 2 : tokens - 1 - z / 2; }
-
-// body() compiled for each instruction set: `body` is an always-inline
-// lambda over the CR_SIMD_INLINE kernels above, so each of these three
-// instantiations builds them with its own ISA.
-template <class Body>
-__attribute__((noinline)) void OnGeneric(const Body& body) {
-  body();
-}
-#if defined(__x86_64__)
-template <class Body>
-__attribute__((target("avx2"), noinline)) void OnAvx2(const Body& body) {
-  body();
-}
-template <class Body>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void OnAvx512(const Body& body) {
-  body();
-}
-#endif
-
-template <class Body>
-void OnIsa(CpuIsa isa, const Body& body) {
-  switch (isa) {
-#if defined(__x86_64__)
-    case CpuIsa::kAvx512: return OnAvx512(body);
-    case CpuIsa::kAvx2: return OnAvx2(body);
-#endif
-    default: return OnGeneric(body);
-  }
-}
-
 }  // namespace
 }  // namespace cpu
 

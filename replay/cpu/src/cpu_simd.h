@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "crashreplay/formats/numeric.h"
+#include "crashreplay/replay/cpu/cpu_kernels.h"
 #include "crashreplay/replay/kernels/linear.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -149,6 +150,46 @@ CR_SIMD_INLINE f32x8 LaneSums8(const f32x8* v) {
   const f32x8 lo = __builtin_shuffle(abcd, efgh, i32x8{0, 1, 2, 3, 8, 9, 10, 11});
   const f32x8 hi = __builtin_shuffle(abcd, efgh, i32x8{4, 5, 6, 7, 12, 13, 14, 15});
   return lo + hi;
+}
+
+// ---- one body for each instruction set ---------------------------------------
+// A lambda marked CR_LAMBDA_INLINE is inlined into OnIsa's instantiation for
+// the ISA picked at run time, so the CR_SIMD_INLINE kernels it calls are
+// built with that ISA.
+#define CR_LAMBDA_INLINE __attribute__((always_inline))
+
+// Causal lengths grow with the token index: tasks take tokens in zigzag
+// order (first, last, second, second last, ...), so the pool's contiguous
+// ranges carry about the same number of positions.
+CR_SIMD_INLINE int64_t Zigzag(int64_t z, int64_t tokens) { return (z & 1) == 0 ? z / 2 : tokens - 1 - z / 2; }
+
+// body() compiled for each instruction set: `body` is an always-inline
+// lambda over CR_SIMD_INLINE kernels, so each of these three
+// instantiations builds them with its own ISA.
+template <class Body>
+__attribute__((noinline)) void OnGeneric(const Body& body) {
+  body();
+}
+#if defined(__x86_64__)
+template <class Body>
+__attribute__((target("avx2"), noinline)) void OnAvx2(const Body& body) {
+  body();
+}
+template <class Body>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void OnAvx512(const Body& body) {
+  body();
+}
+#endif
+
+template <class Body>
+void OnIsa(CpuIsa isa, const Body& body) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case CpuIsa::kAvx512: return OnAvx512(body);
+    case CpuIsa::kAvx2: return OnAvx2(body);
+#endif
+    default: return OnGeneric(body);
+  }
 }
 
 }  // namespace

@@ -177,58 +177,42 @@ CR_HD int64_t IndexerScratchFloats(int64_t max_len, int64_t heads, int64_t dim, 
   return max_len + heads * dim + 2 * heads + dim + topk;
 }
 
-// Scores of one query (row position `pos`) against positions [0, pos] and
-// its top-k. q: [heads * dim] rotated index queries; w: [heads] weights_proj
-// output; ids: [topk] out. scratch: IndexerScratchFloats(pos + 1, ...).
-CR_HD void IndexerTopK(const IndexPoolView& v, PageTableRow row, int64_t pos, const float* q, const float* w,
-                       int64_t heads, int64_t topk, int32_t* ids, float* scratch, int64_t item, KernelStatus* st) {
-  for (int64_t i = 0; i < topk; ++i) ids[i] = -1;
-  if (!IndexDimSupported(v)) {
-    Fail(st, Check::kIndexHeadDim, item, v.dim, static_cast<double>(v.dim));
-    return;
-  }
-  const int64_t dim = v.dim, len = pos + 1;
-  float* score = scratch;              // [len]
-  float* qp = score + len;             // [heads * dim] prepared queries
-  float* wh = qp + heads * dim;        // [heads] effective head weights
-  float* tmp = wh + heads;             // [heads] (q scales), then the key [dim]
-  float* key = tmp + heads;
-  int32_t* heap = reinterpret_cast<int32_t*>(key + dim);  // [topk]
+// One query's preparation, before any key: qp [heads * dim] the queries as
+// the dots read them (bf16 keys: q as is; fp8 keys: each head Hadamard-
+// rotated and act_quant'ed, its e4m3 values), wh [heads] each head's weight
+// in the score (w_h / sqrt(heads); fp8: times q_scale_h * softmax_scale).
+// tmp: dim floats.
+CR_HD void IndexerPrepareQuery(bool fp8, int64_t dim, const float* q, const float* w, int64_t heads, float* qp,
+                               float* wh, float* tmp) {
   const float softmax_scale = 1.0f / sqrtf(static_cast<float>(dim));
   const float head_scale = 1.0f / sqrtf(static_cast<float>(heads));
   for (int64_t h = 0; h < heads; ++h) {
     wh[h] = w[h] * head_scale;
-    if (!v.fp8) {
+    if (!fp8) {
       for (int64_t d = 0; d < dim; ++d) qp[h * dim + d] = q[h * dim + d];
       continue;
     }
-    for (int64_t d = 0; d < dim; ++d) key[d] = q[h * dim + d];
-    HadamardBf16(key, dim);
-    const float qs = IndexActQuant(key, dim, qp + h * dim);
+    for (int64_t d = 0; d < dim; ++d) tmp[d] = q[h * dim + d];
+    HadamardBf16(tmp, dim);
+    const float qs = IndexActQuant(tmp, dim, qp + h * dim);
     wh[h] = wh[h] * qs * softmax_scale;
   }
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t page = ResolvePoolPage(v.pages, row, j / v.page_size, item, st);
-    if (page < 0) return;
-    const float ks = IndexKLoad(v, page, j % v.page_size, key);
-    float acc = 0.0f;
-    for (int64_t h = 0; h < heads; ++h) {
-      float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const float* qh = qp + h * dim;
-      // lane = d % 8, each lane in increasing d; whole groups of 8 first
-      // (the same order, in a form compilers vectorize), then the tail.
-      int64_t d = 0;
-      for (; d + 8 <= dim; d += 8) {
-        for (int l = 0; l < 8; ++l) lane[l] = MulAdd(lane[l], qh[d + l], key[d + l]);
-      }
-      for (; d < dim; ++d) lane[d & 7] = MulAdd(lane[d & 7], qh[d], key[d]);
-      float logit = LaneSum8(lane);
-      if (!v.fp8) logit = logit * softmax_scale;
-      logit = logit > 0.0f ? logit : (logit != logit ? logit : 0.0f);  // relu, NaN kept
-      acc = MulAdd(acc, logit, wh[h]);
-    }
-    score[j] = v.fp8 ? acc * ks : acc;
-  }
+}
+
+// A head's term of a key's score from its dot `logit` (LaneSum8 of the
+// head's 8 lanes): bf16 keys scale it by softmax_scale first; relu (NaN
+// kept); acc + logit * wh. The CPU launcher runs the same operations lane by
+// lane.
+CR_HD float IndexerHeadTerm(bool fp8, float logit, float softmax_scale, float acc, float wh) {
+  if (!fp8) logit = logit * softmax_scale;
+  logit = logit > 0.0f ? logit : (logit != logit ? logit : 0.0f);  // relu, NaN kept
+  return MulAdd(acc, logit, wh);
+}
+
+// The top-k of score[0, len): k = min(topk, len) positions, best first
+// (IndexBetter), into ids[0, k); the rest of ids is left as it is. heap:
+// topk ints.
+CR_HD void IndexerSelectTopK(const float* score, int64_t len, int64_t topk, int32_t* ids, int32_t* heap) {
   const int64_t k = topk < len ? topk : len;
   if (k <= 0) return;
   int64_t n = 0;
@@ -255,6 +239,47 @@ CR_HD void IndexerTopK(const IndexPoolView& v, PageTableRow row, int64_t pos, co
     heap[0] = heap[m - 1];
     IndexSiftDown(heap, m - 1, 0, score);
   }
+}
+
+// Scores of one query (row position `pos`) against positions [0, pos] and
+// its top-k. q: [heads * dim] index queries; w: [heads] weights_proj
+// output; ids: [topk] out. scratch: IndexerScratchFloats(pos + 1, ...).
+CR_HD void IndexerTopK(const IndexPoolView& v, PageTableRow row, int64_t pos, const float* q, const float* w,
+                       int64_t heads, int64_t topk, int32_t* ids, float* scratch, int64_t item, KernelStatus* st) {
+  for (int64_t i = 0; i < topk; ++i) ids[i] = -1;
+  if (!IndexDimSupported(v)) {
+    Fail(st, Check::kIndexHeadDim, item, v.dim, static_cast<double>(v.dim));
+    return;
+  }
+  const int64_t dim = v.dim, len = pos + 1;
+  float* score = scratch;              // [len]
+  float* qp = score + len;             // [heads * dim] prepared queries
+  float* wh = qp + heads * dim;        // [heads] effective head weights
+  float* tmp = wh + heads;             // [heads] (unused), then the key [dim]
+  float* key = tmp + heads;
+  int32_t* heap = reinterpret_cast<int32_t*>(key + dim);  // [topk]
+  const float softmax_scale = 1.0f / sqrtf(static_cast<float>(dim));
+  IndexerPrepareQuery(v.fp8, dim, q, w, heads, qp, wh, key);
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t page = ResolvePoolPage(v.pages, row, j / v.page_size, item, st);
+    if (page < 0) return;
+    const float ks = IndexKLoad(v, page, j % v.page_size, key);
+    float acc = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+      float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const float* qh = qp + h * dim;
+      // lane = d % 8, each lane in increasing d; whole groups of 8 first
+      // (the same order, in a form compilers vectorize), then the tail.
+      int64_t d = 0;
+      for (; d + 8 <= dim; d += 8) {
+        for (int l = 0; l < 8; ++l) lane[l] = MulAdd(lane[l], qh[d + l], key[d + l]);
+      }
+      for (; d < dim; ++d) lane[d & 7] = MulAdd(lane[d & 7], qh[d], key[d]);
+      acc = IndexerHeadTerm(v.fp8, LaneSum8(lane), softmax_scale, acc, wh[h]);
+    }
+    score[j] = v.fp8 ? acc * ks : acc;
+  }
+  IndexerSelectTopK(score, len, topk, ids, heap);
 }
 
 }  // namespace crashreplay::replay
