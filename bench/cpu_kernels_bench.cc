@@ -3,7 +3,7 @@
 //
 //   cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time]
 //                     [--only linear|experts|indexer] [--format F] [--dot fused|dequant|both]
-//                     [--indexer-tokens T] [--json]
+//                     [--experts-shape small|glm5|both] [--indexer-tokens T] [--json]
 //
 // --cpu-time times the process's CPU time (all threads) instead of wall
 // time: on a loaded machine, what the code costs rather than what the
@@ -104,6 +104,7 @@ void Launch(const Op& op, CpuPool& pool, CpuIsa isa) {
   if constexpr (std::is_same_v<Op, LinearOp>) fast = LaunchLinearFast(op, pool, isa, &st);
   if constexpr (std::is_same_v<Op, ExpertsOp>) fast = LaunchExpertsFast(op, pool, isa, &st);
   if constexpr (std::is_same_v<Op, IndexerOp>) fast = LaunchIndexerFast(op, pool, isa, &st);
+  if constexpr (std::is_same_v<Op, MlaAttentionOp>) fast = LaunchMlaAttentionFast(op, pool, isa, &st);
   if (fast) return;
   if (isa != CpuIsa::kReference) {
     std::fprintf(stderr, "cpu_kernels_bench: the fast path did not take an op\n");
@@ -238,13 +239,26 @@ LinearFigures BenchLayer(int64_t tokens, CpuPool& pool, int threads, int reps) {
 
 // ---- experts ---------------------------------------------------------------
 
+// The routed experts' shape: `small` (64 experts, hidden 2048,
+// moe_intermediate 768) or GLM-5's (`glm5`: hidden 6144, moe_intermediate
+// 2048, top-8 of 256; 16 of them allocated, routed in a cycle whose two
+// alternating sets of 8 (170 MB of NVFP4 weights) do not stay in cache, as
+// 256 would not; the whole intermediate, which tp 8 splits into 8 x 256).
+struct ExpertShape {
+  const char* name;
+  int64_t experts, top_k, hidden, inter;
+};
+constexpr ExpertShape kSmallExperts{"small", 64, 8, 2048, 768};
+constexpr ExpertShape kGlm5Experts{"glm5", 16, 8, 6144, 2048};
+
 struct MoeFigures {
-  std::string name, dot;
+  std::string name, dot, shape;
   double ref_ms = 0, fast_ms = 0, bytes_per_step = 0, params_per_step = 0;
 };
 
-MoeFigures BenchExperts(const std::string& name, DotKind dot, CpuPool& pool, CpuIsa isa, int reps) {
-  const int64_t E = 64, K = 8, H = 2048, mi = 768;
+MoeFigures BenchExperts(const std::string& name, DotKind dot, const ExpertShape& shape, CpuPool& pool, CpuIsa isa,
+                        int reps) {
+  const int64_t E = shape.experts, K = shape.top_k, H = shape.hidden, mi = shape.inter;
   const bool nvfp4 = name.rfind("nvfp4", 0) == 0, w4a4 = name == "nvfp4 w4a4";
   const float in_scale = 0.004f, mid_scale = 0.002f;
   std::vector<Weight> store;
@@ -296,6 +310,7 @@ MoeFigures BenchExperts(const std::string& name, DotKind dot, CpuPool& pool, Cpu
   MoeFigures f;
   f.name = name;
   f.dot = dot == DotKind::kDequant ? "dequant" : "fused";
+  f.shape = shape.name;
   f.bytes_per_step = 3.0 * K * static_cast<double>(store[0].bytes());
   f.params_per_step = 3.0 * K * static_cast<double>(mi * H);
   if (g_reference)
@@ -390,6 +405,7 @@ struct IndexerFigures {
 };
 
 int64_t g_indexer_tokens = 1024;
+std::string g_experts_shape = "small";  // --experts-shape small|glm5|both
 double g_bound_gflops = 0;
 
 IndexerFigures BenchIndexer(bool fp8, CpuPool& pool, CpuIsa isa, int reps) {
@@ -436,11 +452,71 @@ IndexerFigures BenchIndexer(bool fp8, CpuPool& pool, CpuIsa isa, int reps) {
   return f;
 }
 
+// ---- DSA sparse attention -----------------------------------------------------
+// DSA prefill's attention (MlaAttentionOp over the indexer's top-k, the
+// expanded form: MlaAttendExpanded) for one rank at GLM-5's dimensions (64
+// heads at tp 8: 8 a rank; nope 192 + rope 64, v 256, top-2048) over the
+// same --indexer-tokens row: each token attends min(pos + 1, 2048) of its
+// positions, picked at random (the indexer's choice reads the latent rows
+// in no order). Flops: 2 * (nope + rope + v) per attended position and head;
+// plus one expf each (glibc's, as the work item calls it).
+
+struct SparseFigures {
+  int64_t tokens = 0, attended = 0;
+  double ref_ms = 0, fast_ms = 0, gflop = 0;
+};
+
+SparseFigures BenchSparseAttention(CpuPool& pool, CpuIsa isa, int reps) {
+  constexpr int64_t kHeads = 8, kNope = 192, kRope = 64, kV = 256, kTopk = 2048;
+  const int64_t T = g_indexer_tokens, qk = kNope + kRope, kvw = kHeads * (kNope + kV);
+  const std::vector<float> q = Normal(T * kHeads * qk, 81, 1.0f), kv = Normal(T * kvw, 82, 1.0f),
+                           rot = Normal(T * kRope, 83, 1.0f);
+  std::vector<int32_t> ids(T * kTopk, -1), positions(T), token_row(T, 0), row_begin = {0};
+  std::vector<int32_t> order;
+  std::mt19937 g(84);
+  SparseFigures f;
+  f.tokens = T;
+  for (int64_t t = 0; t < T; ++t) {
+    positions[t] = static_cast<int32_t>(t);
+    order.push_back(static_cast<int32_t>(t));
+    std::shuffle(order.begin(), order.end(), g);
+    const int64_t k = std::min<int64_t>(t + 1, kTopk);
+    std::copy(order.begin(), order.begin() + k, ids.begin() + t * kTopk);
+    f.attended += k;
+  }
+  std::vector<float> out(T * kHeads * kV);
+  MlaAttentionOp op;
+  op.q = q.data();
+  op.kv = kv.data();
+  op.rot = rot.data();
+  op.row_begin = row_begin.data();
+  op.topk = ids.data();
+  op.out = out.data();
+  op.batch.positions = positions.data();
+  op.batch.token_row = token_row.data();
+  op.batch.tokens = T;
+  op.ranks = 1;
+  op.n = T;
+  op.heads = kHeads;
+  op.nope = kNope;
+  op.rope = kRope;
+  op.v_dim = kV;
+  op.topk_width = kTopk;
+  op.max_len = T;
+  op.scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  f.gflop = 2.0 * (qk + kV) * kHeads * static_cast<double>(f.attended) * 1e-9;
+  f.fast_ms = MedianMs(reps, [&] { Launch(op, pool, isa); });
+  if (g_reference) f.ref_ms = MedianMs(1, [&] { Launch(op, pool, CpuIsa::kReference); });
+  return f;
+}
+
 int Usage(const char* msg) {
   std::fprintf(
       stderr,
       "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only "
-      "linear|experts|indexer] [--format F] [--dot fused|dequant|both] [--indexer-tokens T] [--json]\n",
+      "linear|experts|indexer] [--format F] [--dot fused|dequant|both] [--experts-shape small|glm5|both] "
+      "[--indexer-tokens T] "
+      "[--json]\n",
       msg);
   return 2;
 }
@@ -464,6 +540,11 @@ int main(int argc, char** argv) {
     } else if (a == "--indexer-tokens" && i + 1 < argc) {
       g_indexer_tokens = std::atoll(argv[++i]);
       if (g_indexer_tokens < 1) return Usage("--indexer-tokens: expected a positive integer");
+    } else if (a == "--experts-shape" && i + 1 < argc) {
+      g_experts_shape = argv[++i];
+      if (g_experts_shape != "small" && g_experts_shape != "glm5" && g_experts_shape != "both") {
+        return Usage("--experts-shape takes small, glm5 or both");
+      }
     } else if (a == "--format" && i + 1 < argc) {
       g_format = argv[++i];
     } else if (a == "--dot" && i + 1 < argc) {
@@ -492,19 +573,26 @@ int main(int argc, char** argv) {
   Bandwidth(pool, reps, &read_gbs, &copy_gbs);
   std::vector<MoeFigures> moe;
   if (g_only.empty() || g_only == "experts") {
-    for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "fp8 block", "bf16"}) {
-      if (std::string(name).rfind(g_format, 0) != 0) continue;
-      for (DotKind dot : {DotKind::kFused, DotKind::kDequant}) {
-        if (g_dot != "both" && g_dot != (dot == DotKind::kFused ? "fused" : "dequant")) continue;
-        if (dot == DotKind::kDequant && std::string(name) == "bf16") continue;  // unscaled: the same dot
-        moe.push_back(BenchExperts(name, dot, pool, best, reps * 3));
+    for (const ExpertShape* shape : {&kSmallExperts, &kGlm5Experts}) {
+      if (g_experts_shape != "both" && g_experts_shape != shape->name) continue;
+      for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "fp8 block", "bf16"}) {
+        if (std::string(name).rfind(g_format, 0) != 0) continue;
+        // GLM-5's experts in bf16 would be 2.4 GB of random weights to make; its checkpoints are NVFP4/FP8.
+        if (shape == &kGlm5Experts && std::string(name) == "bf16") continue;
+        for (DotKind dot : {DotKind::kFused, DotKind::kDequant}) {
+          if (g_dot != "both" && g_dot != (dot == DotKind::kFused ? "fused" : "dequant")) continue;
+          if (dot == DotKind::kDequant && std::string(name) == "bf16") continue;  // unscaled: the same dot
+          moe.push_back(BenchExperts(name, dot, *shape, pool, best, shape == &kGlm5Experts ? reps : reps * 3));
+        }
       }
     }
   }
   std::vector<IndexerFigures> indexer;
+  SparseFigures sparse;
   if (g_only.empty() || g_only == "indexer") {
     g_bound_gflops = ArithmeticBoundGflops(pool, best, 3);
     for (bool fp8 : {false, true}) indexer.push_back(BenchIndexer(fp8, pool, best, std::max(1, reps / 3)));
+    sparse = BenchSparseAttention(pool, best, std::max(1, reps / 3));
   }
   if (json) {
     auto lin = [](const LinearFigures& f) {
@@ -522,8 +610,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < moe.size(); ++i) {
       const MoeFigures& m = moe[i];
       std::printf(
-          "%s{\"format\":\"%s\",\"dot\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,\"bytes\":%.0f,\"params\":%.0f}",
-          i ? "," : "", m.name.c_str(), m.dot.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step, m.params_per_step);
+          "%s{\"shape\":\"%s\",\"format\":\"%s\",\"dot\":\"%s\",\"reference_ms\":%.3f,\"fast_ms\":%.3f,"
+          "\"bytes\":%.0f,\"params\":%.0f}",
+          i ? "," : "", m.shape.c_str(), m.name.c_str(), m.dot.c_str(), m.ref_ms, m.fast_ms, m.bytes_per_step,
+          m.params_per_step);
     }
     std::printf("],\"indexer\":[");
     for (size_t i = 0; i < indexer.size(); ++i) {
@@ -552,13 +642,18 @@ int main(int argc, char** argv) {
   }
   std::printf("memory: read-only stream %.2f GB/s, memcpy %.2f GB/s copied\n", read_gbs, copy_gbs);
   if (g_only.empty() || g_only == "experts") {
-    std::printf("MoE decode step, routed experts (1 token, top-8 of 64, hidden 2048, moe_intermediate 768):\n");
-    std::printf("  %-12s %-8s %10s %14s %14s %12s %12s\n", "format", "dot", "MB/step", "work items", "fast", "GB/s",
-                "M params/s");
+    std::printf(
+        "MoE decode step, routed experts, 1 token (small: top-8 of 64, hidden 2048, moe_intermediate 768; glm5: "
+        "top-8 of 256, hidden 6144, moe_intermediate 2048); the bound is the read-only stream:\n");
+    std::printf("  %-6s %-12s %-8s %10s %14s %14s %12s %12s %9s\n", "shape", "format", "dot", "MB/step", "work items",
+                "fast", "GB/s", "M params/s", "of bound");
     for (const MoeFigures& m : moe) {
-      std::printf("  %-12s %-8s %10.2f %11.2f ms %11.2f ms %12.2f %12.0f\n", m.name.c_str(), m.dot.c_str(),
-                  m.bytes_per_step * 1e-6, m.ref_ms, m.fast_ms, m.bytes_per_step / m.fast_ms * 1e-6,
-                  m.params_per_step / m.fast_ms * 1e-3);
+      const double gbs = m.bytes_per_step / m.fast_ms * 1e-6;
+      char ref[32] = "n/a";
+      if (m.ref_ms > 0) std::snprintf(ref, sizeof ref, "%.2f ms", m.ref_ms);
+      std::printf("  %-6s %-12s %-8s %10.2f %14s %11.2f ms %12.2f %12.0f %8.0f%%\n", m.shape.c_str(), m.name.c_str(),
+                  m.dot.c_str(), m.bytes_per_step * 1e-6, ref, m.fast_ms, gbs, m.params_per_step / m.fast_ms * 1e-3,
+                  100 * gbs / read_gbs);
     }
   }
   if (!indexer.empty()) {
@@ -578,6 +673,16 @@ int main(int argc, char** argv) {
       const double share = g_bound_gflops > 0 ? x.gflop_per_rank / x.fast_ms * 1e3 / g_bound_gflops : 0;
       std::printf("  %-6s %22s %22s %8s %8.0f%%\n", x.keys.c_str(), a, b, speedup, 100 * share);
     }
+    const SparseFigures& s = sparse;
+    std::printf(
+        "DSA sparse attention (prefill, expanded), the same row, one rank of tp 8 (8 heads, nope 192 + rope 64, v "
+        "256, top-2048 at random; %lld positions attended a head):\n",
+        static_cast<long long>(s.attended));
+    char a[48] = "n/a";
+    if (s.ref_ms > 0) std::snprintf(a, sizeof a, "%.0f ms (%.2f)", s.ref_ms, s.gflop / s.ref_ms * 1e3);
+    std::printf("  %22s %22s %9s\n", "work items", "launcher", "of bound");
+    std::printf("  %22s %15.0f ms (%.2f) %8.0f%%\n", a, s.fast_ms, s.gflop / s.fast_ms * 1e3,
+                100 * s.gflop / s.fast_ms * 1e3 / g_bound_gflops);
   }
   return 0;
 }
