@@ -458,12 +458,14 @@ IndexerFigures BenchIndexer(bool fp8, CpuPool& pool, CpuIsa isa, int reps) {
 // heads at tp 8: 8 a rank; nope 192 + rope 64, v 256, top-2048) over the
 // same --indexer-tokens row: each token attends min(pos + 1, 2048) of its
 // positions, picked at random (the indexer's choice reads the latent rows
-// in no order). Flops: 2 * (nope + rope + v) per attended position and head;
-// plus one expf each (glibc's, as the work item calls it).
+// in no order). Flops: 2 * (nope + rope + v) per attended position and head,
+// plus one expf each (glibc's, as the work item calls it); bytes: the
+// position's fp32 k, rope and v rows, 4 * (nope + rope + v) a head: half a
+// flop a byte, so the bound is the memory's, not the arithmetic's.
 
 struct SparseFigures {
   int64_t tokens = 0, attended = 0;
-  double ref_ms = 0, fast_ms = 0, gflop = 0;
+  double ref_ms = 0, fast_ms = 0, gflop = 0, gbytes = 0;
 };
 
 SparseFigures BenchSparseAttention(CpuPool& pool, CpuIsa isa, int reps) {
@@ -505,6 +507,7 @@ SparseFigures BenchSparseAttention(CpuPool& pool, CpuIsa isa, int reps) {
   op.max_len = T;
   op.scale = 1.0f / std::sqrt(static_cast<float>(qk));
   f.gflop = 2.0 * (qk + kV) * kHeads * static_cast<double>(f.attended) * 1e-9;
+  f.gbytes = 4.0 * (qk + kV) * kHeads * static_cast<double>(f.attended) * 1e-9;  // the rows gathered
   f.fast_ms = MedianMs(reps, [&] { Launch(op, pool, isa); });
   if (g_reference) f.ref_ms = MedianMs(1, [&] { Launch(op, pool, CpuIsa::kReference); });
   return f;
@@ -680,8 +683,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(s.attended));
     char a[48] = "n/a";
     if (s.ref_ms > 0) std::snprintf(a, sizeof a, "%.0f ms (%.2f)", s.ref_ms, s.gflop / s.ref_ms * 1e3);
-    std::printf("  %22s %22s %9s\n", "work items", "launcher", "of bound");
-    std::printf("  %22s %15.0f ms (%.2f) %8.0f%%\n", a, s.fast_ms, s.gflop / s.fast_ms * 1e3,
+    std::printf("  %22s %22s %12s %16s %18s\n", "work items", "launcher", "rows GB/s", "of read stream",
+                "of arithmetic");
+    std::printf("  %22s %15.0f ms (%.2f) %12.2f %15.0f%% %17.0f%%\n", a, s.fast_ms, s.gflop / s.fast_ms * 1e3,
+                s.gbytes / s.fast_ms * 1e3, 100 * s.gbytes / s.fast_ms * 1e3 / read_gbs,
                 100 * s.gflop / s.fast_ms * 1e3 / g_bound_gflops);
   }
   return 0;
