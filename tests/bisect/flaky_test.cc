@@ -41,51 +41,41 @@ struct FlakyCase {
 const FailureSignature kTarget = Failure(FailureClass::kDeviceAssert);
 
 std::vector<FlakyCase> Cases() {
+  // clang-format off: a table, one case a line or two as written
   return {
-      {"noise: k001 fails half the time the way k005 always does",
-       8,
-       {Key(5)},
+      {"noise: k001 fails half the time the way k005 always does", 8, {Key(5)},
        [](const Config& c, double d) -> std::optional<FailureSignature> {
          if (On(c, Key(5)) || (On(c, Key(1)) && d < 0.5)) return kTarget;
          return std::nullopt;
        }},
-      {"intermittent: k005 fails half the time",
-       8,
-       {Key(5)},
+      {"intermittent: k005 fails half the time", 8, {Key(5)},
        [](const Config& c, double d) -> std::optional<FailureSignature> {
          if (On(c, Key(5)) && d < 0.5) return kTarget;
          return std::nullopt;
        }},
-      {"intermittent: k011 fails 80% of the time",
-       16,
-       {Key(11)},
+      {"intermittent: k011 fails 80% of the time", 16, {Key(11)},
        [](const Config& c, double d) -> std::optional<FailureSignature> {
          if (On(c, Key(11)) && d < 0.8) return kTarget;
          return std::nullopt;
        }},
-      {"background: any configuration fails 10% of the time",
-       16,
-       {Key(9)},
+      {"background: any configuration fails 10% of the time", 16, {Key(9)},
        [](const Config& c, double d) -> std::optional<FailureSignature> {
          if (On(c, Key(9)) || d < 0.1) return kTarget;
          return std::nullopt;
        }},
-      {"intermittent pair: k003 and k009 fail together 60% of the time",
-       16,
-       {Key(3), Key(9)},
+      {"intermittent pair: k003 and k009 fail together 60% of the time", 16, {Key(3), Key(9)},
        [](const Config& c, double d) -> std::optional<FailureSignature> {
          if (On(c, Key(3)) && On(c, Key(9)) && d < 0.6) return kTarget;
          return std::nullopt;
        }},
-      {"another bug, flaky: k002 fails half the time with an OOM",
-       16,
-       {Key(9)},
+      {"another bug, flaky: k002 fails half the time with an OOM", 16, {Key(9)},
        [](const Config& c, double d) -> std::optional<FailureSignature> {
          if (On(c, Key(9))) return kTarget;
          if (On(c, Key(2)) && d < 0.5) return Failure(FailureClass::kOom, "cuda");
          return std::nullopt;
        }},
   };
+  // clang-format on
 }
 
 TEST(Flaky, NoSeedEverEndsWithAWrongCulprit) {

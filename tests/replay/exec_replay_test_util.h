@@ -30,39 +30,30 @@ inline void PrintTo(const ConfigCase& c, std::ostream* os) { *os << c.name; }
 // guarded stand-in (tests/replay/guarded_device_test.cc).
 inline std::vector<ConfigCase> DeviceParityCases() {
   using Case = ConfigCase;
-  return {
-      Case{"llama_bf16_reference", "llama", "bf16", {}, 0.0f},
-      Case{"qwen3_fp8_flashdecode_fused",
-           "qwen3",
-           "fp8",
-           {"attention_backend=flashdecode", "gemm_backend=fused_blockscaled"},
-           0.8f},
-      Case{"qwen3_nvfp4_tp2_dequant", "qwen3", "nvfp4", {"tp_size=2"}, 0.8f},
-      Case{"llama_nvfp4_w4a4_fused", "llama", "nvfp4", {"gemm_backend=fused_blockscaled"}, 0.0f},
-      Case{"llama_nvfp4_w4a16", "llama", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f},
-      Case{"mixtral_nvfp4_paged64_fp8kv_threshold",
-           "mixtral",
-           "nvfp4",
-           {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3", "sampling_backend=threshold"},
-           0.8f},
-      Case{"glm4_moe_mxfp4_ue8m0_fused",
-           "glm4_moe",
-           "mxfp4",
-           {"scale_format=ue8m0", "moe_backend=fused_blockscaled"},
-           0.8f},
-      Case{"glm4_moe_nvfp4_tp2_expert", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"}, 0.8f},
-      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
-      Case{"deepseek_v3_fp8_absorbed_fp8kv",
-           "deepseek_v3",
-           "fp8",
-           {"page_size=64", "mla_decode=absorbed", "kv_cache_dtype=fp8_e4m3"},
-           0.8f},
-      Case{"deepseek_v32_bf16_naive_reference", "deepseek_v32", "bf16", {}, 0.0f},
-      Case{"glm_moe_dsa_nvfp4_tiled64_fp8_tp2",
-           "glm_moe_dsa",
-           "nvfp4",
-           {"page_size=64", "dsa_decode=tiled64", "kv_cache_dtype=fp8_e4m3", "index_cache_dtype=fp8_e4m3", "tp_size=2"},
-           0.8f}};
+  // clang-format off: a table, one case a line or two as written
+  return {Case{"llama_bf16_reference", "llama", "bf16", {}, 0.0f},
+          Case{"qwen3_fp8_flashdecode_fused", "qwen3", "fp8",
+               {"attention_backend=flashdecode", "gemm_backend=fused_blockscaled"}, 0.8f},
+          Case{"qwen3_nvfp4_tp2_dequant", "qwen3", "nvfp4", {"tp_size=2"}, 0.8f},
+          Case{"llama_nvfp4_w4a4_fused", "llama", "nvfp4", {"gemm_backend=fused_blockscaled"}, 0.0f},
+          Case{"llama_nvfp4_w4a16", "llama", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f},
+          Case{"mixtral_nvfp4_paged64_fp8kv_threshold", "mixtral", "nvfp4",
+               {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
+                "sampling_backend=threshold"},
+               0.8f},
+          Case{"glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4",
+               {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}, 0.8f},
+          Case{"glm4_moe_nvfp4_tp2_expert", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"},
+               0.8f},
+          Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
+          Case{"deepseek_v3_fp8_absorbed_fp8kv", "deepseek_v3", "fp8",
+               {"page_size=64", "mla_decode=absorbed", "kv_cache_dtype=fp8_e4m3"}, 0.8f},
+          Case{"deepseek_v32_bf16_naive_reference", "deepseek_v32", "bf16", {}, 0.0f},
+          Case{"glm_moe_dsa_nvfp4_tiled64_fp8_tp2", "glm_moe_dsa", "nvfp4",
+               {"page_size=64", "dsa_decode=tiled64", "kv_cache_dtype=fp8_e4m3",
+                "index_cache_dtype=fp8_e4m3", "tp_size=2"},
+               0.8f}};
+  // clang-format on
 }
 
 struct RecordedRun {

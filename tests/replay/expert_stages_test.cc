@@ -110,25 +110,25 @@ TEST_P(ExpertStages, GiveRunItemsBits) {
   EXPECT_GT(on_lanes, 0) << "no expert kernel ran on lanes";
 }
 
+// clang-format off: a table, one case a line or two as written
 INSTANTIATE_TEST_SUITE_P(
     Configs, ExpertStages,
-    ::testing::Values(
-        Case{"qwen3_moe_nvfp4_w4a4", "qwen3_moe", "nvfp4", {}},
+    ::testing::Values(Case{"qwen3_moe_nvfp4_w4a4", "qwen3_moe", "nvfp4", {}},
                       // Four slots: the order of the slots' sum shows (two terms commute).
-        Case{"qwen3_moe_nvfp4_top4", "qwen3_moe", "nvfp4", {}, 4},
-        Case{"mixtral_bf16_top4_tp2", "mixtral", "bf16", {"tp_size=2"}, 4},
-        Case{"qwen3_moe_nvfp4_w4a16_fused",
-             "qwen3_moe",
-             "nvfp4",
-             {"nvfp4_activation=w4a16", "moe_backend=fused_blockscaled"}},
-        Case{"glm4_moe_nvfp4_tp2_shared", "glm4_moe", "nvfp4", {"tp_size=2"}},
-        Case{"glm4_moe_nvfp4_tp2_expert_parallel", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"}},
-        Case{
-            "glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4", {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}},
-        Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}},
-        Case{"mixtral_bf16", "mixtral", "bf16", {}},
-        Case{"glm_moe_dsa_nvfp4_tp2", "glm_moe_dsa", "nvfp4", {"tp_size=2"}}),
+                      Case{"qwen3_moe_nvfp4_top4", "qwen3_moe", "nvfp4", {}, 4},
+                      Case{"mixtral_bf16_top4_tp2", "mixtral", "bf16", {"tp_size=2"}, 4},
+                      Case{"qwen3_moe_nvfp4_w4a16_fused", "qwen3_moe", "nvfp4",
+                           {"nvfp4_activation=w4a16", "moe_backend=fused_blockscaled"}},
+                      Case{"glm4_moe_nvfp4_tp2_shared", "glm4_moe", "nvfp4", {"tp_size=2"}},
+                      Case{"glm4_moe_nvfp4_tp2_expert_parallel", "glm4_moe", "nvfp4",
+                           {"tp_size=2", "moe_parallel=expert"}},
+                      Case{"glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4",
+                           {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}},
+                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}},
+                      Case{"mixtral_bf16", "mixtral", "bf16", {}},
+                      Case{"glm_moe_dsa_nvfp4_tp2", "glm_moe_dsa", "nvfp4", {"tp_size=2"}}),
     [](const auto& info) { return info.param.name; });
+// clang-format on
 
 }  // namespace
 }  // namespace crashreplay::replay

@@ -41,35 +41,28 @@ TEST_P(StepOnFreshCpuExecutor, EveryKernelOutputHasTheRecordedBits) {
   EXPECT_EQ(quiet.step_digests, rep.step_digests);
 }
 
+// clang-format off: a table, one case a line or two as written
 INSTANTIATE_TEST_SUITE_P(
     Configs, StepOnFreshCpuExecutor,
-    ::testing::Values(
-        Case{"llama_bf16", "llama", "bf16", {}, 0.0f},
-        Case{"qwen3_nvfp4_tp2_flash_fused",
-             "qwen3",
-             "nvfp4",
-             {"tp_size=2", "attention_backend=flashdecode", "gemm_backend=fused_blockscaled"},
-             0.8f},
-        Case{"mixtral_nvfp4_paged64_fp8kv_threshold",
-             "mixtral",
-             "nvfp4",
-             {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3", "sampling_backend=threshold"},
-             0.8f},
-        Case{"glm4_moe_mxfp4_ue8m0_fused",
-             "glm4_moe",
-             "mxfp4",
-             {"scale_format=ue8m0", "moe_backend=fused_blockscaled"},
-             0.8f},
-        Case{"glm4_moe_nvfp4_tp2_expert_parallel", "glm4_moe", "nvfp4", {"tp_size=2", "moe_parallel=expert"}, 0.8f},
-        Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
-        Case{"llama_nvfp4_w4a4_fused_tp2", "llama", "nvfp4", {"gemm_backend=fused_blockscaled", "tp_size=2"}, 0.0f},
-        Case{"glm4_moe_nvfp4_w4a4_requant_fused_moe",
-             "glm4_moe",
-             "nvfp4",
-             {"scale_format=ue8m0_requant", "moe_backend=fused_blockscaled"},
-             0.8f},
-        Case{"qwen3_moe_nvfp4_w4a16", "qwen3_moe", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f}),
+    ::testing::Values(Case{"llama_bf16", "llama", "bf16", {}, 0.0f},
+                      Case{"qwen3_nvfp4_tp2_flash_fused", "qwen3", "nvfp4",
+                           {"tp_size=2", "attention_backend=flashdecode", "gemm_backend=fused_blockscaled"}, 0.8f},
+                      Case{"mixtral_nvfp4_paged64_fp8kv_threshold", "mixtral", "nvfp4",
+                           {"page_size=64", "attention_backend=paged64", "kv_cache_dtype=fp8_e4m3",
+                            "sampling_backend=threshold"},
+                           0.8f},
+                      Case{"glm4_moe_mxfp4_ue8m0_fused", "glm4_moe", "mxfp4",
+                           {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}, 0.8f},
+                      Case{"glm4_moe_nvfp4_tp2_expert_parallel", "glm4_moe", "nvfp4",
+                           {"tp_size=2", "moe_parallel=expert"}, 0.8f},
+                      Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}, 0.0f},
+                      Case{"llama_nvfp4_w4a4_fused_tp2", "llama", "nvfp4",
+                           {"gemm_backend=fused_blockscaled", "tp_size=2"}, 0.0f},
+                      Case{"glm4_moe_nvfp4_w4a4_requant_fused_moe", "glm4_moe", "nvfp4",
+                           {"scale_format=ue8m0_requant", "moe_backend=fused_blockscaled"}, 0.8f},
+                      Case{"qwen3_moe_nvfp4_w4a16", "qwen3_moe", "nvfp4", {"nvfp4_activation=w4a16"}, 0.0f}),
     [](const auto& info) { return info.param.name; });
+// clang-format on
 
 TEST(StepFaults, Paged64OnSmallPagesFailsInTheRecordedKernel) {
   MakeModelOptions o;
