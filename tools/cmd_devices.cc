@@ -10,10 +10,10 @@
 #include "command.h"
 #include "commands_decl.h"
 #include "crashreplay/replay/kernels/executor.h"
+#include "crashreplay/replay/session/backends.h"
 #include "exit_codes.h"
 #if defined(CRASHREPLAY_HAVE_CUDA)
 #include "crashreplay/replay/cuda/cuda_executor.h"
-#include "crashreplay/replay/session/backends.h"
 #endif
 
 namespace crashreplay::tools {
