@@ -15,7 +15,10 @@
 // (ops.h RunItem on the CpuPool: what the CPU executor ran before), the
 // generic and AVX2 fast kernels, and OpenBLAS sgemm over float32 copies
 // (cblas_sgemm, same threads; OpenBLAS picks its own summation order, which
-// is why the engine does not call it: docs/replay.md).
+// is why the engine does not call it: docs/replay.md). Each twice: fp32
+// inputs, and inputs rounded to bf16 (activation_dtype=bf16), where every
+// product is exact and the AVX2/AVX-512 kernels fuse multiply and add
+// (cpu_dot.h; CRASHREPLAY_CPU_FMA=off turns that off to compare).
 //
 // Experts: one MoE layer's routed experts at decode (1 token, top-8 of 64
 // experts, hidden 2048, moe_intermediate 768; each step routes to 8 other
@@ -185,7 +188,7 @@ std::string g_only;    // --only linear|experts  // --no-reference: skip the (sl
 std::string g_format;  // --format: expert rows whose format starts with this
 std::string g_dot = "both";
 
-LinearFigures BenchLayer(int64_t tokens, CpuPool& pool, int threads, int reps) {
+LinearFigures BenchLayer(int64_t tokens, bool bf16_x, CpuPool& pool, int threads, int reps) {
   const int64_t H = 1024, qd = 1024, kvd = 256, I = 2816;
   struct Shape {
     int64_t rows, cols;
@@ -207,7 +210,10 @@ LinearFigures BenchLayer(int64_t tokens, CpuPool& pool, int threads, int reps) {
     f32.push_back(std::move(f));
     fig.gflop += 2.0 * static_cast<double>(shapes[i].rows * shapes[i].cols * tokens) * 1e-9;
   }
-  const std::vector<float> x = Normal(tokens * I, 3, 1.0f);
+  std::vector<float> x = Normal(tokens * I, 3, 1.0f);
+  if (bf16_x) {
+    for (float& v : x) v = Bf16ToFloat(FloatToBf16(v));
+  }
   std::vector<float> y(tokens * I);
   auto run = [&](CpuIsa isa) {
     for (int i = 0; i < 7; ++i) {
@@ -567,10 +573,12 @@ int main(int argc, char** argv) {
   // The executor's choice (CRASHREPLAY_CPU_KERNELS=avx2 compares the AVX2
   // build's experts on an AVX-512 host); the reference is never "best".
   const CpuIsa best = DefaultCpuIsa() == CpuIsa::kReference ? CpuIsa::kGeneric : DefaultCpuIsa();
-  LinearFigures dec, pre;
+  LinearFigures dec, pre, dec16, pre16;
   if (g_only.empty() || g_only == "linear") {
-    dec = BenchLayer(1, pool, threads, reps * 4);
-    pre = BenchLayer(128, pool, threads, reps);
+    dec = BenchLayer(1, false, pool, threads, reps * 4);
+    pre = BenchLayer(128, false, pool, threads, reps);
+    dec16 = BenchLayer(1, true, pool, threads, reps * 4);
+    pre16 = BenchLayer(128, true, pool, threads, reps);
   }
   double read_gbs = 0, copy_gbs = 0;
   Bandwidth(pool, reps, &read_gbs, &copy_gbs);
@@ -607,9 +615,10 @@ int main(int argc, char** argv) {
       return std::string(b);
     };
     std::printf(
-        "{\"threads\":%d,\"isa\":\"%s\",\"linear_decode\":%s,\"linear_prefill\":%s,\"read_gbs\":%.2f,"
-        "\"memcpy_gbs\":%.2f,\"experts\":[",
-        threads, CpuIsaName(best), lin(dec).c_str(), lin(pre).c_str(), read_gbs, copy_gbs);
+        "{\"threads\":%d,\"isa\":\"%s\",\"linear_decode\":%s,\"linear_prefill\":%s,\"linear_decode_bf16_in\":%s,"
+        "\"linear_prefill_bf16_in\":%s,\"read_gbs\":%.2f,\"memcpy_gbs\":%.2f,\"experts\":[",
+        threads, CpuIsaName(best), lin(dec).c_str(), lin(pre).c_str(), lin(dec16).c_str(), lin(pre16).c_str(), read_gbs,
+        copy_gbs);
     for (size_t i = 0; i < moe.size(); ++i) {
       const MoeFigures& m = moe[i];
       std::printf(
@@ -632,7 +641,10 @@ int main(int argc, char** argv) {
   if (g_only.empty() || g_only == "linear") {
     std::printf("one llama layer's 7 bf16 projections (hidden 1024, intermediate 2816), ms (GFLOP/s):\n");
     std::printf("  %-16s %16s %16s %16s %16s %16s\n", "", "work items", "generic", "avx2", "avx512", "OpenBLAS sgemm");
-    for (const auto& [label, f] : {std::pair<const char*, const LinearFigures&>{"1 token", dec}, {"128 tokens", pre}}) {
+    for (const auto& [label, f] : {std::pair<const char*, const LinearFigures&>{"1 token", dec},
+                                   {"128 tokens", pre},
+                                   {"1 token, bf16 in", dec16},
+                                   {"128 tok, bf16 in", pre16}}) {
       auto cell = [&](double ms) {
         char b[32];
         if (ms <= 0) return std::string("n/a");

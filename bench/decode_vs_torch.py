@@ -6,7 +6,8 @@ memory bandwidth. One run, side by side.
     python3 bench/decode_vs_torch.py [--build build] [--threads 1,2]
         [--layers 8 --hidden 1024 --heads 16 --kv-heads 4 --head-dim 64
          --intermediate 2816 --vocab 32000] [--batch 1] [--prompt-len 128]
-        [--steps 32] [--reps 3] [--fp32] [--no-moe] [--model DIR]
+        [--steps 32] [--reps 3] [--fp32] [--isa default|avx2] [--no-moe]
+        [--model DIR]
 
 Dense part: writes a random llama bf16 checkpoint with `crashreplay
 make-model` (or uses --model) and runs, for each thread count,
@@ -18,9 +19,13 @@ the same prompt with a KV cache, torch.set_num_threads(N): one untimed
 warm-up, then --reps prefills, each followed by the same number of greedy
 decode steps, every forward call timed. Prefill: median of the --reps
 prefills. Decode: median (and min) over every timed decode step. The ratio
-columns are torch / crashreplay, so > 1 means the engine is faster (the
-targets of issue 15: prefill >= 1.0, decode >= 1.5). --fp32 adds torch
-float32 as well.
+columns: prefill torch / crashreplay (> 1: the engine is faster; issue 30's
+target >= 1.0), decode crashreplay / torch (its share of torch's time;
+target <= 0.4). The engine runs with activation_dtype=bf16 beside torch
+bfloat16; --fp32 adds a row with fp32 activations beside torch float32.
+--isa avx2 forces both sides' AVX2 code (CRASHREPLAY_CPU_KERNELS=avx2;
+ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2,
+MKL_ENABLE_INSTRUCTIONS=AVX2), the table of a host without AVX-512.
 
 MoE part: bench/cpu_kernels_bench --only experts (one MoE layer's routed
 experts at decode, top-8 of 64, hidden 2048, moe_intermediate 768, eight
@@ -60,11 +65,11 @@ def prompt_ids(batch, prompt_len, vocab):
     return [[(r * 131 + j * 17 + 1) % vocab for j in range(prompt_len)] for r in range(batch)]
 
 
-def engine_times(bench, model, threads, a):
+def engine_times(bench, model, threads, act, a):
     prefill, decode, decode_min = [], [], []
     for _ in range(a.reps):
         r = json.loads(sh(bench, model, "--threads", str(threads), "--batch", str(a.batch), "--prompt-len",
-                          str(a.prompt_len), "--steps", str(a.steps), "--json"))
+                          str(a.prompt_len), "--steps", str(a.steps), "--set", f"activation_dtype={act}", "--json"))
         prefill.append(r["prefill_ms"])
         decode.append(r["decode_ms_p50"])
         decode_min.append(r["decode_ms_min"])
@@ -135,30 +140,31 @@ def dense(a, cli, bench, tmp):
         return "n/a" if t is None or o is None or o == 0 else f"{t / o:.2f}x"
 
     print()
-    hdr = (f"{'threads':>7} | {'prefill ms: engine':>18} {'torch bf16':>10} {'torch/engine':>12} | "
-           f"{'decode ms: engine':>22} {'torch bf16':>16} {'torch/engine':>12} | {'sgemv':>6}")
-    if a.fp32:
-        hdr += f" | {'torch fp32 prefill / decode':>27}"
+    hdr = (f"{'threads':>7} {'activations':>11} | {'prefill ms: engine':>18} {'torch':>8} {'torch/engine':>12} | "
+           f"{'decode ms: engine':>22} {'torch':>16} {'engine/torch':>12} | {'sgemv':>6}")
     print(hdr)
     rows = []
+    acts = ["bf16"] + (["fp32"] if a.fp32 else [])
     for t in [int(x) for x in a.threads.split(",")]:
-        ours = engine_times(bench, model, t, a)
-        bf16 = torch_times(model, "bfloat16", t, a, vocab) if have_torch else None
-        f32 = torch_times(model, "float32", t, a, vocab) if have_torch and a.fp32 else None
-        tb = bf16 or {}
-        line = (f"{t:>7} | {ours['prefill_ms']:>18.1f} {num(tb.get('prefill_ms')):>10} "
-                f"{ratio(tb.get('prefill_ms'), ours['prefill_ms']):>12} | "
-                f"{ours['decode_ms_p50']:>10.2f} ({ours['decode_ms_min']:.2f} min) "
-                f"{num(tb.get('decode_ms_p50'), '{:.2f}'):>7} ({num(tb.get('decode_ms_min'), '{:.2f}')}) "
-                f"{ratio(tb.get('decode_ms_p50'), ours['decode_ms_p50']):>12} | {num(ours['sgemv_ms'], '{:.2f}'):>6}")
-        if a.fp32:
-            ft = f32 or {}
-            line += f" | {num(ft.get('prefill_ms')):>13} / {num(ft.get('decode_ms_p50'), '{:.2f}')}"
-        print(line, flush=True)
-        rows.append({"threads": t, "engine": ours, "torch_bf16": bf16, "torch_fp32": f32})
-    print("engine: Engine::Run, every kernel checked and digested, fixed summation order (same bits at any thread")
-    print("count). torch: HF eager forward with a KV cache. sgemv: OpenBLAS over float32 copies of the decode step's")
-    print("projections and LM head alone (median ms). Decode: median (min) step.")
+        for act in acts:
+            # The engine with activation_dtype = act beside torch running the
+            # model in the same dtype.
+            ours = engine_times(bench, model, t, act, a)
+            theirs = torch_times(model, "bfloat16" if act == "bf16" else "float32", t, a, vocab) if have_torch else None
+            tb = theirs or {}
+            line = (f"{t:>7} {act:>11} | {ours['prefill_ms']:>18.1f} {num(tb.get('prefill_ms')):>8} "
+                    f"{ratio(tb.get('prefill_ms'), ours['prefill_ms']):>12} | "
+                    f"{ours['decode_ms_p50']:>10.2f} ({ours['decode_ms_min']:.2f} min) "
+                    f"{num(tb.get('decode_ms_p50'), '{:.2f}'):>7} ({num(tb.get('decode_ms_min'), '{:.2f}')}) "
+                    f"{ratio(ours['decode_ms_p50'], tb.get('decode_ms_p50')):>12} | "
+                    f"{num(ours['sgemv_ms'], '{:.2f}'):>6}")
+            print(line, flush=True)
+            rows.append({"threads": t, "activations": act, "engine": ours, "torch": theirs})
+    print("engine: Engine::Run with --set activation_dtype=<activations>, every kernel checked and digested, fixed")
+    print("summation order (same bits at any thread count). torch: HF eager forward with a KV cache, the model in")
+    print("the same dtype. Prefill: torch/engine (> 1: the engine is faster); decode: engine/torch (the share of")
+    print("torch's time). sgemv: OpenBLAS over float32 copies of the decode step's projections and LM head alone")
+    print("(median ms). Decode: median (min) step.")
     return rows
 
 
@@ -197,16 +203,25 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="prefills (and decode runs) timed per column")
-    ap.add_argument("--fp32", action="store_true", help="add torch float32")
+    ap.add_argument("--fp32", action="store_true",
+                    help="add rows with fp32 activations beside torch float32")
+    ap.add_argument("--isa", choices=["default", "avx2"], default="default",
+                    help="avx2: the engine's AVX2 kernels and torch's AVX2 code (oneDNN, MKL, ATen), "
+                    "as on a host without AVX-512")
     ap.add_argument("--no-moe", action="store_true", help="skip the MoE experts part")
     a = ap.parse_args()
+    if a.isa == "avx2":  # before torch is imported: it reads the variable once
+        os.environ["CRASHREPLAY_CPU_KERNELS"] = "avx2"
+        os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"  # torch's bf16 and fp32 matmuls
+        os.environ["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
     cli = os.path.join(a.build, "tools", "crashreplay")
     bench = os.path.join(a.build, "bench", "decode_bench")
     kbench = os.path.join(a.build, "bench", "cpu_kernels_bench")
     for p in (cli, bench, kbench):
         if not os.path.exists(p):
             sys.exit(f"{p} not found: build first (bash scripts/build.sh)")
-    print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}")
+    print(f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}, isa: {a.isa}")
     with tempfile.TemporaryDirectory() as tmp:
         dense(a, cli, bench, tmp)
     if not a.no_moe:

@@ -270,13 +270,14 @@ struct LinearCase {
   bool bias;
   bool specials;
   bool finite_x = false;  // specials in the weights and scales only
+  bool bf16_x = false;    // x values rounded to bf16 (activation_dtype=bf16): the fused path may run
 };
 
 std::string Describe(const LinearCase& c) {
   return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") +
          " ranks=" + std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) +
          " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols) + (c.per_rank ? " x_per_rank" : "") +
-         (c.bias ? " bias" : "") + (c.specials ? " specials" : "");
+         (c.bias ? " bias" : "") + (c.specials ? " specials" : "") + (c.bf16_x ? " bf16_x" : "");
 }
 
 // Runs the case through the work items and through the fast launcher for
@@ -292,7 +293,10 @@ void CheckLinear(const LinearCase& c) {
     biases.push_back(RandomFloats(c.rows, 200 + r, false));
   }
   const int64_t x_rows = c.per_rank ? c.ranks * c.tokens : c.tokens;
-  const std::vector<float> x = RandomFloats(x_rows * c.cols, 300, c.specials && !c.finite_x);
+  std::vector<float> x = RandomFloats(x_rows * c.cols, 300, c.specials && !c.finite_x);
+  if (c.bf16_x) {
+    for (float& v : x) v = Bf16ToFloat(FloatToBf16(v));
+  }
   const float act_scale = 0.0021f;
   QuantRows xq;
   if (c.q) xq = Quantize(x, x_rows, c.cols, act_scale);
@@ -348,6 +352,9 @@ TEST(CpuKernels, LinearMatchesTheWorkItemsForEveryFormatAndVariant) {
         for (const Shape& s : shapes) {
           for (int64_t t : token_counts) {
             CheckLinear({f, k, q, 1, t, s.rows, s.cols, false, cases % 2 == 0, false});
+            // bf16 inputs: products exact where both operands are narrow, so
+            // the fused multiply-adds run (where the specials allow).
+            CheckLinear({f, k, q, 1, t, s.rows, s.cols, false, cases % 2 == 0, cases % 4 == 0, true, true});
             ++cases;
           }
         }
@@ -355,6 +362,199 @@ TEST(CpuKernels, LinearMatchesTheWorkItemsForEveryFormatAndVariant) {
     }
   }
   EXPECT_GT(cases, 300);
+}
+
+// ---- fused multiply-adds where the products are exact -------------------------
+
+// The range of v computed another way: each value's significant bits from
+// frexp (the significand scaled to an integer, its trailing zeros dropped).
+cpu::ValueRange NaiveRange(const std::vector<float>& v) {
+  cpu::ValueRange r{1, INFINITY, 0.0f, true};
+  for (float e : v) {
+    if (!std::isfinite(e)) {
+      r.finite = false;
+      continue;
+    }
+    const float a = std::fabs(e);
+    if (a == 0.0f) continue;
+    r.lo = std::min(r.lo, a);
+    r.hi = std::max(r.hi, a);
+    int ex = 0;
+    const double f = std::frexp(static_cast<double>(a), &ex);  // [0.5, 1)
+    // In units of the lowest bit fp32 can hold at this magnitude.
+    const int lsb_exp = std::max(ex - 24, -149);
+    uint64_t m = static_cast<uint64_t>(std::ldexp(f, ex - lsb_exp));
+    int bits = 0;
+    while (m != 0 && (m & 1) == 0) m >>= 1;
+    while (m != 0) {
+      m >>= 1;
+      ++bits;
+    }
+    r.bits = std::max(r.bits, bits);
+  }
+  return r;
+}
+
+TEST(CpuDot, ScanRangeAgreesWithAScalarScan) {
+  std::mt19937 g(5);
+  for (int64_t n : {0, 1, 7, 8, 9, 64, 301}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<float> v = RandomFloats(n, 40 + static_cast<uint32_t>(kind), kind == 4);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (kind == 1) v[i] = Bf16ToFloat(FloatToBf16(v[i]));                       // bf16: 8 bits
+        if (kind == 2) v[i] = Fp16ToFloat(FloatToFp16(v[i]));                       // fp16: 11 bits
+        if (kind == 3) v[i] = i % 5 == 0 ? BitsToFloat(0x00010000u * (g() % 128)) : 0.0f;  // bf16 subnormals
+      }
+      SCOPED_TRACE("n=" + std::to_string(n) + " kind=" + std::to_string(kind));
+      const cpu::ValueRange got = cpu::ScanRange(v.data(), n), want = NaiveRange(v);
+      EXPECT_EQ(got.finite, want.finite);
+      if (!want.finite) continue;
+      // A bound: exact for normal values; a subnormal's (no hidden bit) may
+      // be counted one or more bits high, which only refuses more.
+      if (kind == 3) {
+        EXPECT_GE(got.bits, want.bits);
+      } else {
+        EXPECT_EQ(got.bits, want.bits);
+      }
+      EXPECT_EQ(FloatBits(got.lo), FloatBits(want.lo));
+      EXPECT_EQ(FloatBits(got.hi), FloatBits(want.hi));
+      if (kind == 1 || kind == 3) {
+        EXPECT_LE(got.bits, 8);
+      }
+      if (kind == 2) {
+        EXPECT_LE(got.bits, 11);
+      }
+    }
+  }
+}
+
+// Separately rounded, as the reference kernels compute (volatile: never
+// contracted).
+float MulThenAdd(float a, float b, float c) {
+  volatile float p = a * b;
+  return c + p;
+}
+
+TEST(CpuDot, WhereProductsExactHoldsFmaGivesTheBitsOfMultiplyThenAdd) {
+  // Random bf16 x bf16, bf16 x e2m1 and fp16 x bf16 pairs over the whole
+  // exponent range, against accumulators near the product (where a second
+  // rounding would show). Whenever ProductsExact says so for the ranges of
+  // the two values, std::fma must equal the separate multiply and add; and
+  // the pairs it refuses must include ones where they differ (the gate is
+  // needed, not merely safe).
+  std::mt19937 g(11);
+  int64_t fused = 0, refused_and_different = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const int kind = i % 3;
+    float a = BitsToFloat(static_cast<uint32_t>(g()) & 0xffff0000u);  // any bf16
+    float b = kind == 1 ? E2m1ToFloat(static_cast<uint8_t>(g() % 16)) : BitsToFloat(g() & 0xffff0000u);
+    if (kind == 2) a = Fp16ToFloat(static_cast<uint16_t>(g()));
+    if (!std::isfinite(a) || !std::isfinite(b)) continue;
+    const float p = a * b;
+    const float cs[] = {0.0f, -0.0f, -p, p * 0x1p-20f, BitsToFloat(g()), 1.0f};
+    const cpu::ValueRange ra = cpu::ScanRange(&a, 1), rb = cpu::ScanRange(&b, 1);
+    const bool exact = cpu::ProductsExact(ra, rb);
+    for (float c : cs) {
+      if (!std::isfinite(c)) continue;
+      const bool same = FloatBits(std::fma(a, b, c)) == FloatBits(MulThenAdd(a, b, c)) ||
+                        (std::isnan(std::fma(a, b, c)) && std::isnan(MulThenAdd(a, b, c)));
+      if (exact) {
+        ASSERT_TRUE(same) << std::hexfloat << a << " * " << b << " + " << c;
+        ++fused;
+      } else if (!same) {
+        ++refused_and_different;
+      }
+    }
+  }
+  EXPECT_GT(fused, 100000);
+  EXPECT_GT(refused_and_different, 0);
+  // The finding that shaped the gate: a bf16 subnormal times a small value
+  // underflows; multiply-then-add gives +0, the fused form -0.
+  const float w = BitsToFloat(0x00010000u), x = -0x1p-20f;
+  EXPECT_NE(FloatBits(std::fma(w, x, 0.0f)), FloatBits(MulThenAdd(w, x, 0.0f)));
+  EXPECT_FALSE(cpu::ProductsExact(cpu::ScanRange(&w, 1), cpu::ScanRange(&x, 1)));
+}
+
+// A bf16 linear whose weights and bf16 inputs are chosen so that fusing
+// would change the output's bits: products that underflow (a subnormal
+// weight times a small input: fused -0, separate +0) or overflow (a lane of
+// -2^127 then +2^128: fused 2^127, separate +Inf). The launcher must see it
+// from the ranges and give the work items' bits on every ISA.
+TEST(CpuKernels, FusedPathStaysOffWhereAProductWouldRound) {
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which == 0 ? "underflow" : "overflow");
+    const int64_t rows = 10, cols = 64, tokens = 9;
+    std::vector<uint16_t> wdata(rows * cols, 0);
+    std::vector<float> x(tokens * cols, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        if (which == 0) {
+          wdata[r * cols + c] = 0x0001;  // 2^-133
+          x[(r % tokens) * cols + c] = -0x1p-20f;
+        } else if (c == 0 || c == 8) {
+          wdata[r * cols + c] = FloatToBf16(c == 0 ? -0x1p64f : 0x1p64f);
+        }
+      }
+    }
+    if (which == 1) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        x[t * cols + 0] = 0x1p63f;
+        x[t * cols + 8] = 0x1p64f;
+      }
+    }
+    LinearShardView shard;
+    shard.w.format = WFormat::kBF16;
+    shard.w.data = wdata.data();
+    shard.w.rows = rows;
+    shard.w.cols = cols;
+    LinearOp op;
+    op.shards = &shard;
+    op.x = x.data();
+    op.ranks = 1;
+    op.tokens = tokens;
+    op.rows = rows;
+    op.cols = cols;
+    std::vector<float> ref(tokens * rows, -7.0f);
+    op.y = ref.data();
+    ASSERT_FALSE(RunReference(op).fired);
+    // The data does what it is meant to: a fused lane would differ.
+    const float w0 = Bf16ToFloat(wdata[0]), w8 = Bf16ToFloat(wdata[8]);
+    if (which == 0) {
+      EXPECT_NE(FloatBits(std::fma(w0, x[0], 0.0f)), FloatBits(MulThenAdd(w0, x[0], 0.0f)));
+    } else {
+      const float lane = MulThenAdd(w0, x[0], 0.0f);
+      EXPECT_NE(FloatBits(std::fma(w8, x[8], lane)), FloatBits(MulThenAdd(w8, x[8], lane)));
+    }
+    for (CpuIsa isa : Isas()) {
+      SCOPED_TRACE(CpuIsaName(isa));
+      CpuPool pool(2);
+      std::vector<float> got(ref.size(), -7.0f);
+      op.y = got.data();
+      KernelStatus st;
+      const uint64_t fused_before = cpu::FusedRunsForTest();
+      ASSERT_TRUE(LaunchLinearFast(op, pool, isa, &st));
+      EXPECT_EQ(cpu::FusedRunsForTest(), fused_before);
+      const int64_t d = FirstDiff(ref, got);
+      ASSERT_EQ(d, -1) << Show(ref, got, d);
+    }
+  }
+}
+
+// Narrow weights against bf16 inputs of ordinary magnitudes: the fused path
+// runs (packed path: every format; direct path: raw e2m1 terms) and gives
+// the work items' bits.
+TEST(CpuKernels, FusedPathRunsOnBf16InputsWithTheWorkItemsBits) {
+  if (!CpuIsaSupported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 + FMA on this CPU: nothing fuses";
+  const uint64_t before = cpu::FusedRunsForTest();
+  CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 1, 9, 50, 600, false, true, false, false, true});
+  const uint64_t after_packed = cpu::FusedRunsForTest();
+  EXPECT_GT(after_packed, before);
+  CheckLinear({Fmt::kNvfp4, DotKind::kFused, false, 1, 1, 50, 544, false, false, false, false, true});
+  EXPECT_GT(cpu::FusedRunsForTest(), after_packed);
+  // fp32 inputs never fuse.
+  const uint64_t before_f32 = cpu::FusedRunsForTest();
+  CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 1, 9, 50, 600, false, true, false, false, false});
+  EXPECT_EQ(cpu::FusedRunsForTest(), before_f32);
 }
 
 TEST(CpuKernels, LinearOddWidthsRanksAndSpecialValues) {

@@ -1,7 +1,10 @@
 #include "cpu_dot.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstdlib>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -11,11 +14,64 @@
 namespace crashreplay::replay::cpu {
 namespace {
 
+// ScanRange (cpu_dot.h) built into its caller, on the bit patterns: |v|
+// orders as its bits do, |v| - 1 as unsigned puts the zeros last, and the
+// lowest set bit of the significands' union bounds their significant bits.
+CR_SIMD_INLINE ValueRange ScanRangeV(const float* v, int64_t n) {
+  u32x8 lo[2] = {u32x8{} + 0xffffffffu, u32x8{} + 0xffffffffu}, hi[2] = {}, mant[2] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _Pragma("GCC unroll 2") for (int k = 0; k < 2; ++k) {
+      u32x8 u;
+      std::memcpy(&u, v + i + 8 * k, sizeof u);
+      const u32x8 a = u & 0x7fffffffu, key = a - 1u;
+      mant[k] |= u;
+      hi[k] = a > hi[k] ? a : hi[k];
+      lo[k] = key < lo[k] ? key : lo[k];
+    }
+  }
+  uint32_t l = 0xffffffffu, h = 0, m = 0;
+  for (int k = 0; k < 8; ++k) {
+    _Pragma("GCC unroll 2") for (int j = 0; j < 2; ++j) {
+      l = std::min(l, lo[j][k]);
+      h = std::max(h, hi[j][k]);
+      m |= mant[j][k];
+    }
+  }
+  for (; i < n; ++i) {
+    const uint32_t u = FloatBits(v[i]), a = u & 0x7fffffffu;
+    m |= u;
+    h = std::max(h, a);
+    l = std::min(l, a - 1u);
+  }
+  ValueRange r;
+  r.bits = 24 - std::countr_zero((m & 0x7fffffu) | 0x800000u);
+  r.finite = h < 0x7f800000u;
+  r.lo = l == 0xffffffffu ? std::numeric_limits<float>::infinity() : BitsToFloat(l + 1u);
+  r.hi = BitsToFloat(h);
+  return r;
+}
+
 // The instruction sets the kernels are built for (one source, picked at run
 // time): kGeneric is the baseline target (SSE2 pairs, NEON pairs).
 constexpr int kIsaGeneric = 0;
 constexpr int kIsaAvx2 = 1;
 constexpr int kIsaAvx512 = 2;
+
+std::atomic<uint64_t> fused_runs{0};
+
+// lane + w * x: one fused multiply-add where kFused (every product of the
+// dot is exact: ProductsExact) and the ISA has one, else the multiply and
+// the add. The two give the same bits wherever kFused may be set.
+template <int kIsa, bool kFused>
+CR_SIMD_INLINE f32x8 MulAdd8(f32x8 lane, f32x8 w, f32x8 x) {
+#if defined(__x86_64__)
+  // The builtin, not _mm256_fmadd_ps: an intrinsic cannot be inlined into
+  // this helper, which has no target of its own (the caller's applies).
+  if constexpr (kFused && kIsa >= kIsaAvx2) return __builtin_ia32_vfmaddps256(w, x, lane);
+#endif
+  return lane + w * x;
+}
 
 // Up to this many tokens the weight is decoded in registers and used at once.
 constexpr int64_t kDirectTokens = 2;
@@ -276,6 +332,9 @@ CR_SIMD_INLINE f32x8 LookupE2m1(const uint8_t* group, const float* t16) {
   }
 }
 
+// Every raw e2m1 value: 0, +-0.5 to +-6, at most 2 significant bits.
+constexpr ValueRange E2m1Range() { return ValueRange{2, 0.5f, 6.0f, true}; }
+
 template <WFormat F>
 using StorageT = std::conditional_t<F == WFormat::kF32, float,
                                     std::conditional_t<F == WFormat::kBF16 || F == WFormat::kF16, uint16_t, uint8_t>>;
@@ -285,7 +344,7 @@ using StorageT = std::conditional_t<F == WFormat::kF32, float,
 // a row; At() gives the 8 terms of group g of row r. Groups past the last
 // full one are filled element by element with the scalar code, zeros past
 // cols. e2m1 terms come from a 16-entry table per block (LookupE2m1).
-template <WFormat F, bool kRound, bool kBlocked, int kIsaLevel>
+template <WFormat F, bool kRound, bool kBlocked, int kIsaLevel, bool kFusedLanes = false>
 struct Terms {
   static_assert(!(kRound && kBlocked), "the rounded terms belong to the lanes shape");
   const QWeight* w;
@@ -299,6 +358,12 @@ struct Terms {
   // Bytes of one group of 8 elements of a row.
   static constexpr int64_t kGroupBytes = F == WFormat::kE2m1 ? 4 : 8 * static_cast<int64_t>(sizeof(StorageT<F>));
   static constexpr int kIsa = kIsaLevel;
+  // The direct path's lanes use MulAdd8's fused form (RunRowsF sets it only
+  // where ProductsExact holds for FixedRange and the job's x_range).
+  static constexpr bool kFused = kFusedLanes;
+  // Raw e2m1 terms: the format fixes their range (E2m1Range). e4m3 can
+  // store NaN, so its terms are known only from a scan (the packed path's).
+  static constexpr bool kFixedRange = !kRound && F == WFormat::kE2m1;
 
   struct Block {
     float s = 0.0f;
@@ -437,11 +502,11 @@ CR_SIMD_INLINE void WriteTile(const DotJob& j, const Plan& p, int64_t row0, int 
 // ---- direct path: few tokens, terms decoded in registers ----------------------
 
 // lane[i][t] += w[i] * x[t][group g] for the tile's rows and tokens.
-template <int MR, int NR>
+template <int kIsa, bool kFused, int MR, int NR>
 CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x, int64_t g, f32x8 (&lane)[MR][NR]) {
   _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
     const f32x8 xv = Load8(x[t] + 8 * g);
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) lane[i][t] = MulAdd8<kIsa, kFused>(lane[i][t], w[i], xv);
   }
 }
 
@@ -462,7 +527,7 @@ CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], c
   }
   f32x8 w[MR];
   _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.AtFull(base[i], g, blk[i]);
-  AccumulateGroup<MR, NR>(w, x, g, lane);
+  AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w, x, g, lane);
 }
 
 // The groups [g0, g1) of a tile's rows into its lane sets: whole groups
@@ -484,7 +549,7 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
   for (int64_t g = std::max(g0, gf); g < g1; ++g) {
     f32x8 w[MR];
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
-    AccumulateGroup<MR, NR>(w, x, g, lane);
+    AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w, x, g, lane);
   }
 }
 
@@ -643,14 +708,14 @@ CR_SIMD_INLINE void PackB(const float* const* x, int tokens, int64_t g0, int64_t
 }
 
 // The micro-kernel over `groups` packed groups.
-template <int MR, int NR>
+template <int kIsa, bool kFused, int MR, int NR>
 CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t groups, f32x8 (&lane)[MR][NR]) {
   for (int64_t g = 0; g < groups; ++g, ap += MR * 8, bp += NR * 8) {
     f32x8 w[MR];
     for (int i = 0; i < MR; ++i) w[i] = Load8(ap + i * 8);
     _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
       const f32x8 xv = Load8(bp + t * 8);
-      for (int i = 0; i < MR; ++i) lane[i][t] += w[i] * xv;
+      for (int i = 0; i < MR; ++i) lane[i][t] = MulAdd8<kIsa, kFused>(lane[i][t], w[i], xv);
     }
   }
 }
@@ -658,7 +723,7 @@ CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t group
 // One micro-tile over one chunk [g0, g1): continues from the state (lanes or
 // block accumulators) of the previous chunk, and writes the outputs after
 // the last.
-template <bool kBlocked, int MR, int NR>
+template <int kIsa, bool kFused, bool kBlocked, int MR, int NR>
 CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, const float* bp, const float* rsp,
                                const float* tsp, int64_t g0, int64_t g1, bool first, bool last, float* state,
                                int64_t row0, int rows, int64_t t0, int tokens) {
@@ -670,7 +735,7 @@ CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, 
       for (int i = 0; i < MR; ++i)
         _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) lane[i][t] = Load8(state + (i * NR + t) * 8);
     }
-    PackedGroups<MR, NR>(ap, bp, g1 - g0, lane);
+    PackedGroups<kIsa, kFused, MR, NR>(ap, bp, g1 - g0, lane);
     if (!last) {
       for (int i = 0; i < MR; ++i)
         _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) Store8(state + (i * NR + t) * 8, lane[i][t]);
@@ -683,7 +748,7 @@ CR_SIMD_INLINE void PackedTile(const DotJob& j, const Plan& p, const float* ap, 
     for (int64_t b0 = g0; b0 < g1; b0 += gpb) {
       ZeroLanes(lane);
       const int64_t b1 = std::min(g1, b0 + gpb);
-      PackedGroups<MR, NR>(ap + (b0 - g0) * MR * 8, bp + (b0 - g0) * NR * 8, b1 - b0, lane);
+      PackedGroups<kIsa, kFused, MR, NR>(ap + (b0 - g0) * MR * 8, bp + (b0 - g0) * NR * 8, b1 - b0, lane);
       const int64_t bi = (b0 - g0) / gpb;
       BlockUpdate<MR, NR>(p.token_scales, lane, Load8(rsp + 8 * bi), p.token_scales ? Load8(tsp + 8 * bi) : Zero8(),
                           acc);
@@ -708,9 +773,10 @@ struct ChunkArgs {
   float* state;     // lanes or accumulators kept between chunks, or null
   int64_t nb, cg, g0, g1, r0, r1, tiles, ttiles, tc, tc1;
   bool first, last;
+  bool fused;  // the chunk's products are exact (ProductsExact): MulAdd8 fuses
 };
 
-template <bool kBlocked, int MR, int NR>
+template <int kIsa, bool kFused, bool kBlocked, int MR, int NR>
 CR_SIMD_INLINE void PackedChunkBody(const ChunkArgs& a) {
   const DotJob& j = *a.j;
   const Plan& p = *a.p;
@@ -743,8 +809,9 @@ CR_SIMD_INLINE void PackedChunkBody(const ChunkArgs& a) {
       const int64_t row0 = a.r0 + m * MR;
       const int rows = static_cast<int>(std::min<int64_t>(MR, a.r1 - row0));
       float* st = a.state != nullptr ? a.state + (m * a.ttiles + tt) * kStatePerTile : nullptr;
-      PackedTile<kBlocked, MR, NR>(j, p, a.ap + m * a.cg * MR * 8, a.bp, rsp != nullptr ? rsp + m * nbc * 8 : nullptr,
-                                   tsp, a.g0, a.g1, a.first, a.last, st, row0, rows, t0, tokens);
+      PackedTile<kIsa, kFused, kBlocked, MR, NR>(j, p, a.ap + m * a.cg * MR * 8, a.bp,
+                                                 rsp != nullptr ? rsp + m * nbc * 8 : nullptr, tsp, a.g0, a.g1, a.first,
+                                                 a.last, st, row0, rows, t0, tokens);
     }
   }
 }
@@ -752,8 +819,14 @@ CR_SIMD_INLINE void PackedChunkBody(const ChunkArgs& a) {
 template <int kIsa>
 CR_SIMD_INLINE void PackedChunkIsa(const ChunkArgs& a, bool blocked) {
   constexpr int MR = PackTile<kIsa>::kMR, NR = PackTile<kIsa>::kNR;
-  if (blocked) return PackedChunkBody<true, MR, NR>(a);
-  PackedChunkBody<false, MR, NR>(a);
+  if constexpr (kIsa >= kIsaAvx2) {
+    if (a.fused) {
+      if (blocked) return PackedChunkBody<kIsa, true, true, MR, NR>(a);
+      return PackedChunkBody<kIsa, true, false, MR, NR>(a);
+    }
+  }
+  if (blocked) return PackedChunkBody<kIsa, false, true, MR, NR>(a);
+  PackedChunkBody<kIsa, false, false, MR, NR>(a);
 }
 
 __attribute__((noinline)) void PackedChunkGeneric(const ChunkArgs& a, bool blocked) {
@@ -761,8 +834,8 @@ __attribute__((noinline)) void PackedChunkGeneric(const ChunkArgs& a, bool block
 }
 
 #if defined(__x86_64__)
-#define CR_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
-__attribute__((target("avx2"), noinline)) void PackedChunkAvx2(const ChunkArgs& a, bool blocked) {
+#define CR_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
+__attribute__((target("avx2,fma"), noinline)) void PackedChunkAvx2(const ChunkArgs& a, bool blocked) {
   PackedChunkIsa<kIsaAvx2>(a, blocked);
 }
 CR_AVX512_TARGET __attribute__((noinline)) void PackedChunkAvx512(const ChunkArgs& a, bool blocked) {
@@ -805,12 +878,19 @@ CR_SIMD_INLINE void PackedRows(const DotJob& j, const Plan& p, const W& terms, i
       a.g1 = std::min(groups, a.g0 + cg);
       a.first = a.g0 == 0;
       a.last = a.g1 == groups;
+      ValueRange terms_range{1, std::numeric_limits<float>::infinity(), 0.0f, true};
       for (int64_t m = 0; m < tiles; ++m) {
         const int64_t row0 = r0 + m * kMR;
         const int rows = static_cast<int>(std::min<int64_t>(kMR, r1 - row0));
-        PackA<W, kMR>(terms, p, row0, rows, need_rs ? rs + (row0 - r0) * nb : nullptr, nb, a.g0, a.g1,
-                      ap + m * cg * kMR * 8);
+        float* tile = ap + m * cg * kMR * 8;
+        PackA<W, kMR>(terms, p, row0, rows, need_rs ? rs + (row0 - r0) * nb : nullptr, nb, a.g0, a.g1, tile);
+        // (No term has fewer than 2 significant bits: wider inputs never fuse.)
+        if (W::kIsa >= kIsaAvx2 && j.x_range.finite && j.x_range.bits <= 22) {
+          terms_range = Merge(terms_range, ScanRangeV(tile, (a.g1 - a.g0) * kMR * 8));
+        }
       }
+      a.fused = W::kIsa >= kIsaAvx2 && ProductsExact(terms_range, j.x_range);
+      if (a.fused) fused_runs.fetch_add(1, std::memory_order_relaxed);
 #if defined(__x86_64__)
       if constexpr (W::kIsa == kIsaAvx512) {
         PackedChunkAvx512(a, W::kBlocks);
@@ -825,12 +905,9 @@ CR_SIMD_INLINE void PackedRows(const DotJob& j, const Plan& p, const W& terms, i
   }
 }
 
-template <WFormat F, bool kRound, bool kBlocked, int kIsa>
-CR_SIMD_INLINE void RunRowsF(const DotJob& j, const Plan& p, int64_t r0, int64_t r1) {
-  using W = Terms<F, kRound, kBlocked, kIsa>;
-  const int64_t nb = p.block > 0 ? (j.w->cols + p.block - 1) / p.block : 0;
-  const W terms{j.w, j.w->cols / 8, ScaleTableFor(*j.w, p)};
-  if (j.tokens > kDirectTokens) return PackedRows(j, p, terms, r0, r1, nb);
+// The direct path over the job's tokens, two at a time.
+template <class W>
+CR_SIMD_INLINE void DirectTokens(const DotJob& j, const Plan& p, const W& terms, int64_t r0, int64_t r1, int64_t nb) {
   for (int64_t t0 = 0; t0 < j.tokens; t0 += 2) {
     if (W::kIsa >= kIsaAvx2 && j.tokens - t0 >= 2) {
       DirectRows<W, W::kIsa >= kIsaAvx2 ? 2 : 1>(j, p, terms, r0, r1, nb, t0);
@@ -839,6 +916,22 @@ CR_SIMD_INLINE void RunRowsF(const DotJob& j, const Plan& p, int64_t r0, int64_t
       for (int64_t t = t0; t < std::min(j.tokens, t0 + 2); ++t) DirectRows<W, 1>(j, p, terms, r0, r1, nb, t);
     }
   }
+}
+
+template <WFormat F, bool kRound, bool kBlocked, int kIsa>
+CR_SIMD_INLINE void RunRowsF(const DotJob& j, const Plan& p, int64_t r0, int64_t r1) {
+  using W = Terms<F, kRound, kBlocked, kIsa>;
+  const int64_t nb = p.block > 0 ? (j.w->cols + p.block - 1) / p.block : 0;
+  const W terms{j.w, j.w->cols / 8, ScaleTableFor(*j.w, p)};
+  if (j.tokens > kDirectTokens) return PackedRows(j, p, terms, r0, r1, nb);
+  if constexpr (W::kFixedRange && kIsa >= kIsaAvx2) {
+    if (ProductsExact(E2m1Range(), j.x_range)) {
+      using WF = Terms<F, kRound, kBlocked, kIsa, true>;
+      fused_runs.fetch_add(1, std::memory_order_relaxed);
+      return DirectTokens(j, p, WF{j.w, j.w->cols / 8, terms.st}, r0, r1, nb);
+    }
+  }
+  DirectTokens(j, p, terms, r0, r1, nb);
 }
 
 // Scales exist only on fp8 and fp4 storage (DotCovered leaves the others'
@@ -895,12 +988,12 @@ void PrimitivesGeneric(WFormat f, const void* data, int64_t i0, const float* rou
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) void RunRowsAvx2(const DotJob& j, int64_t r0, int64_t r1) {
+__attribute__((target("avx2,fma"))) void RunRowsAvx2(const DotJob& j, int64_t r0, int64_t r1) {
   RunRowsBody<kIsaAvx2>(j, r0, r1);
 }
 CR_AVX512_TARGET void RunRowsAvx512(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaAvx512>(j, r0, r1); }
-__attribute__((target("avx2"))) void PrimitivesAvx2(WFormat f, const void* data, int64_t i0, const float* round_in,
-                                                    const float* lanes_in, float* out) {
+__attribute__((target("avx2,fma"))) void PrimitivesAvx2(WFormat f, const void* data, int64_t i0, const float* round_in,
+                                                        const float* lanes_in, float* out) {
   PrimitivesBody(f, data, i0, round_in, lanes_in, out);
 }
 CR_AVX512_TARGET void PrimitivesAvx512(WFormat f, const void* data, int64_t i0, const float* round_in,
@@ -910,6 +1003,35 @@ CR_AVX512_TARGET void PrimitivesAvx512(WFormat f, const void* data, int64_t i0, 
 #endif
 
 }  // namespace
+
+uint64_t FusedRunsForTest() { return fused_runs.load(); }
+
+ValueRange ScanRange(const float* v, int64_t n) {
+  ValueRange r;
+  OnIsa(CpuIsaSupported(CpuIsa::kAvx512) ? CpuIsa::kAvx512
+        : CpuIsaSupported(CpuIsa::kAvx2) ? CpuIsa::kAvx2
+                                         : CpuIsa::kGeneric,
+        [&]() CR_LAMBDA_INLINE { r = ScanRangeV(v, n); });
+  return r;
+}
+
+ValueRange Merge(const ValueRange& a, const ValueRange& b) {
+  ValueRange r;
+  r.bits = std::max(a.bits, b.bits);
+  r.lo = std::min(a.lo, b.lo);
+  r.hi = std::max(a.hi, b.hi);
+  r.finite = a.finite && b.finite;
+  return r;
+}
+
+bool ProductsExact(const ValueRange& a, const ValueRange& b) {
+  if (!a.finite || !b.finite || a.bits + b.bits > 24) return false;
+  // In double: lo may be +Inf (no nonzero value), and no product of two
+  // floats overflows or underflows there.
+  const double lo = static_cast<double>(a.lo) * static_cast<double>(b.lo);
+  const double hi = static_cast<double>(a.hi) * static_cast<double>(b.hi);
+  return lo >= 0x1p-125 && hi < 0x1p127;
+}
 
 bool DotCovered(const QWeight& w, DotKind kind, bool q) {
   if (w.rows < 0 || w.cols <= 0) return false;

@@ -19,6 +19,15 @@
 // registers and used at once (decode steps: one pass over the weight bytes);
 // more tokens, the rows are decoded into a packed panel of terms per chunk
 // of 512 columns and reused by every token (prefill).
+// Fused multiply-add: where every product w * x of a dot is exact in fp32
+// (ProductsExact: both operands of few enough significant bits, magnitudes
+// inside the range where no product underflows or overflows), fma(w, x, acc)
+// rounds once to exactly what acc + w * x rounds to, so the lane sums use
+// it there and the bits are those of the separate multiply and add. The
+// packed path decides per chunk of columns from the terms it has packed
+// (ScanRange) and the job's x_range; the direct path only for raw e2m1 and
+// e4m3 terms, whose range the format fixes. An x_range left at its default
+// never fuses.
 // Thread safety: RunRows may run on many threads at once (thread-local
 // scratch); the job is read-only.
 #pragma once
@@ -30,6 +39,30 @@
 
 namespace crashreplay::replay::cpu {
 
+// What is known of a set of float values: each has at most `bits`
+// significant bits (8: a bf16; 24 says nothing), every nonzero |v| lies in
+// [lo, hi], and (finite) none is NaN or Inf. The default knows nothing.
+struct ValueRange {
+  int bits = 24;
+  float lo = 0.0f;
+  float hi = 0.0f;
+  bool finite = false;
+};
+
+// The range of n floats (no nonzero value: lo = +Inf, hi = 0).
+ValueRange ScanRange(const float* v, int64_t n);
+// The union of two ranges.
+ValueRange Merge(const ValueRange& a, const ValueRange& b);
+// Whether every product of a value in `a` with one in `b` is exact in fp32:
+// its significand fits 24 bits (a.bits + b.bits <= 24), it is not below
+// 2^-125 in magnitude unless zero (then its lowest bit is at or above
+// 2^-149, the spacing of the subnormals) and it is below 2^127.
+bool ProductsExact(const ValueRange& a, const ValueRange& b);
+
+// How many packed chunks and direct row ranges have run fused so far in
+// this process (the tests see that the fused path is taken).
+uint64_t FusedRunsForTest();
+
 struct DotJob {
   const QWeight* w = nullptr;
   DotKind kind = DotKind::kDequant;
@@ -40,6 +73,7 @@ struct DotJob {
   float x_global = 0.0f;              // q: the activation's global scale (input_scale)
   float* const* y = nullptr;          // [tokens] output rows: y[t][r]
   const float* bias = nullptr;        // [rows] or null: y = element + bias[r]
+  ValueRange x_range;                 // of every x row read (see ProductsExact)
 };
 
 inline int64_t PaddedCols(int64_t cols) { return (cols + 7) / 8 * 8; }

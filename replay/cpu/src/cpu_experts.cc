@@ -81,6 +81,7 @@ class MoeRun {
     buf_->assign(static_cast<size_t>(S * per_slot_), 0.0f);
 
     // 1. inputs.
+    std::vector<cpu::ValueRange> slot_range(S);  // what each slot's row holds (cpu_dot.h)
     std::vector<char> slot_q(S, 0);
     std::vector<const ExpertView*> slot_e(S);
     for (const Group& g : groups) {
@@ -97,7 +98,9 @@ class MoeRun {
       } else {
         cpu::PadRow(x_ + t * H_, H_, X(s));
       }
+      if (CpuFusedMulAdd()) slot_range[s] = cpu::ScanRange(X(s), H_);
     });
+    GroupRanges(slot_range, &x_range_);
 
     // 2. gate and up.
     std::vector<Item> items;
@@ -114,13 +117,16 @@ class MoeRun {
       const int64_t mi = e.gate.rows;
       float* a = A(s);
       SiluMulRow(G(s), U(s), mi, a);
-      if (!e.down.act_fp4) return;
-      uint8_t* values = reinterpret_cast<uint8_t*>(Q(s));
-      uint8_t* scales = values + Nvfp4ActValueBytes(mi);
-      // Checked valid before the launch (Covered), so this cannot fire.
-      QuantizeNvfp4ActRow(a, mi, e.down.act_scale, values, scales, slots[s].rt, st);
-      cpu::PrepareQRow(Nvfp4ActRow(values, scales, mi, e.down.act_scale), dot_, a, AS(s));
+      if (e.down.act_fp4) {
+        uint8_t* values = reinterpret_cast<uint8_t*>(Q(s));
+        uint8_t* scales = values + Nvfp4ActValueBytes(mi);
+        // Checked valid before the launch (Covered), so this cannot fire.
+        QuantizeNvfp4ActRow(a, mi, e.down.act_scale, values, scales, slots[s].rt, st);
+        cpu::PrepareQRow(Nvfp4ActRow(values, scales, mi, e.down.act_scale), dot_, a, AS(s));
+      }
+      if (CpuFusedMulAdd()) slot_range[s] = cpu::ScanRange(a, mi);
     });
+    GroupRanges(slot_range, &a_range_);
 
     // 4. down.
     items.clear();
@@ -142,6 +148,18 @@ class MoeRun {
     std::vector<float*> g, u, y;
     std::vector<int64_t> begin;  // [group] first index
   };
+
+  // out[group] = the union of its slots' ranges.
+  void GroupRanges(const std::vector<cpu::ValueRange>& slot, std::vector<cpu::ValueRange>* out) const {
+    out->assign(groups.size(), cpu::ValueRange{});
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      bool first = true;
+      for (int64_t s : groups[gi].slots) {
+        (*out)[gi] = first ? slot[s] : cpu::Merge((*out)[gi], slot[s]);
+        first = false;
+      }
+    }
+  }
 
   bool Ok(const QWeight& w, bool q) const { return cpu::DotCovered(w, dot_, q) && !cpu::DotMayFail(w, dot_, q); }
 
@@ -193,6 +211,7 @@ class MoeRun {
         j.x = p.x.data() + b;
         j.xs = p.xs.data() + b;
         j.x_global = g.e->gate.act_scale;
+        j.x_range = x_range_[it.group];
         j.y = (it.which == 0 ? p.g.data() : p.u.data()) + b;
       } else {
         j.w = &g.e->down;
@@ -200,6 +219,7 @@ class MoeRun {
         j.x = p.a.data() + b;
         j.xs = p.as.data() + b;
         j.x_global = g.e->down.act_scale;
+        j.x_range = a_range_[it.group];
         j.y = p.y.data() + b;
       }
       cpu::RunRows(j, it.r0, it.r1, isa_);
@@ -213,6 +233,7 @@ class MoeRun {
   DotKind dot_;
   CpuIsa isa_;
   int64_t mi_max_ = 0, nbh_ = 0, nbm_ = 0, qbytes_ = 0, per_slot_ = 0;
+  std::vector<cpu::ValueRange> x_range_, a_range_;  // [group] of its slots' x and a rows
   std::vector<float>* buf_;  // the slot rows (the launcher's, reused by its chunks)
 };
 

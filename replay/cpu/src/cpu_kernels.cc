@@ -45,6 +45,8 @@ const char* CpuIsaName(CpuIsa isa) {
 bool CpuIsaSupported(CpuIsa isa) {
   if (isa != CpuIsa::kAvx2 && isa != CpuIsa::kAvx512) return true;
 #if defined(__x86_64__)
+  // The kernels are built with FMA too (cpu_dot.h: fused where exact).
+  if (!__builtin_cpu_supports("fma")) return false;
   if (isa == CpuIsa::kAvx2) return __builtin_cpu_supports("avx2");
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
@@ -65,6 +67,14 @@ CpuIsa DefaultCpuIsa() {
   if (v == "avx2" && CpuIsaSupported(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   if (v == "avx512" && CpuIsaSupported(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   return best;
+}
+
+bool CpuFusedMulAdd() {
+  static const bool on = [] {
+    const char* e = std::getenv("CRASHREPLAY_CPU_FMA");
+    return e == nullptr || std::string_view(e) != "off";
+  }();
+  return on;
 }
 
 namespace {
@@ -119,9 +129,16 @@ bool LaunchLinearFast(const LinearOp& o, CpuPool& pool, CpuIsa isa, KernelStatus
         }
       });
     }
+    // What the rows hold, for the fused multiply-adds (cpu_dot.h).
+    std::vector<cpu::ValueRange> ranges(static_cast<size_t>(R * C));
+    if (CpuFusedMulAdd()) {
+      pool.Launch(R * C, [&](int64_t rc, KernelStatus*) { ranges[rc] = cpu::ScanRange(x[rc], cols); });
+    }
     std::vector<DotJob> jobs(R);
     for (int64_t r = 0; r < R; ++r) {
       DotJob& j = jobs[r];
+      j.x_range = ranges[r * C];
+      for (int64_t c = 1; c < C; ++c) j.x_range = cpu::Merge(j.x_range, ranges[r * C + c]);
       j.w = &o.shards[r].w;
       j.kind = o.dot;
       j.q = quantized[r];

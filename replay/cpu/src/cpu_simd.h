@@ -1,6 +1,6 @@
 // Eight-float vectors for the CPU fast kernels (cpu_dot.cc), written with GCC
 // vector extensions so that one source compiles to AVX2 (inside functions
-// built with target("avx2")), to SSE2 pairs on any x86-64, and to NEON pairs
+// built with target("avx2,fma")), to SSE2 pairs on any x86-64, and to NEON pairs
 // on aarch64.
 //
 // Everything here reproduces, lane by lane, a scalar function of
@@ -172,11 +172,11 @@ __attribute__((noinline)) void OnGeneric(const Body& body) {
 }
 #if defined(__x86_64__)
 template <class Body>
-__attribute__((target("avx2"), noinline)) void OnAvx2(const Body& body) {
+__attribute__((target("avx2,fma"), noinline)) void OnAvx2(const Body& body) {
   body();
 }
 template <class Body>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), noinline)) void OnAvx512(const Body& body) {
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"), noinline)) void OnAvx512(const Body& body) {
   body();
 }
 #endif

@@ -16,8 +16,14 @@
 // reference, on any host and thread count; cpu_kernels_test compares them
 // over every weight format, dot variant and odd shape.
 //
-// Instruction sets: kAvx2 (x86-64 with AVX2; never FMA, which would fuse the
-// two roundings) or kGeneric (the same code for the baseline target: SSE2
+// Fused multiply-add: where every product of a dot is exact in fp32 (both
+// operands of few significant bits, e.g. bf16 inputs - activation_dtype=bf16
+// - against bf16, fp8 or fp4 weights, and magnitudes where no product
+// underflows or overflows), a * b + c rounds once either way, so the AVX2
+// and AVX-512 kernels use FMA there and the bits stay those above (cpu_dot.h
+// says how it is decided). CRASHREPLAY_CPU_FMA=off turns it off (to compare).
+//
+// Instruction sets: kAvx2 (x86-64 with AVX2 and FMA) or kGeneric (the same code for the baseline target: SSE2
 // on x86-64, NEON on aarch64), chosen at run time. kReference turns the fast
 // path off (the executor runs the work items). CRASHREPLAY_CPU_KERNELS=
 // reference|generic|avx2 overrides the choice (a request the CPU cannot run
@@ -53,6 +59,8 @@ const char* CpuIsaName(CpuIsa isa);
 bool CpuIsaSupported(CpuIsa isa);
 // The best supported ISA, or CRASHREPLAY_CPU_KERNELS when set and supported.
 CpuIsa DefaultCpuIsa();
+// False when CRASHREPLAY_CPU_FMA=off (read once): no dot fuses.
+bool CpuFusedMulAdd();
 
 // The launchers' scratch bound in bytes (default 512 MiB, at least one token's
 // worth is always used). SetCpuScratchBytes changes it for the whole process
