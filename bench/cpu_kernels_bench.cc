@@ -3,7 +3,7 @@
 //
 //   cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time]
 //                     [--only linear|experts|indexer] [--format F] [--dot fused|dequant|both]
-//                     [--experts-shape small|glm5|both] [--indexer-tokens T] [--json]
+//                     [--experts-shape small|glm5|both] [--bf16-inputs] [--indexer-tokens T] [--json]
 //
 // --cpu-time times the process's CPU time (all threads) instead of wall
 // time: on a loaded machine, what the code costs rather than what the
@@ -26,7 +26,9 @@
 // block and bf16, under each dot kind: `fused` (gemm_backend/moe_backend
 // fused_blockscaled, the engine's default: a sum per scale block, then times
 // the scale) and `dequant` (dequant_matmul: bf16(value * scale) terms).
-// --format keeps the rows whose format starts with F. Figures: bytes of the routed experts' weights (values and
+// --format keeps the rows whose format starts with F. --bf16-inputs rounds
+// the token's row to bf16 (activation_dtype=bf16: the w4a16 fused dot's raw
+// e2m1 terms then fuse multiply and add, cpu_dot.h). Figures: bytes of the routed experts' weights (values and
 // scales) per second, and params per second, beside a read-only stream and
 // memcpy over 512 MiB on the same threads. A step reads each routed weight
 // byte once, so the stream rate is its bound.
@@ -68,7 +70,8 @@ using namespace crashreplay;
 using namespace crashreplay::replay;
 using Clock = std::chrono::steady_clock;
 
-bool g_cpu_time = false;  // --cpu-time: process CPU time instead of wall time
+bool g_cpu_time = false;      // --cpu-time: process CPU time instead of wall time
+bool g_bf16_inputs = false;  // --bf16-inputs: the experts' token row rounded to bf16
 
 double NowMs() {
   if (g_cpu_time) {
@@ -284,7 +287,10 @@ MoeFigures BenchExperts(const std::string& name, DotKind dot, const ExpertShape&
     experts[e].up = make(mi, H, static_cast<uint32_t>(3 * e + 1), in_scale);
     experts[e].down = make(H, mi, static_cast<uint32_t>(3 * e + 2), mid_scale);
   }
-  const std::vector<float> x = Normal(H, 1, 1.0f);
+  std::vector<float> x = Normal(H, 1, 1.0f);
+  if (g_bf16_inputs) {
+    for (float& v : x) v = Bf16ToFloat(FloatToBf16(v));
+  }
   std::vector<uint8_t> xq(Nvfp4ActValueBytes(H)), xs(Nvfp4ActScaleBytes(H));
   KernelStatus st;
   QuantizeNvfp4ActRow(x.data(), H, in_scale, xq.data(), xs.data(), 0, &st);
@@ -524,7 +530,7 @@ int Usage(const char* msg) {
       stderr,
       "cpu_kernels_bench: %s\nusage: cpu_kernels_bench [--threads N] [--reps R] [--no-reference] [--cpu-time] [--only "
       "linear|experts|indexer] [--format F] [--dot fused|dequant|both] [--experts-shape small|glm5|both] "
-      "[--indexer-tokens T] "
+      "[--bf16-inputs] [--indexer-tokens T] "
       "[--json]\n",
       msg);
   return 2;
@@ -561,6 +567,8 @@ int main(int argc, char** argv) {
       if (g_dot != "fused" && g_dot != "dequant" && g_dot != "both") return Usage("--dot takes fused, dequant or both");
     } else if (a == "--cpu-time") {
       g_cpu_time = true;
+    } else if (a == "--bf16-inputs") {
+      g_bf16_inputs = true;
     } else if ((a == "--threads" || a == "--reps") && i + 1 < argc) {
       const int v = std::atoi(argv[++i]);
       if (v < 1) return Usage((a + ": expected a positive integer").c_str());
