@@ -89,11 +89,13 @@ constexpr int DirectRowsFor() {
 }
 // Packed path: micro-tile of rows x tokens held in registers. AVX2's 16:
 // 2 x 6 lane accumulators, 2 weight vectors, one input vector and a
-// product. AVX-512's 32: 4 x 6 accumulators, 4 weight vectors, the input.
+// product. AVX-512's 32 of 16 floats (PackedGroupsWide: two rows' lanes a
+// register): 3 x 8 accumulators for 6 rows x 8 tokens, 3 weight registers
+// and the input.
 template <int kIsa>
 struct PackTile {
-  static constexpr int kMR = kIsa == kIsaAvx512 ? 4 : 2;
-  static constexpr int kNR = 6;
+  static constexpr int kMR = kIsa == kIsaAvx512 ? 6 : 2;
+  static constexpr int kNR = kIsa == kIsaAvx512 ? 8 : 6;
 };
 // Columns per packed chunk (a chunk of a few rows' terms stays in L1/L2) and
 // tokens per pass (bounds the lane state kept across chunks).
@@ -709,11 +711,11 @@ CR_SIMD_INLINE void PackB(const float* const* x, int tokens, int64_t g0, int64_t
 
 typedef float f32x16 __attribute__((vector_size(64)));
 
-// The fused micro-kernel in 16-float registers (AVX-512): each register
-// holds the 8 lanes of rows i and i + 1 (adjacent in the packed panel), so
-// one instruction does two rows' fused multiply-adds, every lane the same
-// operation on the same operands as the 8-float form.
-template <int MR, int NR>
+// The micro-kernel in 16-float registers (AVX-512): each register holds
+// the 8 lanes of rows i and i + 1 (adjacent in the packed panel), so one
+// instruction does two rows' multiply-adds (fused where kFused), every lane
+// the same operations on the same operands as the 8-float form.
+template <bool kFused, int MR, int NR>
 CR_SIMD_INLINE void PackedGroupsWide(const float* ap, const float* bp, int64_t groups, f32x8 (&lane)[MR][NR]) {
   static_assert(MR % 2 == 0, "rows go in pairs");
   f32x16 wide[MR / 2][NR];
@@ -726,8 +728,13 @@ CR_SIMD_INLINE void PackedGroupsWide(const float* ap, const float* bp, int64_t g
     _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
       const f32x8 x8 = Load8(bp + t * 8);
       const f32x16 xv = __builtin_shufflevector(x8, x8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-      _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) wide[i][t] =
-          __builtin_ia32_vfmaddps512_mask(w[i], xv, wide[i][t], static_cast<uint16_t>(0xffff), 4);
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) {
+        if constexpr (kFused) {
+          wide[i][t] = __builtin_ia32_vfmaddps512_mask(w[i], xv, wide[i][t], static_cast<uint16_t>(0xffff), 4);
+        } else {
+          wide[i][t] = wide[i][t] + w[i] * xv;
+        }
+      }
     }
   }
   _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
@@ -740,7 +747,7 @@ CR_SIMD_INLINE void PackedGroupsWide(const float* ap, const float* bp, int64_t g
 template <int kIsa, bool kFused, int MR, int NR>
 CR_SIMD_INLINE void PackedGroups(const float* ap, const float* bp, int64_t groups, f32x8 (&lane)[MR][NR]) {
 #if defined(__x86_64__)
-  if constexpr (kIsa == kIsaAvx512 && kFused && MR % 2 == 0) return PackedGroupsWide<MR, NR>(ap, bp, groups, lane);
+  if constexpr (kIsa == kIsaAvx512 && MR % 2 == 0) return PackedGroupsWide<kFused, MR, NR>(ap, bp, groups, lane);
 #endif
   for (int64_t g = 0; g < groups; ++g, ap += MR * 8, bp += NR * 8) {
     f32x8 w[MR];

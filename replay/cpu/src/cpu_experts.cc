@@ -27,6 +27,7 @@ namespace {
 using cpu::DotJob;
 using cpu::PaddedCols;
 
+// Rows per work item: a multiple of every tile height (cpu_kernels.cc).
 constexpr int64_t kRowBlock = 48;
 
 // One expert of one rank and the slots routed to it.

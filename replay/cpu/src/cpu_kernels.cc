@@ -14,7 +14,8 @@ namespace {
 using cpu::DotJob;
 using cpu::PaddedCols;
 
-// Rows per work item: a multiple of both tile heights (3 packed, 4 direct).
+// Rows per work item: a multiple of every tile height (packed 2 and 6,
+// direct 2, 4 and 8).
 constexpr int64_t kRowBlock = 48;
 
 // Splits `rows` into items of at most kRowBlock rows.
