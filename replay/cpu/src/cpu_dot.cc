@@ -312,7 +312,7 @@ template <int kIsa, bool kSym>
 CR_SIMD_INLINE f32x8 LookupE2m1(const uint8_t* group, const float* t16) {
   uint32_t word;
   std::memcpy(&word, group, sizeof word);
-  if constexpr (kIsa == kIsaAvx512 && !kSym) {
+  if constexpr (kIsa == kIsaAvx512) {
     const u32x8 w = u32x8{} + word;
     const i32x8 code = (i32x8)(w >> u32x8{0, 4, 8, 12, 16, 20, 24, 28});  // bits 0-3: the code
     return __builtin_shuffle(Load8(t16), Load8(t16 + 8), code);
