@@ -406,23 +406,27 @@ TEST(CpuDot, ScanRangeAgreesWithAScalarScan) {
         if (kind == 3) v[i] = i % 5 == 0 ? BitsToFloat(0x00010000u * (g() % 128)) : 0.0f;  // bf16 subnormals
       }
       SCOPED_TRACE("n=" + std::to_string(n) + " kind=" + std::to_string(kind));
-      const cpu::ValueRange got = cpu::ScanRange(v.data(), n), want = NaiveRange(v);
-      EXPECT_EQ(got.finite, want.finite);
-      if (!want.finite) continue;
-      // A bound: exact for normal values; a subnormal's (no hidden bit) may
-      // be counted one or more bits high, which only refuses more.
-      if (kind == 3) {
-        EXPECT_GE(got.bits, want.bits);
-      } else {
-        EXPECT_EQ(got.bits, want.bits);
-      }
-      EXPECT_EQ(FloatBits(got.lo), FloatBits(want.lo));
-      EXPECT_EQ(FloatBits(got.hi), FloatBits(want.hi));
-      if (kind == 1 || kind == 3) {
-        EXPECT_LE(got.bits, 8);
-      }
-      if (kind == 2) {
-        EXPECT_LE(got.bits, 11);
+      const cpu::ValueRange want = NaiveRange(v);
+      for (CpuIsa isa : Isas()) {
+        SCOPED_TRACE(CpuIsaName(isa));
+        const cpu::ValueRange got = cpu::ScanRange(v.data(), n, isa);
+        EXPECT_EQ(got.finite, want.finite);
+        if (!want.finite) continue;
+        // A bound: exact for normal values; a subnormal's (no hidden bit)
+        // may be counted one or more bits high, which only refuses more.
+        if (kind == 3) {
+          EXPECT_GE(got.bits, want.bits);
+        } else {
+          EXPECT_EQ(got.bits, want.bits);
+        }
+        EXPECT_EQ(FloatBits(got.lo), FloatBits(want.lo));
+        EXPECT_EQ(FloatBits(got.hi), FloatBits(want.hi));
+        if (kind == 1 || kind == 3) {
+          EXPECT_LE(got.bits, 8);
+        }
+        if (kind == 2) {
+          EXPECT_LE(got.bits, 11);
+        }
       }
     }
   }

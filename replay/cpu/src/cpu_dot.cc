@@ -1045,12 +1045,9 @@ CR_AVX512_TARGET void PrimitivesAvx512(WFormat f, const void* data, int64_t i0, 
 
 uint64_t FusedRunsForTest() { return fused_runs.load(); }
 
-ValueRange ScanRange(const float* v, int64_t n) {
+ValueRange ScanRange(const float* v, int64_t n, CpuIsa isa) {
   ValueRange r;
-  OnIsa(CpuIsaSupported(CpuIsa::kAvx512) ? CpuIsa::kAvx512
-        : CpuIsaSupported(CpuIsa::kAvx2) ? CpuIsa::kAvx2
-                                         : CpuIsa::kGeneric,
-        [&]() CR_LAMBDA_INLINE { r = ScanRangeV(v, n); });
+  OnIsa(isa, [&]() CR_LAMBDA_INLINE { r = ScanRangeV(v, n); });
   return r;
 }
 

@@ -49,8 +49,9 @@ struct ValueRange {
   bool finite = false;
 };
 
-// The range of n floats (no nonzero value: lo = +Inf, hi = 0).
-ValueRange ScanRange(const float* v, int64_t n);
+// The range of n floats (no nonzero value: lo = +Inf, hi = 0), scanned
+// with `isa`'s vectors (the same result on every ISA).
+ValueRange ScanRange(const float* v, int64_t n, CpuIsa isa = CpuIsa::kGeneric);
 // The union of two ranges.
 ValueRange Merge(const ValueRange& a, const ValueRange& b);
 // Whether every product of a value in `a` with one in `b` is exact in fp32:

@@ -99,7 +99,7 @@ class MoeRun {
       } else {
         cpu::PadRow(x_ + t * H_, H_, X(s));
       }
-      if (CpuFusedMulAdd()) slot_range[s] = cpu::ScanRange(X(s), H_);
+      if (CpuFusedMulAdd()) slot_range[s] = cpu::ScanRange(X(s), H_, isa_);
     });
     GroupRanges(slot_range, &x_range_);
 
@@ -125,7 +125,7 @@ class MoeRun {
         QuantizeNvfp4ActRow(a, mi, e.down.act_scale, values, scales, slots[s].rt, st);
         cpu::PrepareQRow(Nvfp4ActRow(values, scales, mi, e.down.act_scale), dot_, a, AS(s));
       }
-      if (CpuFusedMulAdd()) slot_range[s] = cpu::ScanRange(a, mi);
+      if (CpuFusedMulAdd()) slot_range[s] = cpu::ScanRange(a, mi, isa_);
     });
     GroupRanges(slot_range, &a_range_);
 

@@ -133,7 +133,7 @@ bool LaunchLinearFast(const LinearOp& o, CpuPool& pool, CpuIsa isa, KernelStatus
     // What the rows hold, for the fused multiply-adds (cpu_dot.h).
     std::vector<cpu::ValueRange> ranges(static_cast<size_t>(R * C));
     if (CpuFusedMulAdd()) {
-      pool.Launch(R * C, [&](int64_t rc, KernelStatus*) { ranges[rc] = cpu::ScanRange(x[rc], cols); });
+      pool.Launch(R * C, [&](int64_t rc, KernelStatus*) { ranges[rc] = cpu::ScanRange(x[rc], cols, isa); });
     }
     std::vector<DotJob> jobs(R);
     for (int64_t r = 0; r < R; ++r) {
