@@ -803,12 +803,13 @@ struct MoeCase {
   DotKind kind;
   bool q;
   int64_t ranks, tokens, hidden, inter;
+  bool bf16_x = false;  // token rows rounded to bf16: gate/up may fuse (cpu_dot.h)
 };
 
 std::string Describe(const MoeCase& c) {
   return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") +
          " ranks=" + std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) +
-         " hidden=" + std::to_string(c.hidden) + " inter=" + std::to_string(c.inter);
+         " hidden=" + std::to_string(c.hidden) + " inter=" + std::to_string(c.inter) + (c.bf16_x ? " bf16_x" : "");
 }
 
 void CheckMoe(const MoeCase& c) {
@@ -846,7 +847,10 @@ void CheckMoe(const MoeCase& c) {
   std::vector<int32_t> ids(T * kK);
   for (auto& id : ids) id = static_cast<int32_t>(g() % (R * kLocal + 1));
   const std::vector<float> weights = RandomFloats(T * kK, 6, false);
-  const std::vector<float> x = RandomFloats(T * H, 7, false);
+  std::vector<float> x = RandomFloats(T * H, 7, false);
+  if (c.bf16_x) {
+    for (float& v : x) v = Bf16ToFloat(FloatToBf16(v));
+  }
   QuantRows xq;
   if (c.q) xq = Quantize(x, T, H, experts[0].gate.act_scale);
 
@@ -905,13 +909,22 @@ void CheckMoe(const MoeCase& c) {
 }
 
 TEST(CpuKernels, ExpertsMatchExpertMlpForEveryFormatAndVariant) {
+  const uint64_t fused_before = cpu::FusedRunsForTest();
   for (Fmt f : kAllFmts) {
     for (DotKind k : kAllKinds) {
       for (bool q : {false, true}) {
         if (q && !IsFp4(f)) continue;
-        for (int64_t t : {1, 2, 7}) CheckMoe({f, k, q, t == 2 ? 2 : 1, t, 64, 48});
+        for (int64_t t : {1, 2, 7}) {
+          CheckMoe({f, k, q, t == 2 ? 2 : 1, t, 64, 48});
+          CheckMoe({f, k, q, t == 2 ? 2 : 1, t, 64, 48, true});
+        }
       }
     }
+  }
+  // The bf16 rows took the fused paths somewhere (decode: raw e2m1 terms;
+  // 7 tokens: the packed chunks).
+  if (CpuIsaSupported(CpuIsa::kAvx2)) {
+    EXPECT_GT(cpu::FusedRunsForTest(), fused_before);
   }
 }
 
