@@ -709,6 +709,7 @@ CR_SIMD_INLINE void PackB(const float* const* x, int tokens, int64_t g0, int64_t
   }
 }
 
+#if defined(__x86_64__)
 typedef float f32x16 __attribute__((vector_size(64)));
 
 // The micro-kernel in 16-float registers (AVX-512): each register holds
@@ -742,6 +743,8 @@ CR_SIMD_INLINE void PackedGroupsWide(const float* ap, const float* bp, int64_t g
     lane[2 * i + 1][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 8, 9, 10, 11, 12, 13, 14, 15);
   }
 }
+
+#endif
 
 // The micro-kernel over `groups` packed groups.
 template <int kIsa, bool kFused, int MR, int NR>
