@@ -555,6 +555,9 @@ TEST(CpuKernels, FusedPathRunsOnBf16InputsWithTheWorkItemsBits) {
   EXPECT_GT(after_packed, before);
   CheckLinear({Fmt::kNvfp4, DotKind::kFused, false, 1, 1, 50, 544, false, false, false, false, true});
   EXPECT_GT(cpu::FusedRunsForTest(), after_packed);
+  // Two ranks reading the same rows (scanned once) and their own rows.
+  CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 2, 9, 50, 600, false, true, false, false, true});
+  CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 2, 9, 50, 600, true, true, false, false, true});
   // fp32 inputs never fuse.
   const uint64_t before_f32 = cpu::FusedRunsForTest();
   CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 1, 9, 50, 600, false, true, false, false, false});

@@ -130,16 +130,19 @@ bool LaunchLinearFast(const LinearOp& o, CpuPool& pool, CpuIsa isa, KernelStatus
         }
       });
     }
-    // What the rows hold, for the fused multiply-adds (cpu_dot.h).
-    std::vector<cpu::ValueRange> ranges(static_cast<size_t>(R * C));
+    // What the rows hold, for the fused multiply-adds (cpu_dot.h): scanned
+    // once when every rank reads the same rows.
+    const int64_t distinct = o.x_per_rank || any_q ? R : 1;
+    std::vector<cpu::ValueRange> ranges(static_cast<size_t>(distinct * C));
     if (CpuFusedMulAdd()) {
-      pool.Launch(R * C, [&](int64_t rc, KernelStatus*) { ranges[rc] = cpu::ScanRange(x[rc], cols, isa); });
+      pool.Launch(distinct * C, [&](int64_t rc, KernelStatus*) { ranges[rc] = cpu::ScanRange(x[rc], cols, isa); });
     }
     std::vector<DotJob> jobs(R);
     for (int64_t r = 0; r < R; ++r) {
       DotJob& j = jobs[r];
-      j.x_range = ranges[r * C];
-      for (int64_t c = 1; c < C; ++c) j.x_range = cpu::Merge(j.x_range, ranges[r * C + c]);
+      const cpu::ValueRange* rr = ranges.data() + (distinct == R ? r : 0) * C;
+      j.x_range = rr[0];
+      for (int64_t c = 1; c < C; ++c) j.x_range = cpu::Merge(j.x_range, rr[c]);
       j.w = &o.shards[r].w;
       j.kind = o.dot;
       j.q = quantized[r];
