@@ -205,28 +205,35 @@ std::string Show(const std::vector<float>& ref, const std::vector<float>& got, i
 // ---- vector primitives ------------------------------------------------------
 
 TEST(CpuKernels, DecodersMatchTheScalarConversionForEveryCode) {
-  std::vector<uint16_t> all16(65536 + 8);
+  std::vector<uint16_t> all16(65536 + 16);
   for (uint32_t i = 0; i < 65536; ++i) all16[i] = static_cast<uint16_t>(i);
-  std::vector<uint8_t> all8(256 + 8);
+  std::vector<uint8_t> all8(256 + 16);
   for (uint32_t i = 0; i < 256; ++i) all8[i] = static_cast<uint8_t>(i);
-  float round_in[8] = {}, lanes_in[64] = {}, out[24];
+  float round_in[8] = {}, lanes_in[64] = {}, out[40];
   for (CpuIsa isa : Isas()) {
     SCOPED_TRACE(CpuIsaName(isa));
     for (int64_t i0 = 0; i0 < 65536; i0 += 8) {
       cpu::VectorPrimitivesForTest(WFormat::kBF16, all16.data(), i0, round_in, lanes_in, out, isa);
       for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[j]), FloatBits(Bf16ToFloat(all16[i0 + j]))) << i0 + j;
+      for (int j = 0; j < 16; ++j) ASSERT_EQ(FloatBits(out[24 + j]), FloatBits(Bf16ToFloat(all16[i0 + j]))) << i0 + j;
       cpu::VectorPrimitivesForTest(WFormat::kF16, all16.data(), i0, round_in, lanes_in, out, isa);
       for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[j]), FloatBits(Fp16ToFloat(all16[i0 + j]))) << i0 + j;
+      for (int j = 0; j < 16; ++j) ASSERT_EQ(FloatBits(out[24 + j]), FloatBits(Fp16ToFloat(all16[i0 + j]))) << i0 + j;
     }
+    // e4m3: each code in both halves of the two-group decoder too.
     for (int64_t i0 = 0; i0 < 256; i0 += 8) {
       cpu::VectorPrimitivesForTest(WFormat::kE4m3, all8.data(), i0, round_in, lanes_in, out, isa);
       for (int j = 0; j < 8; ++j) ASSERT_EQ(FloatBits(out[j]), FloatBits(E4m3ToFloat(all8[i0 + j]))) << i0 + j;
+      for (int j = 0; j < 16; ++j) ASSERT_EQ(FloatBits(out[24 + j]), FloatBits(E4m3ToFloat(all8[i0 + j]))) << i0 + j;
     }
     // e2m1: every byte holds two codes; 512 nibbles cover each pair.
     for (int64_t i0 = 0; i0 < 512; i0 += 8) {
       cpu::VectorPrimitivesForTest(WFormat::kE2m1, all8.data(), i0, round_in, lanes_in, out, isa);
       for (int j = 0; j < 8; ++j) {
         ASSERT_EQ(FloatBits(out[j]), FloatBits(E2m1ToFloat(GetNibble(all8.data(), i0 + j)))) << i0 + j;
+      }
+      for (int j = 0; j < 16; ++j) {
+        ASSERT_EQ(FloatBits(out[24 + j]), FloatBits(E2m1ToFloat(GetNibble(all8.data(), i0 + j)))) << i0 + j;
       }
     }
   }
@@ -241,7 +248,7 @@ TEST(CpuKernels, Bf16RoundingAndLaneTreeMatchTheScalarCode) {
   for (int i = 0; i < 20000; ++i) in.push_back(BitsToFloat(g()));
   while (in.size() % 64 != 0) in.push_back(1.0f);
   uint16_t dummy[8] = {};
-  float out[24];
+  float out[40];
   for (CpuIsa isa : Isas()) {
     SCOPED_TRACE(CpuIsaName(isa));
     for (size_t k = 0; k + 64 <= in.size(); k += 64) {

@@ -52,12 +52,6 @@ CR_SIMD_INLINE ValueRange ScanRangeV(const float* v, int64_t n) {
   return r;
 }
 
-// The instruction sets the kernels are built for (one source, picked at run
-// time): kGeneric is the baseline target (SSE2 pairs, NEON pairs).
-constexpr int kIsaGeneric = 0;
-constexpr int kIsaAvx2 = 1;
-constexpr int kIsaAvx512 = 2;
-
 std::atomic<uint64_t> fused_runs{0};
 
 // lane + w * x: one fused multiply-add where kFused (every product of the
@@ -410,10 +404,17 @@ struct Terms {
     if constexpr (kE2m1) {
       return LookupE2m1<kIsa, kSym>(static_cast<const uint8_t*>(base) + 4 * g, b.t16);
     } else {
-      f32x8 v = DecodeGroup<F>(base, 8 * g);
+      f32x8 v = DecodeGroupIsa<F, kIsa>(base, 8 * g);
       if constexpr (kRound) v = RoundBf16(v * Splat(b.s));
       return v;
     }
+  }
+
+  // Groups g and g + 1 (both < full) at once, where the decoder is faster
+  // two at a time (DecodePairIsa); the values AtFull gives.
+  static constexpr bool kPairs = kIsa == kIsaAvx512 && F == WFormat::kE4m3;
+  CR_SIMD_INLINE void AtFull2(const void* base, int64_t g, const Block& b, f32x8* w0, f32x8* w1) const {
+    DecodePairIsa<F, kIsa, kRound>(base, 8 * g, kRound ? b.s : 1.0f, w0, w1);
   }
 
   CR_SIMD_INLINE f32x8 At(int64_t r, int64_t g, const Block& b) const {
@@ -532,6 +533,35 @@ CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], c
   AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w, x, g, lane);
 }
 
+// Groups g and g + 1 as two DirectGroup calls, their terms decoded together
+// (W::kPairs): the lanes take group g's products, then group g + 1's.
+template <class W, int MR, int NR>
+CR_SIMD_INLINE void DirectGroupPair(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
+                                    const float* const* x, int64_t g, uintptr_t ahead, uintptr_t far,
+                                    f32x8 (&lane)[MR][NR]) {
+  constexpr int64_t kAheadBytes = MR * W::kGroupBytes;
+  for (int64_t off = 0; off < 2 * kAheadBytes; off += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
+    __builtin_prefetch(reinterpret_cast<const void*>(far + static_cast<uintptr_t>(g * kAheadBytes + off)), 0, 1);
+  }
+  f32x8 w0[MR], w1[MR];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.AtFull2(base[i], g, blk[i], &w0[i], &w1[i]);
+  AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w0, x, g, lane);
+  AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w1, x, g + 1, lane);
+}
+
+// The whole groups [g0, g1) (g1 <= full), in pairs where W::kPairs.
+template <class W, int MR, int NR>
+CR_SIMD_INLINE void DirectGroups(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
+                                 const float* const* x, int64_t g0, int64_t g1, uintptr_t ahead, uintptr_t far,
+                                 f32x8 (&lane)[MR][NR]) {
+  int64_t g = g0;
+  if constexpr (W::kPairs) {
+    for (; g + 1 < g1; g += 2) DirectGroupPair<W, MR, NR>(terms, base, blk, x, g, ahead, far, lane);
+  }
+  for (; g < g1; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, far, lane);
+}
+
 // The groups [g0, g1) of a tile's rows into its lane sets: whole groups
 // from the row bases (unrolled when kGpb of them make the span), the rest
 // element by element.
@@ -542,12 +572,17 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
   const int64_t gf = std::min(g1, terms.full);
   if constexpr (kGpb > 0) {
     if (gf - g0 == kGpb) {
-      _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; ++k)
-          DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
+      if constexpr (W::kPairs && kGpb % 2 == 0) {
+        _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; k += 2)
+            DirectGroupPair<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
+      } else {
+        _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; ++k)
+            DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
+      }
       return;
     }
   }
-  for (int64_t g = g0; g < gf; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, far, lane);
+  DirectGroups<W, MR, NR>(terms, base, blk, x, g0, gf, ahead, far, lane);
   for (int64_t g = std::max(g0, gf); g < g1; ++g) {
     f32x8 w[MR];
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
@@ -876,11 +911,10 @@ __attribute__((noinline)) void PackedChunkGeneric(const ChunkArgs& a, bool block
 }
 
 #if defined(__x86_64__)
-#define CR_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
-__attribute__((target("avx2,fma"), noinline)) void PackedChunkAvx2(const ChunkArgs& a, bool blocked) {
+CR_TARGET_AVX2 __attribute__((noinline)) void PackedChunkAvx2(const ChunkArgs& a, bool blocked) {
   PackedChunkIsa<kIsaAvx2>(a, blocked);
 }
-CR_AVX512_TARGET __attribute__((noinline)) void PackedChunkAvx512(const ChunkArgs& a, bool blocked) {
+CR_TARGET_AVX512 __attribute__((noinline)) void PackedChunkAvx512(const ChunkArgs& a, bool blocked) {
   PackedChunkIsa<kIsaAvx512>(a, blocked);
 }
 #endif
@@ -1006,17 +1040,28 @@ CR_SIMD_INLINE void RunRowsBody(const DotJob& j, int64_t r0, int64_t r1) {
 }
 
 // The vector primitives alone, for the tests.
+template <int kIsa>
 CR_SIMD_INLINE void PrimitivesBody(WFormat f, const void* data, int64_t i0, const float* round_in,
                                    const float* lanes_in, float* out) {
   f32x8 v = Zero8();
   switch (f) {
-    case WFormat::kF32: v = DecodeGroup<WFormat::kF32>(data, i0); break;
-    case WFormat::kBF16: v = DecodeGroup<WFormat::kBF16>(data, i0); break;
-    case WFormat::kF16: v = DecodeGroup<WFormat::kF16>(data, i0); break;
-    case WFormat::kE4m3: v = DecodeGroup<WFormat::kE4m3>(data, i0); break;
-    case WFormat::kE2m1: v = DecodeGroup<WFormat::kE2m1>(data, i0); break;
+    case WFormat::kF32: v = DecodeGroupIsa<WFormat::kF32, kIsa>(data, i0); break;
+    case WFormat::kBF16: v = DecodeGroupIsa<WFormat::kBF16, kIsa>(data, i0); break;
+    case WFormat::kF16: v = DecodeGroupIsa<WFormat::kF16, kIsa>(data, i0); break;
+    case WFormat::kE4m3: v = DecodeGroupIsa<WFormat::kE4m3, kIsa>(data, i0); break;
+    case WFormat::kE2m1: v = DecodeGroupIsa<WFormat::kE2m1, kIsa>(data, i0); break;
   }
   Store8(out, v);
+  f32x8 lo = Zero8(), hi = Zero8();
+  switch (f) {
+    case WFormat::kF32: DecodePairIsa<WFormat::kF32, kIsa>(data, i0, 1.0f, &lo, &hi); break;
+    case WFormat::kBF16: DecodePairIsa<WFormat::kBF16, kIsa>(data, i0, 1.0f, &lo, &hi); break;
+    case WFormat::kF16: DecodePairIsa<WFormat::kF16, kIsa>(data, i0, 1.0f, &lo, &hi); break;
+    case WFormat::kE4m3: DecodePairIsa<WFormat::kE4m3, kIsa>(data, i0, 1.0f, &lo, &hi); break;
+    case WFormat::kE2m1: DecodePairIsa<WFormat::kE2m1, kIsa>(data, i0, 1.0f, &lo, &hi); break;
+  }
+  Store8(out + 24, lo);
+  Store8(out + 32, hi);
   Store8(out + 8, RoundBf16(Load8(round_in)));
   f32x8 l[8];
   _Pragma("GCC unroll 16") for (int k = 0; k < 8; ++k) l[k] = Load8(lanes_in + 8 * k);
@@ -1026,21 +1071,19 @@ CR_SIMD_INLINE void PrimitivesBody(WFormat f, const void* data, int64_t i0, cons
 void RunRowsGeneric(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaGeneric>(j, r0, r1); }
 void PrimitivesGeneric(WFormat f, const void* data, int64_t i0, const float* round_in, const float* lanes_in,
                        float* out) {
-  PrimitivesBody(f, data, i0, round_in, lanes_in, out);
+  PrimitivesBody<kIsaGeneric>(f, data, i0, round_in, lanes_in, out);
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void RunRowsAvx2(const DotJob& j, int64_t r0, int64_t r1) {
-  RunRowsBody<kIsaAvx2>(j, r0, r1);
+CR_TARGET_AVX2 void RunRowsAvx2(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaAvx2>(j, r0, r1); }
+CR_TARGET_AVX512 void RunRowsAvx512(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaAvx512>(j, r0, r1); }
+CR_TARGET_AVX2 void PrimitivesAvx2(WFormat f, const void* data, int64_t i0, const float* round_in,
+                                   const float* lanes_in, float* out) {
+  PrimitivesBody<kIsaAvx2>(f, data, i0, round_in, lanes_in, out);
 }
-CR_AVX512_TARGET void RunRowsAvx512(const DotJob& j, int64_t r0, int64_t r1) { RunRowsBody<kIsaAvx512>(j, r0, r1); }
-__attribute__((target("avx2,fma"))) void PrimitivesAvx2(WFormat f, const void* data, int64_t i0, const float* round_in,
-                                                        const float* lanes_in, float* out) {
-  PrimitivesBody(f, data, i0, round_in, lanes_in, out);
-}
-CR_AVX512_TARGET void PrimitivesAvx512(WFormat f, const void* data, int64_t i0, const float* round_in,
+CR_TARGET_AVX512 void PrimitivesAvx512(WFormat f, const void* data, int64_t i0, const float* round_in,
                                        const float* lanes_in, float* out) {
-  PrimitivesBody(f, data, i0, round_in, lanes_in, out);
+  PrimitivesBody<kIsaAvx512>(f, data, i0, round_in, lanes_in, out);
 }
 #endif
 

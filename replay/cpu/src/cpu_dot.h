@@ -98,7 +98,8 @@ void PrepareQRow(const QWeight& xq, DotKind kind, float* x, float* scales);
 // The vector primitives, built for `isa`, for the tests: out[0..8) = the
 // decoder of format f over 8 elements from flat index i0 (even for e2m1),
 // out[8..16) = RoundBf16(round_in[0..8)), out[16..24) = LaneSums8 of the
-// eight vectors lanes_in[0..64).
+// eight vectors lanes_in[0..64), out[24..40) = the two-group decoder
+// (DecodePairIsa) over 16 elements from i0.
 void VectorPrimitivesForTest(WFormat f, const void* data, int64_t i0, const float* round_in, const float* lanes_in,
                              float* out, CpuIsa isa);
 // Copies a float row into PaddedCols(cols) floats, zero past cols.

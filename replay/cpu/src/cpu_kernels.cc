@@ -46,8 +46,9 @@ const char* CpuIsaName(CpuIsa isa) {
 bool CpuIsaSupported(CpuIsa isa) {
   if (isa != CpuIsa::kAvx2 && isa != CpuIsa::kAvx512) return true;
 #if defined(__x86_64__)
-  // The kernels are built with FMA too (cpu_dot.h: fused where exact).
-  if (!__builtin_cpu_supports("fma")) return false;
+  // The kernels are built with FMA (cpu_dot.h: fused where exact) and F16C
+  // (cpu_simd.h: fp16 and e4m3 codes) too: CR_TARGET_AVX2/AVX512.
+  if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) return false;
   if (isa == CpuIsa::kAvx2) return __builtin_cpu_supports("avx2");
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");

@@ -1,7 +1,7 @@
 // Eight-float vectors for the CPU fast kernels (cpu_dot.cc), written with GCC
 // vector extensions so that one source compiles to AVX2 (inside functions
-// built with target("avx2,fma")), to SSE2 pairs on any x86-64, and to NEON pairs
-// on aarch64.
+// built with CR_TARGET_AVX2: AVX2, FMA and F16C), to SSE2 pairs on any x86-64,
+// and to NEON pairs on aarch64.
 //
 // Everything here reproduces, lane by lane, a scalar function of
 // formats/numeric.h or kernels/linear.h with the same IEEE operations in the
@@ -20,6 +20,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>  // declares the F16C builtins (called directly: see Fp16BitsToFloat)
+#endif
 
 #include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/cpu/cpu_kernels.h"
@@ -31,8 +34,19 @@
 
 #define CR_SIMD_INLINE inline __attribute__((always_inline))
 
+// The x86 targets the kernels are compiled for. CpuIsaSupported checks the
+// same features at run time.
+#define CR_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define CR_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,f16c")))
+
 namespace crashreplay::replay::cpu {
 namespace {
+
+// The instruction sets the kernels are built for (one source, picked at run
+// time): kGeneric is the baseline target (SSE2 pairs, NEON pairs).
+constexpr int kIsaGeneric = 0;
+constexpr int kIsaAvx2 = 1;
+constexpr int kIsaAvx512 = 2;
 
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
@@ -40,6 +54,13 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint64_t u64x2 __attribute__((vector_size(16)));
+typedef int16_t i16x8 __attribute__((vector_size(16)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
 
 CR_SIMD_INLINE f32x8 Load8(const float* p) {
   f32x8 v;
@@ -52,12 +73,15 @@ CR_SIMD_INLINE f32x8 Zero8() { return f32x8{}; }
 
 // Bf16ToFloat(FloatToBf16(v)) per lane: NaN -> sign | 0x7fc0, else round to
 // nearest even on the low 16 bits.
-CR_SIMD_INLINE f32x8 RoundBf16(f32x8 v) {
-  const u32x8 u = (u32x8)v;
-  const u32x8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  const u32x8 nan = (u & 0x80000000u) | 0x7fc00000u;
-  return (f32x8)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+// FV: a float vector, UV: the uint32 vector of its width.
+template <class FV, class UV>
+CR_SIMD_INLINE FV RoundBf16V(FV v) {
+  const UV u = (UV)v;
+  const UV rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const UV nan = (u & 0x80000000u) | 0x7fc00000u;
+  return (FV)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
+CR_SIMD_INLINE f32x8 RoundBf16(f32x8 v) { return RoundBf16V<f32x8, u32x8>(v); }
 
 // ---- storage decoders: 8 consecutive elements from flat index i0 ---------
 // E2m1 needs i0 even (the group starts on a byte).
@@ -131,6 +155,89 @@ CR_SIMD_INLINE f32x8 DecodeGroup(const void* data, int64_t i0) {
   }
 }
 
+#if defined(__x86_64__)
+// Eight fp16 codes to floats with one vcvtph2ps (F16C): exact, and for NaN
+// codes the quiet NaN with the payload moved up, as Fp16ToFloat gives.
+CR_SIMD_INLINE f32x8 Fp16BitsToFloat(u16x8 h) { return __builtin_ia32_vcvtph2ps256((i16x8)h); }
+
+// E4m3ToFloat through fp16: the sign-extended byte s.eeee.mmm shifted left
+// by 7 is s.s.eeee.mmm.0000000; clearing bit 14 leaves the fp16 code
+// s.0eeee.mmm0000000 of the same value times 2^-8 (the exponent biases are
+// 7 and 15), subnormals included. The NaN codes (s.1111.111, which would
+// read as 1.875) become the fp16 quiet NaN s.11111.1000000000, whose float is
+// sign | 0x7fc00000 as E4m3ToFloat's. V: 16-bit lanes.
+template <class V>
+CR_SIMD_INLINE V E4m3Fp16Codes(V sign_extended) {
+  V h = (sign_extended << 7) & 0xbf80u;
+  const V nan = (V)((h & 0x7fffu) == 0x3f80u);
+  return h ^ (nan & 0x4180u);  // 0x3f80 ^ 0x4180 = 0x7e00
+}
+
+// The fp16 value times 2^8 is exact (|x| <= 448 and >= 2^-9 after it); a
+// NaN goes through the multiply unchanged.
+CR_SIMD_INLINE f32x8 DecodeE4m3F16c(const uint8_t* p) {
+  i8x8 b;
+  std::memcpy(&b, p, sizeof b);
+  const u16x8 h = E4m3Fp16Codes((u16x8) __builtin_convertvector(b, i16x8));
+  return Fp16BitsToFloat(h) * Splat(256.0f);
+}
+#endif
+
+// DecodeGroup in the kernels' instruction set: on AVX2 and AVX-512 the fp16
+// and e4m3 codes go through F16C's conversion (same values, same NaNs:
+// cpu_kernels_test checks every code on every ISA).
+template <WFormat F, int kIsa>
+CR_SIMD_INLINE f32x8 DecodeGroupIsa(const void* data, int64_t i0) {
+#if defined(__x86_64__)
+  if constexpr (kIsa >= kIsaAvx2 && F == WFormat::kF16) {
+    u16x8 h;
+    std::memcpy(&h, static_cast<const uint16_t*>(data) + i0, sizeof h);
+    return Fp16BitsToFloat(h);
+  } else if constexpr (kIsa >= kIsaAvx2 && F == WFormat::kE4m3) {
+    return DecodeE4m3F16c(static_cast<const uint8_t*>(data) + i0);
+  }
+#endif
+  return DecodeGroup<F>(data, i0);
+}
+
+#if defined(__x86_64__)
+// 16 e4m3 codes as DecodeE4m3F16c gives them, for AVX-512 callers:
+// E4m3Fp16Codes over one register of 16-bit lanes, one 16-lane conversion
+// and multiply.
+CR_SIMD_INLINE f32x16 DecodeE4m3x16(const uint8_t* p) {
+  i8x16 b;
+  std::memcpy(&b, p, sizeof b);
+  const u16x16 h = E4m3Fp16Codes((u16x16)__builtin_convertvector(b, i16x16));
+  return __builtin_ia32_vcvtph2ps512_mask((i16x16)h, f32x16{}, static_cast<uint16_t>(0xffff), 4) *
+         (f32x16{} + 256.0f);
+}
+#endif
+
+CR_SIMD_INLINE void Halves(f32x16 f, f32x8* lo, f32x8* hi) {
+  *lo = __builtin_shufflevector(f, f, 0, 1, 2, 3, 4, 5, 6, 7);
+  *hi = __builtin_shufflevector(f, f, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// Two consecutive groups (16 elements from i0) as DecodeGroupIsa gives them;
+// times s and rounded to bf16 (RoundBf16) when kRound. AVX-512 e4m3: all
+// 16 at once (DecodeE4m3x16), which is what makes pairs pay.
+template <WFormat F, int kIsa, bool kRound = false>
+CR_SIMD_INLINE void DecodePairIsa(const void* data, int64_t i0, float s, f32x8* lo, f32x8* hi) {
+#if defined(__x86_64__)
+  if constexpr (kIsa == kIsaAvx512 && F == WFormat::kE4m3) {
+    f32x16 f = DecodeE4m3x16(static_cast<const uint8_t*>(data) + i0);
+    if constexpr (kRound) f = RoundBf16V<f32x16, u32x16>(f * (f32x16{} + s));
+    return Halves(f, lo, hi);
+  }
+#endif
+  *lo = DecodeGroupIsa<F, kIsa>(data, i0);
+  *hi = DecodeGroupIsa<F, kIsa>(data, i0 + 8);
+  if constexpr (kRound) {
+    *lo = RoundBf16(*lo * Splat(s));
+    *hi = RoundBf16(*hi * Splat(s));
+  }
+}
+
 // ---- LaneSum8 of eight vectors at once ------------------------------------
 // Lane k of the result is ((v_k[0] + v_k[1]) + (v_k[2] + v_k[3])) +
 // ((v_k[4] + v_k[5]) + (v_k[6] + v_k[7])): the pairs of each level are
@@ -172,11 +279,11 @@ __attribute__((noinline)) void OnGeneric(const Body& body) {
 }
 #if defined(__x86_64__)
 template <class Body>
-__attribute__((target("avx2,fma"), noinline)) void OnAvx2(const Body& body) {
+CR_TARGET_AVX2 __attribute__((noinline)) void OnAvx2(const Body& body) {
   body();
 }
 template <class Body>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma"), noinline)) void OnAvx512(const Body& body) {
+CR_TARGET_AVX512 __attribute__((noinline)) void OnAvx512(const Body& body) {
   body();
 }
 #endif
