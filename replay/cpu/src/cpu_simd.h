@@ -207,9 +207,8 @@ CR_SIMD_INLINE f32x8 DecodeGroupIsa(const void* data, int64_t i0) {
 CR_SIMD_INLINE f32x16 DecodeE4m3x16(const uint8_t* p) {
   i8x16 b;
   std::memcpy(&b, p, sizeof b);
-  const u16x16 h = E4m3Fp16Codes((u16x16)__builtin_convertvector(b, i16x16));
-  return __builtin_ia32_vcvtph2ps512_mask((i16x16)h, f32x16{}, static_cast<uint16_t>(0xffff), 4) *
-         (f32x16{} + 256.0f);
+  const u16x16 h = E4m3Fp16Codes((u16x16) __builtin_convertvector(b, i16x16));
+  return __builtin_ia32_vcvtph2ps512_mask((i16x16)h, f32x16{}, static_cast<uint16_t>(0xffff), 4) * (f32x16{} + 256.0f);
 }
 #endif
 
