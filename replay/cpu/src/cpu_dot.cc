@@ -186,8 +186,10 @@ void RowScales(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* ou
 
 // RowScales with 8 blocks at a time where the stored scales of a row are
 // contiguous (plan blocks = scale blocks) and decode in a vector: e4m3 codes
-// (DecodeE4m3 is E4m3ToFloat lane by lane), e8m0 codes, or floats; the same
-// multiplies as RowScalesT. The rest of the row, and other layouts, scalar.
+// (DecodeGroupIsa: E4m3ToFloat lane by lane), e8m0 codes, or floats; the
+// same multiplies as RowScalesT. The rest of the row, and other layouts,
+// scalar.
+template <int kIsa>
 CR_SIMD_INLINE void RowScalesV(const QWeight& w, const Plan& p, int64_t r, int64_t nb, float* out) {
   const SFormat f = w.scale_format;
   int64_t b = 0;
@@ -199,7 +201,7 @@ CR_SIMD_INLINE void RowScalesV(const QWeight& w, const Plan& p, int64_t r, int64
       if (f == SFormat::kF32) {
         stored = Load8(static_cast<const float*>(w.scales) + base + b);
       } else if (f == SFormat::kE4m3) {
-        stored = DecodeE4m3(static_cast<const uint8_t*>(w.scales) + base + b);
+        stored = DecodeGroupIsa<WFormat::kE4m3, kIsa>(w.scales, base + b);
       } else {
         const u32x8 e = WidenBytes8(static_cast<const uint8_t*>(w.scales) + base + b);
         const u32x8 bits = e == 0xffu ? u32x8{} + 0x7fc00000u : (e == 0u ? u32x8{} + 0x00400000u : e << 23);
@@ -677,7 +679,7 @@ CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, i
     const int rows = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
     if (need_rs) {
       _Pragma("GCC unroll 16") for (int i = 0; i < kRows; ++i)
-          RowScalesV(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
+          RowScalesV<W::kIsa>(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
     }
     if constexpr (W::kBlocks) {
       int64_t b = 0;
