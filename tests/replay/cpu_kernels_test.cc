@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -547,6 +548,91 @@ TEST(CpuKernels, FusedPathStaysOffWhereAProductWouldRound) {
       EXPECT_EQ(cpu::FusedRunsForTest(), fused_before);
       const int64_t d = FirstDiff(ref, got);
       ASSERT_EQ(d, -1) << Show(ref, got, d);
+    }
+  }
+}
+
+// The blocks shape's first group of a block is stored, not added to zeros
+// (DirectSpan's kFresh): only a zero's sign differs there. Token 0's inputs
+// are all +0, token 1's all -0.25; rows: negative weights (token 0: every
+// product -0, every block sum a zero), zero weights in the first group of
+// each block and positive ones after (token 1: -0 lanes, then nonzero), all
+// zero weights (token 1: every product -0); and blocks whose scale is Inf
+// or NaN under a zero sum (NaN). NVFP4 (its blocks of two groups take the
+// stored first group; an accumulator started at -0 instead of +0 fails here)
+// and FP8 block (128 x 128 scales, lanes zeroed first), the work items' bits
+// on every ISA, 1 and 2 tokens.
+TEST(CpuKernels, BlocksOfZeroProductsGiveTheWorkItemsBits) {
+  for (int nvfp4 = 0; nvfp4 < 2; ++nvfp4) {
+    SCOPED_TRACE(nvfp4 ? "nvfp4" : "fp8 block");
+    const int64_t rows = nvfp4 ? 16 : 256, cols = 256, block = nvfp4 ? 16 : 128;
+    std::vector<uint8_t> wdata(nvfp4 ? rows * cols / 2 : rows * cols, 0);
+    const int64_t scale_rows = nvfp4 ? rows : rows / 128, scale_cols = cols / block;
+    std::vector<float> fscales(scale_rows * scale_cols, 0.5f);
+    std::vector<uint8_t> e4m3_scales(scale_rows * scale_cols, 0x38);  // 1.0
+    const uint8_t neg = nvfp4 ? 0x9 : 0xb8, pos = nvfp4 ? 0x2 : 0x38;  // -0.5 / -1.0, 1.0
+    auto set = [&](int64_t r, int64_t c, uint8_t code) {
+      if (!nvfp4) {
+        wdata[r * cols + c] = code;
+        return;
+      }
+      uint8_t& b = wdata[(r * cols + c) / 2];
+      b = c % 2 == 0 ? static_cast<uint8_t>((b & 0xf0) | code) : static_cast<uint8_t>((b & 0x0f) | (code << 4));
+    };
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        if (r % 3 == 0) set(r, c, neg);
+        if (r % 3 == 1 && c % block >= 8) set(r, c, pos);
+      }
+    }
+    if (nvfp4) {
+      e4m3_scales[3 * scale_cols + 1] = 0x7f;  // row 3, block 1: NaN
+    } else {
+      fscales[1 * scale_cols + 1] = std::numeric_limits<float>::infinity();  // rows 128-255, block 1
+    }
+    for (int tokens = 1; tokens <= 2; ++tokens) {
+      SCOPED_TRACE(tokens);
+      std::vector<float> x(tokens * cols, 0.0f);
+      for (int64_t c = 0; c < cols && tokens == 2; ++c) x[cols + c] = -0.25f;
+      LinearShardView shard;
+      shard.w.format = nvfp4 ? WFormat::kE2m1 : WFormat::kE4m3;
+      shard.w.scale_format = nvfp4 ? SFormat::kE4m3 : SFormat::kF32;
+      shard.w.scales = nvfp4 ? static_cast<const void*>(e4m3_scales.data()) : fscales.data();
+      shard.w.block_rows = nvfp4 ? 1 : 128;
+      shard.w.block_cols = static_cast<int32_t>(block);
+      shard.w.scale_cols = scale_cols;
+      shard.w.data = wdata.data();
+      shard.w.rows = rows;
+      shard.w.cols = cols;
+      LinearOp op;
+      op.shards = &shard;
+      op.x = x.data();
+      op.ranks = 1;
+      op.tokens = tokens;
+      op.rows = rows;
+      op.cols = cols;
+      op.dot = DotKind::kFused;
+      std::vector<float> ref(tokens * rows, -7.0f);
+      op.y = ref.data();
+      ASSERT_FALSE(RunReference(op).fired);
+      // The data does what it is meant to: the zero rows give +0, token 1's
+      // row 1 is nonzero, the zero row with an Inf or NaN block scale NaN.
+      EXPECT_EQ(FloatBits(ref[0]), 0u);
+      EXPECT_TRUE(std::isnan(ref[nvfp4 ? 3 : 129]));
+      if (tokens == 2) {
+        EXPECT_NE(ref[rows + 1], 0.0f);
+        EXPECT_EQ(FloatBits(ref[rows + 2]), 0u);
+      }
+      for (CpuIsa isa : Isas()) {
+        SCOPED_TRACE(CpuIsaName(isa));
+        CpuPool pool(2);
+        std::vector<float> got(ref.size(), -7.0f);
+        op.y = got.data();
+        KernelStatus st;
+        ASSERT_TRUE(LaunchLinearFast(op, pool, isa, &st));
+        const int64_t d = FirstDiff(ref, got);
+        ASSERT_EQ(d, -1) << Show(ref, got, d);
+      }
     }
   }
 }

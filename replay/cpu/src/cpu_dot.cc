@@ -506,12 +506,34 @@ CR_SIMD_INLINE void WriteTile(const DotJob& j, const Plan& p, int64_t row0, int 
 
 // ---- direct path: few tokens, terms decoded in registers ----------------------
 
-// lane[i][t] += w[i] * x[t][group g] for the tile's rows and tokens.
-template <int kIsa, bool kFused, int MR, int NR>
+// lane[i][t] += w[i] * x[t][group g] for the tile's rows and tokens; with
+// kStore, lane[i][t] = w[i] * x[t][group g] (the first group of a block in
+// the blocks shape, see DirectTile).
+template <int kIsa, bool kFused, int MR, int NR, bool kStore = false>
 CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x, int64_t g, f32x8 (&lane)[MR][NR]) {
   _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
     const f32x8 xv = Load8(x[t] + 8 * g);
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) lane[i][t] = MulAdd8<kIsa, kFused>(lane[i][t], w[i], xv);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      if constexpr (kStore) {
+        lane[i][t] = w[i] * xv;
+      } else {
+        lane[i][t] = MulAdd8<kIsa, kFused>(lane[i][t], w[i], xv);
+      }
+    }
+  }
+}
+
+// The prefetches of DirectGroup for group g: the tile ahead's bytes of the
+// group into L1, those kFarTiles tiles further into L2. Groups smaller than
+// a line ask only where a new line starts.
+template <int64_t kAheadBytes>
+CR_SIMD_INLINE void PrefetchGroup(int64_t g, uintptr_t ahead, uintptr_t far) {
+  if constexpr (kAheadBytes < 64) {
+    if ((g * kAheadBytes) % 64 >= kAheadBytes) return;
+  }
+  for (int64_t off = 0; off < kAheadBytes; off += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
+    __builtin_prefetch(reinterpret_cast<const void*>(far + static_cast<uintptr_t>(g * kAheadBytes + off)), 0, 1);
   }
 }
 
@@ -521,34 +543,27 @@ CR_SIMD_INLINE void AccumulateGroup(const f32x8 (&w)[MR], const float* const* x,
 // kGroupBytes. `far`: the rows kFarTiles tiles after those, at the same
 // pace into L2 (a decode step streams the weights once; without the L2 hint
 // a llama decode step ran 14% slower, 2 and 6 tiles measured no better).
-template <class W, int MR, int NR>
+template <class W, int MR, int NR, bool kStore = false>
 CR_SIMD_INLINE void DirectGroup(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
                                 const float* const* x, int64_t g, uintptr_t ahead, uintptr_t far,
                                 f32x8 (&lane)[MR][NR]) {
-  constexpr int64_t kAheadBytes = MR * W::kGroupBytes;
-  for (int64_t off = 0; off < kAheadBytes; off += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
-    __builtin_prefetch(reinterpret_cast<const void*>(far + static_cast<uintptr_t>(g * kAheadBytes + off)), 0, 1);
-  }
+  PrefetchGroup<MR * W::kGroupBytes>(g, ahead, far);
   f32x8 w[MR];
   _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.AtFull(base[i], g, blk[i]);
-  AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w, x, g, lane);
+  AccumulateGroup<W::kIsa, W::kFused, MR, NR, kStore>(w, x, g, lane);
 }
 
 // Groups g and g + 1 as two DirectGroup calls, their terms decoded together
 // (W::kPairs): the lanes take group g's products, then group g + 1's.
-template <class W, int MR, int NR>
+template <class W, int MR, int NR, bool kStore = false>
 CR_SIMD_INLINE void DirectGroupPair(const W& terms, const void* const (&base)[MR], const typename W::Block (&blk)[MR],
                                     const float* const* x, int64_t g, uintptr_t ahead, uintptr_t far,
                                     f32x8 (&lane)[MR][NR]) {
-  constexpr int64_t kAheadBytes = MR * W::kGroupBytes;
-  for (int64_t off = 0; off < 2 * kAheadBytes; off += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(ahead + static_cast<uintptr_t>(g * kAheadBytes + off)));
-    __builtin_prefetch(reinterpret_cast<const void*>(far + static_cast<uintptr_t>(g * kAheadBytes + off)), 0, 1);
-  }
+  PrefetchGroup<MR * W::kGroupBytes>(g, ahead, far);
+  PrefetchGroup<MR * W::kGroupBytes>(g + 1, ahead, far);
   f32x8 w0[MR], w1[MR];
   _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.AtFull2(base[i], g, blk[i], &w0[i], &w1[i]);
-  AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w0, x, g, lane);
+  AccumulateGroup<W::kIsa, W::kFused, MR, NR, kStore>(w0, x, g, lane);
   AccumulateGroup<W::kIsa, W::kFused, MR, NR>(w1, x, g + 1, lane);
 }
 
@@ -566,8 +581,14 @@ CR_SIMD_INLINE void DirectGroups(const W& terms, const void* const (&base)[MR], 
 
 // The groups [g0, g1) of a tile's rows into its lane sets: whole groups
 // from the row bases (unrolled when kGpb of them make the span), the rest
-// element by element.
-template <class W, int MR, int NR, int kGpb>
+// element by element. kFresh: the lanes hold nothing yet (a new block of the
+// blocks shape); the unrolled span then stores its first group's products
+// instead of adding them to zeros. Only a zero's sign can differ (0 + -0 is
+// +0), and a block whose lanes are all zeros sums to a zero whose sign
+// cannot reach the output: the accumulator it is added to starts at +0 and
+// in round-to-nearest never becomes -0, so acc + (+-0) * m is acc (or the
+// NaN of m). Elsewhere the lanes are zeroed first, as before.
+template <class W, int MR, int NR, int kGpb, bool kFresh = false>
 CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], const int64_t (&row)[MR],
                                const typename W::Block (&blk)[MR], const float* const* x, int64_t g0, int64_t g1,
                                uintptr_t ahead, uintptr_t far, f32x8 (&lane)[MR][NR]) {
@@ -575,15 +596,18 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
   if constexpr (kGpb > 0) {
     if (gf - g0 == kGpb) {
       if constexpr (W::kPairs && kGpb % 2 == 0) {
-        _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; k += 2)
+        DirectGroupPair<W, MR, NR, kFresh>(terms, base, blk, x, g0, ahead, far, lane);
+        _Pragma("GCC unroll 16") for (int k = 2; k < kGpb; k += 2)
             DirectGroupPair<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
       } else {
-        _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; ++k)
+        DirectGroup<W, MR, NR, kFresh>(terms, base, blk, x, g0, ahead, far, lane);
+        _Pragma("GCC unroll 16") for (int k = 1; k < kGpb; ++k)
             DirectGroup<W, MR, NR>(terms, base, blk, x, g0 + k, ahead, far, lane);
       }
       return;
     }
   }
+  if constexpr (kFresh) ZeroLanes(lane);
   DirectGroups<W, MR, NR>(terms, base, blk, x, g0, gf, ahead, far, lane);
   for (int64_t g = std::max(g0, gf); g < g1; ++g) {
     f32x8 w[MR];
@@ -624,10 +648,10 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
     static_assert(MR * NR == 8, "a blocks tile is one vector of (row, token) pairs");
     f32x8 acc = Zero8();
     for (int64_t b = 0; b < blocks; ++b) {
-      ZeroLanes(lane);
       typename W::Block blk[MR];
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
-      DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, far, lane);
+      DirectSpan<W, MR, NR, kGpb, /*kFresh=*/true>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb),
+                                                   ahead, far, lane);
       acc = acc + LaneSums8(&lane[0][0]) * Load8(mv + 8 * b);
     }
     Store8(out, acc);
