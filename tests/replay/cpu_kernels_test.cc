@@ -487,6 +487,39 @@ TEST(CpuDot, WhereProductsExactHoldsFmaGivesTheBitsOfMultiplyThenAdd) {
   EXPECT_FALSE(cpu::ProductsExact(cpu::ScanRange(&w, 1), cpu::ScanRange(&x, 1)));
 }
 
+// A one-rank linear of `shard` over the `tokens` rows of x.
+LinearOp OneShardLinear(const LinearShardView& shard, const std::vector<float>& x, int64_t tokens,
+                        DotKind dot = DotKind::kDequant) {
+  LinearOp op;
+  op.shards = &shard;
+  op.x = x.data();
+  op.ranks = 1;
+  op.tokens = tokens;
+  op.rows = shard.w.rows;
+  op.cols = shard.w.cols;
+  op.dot = dot;
+  return op;
+}
+
+// LaunchLinearFast of op on every ISA (2 threads) gives ref's bits; with
+// `unfused`, no fused-path run is counted.
+void ExpectFastGivesReference(LinearOp op, const std::vector<float>& ref, bool unfused = false) {
+  for (CpuIsa isa : Isas()) {
+    SCOPED_TRACE(CpuIsaName(isa));
+    CpuPool pool(2);
+    std::vector<float> got(ref.size(), -7.0f);
+    op.y = got.data();
+    KernelStatus st;
+    const uint64_t fused_before = cpu::FusedRunsForTest();
+    ASSERT_TRUE(LaunchLinearFast(op, pool, isa, &st));
+    if (unfused) {
+      EXPECT_EQ(cpu::FusedRunsForTest(), fused_before);
+    }
+    const int64_t d = FirstDiff(ref, got);
+    ASSERT_EQ(d, -1) << Show(ref, got, d);
+  }
+}
+
 // A bf16 linear whose weights and bf16 inputs are chosen so that fusing
 // would change the output's bits: products that underflow (a subnormal
 // weight times a small input: fused -0, separate +0) or overflow (a lane of
@@ -519,13 +552,7 @@ TEST(CpuKernels, FusedPathStaysOffWhereAProductWouldRound) {
     shard.w.data = wdata.data();
     shard.w.rows = rows;
     shard.w.cols = cols;
-    LinearOp op;
-    op.shards = &shard;
-    op.x = x.data();
-    op.ranks = 1;
-    op.tokens = tokens;
-    op.rows = rows;
-    op.cols = cols;
+    LinearOp op = OneShardLinear(shard, x, tokens);
     std::vector<float> ref(tokens * rows, -7.0f);
     op.y = ref.data();
     ASSERT_FALSE(RunReference(op).fired);
@@ -537,18 +564,7 @@ TEST(CpuKernels, FusedPathStaysOffWhereAProductWouldRound) {
       const float lane = MulThenAdd(w0, x[0], 0.0f);
       EXPECT_NE(FloatBits(std::fma(w8, x[8], lane)), FloatBits(MulThenAdd(w8, x[8], lane)));
     }
-    for (CpuIsa isa : Isas()) {
-      SCOPED_TRACE(CpuIsaName(isa));
-      CpuPool pool(2);
-      std::vector<float> got(ref.size(), -7.0f);
-      op.y = got.data();
-      KernelStatus st;
-      const uint64_t fused_before = cpu::FusedRunsForTest();
-      ASSERT_TRUE(LaunchLinearFast(op, pool, isa, &st));
-      EXPECT_EQ(cpu::FusedRunsForTest(), fused_before);
-      const int64_t d = FirstDiff(ref, got);
-      ASSERT_EQ(d, -1) << Show(ref, got, d);
-    }
+    ExpectFastGivesReference(op, ref, /*unfused=*/true);
   }
 }
 
@@ -604,14 +620,7 @@ TEST(CpuKernels, BlocksOfZeroProductsGiveTheWorkItemsBits) {
       shard.w.data = wdata.data();
       shard.w.rows = rows;
       shard.w.cols = cols;
-      LinearOp op;
-      op.shards = &shard;
-      op.x = x.data();
-      op.ranks = 1;
-      op.tokens = tokens;
-      op.rows = rows;
-      op.cols = cols;
-      op.dot = DotKind::kFused;
+      LinearOp op = OneShardLinear(shard, x, tokens, DotKind::kFused);
       std::vector<float> ref(tokens * rows, -7.0f);
       op.y = ref.data();
       ASSERT_FALSE(RunReference(op).fired);
@@ -623,16 +632,7 @@ TEST(CpuKernels, BlocksOfZeroProductsGiveTheWorkItemsBits) {
         EXPECT_NE(ref[rows + 1], 0.0f);
         EXPECT_EQ(FloatBits(ref[rows + 2]), 0u);
       }
-      for (CpuIsa isa : Isas()) {
-        SCOPED_TRACE(CpuIsaName(isa));
-        CpuPool pool(2);
-        std::vector<float> got(ref.size(), -7.0f);
-        op.y = got.data();
-        KernelStatus st;
-        ASSERT_TRUE(LaunchLinearFast(op, pool, isa, &st));
-        const int64_t d = FirstDiff(ref, got);
-        ASSERT_EQ(d, -1) << Show(ref, got, d);
-      }
+      ExpectFastGivesReference(op, ref);
     }
   }
 }
