@@ -641,7 +641,7 @@ TEST(CpuKernels, BlocksOfZeroProductsGiveTheWorkItemsBits) {
 // runs (packed path: every format; direct path: raw e2m1 terms) and gives
 // the work items' bits.
 TEST(CpuKernels, FusedPathRunsOnBf16InputsWithTheWorkItemsBits) {
-  if (!CpuIsaSupported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 + FMA on this CPU: nothing fuses";
+  if (!CpuIsaSupported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 + FMA + F16C on this CPU: nothing fuses";
   const uint64_t before = cpu::FusedRunsForTest();
   CheckLinear({Fmt::kBF16, DotKind::kDequant, false, 1, 9, 50, 600, false, true, false, false, true});
   const uint64_t after_packed = cpu::FusedRunsForTest();
