@@ -1069,23 +1069,20 @@ CR_SIMD_INLINE void RunRowsBody(const DotJob& j, int64_t r0, int64_t r1) {
 template <int kIsa>
 CR_SIMD_INLINE void PrimitivesBody(WFormat f, const void* data, int64_t i0, const float* round_in,
                                    const float* lanes_in, float* out) {
-  f32x8 v = Zero8();
+  f32x8 v = Zero8(), lo = Zero8(), hi = Zero8();
+  auto decode = [&](auto format) CR_LAMBDA_INLINE {
+    constexpr WFormat F = decltype(format)::value;
+    v = DecodeGroupIsa<F, kIsa>(data, i0);
+    DecodePairIsa<F, kIsa>(data, i0, 1.0f, &lo, &hi);
+  };
   switch (f) {
-    case WFormat::kF32: v = DecodeGroupIsa<WFormat::kF32, kIsa>(data, i0); break;
-    case WFormat::kBF16: v = DecodeGroupIsa<WFormat::kBF16, kIsa>(data, i0); break;
-    case WFormat::kF16: v = DecodeGroupIsa<WFormat::kF16, kIsa>(data, i0); break;
-    case WFormat::kE4m3: v = DecodeGroupIsa<WFormat::kE4m3, kIsa>(data, i0); break;
-    case WFormat::kE2m1: v = DecodeGroupIsa<WFormat::kE2m1, kIsa>(data, i0); break;
+    case WFormat::kF32: decode(std::integral_constant<WFormat, WFormat::kF32>{}); break;
+    case WFormat::kBF16: decode(std::integral_constant<WFormat, WFormat::kBF16>{}); break;
+    case WFormat::kF16: decode(std::integral_constant<WFormat, WFormat::kF16>{}); break;
+    case WFormat::kE4m3: decode(std::integral_constant<WFormat, WFormat::kE4m3>{}); break;
+    case WFormat::kE2m1: decode(std::integral_constant<WFormat, WFormat::kE2m1>{}); break;
   }
   Store8(out, v);
-  f32x8 lo = Zero8(), hi = Zero8();
-  switch (f) {
-    case WFormat::kF32: DecodePairIsa<WFormat::kF32, kIsa>(data, i0, 1.0f, &lo, &hi); break;
-    case WFormat::kBF16: DecodePairIsa<WFormat::kBF16, kIsa>(data, i0, 1.0f, &lo, &hi); break;
-    case WFormat::kF16: DecodePairIsa<WFormat::kF16, kIsa>(data, i0, 1.0f, &lo, &hi); break;
-    case WFormat::kE4m3: DecodePairIsa<WFormat::kE4m3, kIsa>(data, i0, 1.0f, &lo, &hi); break;
-    case WFormat::kE2m1: DecodePairIsa<WFormat::kE2m1, kIsa>(data, i0, 1.0f, &lo, &hi); break;
-  }
   Store8(out + 24, lo);
   Store8(out + 32, hi);
   Store8(out + 8, RoundBf16(Load8(round_in)));
