@@ -357,15 +357,21 @@ void Recorder::Impl::EncodeSignalFrames(std::optional<uint64_t> step, ForwardMod
 void Recorder::Impl::EncoderLoop() {
   encoder_tid_.store(CurrentTid());
   int idle = 0;
+  double worked_at = MonotonicSeconds();
   for (;;) {
     const int ev = encoder_events_.load(std::memory_order_acquire);
     bool worked = false;
     while (ring_.EncodeNext()) worked = true;
     if (stop_.load(std::memory_order_acquire) && !ring_.HasStaged()) break;
-    if (!worked)
-      IdleWait(encoder_events_, ev, &idle);
-    else
+    if (worked) {
       idle = 0;
+      worked_at = MonotonicSeconds();
+      continue;
+    }
+    // The buffers kept for the next snapshot are freed when none has come
+    // for a second (snapshot_ring.h).
+    if (idle == 20 && MonotonicSeconds() - worked_at > 1.0) ring_.ReleaseSpares();
+    IdleWait(encoder_events_, ev, &idle);
   }
 }
 

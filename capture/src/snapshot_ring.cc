@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "crashreplay/formats/hash.h"
@@ -194,7 +195,9 @@ void SnapshotRing::EncodeTaken() {
   } done{encoding_};
   // Encoding reads the arena region, which nobody else touches while the
   // entry is kEncoding (Submit evicts only kStaged entries).
+  std::vector<Spare> storage = TakeSpares(*entry);
   std::vector<EncodedFrame> frames;
+  std::vector<uint64_t> resident;
   SnapshotRecord record;
   record.step = entry->step;
   record.rank = rank_;
@@ -208,7 +211,7 @@ void SnapshotRing::EncodeTaken() {
     // distinct tensor would.
     const int bits = DTypeBits(st.dtype);
     const size_t element_size = bits >= 16 ? static_cast<size_t>(bits / 8) : 0;
-    EncodedFrame blob = FrameEncoder::EncodeBlob(raw, element_size, blob_);
+    EncodedFrame blob = FrameEncoder::EncodeBlob(raw, element_size, blob_, std::move(storage[i].bytes));
     const Hash128 hash = blob.blob_hash;
     TensorDescriptor d;
     d.name = st.name;
@@ -222,8 +225,19 @@ void SnapshotRing::EncodeTaken() {
     const bool duplicate =
         std::any_of(frames.begin(), frames.end(), [&](const EncodedFrame& f) { return f.blob_hash == hash; });
     if (duplicate) continue;
+    if (storage[i].resident > 0) {
+      reused_.fetch_add(1, std::memory_order_relaxed);
+      // A reused buffer keeps the pages an earlier blob wrote. One that
+      // would hold more than twice what this blob needs is traded for a
+      // fitting copy (at most half its size to copy).
+      if (blob.bytes.size() < storage[i].resident / 2) {
+        blob.bytes.shrink_to_fit();
+        storage[i].resident = 0;
+      }
+    }
+    resident.push_back(std::max<uint64_t>(blob.bytes.size(), storage[i].resident));
+    bytes += resident.back();
     frames.push_back(std::move(blob));
-    bytes += frames.back().bytes.size();
   }
   absl::StatusOr<EncodedFrame> snapshot_frame = FrameEncoder::Encode(record);
   const uint64_t entry_size = entry->size;  // the entry is reused once it leaves the list
@@ -239,6 +253,7 @@ void SnapshotRing::EncodeTaken() {
     return;
   }
   bytes += snapshot_frame->bytes.size();
+  resident.push_back(snapshot_frame->bytes.size());
   frames.push_back(*std::move(snapshot_frame));
 
   // Evict the oldest encoded snapshots until the new one fits the budget
@@ -254,6 +269,7 @@ void SnapshotRing::EncodeTaken() {
     const bool fits = encoded_bytes_.load(std::memory_order_relaxed) + bytes <= budget_;
     if (free_slot != nullptr && (fits || oldest == nullptr)) {
       free_slot->frames = std::move(frames);
+      free_slot->resident = std::move(resident);
       free_slot->seq = next_seq_++;
       free_slot->step = record.step;
       free_slot->bytes = bytes;
@@ -270,10 +286,49 @@ void SnapshotRing::EncodeTaken() {
     if (oldest->state.compare_exchange_strong(expected, kFree)) {
       CountDrop(oldest->bytes);
       encoded_bytes_.fetch_sub(oldest->bytes, std::memory_order_relaxed);
+      // Its blob buffers go to the next encode (see the header); a buffer
+      // under 64 KiB is left to malloc, which reuses those well.
+      for (size_t k = 0; k < oldest->frames.size(); ++k) {
+        std::vector<unsigned char>& b = oldest->frames[k].bytes;
+        if (b.capacity() >= (64u << 10)) spare_.push_back(Spare{std::move(b), oldest->resident[k]});
+      }
       std::vector<EncodedFrame>().swap(oldest->frames);
+      oldest->resident.clear();
       // A slot being written (failure path) cannot be evicted: try again.
     }
   }
+}
+
+// Matches the spare buffers to the entry's tensors, the largest tensor
+// first, each to the smallest spare of enough capacity (and not over a
+// quarter more: a small blob must not pin a large buffer's pages), and
+// frees the spares no tensor takes before anything is encoded.
+std::vector<SnapshotRing::Spare> SnapshotRing::TakeSpares(const Staged& entry) {
+  std::vector<Spare> storage(entry.num_tensors);
+  if (spare_.empty()) return storage;
+  std::vector<size_t> order(entry.num_tensors);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return entry.tensors[a].size > entry.tensors[b].size; });
+  for (size_t i : order) {
+    const size_t need = FrameEncoder::BlobFrameCapacity(entry.tensors[i].size);
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      const size_t cap = it->bytes.capacity();
+      if (cap >= need && cap <= need + need / 4 && (best == spare_.end() || cap < best->bytes.capacity())) best = it;
+    }
+    if (best == spare_.end()) continue;
+    storage[i] = std::move(*best);
+    spare_.erase(best);
+  }
+  spare_.clear();
+  return storage;
+}
+
+uint64_t SnapshotRing::spare_bytes() const {
+  uint64_t n = 0;
+  for (const Spare& s : spare_) n += s.resident;
+  return n;
 }
 
 absl::StatusOr<uint64_t> SnapshotRing::WriteAll(CaptureWriter* writer) {

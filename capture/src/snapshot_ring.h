@@ -11,8 +11,21 @@
 // snapshots; when the oldest is being encoded (or filled), it evicts the
 // newest staged ones behind it instead, so the newest snapshot is kept
 // unless it does not fit beside the one being encoded (or the newest staged
-// one is still being filled by another caller): then it is dropped. Encode() evicts the oldest encoded snapshots
-// beyond the budget or the entry count. Every eviction is a drop, counted.
+// one is still being filled by another caller): then it is dropped. Encode()
+// evicts the oldest encoded snapshots beyond the budget or the entry count.
+// Every eviction is a drop, counted.
+//
+// The buffers of evicted frames are kept for the next encode, which writes
+// its blobs into them where one fits (a fresh buffer costs a page fault and
+// a page clearing per 4 KiB written: docs/capture.md, "Writer and snapshot
+// encoder against zstd"). Memory: an encoded snapshot counts the bytes its
+// buffers ever held (a reused buffer keeps the pages an earlier, larger
+// blob wrote; one that would keep more than twice its blob's size is
+// traded for a fitting copy), and between encodes the spare buffers hold at most what the
+// last eviction freed; the next encode takes them or frees them before it
+// starts, and the encoder frees them when it has been idle for a second
+// (ReleaseSpares). The peak is as before: the budget plus the snapshot
+// being encoded.
 //
 // Threads: Submit from the caller threads, EncodeNext from the encoder
 // thread, WriteForSignal from a signal handler (lock-free: per-slot atomic
@@ -76,6 +89,11 @@ class SnapshotRing {
   uint64_t bytes_dropped() const { return bytes_dropped_.load(std::memory_order_relaxed); }
   uint64_t staged_bytes() const { return staged_bytes_.load(std::memory_order_relaxed); }
   uint64_t encoded_bytes() const { return encoded_bytes_.load(std::memory_order_relaxed); }
+  // Blobs encoded into the buffer of an evicted frame.
+  uint64_t reused() const { return reused_.load(std::memory_order_relaxed); }
+  // Encoder thread: the bytes the spare buffers ever held, and freeing them.
+  uint64_t spare_bytes() const;
+  void ReleaseSpares() { spare_.clear(); }
 
  private:
   struct StagedTensor {
@@ -98,11 +116,18 @@ class SnapshotRing {
     std::atomic<int> state{kFree};
     uint64_t seq = 0;
     uint64_t step = 0;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;  // the sum of `resident`
     std::vector<EncodedFrame> frames;
+    std::vector<uint64_t> resident;  // per frame: the bytes its buffer ever held
+  };
+  // A buffer an evicted frame no longer needs, and the bytes it ever held.
+  struct Spare {
+    std::vector<unsigned char> bytes;
+    uint64_t resident = 0;
   };
 
   bool AllocLocked(uint64_t n, uint64_t* offset);
+  std::vector<Spare> TakeSpares(const Staged& entry);
   void CountDrop(uint64_t bytes);
   Staged& StagedAt(size_t i) { return staged_[(staged_first_ + i) % staged_.size()]; }
 
@@ -118,9 +143,10 @@ class SnapshotRing {
   std::vector<EncodedSlot> slots_;
   uint64_t next_seq_ = 1;  // encoder thread only
   Staged* taken_ = nullptr;  // TakeOldest's entry until EncodeTaken (encoder thread only)
+  std::vector<Spare> spare_;  // encoder thread only
 
   std::atomic<uint64_t> accepted_{0}, encoded_count_{0}, dropped_{0}, bytes_dropped_{0};
-  std::atomic<uint64_t> staged_bytes_{0}, encoded_bytes_{0};
+  std::atomic<uint64_t> staged_bytes_{0}, encoded_bytes_{0}, reused_{0};
   std::atomic<int> encoding_{0};  // snapshots EncodeNext has taken and not yet stored or dropped
   std::atomic<uint64_t> written_seq_{0};  // highest seq WriteAll put in the file
 };

@@ -14,6 +14,7 @@
 #include <memory>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 
@@ -115,9 +116,10 @@ constexpr size_t kChunk = 256 << 10;
 
 // Streams `raw` into one zstd frame that states its content size, plane by
 // plane when `k` >= 2 (the byte-plane shuffle, without materialising it),
-// appending the frame to `out`. False when zstd fails (then `out` is
-// whatever it had appended).
-bool CompressPlanes(const unsigned char* src, size_t size, size_t k, const BlobEncodeOptions& options,
+// into `*out` from byte `pos` on (what `*out` held past `pos` is
+// overwritten or cut off). False when zstd fails (then `*out` holds
+// whatever it had written).
+bool CompressPlanes(const unsigned char* src, size_t size, size_t k, const BlobEncodeOptions& options, size_t pos,
                     std::vector<unsigned char>* out) {
   ZSTD_CCtx* c = ThreadCCtx();
   if (c == nullptr) return false;
@@ -142,20 +144,35 @@ bool CompressPlanes(const unsigned char* src, size_t size, size_t k, const BlobE
   }
   thread_local std::unique_ptr<unsigned char[]> plane_buf(new unsigned char[kChunk]);
   thread_local std::unique_ptr<unsigned char[]> out_buf(new unsigned char[kChunk]);
-  ZSTD_outBuffer o{out_buf.get(), kChunk, 0};
+  // The frame goes straight into `*out` past `pos` while its size lasts (a
+  // reused buffer: its old bytes are overwritten in place), then through
+  // out_buf, appended a chunk at a time.
+  bool direct = pos < out->size();
+  ZSTD_outBuffer o = direct ? ZSTD_outBuffer{out->data(), out->size(), pos} : ZSTD_outBuffer{out_buf.get(), kChunk, 0};
+  auto flush = [&] {
+    if (!direct) {
+      out->insert(out->end(), out_buf.get(), out_buf.get() + o.pos);
+      o.pos = 0;
+    } else if (o.pos == o.size) {
+      direct = false;
+      o = ZSTD_outBuffer{out_buf.get(), kChunk, 0};
+    }
+  };
   auto feed = [&](const unsigned char* p, size_t n, ZSTD_EndDirective end) {
     ZSTD_inBuffer in{p, n, 0};
     for (;;) {
       const size_t left = ZSTD_compressStream2(c, &o, &in, end);
       if (ZSTD_isError(left)) return false;
-      if (o.pos == o.size || (end == ZSTD_e_end && left == 0)) {
-        out->insert(out->end(), out_buf.get(), out_buf.get() + o.pos);
-        o.pos = 0;
-      }
+      if (o.pos == o.size || (end == ZSTD_e_end && left == 0)) flush();
       if (end == ZSTD_e_end ? left == 0 : in.pos == in.size) return true;
     }
   };
-  if (!planes) return feed(src, size, ZSTD_e_end);
+  auto finish = [&](const unsigned char* p, size_t n) {
+    if (!feed(p, n, ZSTD_e_end)) return false;
+    if (direct) out->resize(o.pos);
+    return true;
+  };
+  if (!planes) return finish(src, size);
   const size_t n = size / k;
   const size_t per_chunk = kChunk;  // elements of one plane per chunk
   for (size_t p = 0; p < k; ++p) {
@@ -165,13 +182,14 @@ bool CompressPlanes(const unsigned char* src, size_t size, size_t k, const BlobE
       if (!feed(plane_buf.get(), m, ZSTD_e_continue)) return false;
     }
   }
-  return feed(src + n * k, size - n * k, ZSTD_e_end);  // the tail bytes, as they are
+  return finish(src + n * k, size - n * k);  // the tail bytes, as they are
 }
 
 }  // namespace
 
 std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
-                                             const BlobEncodeOptions& options, size_t headroom) {
+                                             const BlobEncodeOptions& options, size_t headroom,
+                                             std::vector<unsigned char> storage) {
   const auto* src = reinterpret_cast<const unsigned char*>(raw.data());
   const size_t size = raw.size();
   BlobHeader header;
@@ -181,11 +199,22 @@ std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, con
   const size_t front = headroom + kBlobHeaderSize;
   // Reserved at zstd's bound and written once: pages past what the frame
   // fills are never touched (so never resident), and nothing is copied
-  // again when the vector would otherwise grow.
-  std::vector<unsigned char> out;
-  out.reserve(front + ZSTD_compressBound(size));
-  out.resize(front);
-  const bool compressed = CompressPlanes(src, size, shuffle ? element_size : 1, options, &out);
+  // again when the vector would otherwise grow. `storage` whose capacity
+  // suffices is written in place: its pages are resident already, where a
+  // fresh allocation takes a page fault and a page clearing per 4 KiB
+  // written (docs/capture.md, "Writer and snapshot encoder against zstd").
+  // Its old bytes are overwritten where they stand, without clearing
+  // them first.
+  std::vector<unsigned char> out = std::move(storage);
+  const size_t need = front + ZSTD_compressBound(size);
+  if (out.capacity() < need || out.size() < front) out.clear();  // nothing to keep while reserve copies
+  out.reserve(need);
+  if (out.empty()) {
+    out.resize(front);
+  } else {
+    std::memset(out.data(), 0, front);
+  }
+  const bool compressed = CompressPlanes(src, size, shuffle ? element_size : 1, options, front, &out);
   const size_t csize = out.size() - front;
   const bool use_zstd =
       compressed && static_cast<double>(csize) <= static_cast<double>(size) * (1.0 - options.min_saving);
@@ -206,7 +235,8 @@ std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, con
 }
 
 std::vector<unsigned char> EncodeBlobPayloadHashing(std::span<const std::byte> raw, size_t element_size,
-                                                    const BlobEncodeOptions& options, size_t headroom, Hash128* hash) {
+                                                    const BlobEncodeOptions& options, size_t headroom, Hash128* hash,
+                                                    std::vector<unsigned char> storage) {
   // A thread costs some tens of microseconds to start: worth it only when
   // hashing takes a millisecond or more (XXH3-128 runs at about 6 GB/s).
   constexpr size_t kHashAsideFrom = 4 << 20;
@@ -218,7 +248,8 @@ std::vector<unsigned char> EncodeBlobPayloadHashing(std::span<const std::byte> r
     }
   }
   if (!aside.joinable()) *hash = XXH128Of(raw);
-  std::vector<unsigned char> out = EncodeBlobPayload(raw, Hash128{}, element_size, options, headroom);
+  std::vector<unsigned char> out =
+      EncodeBlobPayload(raw, Hash128{}, element_size, options, headroom, std::move(storage));
   if (aside.joinable()) aside.join();
   // The header is written last, with the hash in it.
   BlobHeader header;

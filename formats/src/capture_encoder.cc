@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 
@@ -213,10 +214,15 @@ EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, const Hash
 }
 
 EncodedFrame FrameEncoder::EncodeBlob(std::span<const std::byte> raw, size_t element_size,
-                                      const BlobEncodeOptions& options) {
+                                      const BlobEncodeOptions& options, std::vector<unsigned char> storage) {
   Hash128 hash;
-  std::vector<unsigned char> bytes = EncodeBlobPayloadHashing(raw, element_size, options, kFrameHeaderSize, &hash);
+  std::vector<unsigned char> bytes =
+      EncodeBlobPayloadHashing(raw, element_size, options, kFrameHeaderSize, &hash, std::move(storage));
   return BlobFrame(hash, raw.size(), std::move(bytes));
+}
+
+size_t FrameEncoder::BlobFrameCapacity(size_t raw_size) {
+  return kFrameHeaderSize + kBlobHeaderSize + ZSTD_compressBound(raw_size);
 }
 
 EncodedFrame FrameEncoder::EncodeRaw(uint16_t type, uint16_t flags, std::span<const unsigned char> payload) {

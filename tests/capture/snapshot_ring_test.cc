@@ -226,6 +226,74 @@ TEST(SnapshotRing, ASecondWriteAllWritesOnlyWhatIsNew) {
   for (uint64_t k = 0; k < 3; ++k) EXPECT_EQ(r->snapshots()[k].step, k);
 }
 
+// An evicted snapshot's blob buffers are written by the next encode (no
+// fresh pages to fault in), and what comes out of them is the new blob
+// byte for byte: nothing of the old contents leaks into the file.
+TEST(SnapshotRing, EvictedBuffersTakeTheNextSnapshotsBlobs) {
+  RecorderTempDir dir;
+  const std::string path = dir.path() + "/rank-00000.crcap";
+  SnapshotRing ring(kBudget, 16, 0, {});
+  std::vector<Snap> snaps;
+  for (uint32_t i = 0; i < 5; ++i) snaps.push_back(MakeSnap(400 << 10, 40 + i));  // incompressible: stored raw
+  for (uint32_t i = 0; i < 5; ++i) {
+    const TensorView v = snaps[i].view();
+    ASSERT_TRUE(ring.Submit(i, {&v, 1}).ok());
+    ASSERT_TRUE(ring.EncodeNext());
+    // Two fit in 1 MiB: from the third on, each encode evicts one, whose
+    // buffer the next encode takes.
+    EXPECT_EQ(ring.reused(), i >= 3 ? i - 2 : 0u) << "snapshot " << i;
+    EXPECT_EQ(ring.spare_bytes() > 0, i >= 2) << "snapshot " << i;
+  }
+  EXPECT_EQ(ring.dropped(), 3u);
+  EXPECT_LE(ring.encoded_bytes() + ring.spare_bytes(), kBudget + (420u << 10));
+  auto writer = CaptureWriter::Create(path, TestManifest());
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_EQ(*ring.WriteAll(writer->get()), 2u);
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto r = ReadCapture(path);
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->snapshots().size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    auto blob = r->ReadBlob(r->snapshots()[k].tensors.at(0).content_hash);
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_EQ(*blob, snaps[k + 3].bytes);
+  }
+  EXPECT_TRUE(r->Verify().status.ok()) << r->Verify().status;
+  ring.ReleaseSpares();
+  EXPECT_EQ(ring.spare_bytes(), 0u);
+}
+
+// A buffer that held an incompressible blob, reused for one that compresses
+// to almost nothing, would keep 400 KiB of pages for a few hundred bytes:
+// the blob is moved to a fitting buffer, and the ring counts (and keeps)
+// accordingly. A spare no tensor can use is freed before the encode.
+TEST(SnapshotRing, AReusedBufferCountsThePagesItKeeps) {
+  SnapshotRing ring(kBudget, 16, 0, {});
+  const Snap a = MakeSnap(400 << 10, 50), b = MakeSnap(400 << 10, 51), c = MakeSnap(400 << 10, 52);
+  for (const Snap* s : {&a, &b, &c}) {
+    const TensorView v = s->view();
+    ASSERT_TRUE(ring.Submit(1, {&v, 1}).ok());
+    ASSERT_TRUE(ring.EncodeNext());
+  }
+  ASSERT_GT(ring.spare_bytes(), 400u << 10);  // a's buffer
+  std::vector<std::byte> zeros(400 << 10);
+  const int64_t shape[] = {static_cast<int64_t>(zeros.size() / 2)};
+  const TensorView vz{"kv", DType::kBF16, shape, zeros.data(), zeros.size()};
+  ASSERT_TRUE(ring.Submit(4, {&vz, 1}).ok());
+  ASSERT_TRUE(ring.EncodeNext());
+  EXPECT_EQ(ring.reused(), 1u);
+  EXPECT_EQ(ring.spare_bytes(), 0u);
+  EXPECT_EQ(ring.dropped(), 1u) << "b, c and the zeros fit the budget";
+  EXPECT_LT(ring.encoded_bytes(), (800u + 64) << 10);
+  // A spare too small for the next tensor is freed, not kept.
+  const Snap d = MakeSnap(900 << 10, 53);
+  const TensorView vd = d.view();
+  ASSERT_TRUE(ring.Submit(5, {&vd, 1}).ok());
+  ASSERT_TRUE(ring.EncodeNext());
+  EXPECT_EQ(ring.reused(), 1u);
+  EXPECT_GT(ring.spare_bytes(), 0u) << "b's and c's buffers, evicted for d";
+}
+
 TEST(SnapshotRing, CompressibleSnapshotsAreKeptCompressed) {
   SnapshotRing ring(kBudget, 16, 0, {});
   std::vector<std::byte> zeros(512 << 10);

@@ -163,6 +163,41 @@ TEST(CaptureRoundTrip, BlobBytesDoNotDependOnTheThreadOrTheHashingVariant) {
   EXPECT_EQ(*back, raw);
 }
 
+// The snapshot ring hands the encoder buffers of evicted blobs, full of
+// their old bytes: the payload must not depend on what storage it got.
+// Storage whose old bytes outlast the new frame, end inside it (the rest
+// staged and appended), are too few for the headroom, or whose capacity is
+// short of zstd's bound, and an incompressible blob stored raw into it.
+TEST(CaptureRoundTrip, BlobBytesDoNotDependOnTheStorageGiven) {
+  const auto raw = Bf16Normal(3 << 19, 9);  // 3 MiB
+  const Hash128 h = XXH128Of(raw.data(), raw.size());
+  const auto fresh = EncodeBlobPayload(raw, h, 2, {}, 24);
+  std::vector<std::byte> noise(1 << 20);
+  std::mt19937 rng(2);
+  for (auto& b : noise) b = static_cast<std::byte>(rng());
+  const Hash128 hn = XXH128Of(noise.data(), noise.size());
+  const auto fresh_noise = EncodeBlobPayload(noise, hn, 2, {}, 24);
+  ASSERT_EQ(fresh_noise[24], static_cast<unsigned char>(BlobCodec::kNone));
+  auto old_bytes = [](size_t size, size_t capacity) {
+    std::vector<unsigned char> v;
+    v.reserve(capacity);
+    v.resize(size, 0xa5);
+    return v;
+  };
+  const size_t cap = fresh.size() + (raw.size() * 2);
+  for (size_t size : {size_t{0}, size_t{10}, fresh.size() / 2, fresh.size() - 1, fresh.size(), cap}) {
+    const auto out = EncodeBlobPayload(raw, h, 2, {}, 24, old_bytes(size, cap));
+    EXPECT_EQ(out, fresh) << "storage of " << size << " old bytes";
+    Hash128 hashed;
+    EXPECT_EQ(EncodeBlobPayloadHashing(raw, 2, {}, 24, &hashed, old_bytes(size, cap)), fresh) << size;
+    EXPECT_EQ(EncodeBlobPayload(noise, hn, 2, {}, 24, old_bytes(size, cap)), fresh_noise) << size;
+  }
+  EXPECT_EQ(EncodeBlobPayload(raw, h, 2, {}, 24, old_bytes(1000, 1000)), fresh) << "capacity short of the bound";
+  auto back = DecodeBlobPayload(fresh.data() + 24, fresh.size() - 24, 1 << 30);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, raw);
+}
+
 TEST(CaptureRoundTrip, IncompressibleBlobIsStoredRaw) {
   std::vector<std::byte> noise(4096);
   std::mt19937 rng(1);

@@ -54,9 +54,12 @@ void UnshuffleBytePlanes(const unsigned char* in, size_t size, size_t k, unsigne
 // `hash` must be XXH128Of(raw) (callers usually computed it already to
 // check for duplicates). element_size: bytes per element (0 or 1: none).
 // The result starts with `headroom` zero bytes before the payload, room for
-// a frame header without copying the payload again.
+// a frame header without copying the payload again. `storage`, when given,
+// is written into instead of a new allocation where its capacity suffices
+// (a buffer of a blob nobody needs any more; its contents are discarded).
 std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
-                                             const BlobEncodeOptions& options, size_t headroom = 0);
+                                             const BlobEncodeOptions& options, size_t headroom = 0,
+                                             std::vector<unsigned char> storage = {});
 
 // As EncodeBlobPayload, computing the hash (into *hash) at the same time:
 // on a second thread for blobs of 4 MiB or more, so that hashing and
@@ -64,7 +67,8 @@ std::vector<unsigned char> EncodeBlobPayload(std::span<const std::byte> raw, con
 // must know the hash before deciding to encode (a duplicate is skipped)
 // hash first and call EncodeBlobPayload.
 std::vector<unsigned char> EncodeBlobPayloadHashing(std::span<const std::byte> raw, size_t element_size,
-                                                    const BlobEncodeOptions& options, size_t headroom, Hash128* hash);
+                                                    const BlobEncodeOptions& options, size_t headroom, Hash128* hash,
+                                                    std::vector<unsigned char> storage = {});
 
 // Decodes and verifies a blob payload; `max_raw_size` caps the allocation.
 absl::StatusOr<std::vector<std::byte>> DecodeBlobPayload(const unsigned char* payload, size_t size,

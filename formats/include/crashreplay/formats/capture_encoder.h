@@ -54,9 +54,14 @@ class FrameEncoder {
   static EncodedFrame EncodeBlob(std::span<const std::byte> raw, const Hash128& hash, size_t element_size,
                                  const BlobEncodeOptions& options = {});
   // The same, hashing while it encodes (EncodeBlobPayloadHashing): the
-  // frame's blob_hash is the hash.
+  // frame's blob_hash is the hash. `storage`: as EncodeBlobPayload's (the
+  // snapshot ring passes the bytes of a frame it evicted).
   static EncodedFrame EncodeBlob(std::span<const std::byte> raw, size_t element_size,
-                                 const BlobEncodeOptions& options = {});
+                                 const BlobEncodeOptions& options = {}, std::vector<unsigned char> storage = {});
+  // The capacity EncodeBlob reserves for a blob of `raw_size` bytes
+  // (frame header, blob header, zstd's bound): storage of at least this
+  // capacity is written in place.
+  static size_t BlobFrameCapacity(size_t raw_size);
 
   // Any payload under any type and flags; for record types added later and
   // for tests of the forward-compatibility rule.
