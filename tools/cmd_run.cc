@@ -106,8 +106,9 @@ int RunRun(int argc, char** argv) {
                  "larger is not kept")
       ->default_str("64M");
   app.add_option("--page-table-deltas", page_deltas,
-                 "with --record: write page-table rows as deltas (capture format 2.3), or 'off' for every row "
-                 "whole (a file crashreplay before 2.3 reads)")
+                 "with --record: write page-table rows as deltas (capture format 2.3) and a step's positions, "
+                 "sequence lengths and cache slots as differences from the step before (2.4), or 'off' for every "
+                 "row whole and every list as it is (a file crashreplay before 2.3 reads)")
       ->default_str("on")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
@@ -129,6 +130,7 @@ int RunRun(int argc, char** argv) {
   if (!budget.ok()) return ReportError(budget.status());
   snapshot_options.budget_bytes = *budget;
   snapshot_options.page_table_deltas = page_deltas == "on";
+  snapshot_options.step_list_deltas = page_deltas == "on";
 
   replay::Config config = replay::Config::Defaults();
   if (!config_file.empty()) {

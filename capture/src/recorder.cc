@@ -71,7 +71,9 @@ Recorder::Impl::Impl(const SessionManifest& manifest, const RecorderOptions& opt
       queue_(options.step_queue_slots, options.step_queue_bytes),
       held_(options.held_steps, options.held_bytes),
       ring_(options.snapshot_ring_bytes, options.max_snapshots, manifest.parallel.rank, options.blob),
-      integrity_(options.weight_chunk_bytes, options.weight_check_bytes_per_step, options.weight_check_budget) {}
+      integrity_(options.weight_chunk_bytes, options.weight_check_bytes_per_step, options.weight_check_budget) {
+  step_stream_.set_list_deltas(options.step_list_deltas);
+}
 
 Recorder::Impl::~Impl() {
   if (!closed_.load()) {

@@ -111,6 +111,9 @@ int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, c
     options.held_bytes = o->held_bytes;
     options.disk_retry_interval_s = o->disk_retry_interval_s;
     options.page_table_deltas = o->page_table_deltas != 0;
+    // Off: the file a crashreplay before 2.3 reads, so no 2.4 list deltas
+    // either (the C ABI has no field of its own for them).
+    options.step_list_deltas = options.page_table_deltas;
   }
   absl::StatusOr<std::unique_ptr<Recorder>> r = Recorder::Begin(*manifest, options);
   if (!r.ok()) return Fail(r.status());

@@ -91,20 +91,37 @@ struct StepStreamEncoder::Stream {
   // for a part a few dozen times smaller).
   std::unique_ptr<unsigned char[]> out;
   size_t out_size = 0;
+  // The kStepListDeltas lists of the record before, for the next part's
+  // differences (format 2.4).
+  StepRecord base;
 };
 
 StepStreamEncoder::StepStreamEncoder() : stream_(std::make_unique<Stream>()) {}
 StepStreamEncoder::~StepStreamEncoder() = default;
 
 absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record) {
-  absl::StatusOr<std::vector<unsigned char>> payload = internal::ToPayload(record);
-  if (!payload.ok()) return payload.status();
   ZSTD_CCtx* c = stream_->cctx.get();
+  const bool start = parts_ == 0 || parts_ >= kRestartEvery;
+  // A part that continues a zstd frame holds its lists as differences from
+  // the record of the part before (format 2.4, frame flag bit 4), which
+  // every reader of this part has decoded; where none is as long as its
+  // counterpart there, the record is written as it is (and unflagged).
+  bool deltas = false;
+  if (list_deltas_ && !start && c != nullptr) {
+    for (std::vector<int64_t> StepRecord::* list : kStepListDeltas) {
+      const size_t n = (record.*list).size();
+      deltas = deltas || (n > 0 && (stream_->base.*list).size() == n);
+    }
+  }
+  absl::StatusOr<std::vector<unsigned char>> payload =
+      deltas ? internal::ToPayloadListDeltas(record, stream_->base) : internal::ToPayload(record);
+  if (!payload.ok()) return payload.status();
   if (c == nullptr || payload->size() > UINT32_MAX) {  // on its own, as FrameEncoder would
     parts_ = 0;
+    if (deltas) payload = internal::ToPayload(record);
+    if (!payload.ok()) return payload.status();
     return EncodeStep(*std::move(payload), record.step, /*compress=*/true, StepFlags(record));
   }
-  const bool start = parts_ == 0 || parts_ >= kRestartEvery;
   if (start) {
     ZSTD_CCtx_reset(c, ZSTD_reset_session_and_parameters);
     ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, kLevel);
@@ -150,8 +167,9 @@ absl::StatusOr<EncodedFrame> StepStreamEncoder::Encode(const StepRecord& record)
   std::memset(part, 0, kStreamPartHeaderSize);
   part[0] = start ? kStreamPartStart : 0;
   StoreLE32(part + 4, static_cast<uint32_t>(payload->size()));
-  EncodeFrameHeader(f.type, kFrameFlagZstdStream | StepFlags(record), part, f.bytes.size() - kFrameHeaderSize,
-                    f.bytes.data());
+  EncodeFrameHeader(f.type, kFrameFlagZstdStream | StepFlags(record) | (deltas ? kFrameFlagListDeltas : 0), part,
+                    f.bytes.size() - kFrameHeaderSize, f.bytes.data());
+  for (std::vector<int64_t> StepRecord::* list : kStepListDeltas) stream_->base.*list = record.*list;
   return f;
 }
 

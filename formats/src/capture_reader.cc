@@ -256,6 +256,15 @@ absl::Status CaptureReader::ReadHeaderAndScan() {
       stop(At(absl::DataLossError("the page-table-deltas flag on a record that is not a step record"), info), false);
       return absl::OkStatus();
     }
+    if ((h.flags & kFrameFlagListDeltas) != 0 &&
+        ((h.flags & kFrameFlagZstdStream) == 0 || h.payload_size == 0 || payload[0] == kStreamPartStart)) {
+      stop(At(absl::DataLossError(
+                  "the list-deltas flag on a record that is not a step record continuing a zstd stream (format 2.4 "
+                  "sets it only there: the record it adds to is the one before it in that stream)"),
+              info),
+           false);
+      return absl::OkStatus();
+    }
     std::span<const unsigned char> body(payload, static_cast<size_t>(h.payload_size));
     if ((h.flags & kFrameFlagZstdStream) != 0) {
       if (absl::Status s =
@@ -358,6 +367,17 @@ absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const
       StepRecord r;
       CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &r));
       CR_RETURN_IF_ERROR(ResolvePageRows((info.flags & kFrameFlagPageDeltas) != 0, &r));
+      if ((info.flags & kFrameFlagListDeltas) != 0) {
+        // The scan checked that this part continues its zstd stream, and
+        // InflateStreamPart that the part before it decoded: its record is
+        // the last one read from a part.
+        if (last_part_step_ < 0) {
+          return absl::DataLossError(
+              "step record with list deltas (frame flag bit 4) but no zstd stream part before it");
+        }
+        internal::AddListDeltas(steps_[static_cast<size_t>(last_part_step_)], &r);
+      }
+      if ((info.flags & kFrameFlagZstdStream) != 0) last_part_step_ = static_cast<int64_t>(steps_.size());
       steps_.push_back(std::move(r));
       return absl::OkStatus();
     }

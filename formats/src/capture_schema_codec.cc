@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_format.h"
 #include "crashreplay/schema/capture.capnp.h"
@@ -137,18 +138,37 @@ void Build(s::WeightHashesRecord::Builder b, const WeightHashesRecord& v) {
   for (size_t i = 0; i < v.shards.size(); ++i) Build(l[static_cast<unsigned>(i)], v.shards[i]);
 }
 
-void Build(s::StepRecord::Builder b, const StepRecord& v) {
+// The step record's `list`: its values, or where `base` is given, the list
+// is one of kStepListDeltas and base's is as long, the differences from
+// base's element by element (mod 2^64; format 2.4's list deltas).
+template <typename ListBuilder>
+void FillStepList(ListBuilder b, const StepRecord& v, const StepRecord* base, std::vector<int64_t> StepRecord::* list) {
+  const std::vector<int64_t>& values = v.*list;
+  const std::vector<int64_t>* from = base != nullptr ? &(base->*list) : nullptr;
+  if (from == nullptr || from->size() != values.size() ||
+      std::find(std::begin(kStepListDeltas), std::end(kStepListDeltas), list) == std::end(kStepListDeltas)) {
+    FillInts(b, values);
+    return;
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    b.set(static_cast<unsigned>(i),
+          static_cast<int64_t>(static_cast<uint64_t>(values[i]) - static_cast<uint64_t>((*from)[i])));
+  }
+}
+
+void Build(s::StepRecord::Builder b, const StepRecord& v, const StepRecord* base = nullptr) {
   b.setStep(v.step);
   b.setRank(v.rank);
   b.setMode(static_cast<s::ForwardMode>(v.mode));
   b.setTimestampNanos(v.timestamp_nanos);
   auto ids = b.initRequestIds(static_cast<unsigned>(v.request_ids.size()));
   for (size_t i = 0; i < v.request_ids.size(); ++i) ids.set(static_cast<unsigned>(i), Txt(v.request_ids[i]));
-  FillInts(b.initTokenIds(static_cast<unsigned>(v.token_ids.size())), v.token_ids);
-  FillInts(b.initPositions(static_cast<unsigned>(v.positions.size())), v.positions);
-  FillInts(b.initSeqLens(static_cast<unsigned>(v.seq_lens.size())), v.seq_lens);
-  FillInts(b.initExtendLens(static_cast<unsigned>(v.extend_lens.size())), v.extend_lens);
-  FillInts(b.initReqPoolIndices(static_cast<unsigned>(v.req_pool_indices.size())), v.req_pool_indices);
+  FillStepList(b.initTokenIds(static_cast<unsigned>(v.token_ids.size())), v, base, &StepRecord::token_ids);
+  FillStepList(b.initPositions(static_cast<unsigned>(v.positions.size())), v, base, &StepRecord::positions);
+  FillStepList(b.initSeqLens(static_cast<unsigned>(v.seq_lens.size())), v, base, &StepRecord::seq_lens);
+  FillStepList(b.initExtendLens(static_cast<unsigned>(v.extend_lens.size())), v, base, &StepRecord::extend_lens);
+  FillStepList(b.initReqPoolIndices(static_cast<unsigned>(v.req_pool_indices.size())), v, base,
+               &StepRecord::req_pool_indices);
   auto pt = b.initPageTable(static_cast<unsigned>(v.page_table.size()));
   for (size_t i = 0; i < v.page_table.size(); ++i) {
     auto row = pt[static_cast<unsigned>(i)];
@@ -158,7 +178,7 @@ void Build(s::StepRecord::Builder b, const StepRecord& v) {
     FillInts(row.initTokenSlots(static_cast<unsigned>(v.page_table[i].token_slots.size())),
              v.page_table[i].token_slots);
   }
-  FillInts(b.initOutCacheLoc(static_cast<unsigned>(v.out_cache_loc.size())), v.out_cache_loc);
+  FillStepList(b.initOutCacheLoc(static_cast<unsigned>(v.out_cache_loc.size())), v, base, &StepRecord::out_cache_loc);
   auto sp = b.initSampling(static_cast<unsigned>(v.sampling.size()));
   for (size_t i = 0; i < v.sampling.size(); ++i) {
     auto o = sp[static_cast<unsigned>(i)];
@@ -172,7 +192,8 @@ void Build(s::StepRecord::Builder b, const StepRecord& v) {
   }
   b.setRngSeed(v.rng_seed);
   b.setRngOffset(v.rng_offset);
-  FillInts(b.initOutputTokenIds(static_cast<unsigned>(v.output_token_ids.size())), v.output_token_ids);
+  FillStepList(b.initOutputTokenIds(static_cast<unsigned>(v.output_token_ids.size())), v, base,
+               &StepRecord::output_token_ids);
   auto dg = b.initDigests(static_cast<unsigned>(v.digests.size()));
   for (size_t i = 0; i < v.digests.size(); ++i) {
     auto o = dg[static_cast<unsigned>(i)];
@@ -536,14 +557,14 @@ std::vector<unsigned char> Flatten(capnp::MessageBuilder& message) {
   return out;
 }
 
-template <typename Root, typename T>
-absl::StatusOr<std::vector<unsigned char>> Encode(const T& record) {
+template <typename Root, typename T, typename... Extra>
+absl::StatusOr<std::vector<unsigned char>> Encode(const T& record, const Extra&... extra) {
   try {
     // Cap'n Proto's default segment sizes: one segment sized to the whole
     // record measured faster by 2-3 us a decode step but compressed 10%
     // worse in the step stream (and under the zstd CLI), so not done.
     capnp::MallocMessageBuilder message;
-    Build(message.initRoot<Root>(), record);
+    Build(message.initRoot<Root>(), record, extra...);
     return Flatten(message);
   } catch (const kj::Exception& e) {
     return absl::InvalidArgumentError(absl::StrFormat("cannot encode capture record: %s", e.getDescription().cStr()));
@@ -590,6 +611,21 @@ absl::Status Decode(const unsigned char* data, size_t size, const CaptureLimits&
   absl::Status FromPayload(const unsigned char* data, size_t size, const CaptureLimits& limits, T* out) { \
     return Decode<s::T>(data, size, limits, out);                                                         \
   }
+
+absl::StatusOr<std::vector<unsigned char>> ToPayloadListDeltas(const StepRecord& record, const StepRecord& base) {
+  return Encode<s::StepRecord>(record, &base);
+}
+
+void AddListDeltas(const StepRecord& base, StepRecord* record) {
+  for (std::vector<int64_t> StepRecord::* list : kStepListDeltas) {
+    const std::vector<int64_t>& from = base.*list;
+    std::vector<int64_t>& v = record->*list;
+    if (from.size() != v.size()) continue;
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<int64_t>(static_cast<uint64_t>(v[i]) + static_cast<uint64_t>(from[i]));
+    }
+  }
+}
 
 CR_CAPTURE_RECORD_CODEC_IMPL(SessionManifest)
 CR_CAPTURE_RECORD_CODEC_IMPL(WeightHashesRecord)

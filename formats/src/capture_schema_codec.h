@@ -34,4 +34,10 @@ CR_CAPTURE_RECORD_CODEC(EndRecord)
 
 #undef CR_CAPTURE_RECORD_CODEC
 
+// A step record with its kStepListDeltas lists stored as differences from
+// `base`'s where the lengths match (format 2.4, frame flag bit 4), and the
+// reverse: `record`'s lists, read from such a payload, back to values.
+absl::StatusOr<std::vector<unsigned char>> ToPayloadListDeltas(const StepRecord& record, const StepRecord& base);
+void AddListDeltas(const StepRecord& base, StepRecord* record);
+
 }  // namespace crashreplay::internal

@@ -188,6 +188,7 @@ absl::StatusOr<capture::RecorderOptions> OptionsFromPython(const nb::dict& d) {
   r.Field("write_snapshots_on_close", &o.write_snapshots_on_close);
   r.Field("install_signal_handlers", &o.install_signal_handlers);
   r.Field("page_table_deltas", &o.page_table_deltas);
+  r.Field("step_list_deltas", &o.step_list_deltas);
   r.Field("step_queue_wait_s", &o.step_queue_wait_s);
   r.Field("disk_retry_interval_s", &o.disk_retry_interval_s);
   r.Field("signal_drain_timeout_s", &o.signal_drain_timeout_s);

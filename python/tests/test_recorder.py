@@ -1,4 +1,6 @@
 """crashreplay.Recorder with real numpy tensors, read back through the C++ reader."""
+import os
+
 import numpy as np
 import pytest
 
@@ -387,3 +389,35 @@ def test_record_steps_fast_path_refuses_every_other_form_and_records_nothing(tmp
             _fast(rec, 1, _step_args(sampling={"temperatures": np.ones(3, np.float32), "top_ps": np.ones(2, np.float32)}))
         path = rec.path
     assert [s["step"] for s in crashreplay.read_capture(path)["step_records"]] == [0]
+
+
+def test_step_list_deltas_on_and_off_read_back_the_same_steps(tmp_path):
+    # Format 2.4 stores a decode step's positions, sequence lengths and cache
+    # slots as differences from the step before (step_list_deltas, on by
+    # default); off, as values. Either way the reader gives back the values,
+    # also when a request leaves the batch; the differences make the file
+    # smaller.
+    rng = np.random.default_rng(3)
+    steps = []
+    lens = rng.integers(100, 2000, 128)
+    slots = np.arange(128, dtype=np.int64) << 20
+    for i in range(200):
+        if i == 120:
+            lens, slots = lens[1:], slots[1:]
+        steps.append(dict(positions=lens.copy(), seq_lens=lens + 1, out_cache_loc=slots.copy(),
+                          token_ids=rng.integers(0, 150000, lens.size)))
+        lens, slots = lens + 1, slots + 1
+    sizes, read = {}, {}
+    for on in (True, False):
+        d = tmp_path / str(on)
+        d.mkdir()
+        with make(d, step_list_deltas=on) as rec:
+            for i, s in enumerate(steps):
+                rec.record_step(i, mode="decode", **s)
+            path = rec.path
+        sizes[on] = os.path.getsize(path)
+        read[on] = crashreplay.read_capture(path)["step_records"]
+    for got_on, got_off, s in zip(read[True], read[False], steps):
+        for key in ("positions", "seq_lens", "out_cache_loc", "token_ids"):
+            assert got_on[key] == list(s[key]) == got_off[key]
+    assert sizes[True] < sizes[False]

@@ -478,5 +478,86 @@ TEST(PageRowTracker, WhatItPassesOnRebuildsEveryRowThroughAppendsRewindsWholeRow
   EXPECT_GT(deltas, 10000u);  // most calls went on as deltas, through the tail
 }
 
+// Format 2.4: the recorder writes a decode step's positions, sequence
+// lengths and cache slots as differences from the step before (on by
+// default), not at all with the option off (a 2.3 reader's file), and
+// either way the reader gives back what was recorded, through batches that
+// change size.
+TEST(StepListDeltas, TheRecorderWritesThemAndTheReaderGivesBackTheValues) {
+  RecorderTempDir dir;
+  constexpr uint64_t kSteps = 1500;
+  std::mt19937_64 rng(11);
+  std::vector<StepRecord> sent;
+  std::vector<int64_t> len(64), slot(64);
+  for (size_t i = 0; i < len.size(); ++i) {
+    len[i] = static_cast<int64_t>(100 + rng() % 900);
+    slot[i] = static_cast<int64_t>(i << 20);
+  }
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    if (step % 97 == 50) {  // a request finishes, another joins at the end
+      len.erase(len.begin());
+      slot.erase(slot.begin());
+      len.push_back(static_cast<int64_t>(rng() % 2000));
+      slot.push_back(static_cast<int64_t>(rng() >> 20));
+    }
+    StepRecord r;
+    r.step = step;
+    for (size_t i = 0; i < len.size(); ++i) {
+      r.positions.push_back(len[i]++);
+      r.seq_lens.push_back(len[i]);
+      r.out_cache_loc.push_back(slot[i]++);
+      r.token_ids.push_back(static_cast<int64_t>(rng() % 150000));
+    }
+    sent.push_back(std::move(r));
+  }
+  auto record = [&](const std::string& path, bool list_deltas) {
+    RecorderOptions o = Options(path, true);
+    o.step_list_deltas = list_deltas;
+    auto rec = Recorder::Begin(TestManifest(), o);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    for (const StepRecord& r : sent) {
+      capture::StepView v;
+      v.step = r.step;
+      v.mode = ForwardMode::kDecode;
+      v.token_ids = r.token_ids;
+      v.positions = r.positions;
+      v.seq_lens = r.seq_lens;
+      v.out_cache_loc = r.out_cache_loc;
+      ASSERT_TRUE((*rec)->RecordStep(v).ok());
+    }
+    ASSERT_TRUE((*rec)->Close().ok());
+  };
+  const std::string on = dir.path() + "/on.crcap", off = dir.path() + "/off.crcap";
+  record(on, true);
+  record(off, false);
+  uint64_t sizes[2] = {0, 0};
+  int k = 0;
+  for (const std::string& path : {on, off}) {
+    SCOPED_TRACE(path);
+    std::unique_ptr<CaptureReader> r = ReadCapture(path);
+    ASSERT_NE(r, nullptr);
+    EXPECT_TRUE(r->Verify().status.ok()) << r->Verify().status;
+    ASSERT_EQ(r->steps().size(), kSteps);
+    for (uint64_t i = 0; i < kSteps; ++i) {
+      const StepRecord& got = r->steps()[i];
+      ASSERT_EQ(got.positions, sent[i].positions) << "step " << i;
+      ASSERT_EQ(got.seq_lens, sent[i].seq_lens) << "step " << i;
+      ASSERT_EQ(got.out_cache_loc, sent[i].out_cache_loc) << "step " << i;
+      ASSERT_EQ(got.token_ids, sent[i].token_ids) << "step " << i;
+    }
+    uint64_t flagged = 0;
+    for (const RecordInfo& info : r->records()) flagged += (info.flags & kFrameFlagListDeltas) != 0;
+    if (path == on) {
+      EXPECT_GT(flagged, kSteps * 9 / 10);
+    } else {
+      EXPECT_EQ(flagged, 0u);
+    }
+    sizes[k++] = r->Summary().step_stored_bytes;
+  }
+  std::printf("step log: %llu bytes with the differences, %llu without\n", static_cast<unsigned long long>(sizes[0]),
+              static_cast<unsigned long long>(sizes[1]));
+  EXPECT_LT(sizes[0] * 3, sizes[1] * 2) << "with the differences " << sizes[0] << " bytes, without " << sizes[1];
+}
+
 }  // namespace
 }  // namespace crashreplay::testing

@@ -298,6 +298,28 @@ Bytes PageDeltaFlagOnBlob() {
   return out;
 }
 
+// List deltas (2.4): frame flag bit 4 only on a streamed step record that
+// continues its zstd stream.
+Bytes ListDeltaFlagIn2_3() {
+  Bytes out = ValidPrefix();
+  StoreLE16(out.data() + 10, 3);  // a 2.3 file: no list deltas there
+  StoreLE64(out.data() + 24, XXH64Of(out.data(), 24));
+  Put(out, Frame(RecordType::kStep, StreamPart(1, 0), kFrameFlagZstdStream | kFrameFlagListDeltas));
+  return out;
+}
+
+Bytes ListDeltaFlagOnStreamStart() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, StreamPart(1, 0), kFrameFlagZstdStream | kFrameFlagListDeltas));
+  return out;
+}
+
+Bytes ListDeltaFlagOnWholeStep() {
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, RawPayload(*FrameEncoder::Encode(TestStep(1, 0), false)), kFrameFlagListDeltas));
+  return out;
+}
+
 Bytes TooNewVersion() {
   Bytes out = ValidPrefix();
   StoreLE16(out.data() + 8, kCaptureMajorVersion + 1);
@@ -383,6 +405,12 @@ std::vector<HostileCase> Cases() {
        "frame flags 0x0008 set bits format 2.2 does not define; use a newer crashreplay"},
       {"page_delta_flag_on_blob", PageDeltaFlagOnBlob, {}, C::kOk, C::kDataLoss,
        "the page-table-deltas flag on a record that is not a step record"},
+      {"list_delta_flag_in_2_3", ListDeltaFlagIn2_3, {}, C::kOk, C::kUnimplemented,
+       "frame flags 0x0014 set bits format 2.3 does not define; use a newer crashreplay"},
+      {"list_delta_flag_on_stream_start", ListDeltaFlagOnStreamStart, {}, C::kOk, C::kDataLoss,
+       "the list-deltas flag on a record that is not a step record continuing a zstd stream"},
+      {"list_delta_flag_on_whole_step", ListDeltaFlagOnWholeStep, {}, C::kOk, C::kDataLoss,
+       "the list-deltas flag on a record that is not a step record continuing a zstd stream"},
   };
   // clang-format on
 }

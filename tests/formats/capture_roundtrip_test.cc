@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zstd.h>
 
+#include <limits>
 #include <set>
 #include <thread>
 
@@ -450,8 +451,12 @@ TEST(CaptureStream, StreamedStepsReadBackExactlyAcrossRestarts) {
     ASSERT_TRUE(f.ok()) << f.status();
     FrameHeader h;
     ASSERT_TRUE(ParseFrameHeader(f->bytes.data(), &h));
-    ASSERT_EQ(h.flags, kFrameFlagZstdStream);
-    starts += f->bytes[kFrameHeaderSize] == kStreamPartStart;
+    const bool start = f->bytes[kFrameHeaderSize] == kStreamPartStart;
+    // Format 2.4: a part that continues its stream holds its positions and
+    // cache slots as differences from the part before (the step frame
+    // between parts at 500 does not count).
+    ASSERT_EQ(h.flags, kFrameFlagZstdStream | (start ? 0 : kFrameFlagListDeltas)) << "step " << i;
+    starts += start;
     streamed += f->bytes.size();
     whole_frames += FrameEncoder::Encode(DecodeStep(i))->bytes.size();
     ASSERT_TRUE((*writer)->Append(*f).ok());
@@ -470,6 +475,53 @@ TEST(CaptureStream, StreamedStepsReadBackExactlyAcrossRestarts) {
     }
     ASSERT_EQ((*reader)->steps()[k], DecodeStep(i)) << "step " << i;
   }
+}
+
+// Format 2.4: the parts of a stream hold positions, sequence lengths and
+// cache slots as differences from the part before, where the lists are as
+// long. Through batches that grow and shrink (whole lists there), lists
+// emptied and refilled, differences that wrap around 2^64, a step frame
+// between parts and a restart, every step reads back as written; and the
+// stream is smaller than the same steps without the differences.
+TEST(CaptureStream, ListDeltasReadBackExactlyThroughBatchChanges) {
+  TempDir dir;
+  const std::string path = dir.File("d.crcap");
+  auto writer = CaptureWriter::Create(path, TestManifest(0));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  StepStreamEncoder stream;
+  std::vector<StepRecord> written;
+  uint64_t flagged = 0;
+  for (uint64_t i = 0; i < 120; ++i) {
+    StepRecord r = DecodeStep(i);
+    if (i >= 40 && i < 50) {  // a request finished: every list one shorter
+      for (auto list : kStepListDeltas) (r.*list).pop_back();
+    }
+    if (i == 60) r.seq_lens.clear();
+    if (i == 70) r.positions = {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), -1, 0};
+    if (i == 71) r.positions = {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 1, -7};
+    if (i == 90) stream.Restart();
+    if (i == 100) {
+      ASSERT_TRUE((*writer)->Append(TestStep(999, 0)).ok());
+      written.push_back(TestStep(999, 0));
+    }
+    auto f = stream.Encode(r);
+    ASSERT_TRUE(f.ok()) << f.status();
+    FrameHeader h;
+    ASSERT_TRUE(ParseFrameHeader(f->bytes.data(), &h));
+    flagged += (h.flags & kFrameFlagListDeltas) != 0;
+    ASSERT_TRUE((*writer)->Append(*f).ok());
+    written.push_back(r);
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+  // Unflagged: 0 and 90 (stream starts), 40 and 50 (no list as long as the
+  // step before's). 70's positions are 4 long against 69's 256 (whole),
+  // 71's are differences from 70's.
+  EXPECT_EQ(flagged, 116u);
+  auto reader = CaptureReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->Verify().status.ok()) << (*reader)->Verify().status;
+  ASSERT_EQ((*reader)->steps().size(), written.size());
+  for (size_t k = 0; k < written.size(); ++k) ASSERT_EQ((*reader)->steps()[k], written[k]) << "record " << k;
 }
 
 // A part larger than the stream's window (the first whole rows of a long-

@@ -80,7 +80,8 @@ typedef struct cr_recorder_options {
   uint64_t held_steps;           /* newest step records held in memory while the disk refuses writes */
   uint64_t held_bytes;           /* and at most these bytes of held records */
   double disk_retry_interval_s;  /* how often the writer retries the file */
-  /* ABI 3: page-table rows to the file as deltas (RecorderOptions::page_table_deltas). */
+  /* ABI 3: page-table rows to the file as deltas (RecorderOptions::page_table_deltas);
+     0 also sets RecorderOptions::step_list_deltas off: a file a crashreplay before 2.3 reads. */
   int page_table_deltas;
 } cr_recorder_options;
 

@@ -96,6 +96,10 @@ class StepStreamEncoder {
   // next record then starts a new zstd frame).
   absl::StatusOr<EncodedFrame> Encode(const StepRecord& record);
   void Restart() { parts_ = 0; }
+  // Whether parts after the first of a zstd frame hold kStepListDeltas as
+  // differences (format 2.4, frame flag bit 4; on unless set off). Off, the
+  // stream is one a 2.3 reader reads.
+  void set_list_deltas(bool on) { list_deltas_ = on; }
   // Whether the stream was restarted (or never started): the next record
   // starts a zstd frame after a Restart(), not after kRestartEvery parts.
   bool restarted() const { return parts_ == 0; }
@@ -104,6 +108,7 @@ class StepStreamEncoder {
   struct Stream;
   std::unique_ptr<Stream> stream_;
   uint32_t parts_ = 0;  // parts in the current zstd frame; 0: the next starts one
+  bool list_deltas_ = true;
 };
 
 // A failure frame encoded ahead of time whose signal number, step and

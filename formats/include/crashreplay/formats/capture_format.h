@@ -34,7 +34,10 @@ inline constexpr uint16_t kCaptureMajorVersion = 2;
 // reader refuses the bit with Unimplemented ("use a newer crashreplay").
 // 2.3: frame flag bit 3 (a step record whose page-table rows may be
 // deltas, PageTableRow.start/fromPrevious); a 2.2 reader refuses it.
-inline constexpr uint16_t kCaptureMinorVersion = 3;
+// 2.4: frame flag bit 4 (a streamed step record whose position, sequence
+// length and cache-slot lists are differences from the step before it);
+// a 2.3 reader refuses it.
+inline constexpr uint16_t kCaptureMinorVersion = 4;
 
 // ---- frame header (24 bytes) -----------------------------------------------
 //   0  4  frame marker "CRfr"
@@ -45,6 +48,10 @@ inline constexpr uint16_t kCaptureMinorVersion = 3;
 //         the payload is a part of a zstd stream of step records (2.2 on,
 //         below; step records only, never with bit 1); bit 3 = the step
 //         record holds page-table deltas (2.3 on; step records only);
+//         bit 4 = the step record's lists named by kStepListDeltas
+//         (capture_records.h) are
+//         differences from the step record before it (2.4 on; only on a
+//         zstd stream part that does not start its zstd frame);
 //         other bits reserved, must be zero
 //   8  8  payload length in bytes
 //  16  8  XXH3-64 (seed 0) of header bytes 4..15 followed by the payload
@@ -54,12 +61,15 @@ inline constexpr uint16_t kFrameFlagSkippable = 1u << 0;
 inline constexpr uint16_t kFrameFlagZstd = 1u << 1;
 inline constexpr uint16_t kFrameFlagZstdStream = 1u << 2;
 inline constexpr uint16_t kFrameFlagPageDeltas = 1u << 3;
+inline constexpr uint16_t kFrameFlagListDeltas = 1u << 4;
 // The flags a file of this version may set.
 inline constexpr uint16_t FrameFlagsKnown(uint16_t major, uint16_t minor) {
   if (major < 2) return kFrameFlagSkippable;
   if (major == 2 && minor < 2) return kFrameFlagSkippable | kFrameFlagZstd;
   if (major == 2 && minor < 3) return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream;
-  return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream | kFrameFlagPageDeltas;
+  if (major == 2 && minor < 4)
+    return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream | kFrameFlagPageDeltas;
+  return kFrameFlagSkippable | kFrameFlagZstd | kFrameFlagZstdStream | kFrameFlagPageDeltas | kFrameFlagListDeltas;
 }
 
 // ---- zstd stream part (frame flag bit 2, format 2.2) -------------------------

@@ -178,6 +178,10 @@ class CaptureReader {
     std::vector<int64_t> slots;
   };
   absl::flat_hash_map<std::pair<uint32_t, int64_t>, KnownRow> page_rows_;
+  // steps_'s index of the last step record read from a zstd stream part
+  // (-1: none): the record a part with list deltas (frame flag bit 4) is
+  // added to. Other step frames may come between the parts of a stream.
+  int64_t last_part_step_ = -1;
   mutable std::atomic<uint64_t> decoded_total_{0};
 };
 

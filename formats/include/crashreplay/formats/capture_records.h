@@ -176,6 +176,15 @@ struct StepRecord {
   friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
 
+// Format 2.4 (frame flag bit 4, docs/formats/capture.md "List deltas"): the
+// lists a streamed step record may hold as differences (mod 2^64) from the
+// same lists of the step record before it, each only where that record's
+// list has the same length. A decode step moves every position, sequence
+// length and cache slot on by one: as differences they repeat from step to
+// step, and zstd matches them where it could not match the values.
+inline constexpr std::vector<int64_t> StepRecord::* kStepListDeltas[] = {&StepRecord::positions, &StepRecord::seq_lens,
+                                                                         &StepRecord::out_cache_loc};
+
 struct SnapshotRecord {
   uint64_t step = 0;
   uint32_t rank = 0;

@@ -56,6 +56,8 @@ struct SnapshotOptions {
   uint64_t budget_bytes = 64ull << 20;  // the ring's byte budget (recorder.h)
   // Page-table rows as deltas in the file (RecorderOptions::page_table_deltas).
   bool page_table_deltas = true;
+  // Step lists as differences in the file (RecorderOptions::step_list_deltas).
+  bool step_list_deltas = true;
 };
 
 // A run configured in a serving engine's words (`engine = "sglang"` in its
