@@ -506,6 +506,61 @@ CR_SIMD_INLINE void WriteTile(const DotJob& j, const Plan& p, int64_t row0, int 
 
 // ---- direct path: few tokens, terms decoded in registers ----------------------
 
+#if defined(__x86_64__)
+// The blocks shape's NVFP4 blocks (16 columns: groups 2b and 2b + 1) on
+// AVX-512, one register per (row, token) pair: element 2j holds group 2b's
+// product of lane j, element 2j + 1 group 2b + 1's. The 8 bytes of the
+// block's nibbles, broadcast and shifted as 64-bit words by 0, 4, ... 28,
+// leave lane j's two codes in dwords 2j and 2j + 1, and one 16-entry
+// permute decodes all 16 (against two 8-entry lookups a block); the
+// inputs are interleaved the same way once a job. BlockSums16 then adds
+// each even element to its odd one, which is the lane j that DirectSpan
+// forms (group 2b's product stored, group 2b + 1's added: the same
+// operands in the same order, and fused only where the product is exact,
+// so the same bits), and sums the 8 lanes in LaneSums8's tree.
+CR_SIMD_INLINE f32x16 Load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+CR_SIMD_INLINE f32x16 InterleaveGroups(const float* x16) {
+  return __builtin_shuffle(Load16(x16), i32x16{0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15});
+}
+
+CR_SIMD_INLINE f32x16 DecodeE2m1Block(const uint8_t* block, f32x16 table) {
+  uint64_t word;
+  std::memcpy(&word, block, sizeof word);
+  const u64x8 codes = (u64x8{} + word) >> u64x8{0, 4, 8, 12, 16, 20, 24, 28};  // dword bits 0-3: the code
+  return __builtin_shuffle(table, (i32x16)codes);
+}
+
+// Per 128-bit lane q: [a's 4q + 4q+1, a's 4q+2 + 4q+3, b's ..., b's ...]:
+// LaneSums8's PairSums on two registers of 16.
+CR_SIMD_INLINE f32x16 PairSums16(f32x16 a, f32x16 b) {
+  const f32x16 even = __builtin_shuffle(a, b, i32x16{0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30});
+  const f32x16 odd = __builtin_shuffle(a, b, i32x16{1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31});
+  return even + odd;
+}
+
+// The 8 block sums of p[k] (k = i * NR + t), as LaneSums8 of the lanes
+// lane_k[j] = p[k][2j] + p[k][2j + 1].
+CR_SIMD_INLINE f32x8 BlockSums16(const f32x16 (&p)[8]) {
+  // q01's 128-bit lane q: lanes 2q and 2q + 1 of p[0], then of p[1].
+  const f32x16 q01 = PairSums16(p[0], p[1]), q23 = PairSums16(p[2], p[3]);
+  const f32x16 q45 = PairSums16(p[4], p[5]), q67 = PairSums16(p[6], p[7]);
+  // r0123's lane q: l(2q) + l(2q + 1) of p[0..3].
+  const f32x16 r0123 = PairSums16(q01, q23), r4567 = PairSums16(q45, q67);
+  // (l0 + l1) + (l2 + l3) and (l4 + l5) + (l6 + l7): lanes 0 + 1, 2 + 3.
+  const f32x16 t = __builtin_shuffle(r0123, r4567, i32x16{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+                   __builtin_shuffle(r0123, r4567, i32x16{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  // The two halves of each sum, p[0..3] then p[4..7].
+  const f32x8 lo = __builtin_shufflevector(t, t, 0, 1, 2, 3, 8, 9, 10, 11);
+  const f32x8 hi = __builtin_shufflevector(t, t, 4, 5, 6, 7, 12, 13, 14, 15);
+  return lo + hi;
+}
+#endif
+
 // lane[i][t] += w[i] * x[t][group g] for the tile's rows and tokens; with
 // kStore, lane[i][t] = w[i] * x[t][group g] (the first group of a block in
 // the blocks shape, see DirectTile).
@@ -626,7 +681,7 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
 // 32: 4).
 template <class W, int MR, int NR, int kGpb>
 CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, int64_t row0, int valid, const float* rs,
-                               const float* mv, int64_t nb, int64_t t0) {
+                               const float* mv, int64_t nb, int64_t t0, const float* xi = nullptr) {
   const int64_t groups = (terms.w->cols + 7) / 8;
   const float* const* x = j.x + t0;
   f32x8 lane[MR][NR];
@@ -647,7 +702,25 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
   if constexpr (W::kBlocks) {
     static_assert(MR * NR == 8, "a blocks tile is one vector of (row, token) pairs");
     f32x8 acc = Zero8();
-    for (int64_t b = 0; b < blocks; ++b) {
+    int64_t b = 0;
+#if defined(__x86_64__)
+    if constexpr (W::kIsa == kIsaAvx512 && W::kE2m1 && kGpb == 2) {
+      const f32x16 table = Load16(RawE2m1Table().t);  // the blocks shape's terms are raw
+      for (const int64_t whole = std::min(blocks, terms.full / 2); b < whole; ++b) {
+        PrefetchGroup<MR * W::kGroupBytes>(2 * b, ahead, far);
+        PrefetchGroup<MR * W::kGroupBytes>(2 * b + 1, ahead, far);
+        f32x16 xv[NR];
+        _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) xv[t] = Load16(xi + 16 * (b * NR + t));
+        f32x16 prod[8];
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+          const f32x16 w = DecodeE2m1Block(static_cast<const uint8_t*>(base[i]) + 8 * b, table);
+          _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) prod[i * NR + t] = w * xv[t];
+        }
+        acc = acc + BlockSums16(prod) * Load8(mv + 8 * b);
+      }
+    }
+#endif
+    for (; b < blocks; ++b) {
       typename W::Block blk[MR];
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
       DirectSpan<W, MR, NR, kGpb, /*kFresh=*/true>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb),
@@ -699,6 +772,22 @@ CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, i
   float* rs = need_rs ? Scratch(0, kRows * nb) : nullptr;
   float* mv = W::kBlocks ? Scratch(1, 8 * nb) : nullptr;
   const float* const* xs = p.token_scales ? j.xs + t0 : nullptr;
+  // The tokens' NVFP4 blocks interleaved once for every tile (BlockSums16).
+  float* xi = nullptr;
+#if defined(__x86_64__)
+  if constexpr (W::kIsa == kIsaAvx512 && W::kE2m1 && W::kBlocks) {
+    if (p.block == 16) {
+      const int64_t whole = std::min(nb, terms.full / 2);
+      xi = Scratch(2, 16 * NR * whole);
+      for (int64_t b = 0; b < whole; ++b) {
+        _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+          const f32x16 v = InterleaveGroups(j.x[t0 + t] + 16 * b);
+          std::memcpy(xi + 16 * (b * NR + t), &v, sizeof v);
+        }
+      }
+    }
+  }
+#endif
   for (int64_t r = r0; r < r1; r += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
     if (need_rs) {
@@ -725,7 +814,7 @@ CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, i
       }
     }
     if (W::kE2m1 && p.block == 16) {
-      DirectTile<W, kRows, NR, W::kE2m1 ? 2 : 0>(j, p, terms, r, rows, rs, mv, nb, t0);
+      DirectTile<W, kRows, NR, W::kE2m1 ? 2 : 0>(j, p, terms, r, rows, rs, mv, nb, t0, xi);
     } else if (W::kE2m1 && p.block == 32) {
       DirectTile<W, kRows, NR, W::kE2m1 ? 4 : 0>(j, p, terms, r, rows, rs, mv, nb, t0);
     } else {

@@ -58,6 +58,8 @@ typedef int16_t i16x8 __attribute__((vector_size(16)));
 typedef int8_t i8x8 __attribute__((vector_size(8)));
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint64_t u64x8 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
