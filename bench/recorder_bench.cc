@@ -168,25 +168,30 @@ struct Batch {
 };
 
 // The reference: a plain memcpy of the view's spans into one flat buffer.
+// The step's spans one after the other from d; returns their end.
+char* CopySpans(const capture::StepView& v, char* d) {
+  const std::span<const int64_t> fields[] = {v.token_ids,        v.positions,        v.seq_lens,
+                                             v.extend_lens,      v.req_pool_indices, v.page_table_offsets,
+                                             v.page_table_slots, v.out_cache_loc,    v.output_token_ids};
+  for (const auto& f : fields) {
+    std::memcpy(d, f.data(), f.size_bytes());
+    d += f.size_bytes();
+  }
+  std::memcpy(d, v.sampling.data(), v.sampling.size_bytes());
+  d += v.sampling.size_bytes();
+  for (std::string_view id : v.request_ids) {
+    std::memcpy(d, id.data(), id.size());
+    d += id.size();
+  }
+  return d;
+}
+
 class FlatCopy {
  public:
   explicit FlatCopy(size_t bytes) : buf_(bytes + 4096, 1) {}
   void Copy(const capture::StepView& v) {
-    char* d = buf_.data();
-    const std::span<const int64_t> fields[] = {v.token_ids,        v.positions,        v.seq_lens,
-                                               v.extend_lens,      v.req_pool_indices, v.page_table_offsets,
-                                               v.page_table_slots, v.out_cache_loc,    v.output_token_ids};
-    for (const auto& f : fields) {
-      std::memcpy(d, f.data(), f.size_bytes());
-      d += f.size_bytes();
-    }
-    std::memcpy(d, v.sampling.data(), v.sampling.size_bytes());
-    d += v.sampling.size_bytes();
-    for (std::string_view id : v.request_ids) {
-      std::memcpy(d, id.data(), id.size());
-      d += id.size();
-    }
-    sink_ += static_cast<unsigned char>(d[-1]);
+    const char* end = CopySpans(v, buf_.data());
+    sink_ += static_cast<unsigned char>(end[-1]);
   }
   unsigned sink() const { return sink_; }
 
@@ -212,22 +217,8 @@ class HandoffCopy {
   void Copy(const capture::StepView& v) {
     const uint64_t h = head_.load(std::memory_order_relaxed);
     while (h - tail_.load(std::memory_order_acquire) >= kSlots) usleep(50);  // never under pacing
-    char* d = buf_.data() + (h % kSlots) * stride_;
-    char* const begin = d;
-    const std::span<const int64_t> fields[] = {v.token_ids,        v.positions,        v.seq_lens,
-                                               v.extend_lens,      v.req_pool_indices, v.page_table_offsets,
-                                               v.page_table_slots, v.out_cache_loc,    v.output_token_ids};
-    for (const auto& f : fields) {
-      std::memcpy(d, f.data(), f.size_bytes());
-      d += f.size_bytes();
-    }
-    std::memcpy(d, v.sampling.data(), v.sampling.size_bytes());
-    d += v.sampling.size_bytes();
-    for (std::string_view id : v.request_ids) {
-      std::memcpy(d, id.data(), id.size());
-      d += id.size();
-    }
-    sizes_[h % kSlots] = static_cast<size_t>(d - begin);
+    char* const begin = buf_.data() + (h % kSlots) * stride_;
+    sizes_[h % kSlots] = static_cast<size_t>(CopySpans(v, begin) - begin);
     head_.store(h + 1, std::memory_order_release);
   }
   uint64_t sink() const { return sink_.load(); }

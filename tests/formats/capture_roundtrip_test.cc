@@ -488,9 +488,10 @@ TEST(CaptureStream, ListDeltasReadBackExactlyThroughBatchChanges) {
   const std::string path = dir.File("d.crcap");
   auto writer = CaptureWriter::Create(path, TestManifest(0));
   ASSERT_TRUE(writer.ok()) << writer.status();
-  StepStreamEncoder stream;
+  StepStreamEncoder stream, plain;
+  plain.set_list_deltas(false);
   std::vector<StepRecord> written;
-  uint64_t flagged = 0;
+  uint64_t flagged = 0, bytes = 0, plain_bytes = 0;
   for (uint64_t i = 0; i < 120; ++i) {
     StepRecord r = DecodeStep(i);
     if (i >= 40 && i < 50) {  // a request finished: every list one shorter
@@ -499,7 +500,10 @@ TEST(CaptureStream, ListDeltasReadBackExactlyThroughBatchChanges) {
     if (i == 60) r.seq_lens.clear();
     if (i == 70) r.positions = {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), -1, 0};
     if (i == 71) r.positions = {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 1, -7};
-    if (i == 90) stream.Restart();
+    if (i == 90) {
+      stream.Restart();
+      plain.Restart();
+    }
     if (i == 100) {
       ASSERT_TRUE((*writer)->Append(TestStep(999, 0)).ok());
       written.push_back(TestStep(999, 0));
@@ -509,9 +513,16 @@ TEST(CaptureStream, ListDeltasReadBackExactlyThroughBatchChanges) {
     FrameHeader h;
     ASSERT_TRUE(ParseFrameHeader(f->bytes.data(), &h));
     flagged += (h.flags & kFrameFlagListDeltas) != 0;
+    bytes += f->bytes.size();
+    auto g = plain.Encode(r);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(ParseFrameHeader(g->bytes.data(), &h));
+    ASSERT_EQ(h.flags & kFrameFlagListDeltas, 0) << "step " << i;
+    plain_bytes += g->bytes.size();
     ASSERT_TRUE((*writer)->Append(*f).ok());
     written.push_back(r);
   }
+  EXPECT_LT(bytes * 3, plain_bytes * 2) << bytes << " bytes with the differences, " << plain_bytes << " without";
   ASSERT_TRUE((*writer)->Close().ok());
   // Unflagged: 0 and 90 (stream starts), 40 and 50 (no list as long as the
   // step before's). 70's positions are 4 long against 69's 256 (whole),
