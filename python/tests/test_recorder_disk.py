@@ -34,13 +34,15 @@ def make(path, **kw):
 
 
 def record(rec, steps):
-    """record_step for each step; the exceptions it raised."""
+    """record_step for each step (64 requests decoding: new tokens every step, which is what fills the file;
+    positions and lengths compress to almost nothing); the exceptions it raised."""
     raised = []
     for i in steps:
+        tokens = np.random.default_rng(i).integers(0, 150000, 65)
         try:
-            rec.record_step(i, mode="decode", request_ids=[f"r{k}" for k in range(16)],
-                            token_ids=np.arange(16, dtype=np.int64) + i, positions=np.full(16, i, np.int64),
-                            seq_lens=np.full(16, i + 1, np.int64), output_token_ids=np.arange(16, dtype=np.int64))
+            rec.record_step(i, mode="decode", request_ids=[f"r{k}" for k in range(64)], token_ids=tokens[:64],
+                            positions=np.full(64, i, np.int64), seq_lens=np.full(64, i + 1, np.int64),
+                            output_token_ids=tokens[1:])
         except crashreplay.Error as e:
             raised.append(e)
     return raised
