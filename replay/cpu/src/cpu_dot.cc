@@ -220,6 +220,12 @@ CR_SIMD_INLINE void RowScalesV(const QWeight& w, const Plan& p, int64_t r, int64
   RowScalesFrom(w, p, r, b, nb, out);
 }
 
+// Whether rows a and b read the same scales (RowScalesT's base): the same
+// row of scale blocks, or no scales at all.
+bool SameScaleRow(const QWeight& w, int64_t a, int64_t b) {
+  return w.scale_format == SFormat::kNone || (w.block_rows > 0 && a / w.block_rows == b / w.block_rows);
+}
+
 // 64-byte aligned thread-local scratch; `slot` keeps simultaneous uses apart.
 float* Scratch(int slot, int64_t floats) {
   thread_local std::vector<float> buf[6];
@@ -415,6 +421,9 @@ struct Terms {
   // Groups g and g + 1 (both < full) at once, where the decoder is faster
   // two at a time (DecodePairIsa); the values AtFull gives.
   static constexpr bool kPairs = kIsa == kIsaAvx512 && F == WFormat::kE4m3;
+  // Raw e4m3 terms on AVX-512: two rows a register (E4m3WideGroups).
+  static constexpr bool kWide = kPairs;
+  static constexpr bool kRounded = kRound;
   CR_SIMD_INLINE void AtFull2(const void* base, int64_t g, const Block& b, f32x8* w0, f32x8* w1) const {
     DecodePairIsa<F, kIsa, kRound>(base, 8 * g, kRound ? b.s : 1.0f, w0, w1);
   }
@@ -634,6 +643,60 @@ CR_SIMD_INLINE void DirectGroups(const W& terms, const void* const (&base)[MR], 
   for (; g < g1; ++g) DirectGroup<W, MR, NR>(terms, base, blk, x, g, ahead, far, lane);
 }
 
+#if defined(__x86_64__)
+// Whole groups [g0, g1) (an even count, g1 <= full) of e4m3 terms (raw, or
+// rounded with each row's block scale as AtFull's), MR rows (even) against
+// NR tokens, with rows i and i + 1 in one register of
+// 16 (lanes of row i in elements 0-7, of row i + 1 in 8-15), as
+// PackedGroupsWide: each lane adds the same products in the same order as
+// DirectGroup's (group g's, then g + 1's), so the same bits. The 16 bytes
+// of groups g and g + 1 of the two rows are arranged [i's g, i + 1's g,
+// i's g + 1, i + 1's g + 1] and decoded together (DecodeE4m3x32): one sign
+// extension, one E4m3Fp16Codes and one product a group for two rows,
+// against two of each on the pair path, and no half to extract.
+template <class W, int MR, int NR>
+CR_SIMD_INLINE void E4m3WideGroups(const void* const (&base)[MR], const typename W::Block (&blk)[MR],
+                                   const float* const* x, int64_t g0, int64_t g1, uintptr_t ahead, uintptr_t far,
+                                   f32x8 (&lane)[MR][NR]) {
+  static_assert(MR % 2 == 0, "rows go in pairs");
+  f32x16 wide[MR / 2][NR], scale[MR / 2];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) {
+    const f32x8 a = Splat(blk[2 * i].s), b = Splat(blk[2 * i + 1].s);
+    scale[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
+                                                                                          ++t) wide[i][t] =
+      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t g = g0; g < g1; g += 2) {
+    PrefetchGroup<MR * W::kGroupBytes>(g, ahead, far);
+    PrefetchGroup<MR * W::kGroupBytes>(g + 1, ahead, far);
+    f32x16 x0[NR], x1[NR];
+    _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+      const f32x8 a = Load8(x[t] + 8 * g), b = Load8(x[t] + 8 * g + 8);
+      x0[t] = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+      x1[t] = __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+    }
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) {
+      u64x2 r0, r1;
+      std::memcpy(&r0, static_cast<const uint8_t*>(base[2 * i]) + 8 * g, sizeof r0);
+      std::memcpy(&r1, static_cast<const uint8_t*>(base[2 * i + 1]) + 8 * g, sizeof r1);
+      f32x16 w0, w1;
+      DecodeE4m3x32((i8x32)__builtin_shufflevector(r0, r1, 0, 2, 1, 3), &w0, &w1);
+      if constexpr (W::kRounded) {
+        w0 = RoundBf16V<f32x16, u32x16>(w0 * scale[i]);
+        w1 = RoundBf16V<f32x16, u32x16>(w1 * scale[i]);
+      }
+      _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) wide[i][t] = wide[i][t] + w0 * x0[t];
+      _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) wide[i][t] = wide[i][t] + w1 * x1[t];
+    }
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+    lane[2 * i][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 0, 1, 2, 3, 4, 5, 6, 7);
+    lane[2 * i + 1][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+}
+#endif
+
 // The groups [g0, g1) of a tile's rows into its lane sets: whole groups
 // from the row bases (unrolled when kGpb of them make the span), the rest
 // element by element. kFresh: the lanes hold nothing yet (a new block of the
@@ -663,7 +726,14 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
     }
   }
   if constexpr (kFresh) ZeroLanes(lane);
-  DirectGroups<W, MR, NR>(terms, base, blk, x, g0, gf, ahead, far, lane);
+  int64_t gw = g0;  // groups before gw taken two rows a register
+#if defined(__x86_64__)
+  if constexpr (W::kWide && !W::kFused && MR % 2 == 0) {
+    gw = g0 + std::max<int64_t>(0, (gf - g0) & ~int64_t{1});
+    E4m3WideGroups<W, MR, NR>(base, blk, x, g0, gw, ahead, far, lane);
+  }
+#endif
+  DirectGroups<W, MR, NR>(terms, base, blk, x, gw, gf, ahead, far, lane);
   for (int64_t g = std::max(g0, gf); g < g1; ++g) {
     f32x8 w[MR];
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) w[i] = terms.At(row[i], g, blk[i]);
@@ -791,8 +861,16 @@ CR_SIMD_INLINE void DirectRows(const DotJob& j, const Plan& p, const W& terms, i
   for (int64_t r = r0; r < r1; r += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
     if (need_rs) {
-      _Pragma("GCC unroll 16") for (int i = 0; i < kRows; ++i)
-          RowScalesV<W::kIsa>(*j.w, p, r + std::min(i, rows - 1), nb, rs + i * nb);
+      // A row's scales depend only on its row of scale blocks: rows that
+      // share it (an FP8 block's 128 rows) copy the row before's.
+      for (int i = 0; i < kRows; ++i) {
+        const int64_t ri = r + std::min(i, rows - 1);
+        if (i > 0 && SameScaleRow(*j.w, ri - 1, ri)) {
+          std::memcpy(rs + i * nb, rs + (i - 1) * nb, static_cast<size_t>(nb) * sizeof(float));
+        } else {
+          RowScalesV<W::kIsa>(*j.w, p, ri, nb, rs + i * nb);
+        }
+      }
     }
     if constexpr (W::kBlocks) {
       int64_t b = 0;

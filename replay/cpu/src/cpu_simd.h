@@ -63,6 +63,8 @@ typedef uint64_t u64x8 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
 
 CR_SIMD_INLINE f32x8 Load8(const float* p) {
   f32x8 v;
@@ -209,8 +211,22 @@ CR_SIMD_INLINE f32x8 DecodeGroupIsa(const void* data, int64_t i0) {
 CR_SIMD_INLINE f32x16 DecodeE4m3x16(const uint8_t* p) {
   i8x16 b;
   std::memcpy(&b, p, sizeof b);
-  const u16x16 h = E4m3Fp16Codes((u16x16) __builtin_convertvector(b, i16x16));
+  // The sign extension as one instruction (GCC 12 splits a converted
+  // vector of 16 bytes into halves).
+  const u16x16 h = E4m3Fp16Codes((u16x16)__builtin_ia32_pmovsxbw256((__v16qi)b));
   return __builtin_ia32_vcvtph2ps512_mask((i16x16)h, f32x16{}, static_cast<uint16_t>(0xffff), 4) * (f32x16{} + 256.0f);
+}
+
+// 32 e4m3 codes as DecodeE4m3F16c gives them: codes 0-15 into *lo, 16-31
+// into *hi (one sign extension and one E4m3Fp16Codes for all 32).
+CR_SIMD_INLINE void DecodeE4m3x32(i8x32 codes, f32x16* lo, f32x16* hi) {
+  const u16x32 h =
+      E4m3Fp16Codes((u16x32)__builtin_ia32_pmovsxbw512_mask((__v32qi)codes, (__v32hi){}, static_cast<__mmask32>(-1)));
+  const i16x16 h0 = (i16x16)__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const i16x16 h1 =
+      (i16x16)__builtin_shufflevector(h, h, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  *lo = __builtin_ia32_vcvtph2ps512_mask(h0, f32x16{}, static_cast<uint16_t>(0xffff), 4) * (f32x16{} + 256.0f);
+  *hi = __builtin_ia32_vcvtph2ps512_mask(h1, f32x16{}, static_cast<uint16_t>(0xffff), 4) * (f32x16{} + 256.0f);
 }
 #endif
 
