@@ -741,6 +741,66 @@ CR_SIMD_INLINE void DirectSpan(const W& terms, const void* const (&base)[MR], co
   }
 }
 
+#if defined(__x86_64__)
+// The lanes shape's rounded e2m1 terms (the dequant dot of NVFP4 and
+// MXFP4) over the whole blocks [0, whole) on AVX-512, rows i and i + 1 in
+// one register of 16: element 2k holds row i's lane k, element 2k + 1 row
+// i + 1's. The two rows' 8 codes of a group are one 64-bit word broadcast
+// and shifted so that element 2k (2k + 1) reads row i's (i + 1's) code k,
+// and one two-table permute looks each up in its own row's table (odd
+// elements in the second: index bit 4). Each element then adds the
+// products of its lane in the order DirectSpan's lanes add them (group by
+// group from +0, multiply then add), so the same bits; the lanes come back
+// deinterleaved for the blocks after `whole` and FinalSums. Returns whole.
+// Against a lookup of 8 a row it halves the multiplies, adds and permutes,
+// and the 8 rows' lanes and tables fit the 32 registers (they spilled).
+template <class W, int MR, int NR, int kGpb>
+CR_SIMD_INLINE int64_t E2m1RoundedPairBlocks(const W& terms, const RowRef (&rows)[MR], const void* const (&base)[MR],
+                                             const float* const* x, int64_t whole, uintptr_t ahead, uintptr_t far,
+                                             f32x8 (&lane)[MR][NR]) {
+  static_assert(MR % 2 == 0, "rows go in pairs");
+  f32x16 wide[MR / 2][NR];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
+                                                                                          ++t) wide[i][t] =
+      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const u32x16 shift = {0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28};
+  const u32x16 second = {0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16};
+  const f32x16 raw = Load16(RawE2m1Table().t);
+  for (int64_t b = 0; b < whole; ++b) {
+    // Each row's table of the block, as Begin gives it: from the scale
+    // codes' tables, or ScaledE2m1Table's products rounded 16 at a time.
+    f32x16 table[MR];
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      table[i] = terms.st != nullptr ? Load16(terms.st->t[rows[i].codes[b]].t)
+                                     : RoundBf16V<f32x16, u32x16>(raw * (f32x16{} + rows[i].rs[b]));
+    }
+    _Pragma("GCC unroll 16") for (int k = 0; k < kGpb; ++k) {
+      const int64_t g = b * kGpb + k;
+      PrefetchGroup<MR * W::kGroupBytes>(g, ahead, far);
+      f32x16 xv[NR];
+      _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+        const f32x8 a = Load8(x[t] + 8 * g);
+        xv[t] = __builtin_shufflevector(a, a, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+      }
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) {
+        uint32_t c0, c1;
+        std::memcpy(&c0, static_cast<const uint8_t*>(base[2 * i]) + 4 * g, sizeof c0);
+        std::memcpy(&c1, static_cast<const uint8_t*>(base[2 * i + 1]) + 4 * g, sizeof c1);
+        const u32x16 words = (u32x16)(u64x8{} + (uint64_t{c0} | uint64_t{c1} << 32));
+        const i32x16 index = (i32x16)(((words >> shift) & 0xfu) | second);
+        const f32x16 w = __builtin_shuffle(table[2 * i], table[2 * i + 1], index);
+        _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) wide[i][t] = wide[i][t] + w * xv[t];
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+    lane[2 * i][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 0, 2, 4, 6, 8, 10, 12, 14);
+    lane[2 * i + 1][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 1, 3, 5, 7, 9, 11, 13, 15);
+  }
+  return whole;
+}
+#endif
+
 // MR rows from row0 against NR tokens from t0, the whole row at once.
 // Lanes shape: rs holds the rows' block scales ([MR][nb]) when the plan has
 // any. Blocks shape (MR * NR == 8): mv holds, per scale block b, the 8
@@ -800,7 +860,14 @@ CR_SIMD_INLINE void DirectTile(const DotJob& j, const Plan& p, const W& terms, i
     Store8(out, acc);
   } else {
     ZeroLanes(lane);
-    for (int64_t b = 0; b < blocks; ++b) {
+    int64_t b = 0;
+#if defined(__x86_64__)
+    if constexpr (W::kIsa == kIsaAvx512 && W::kE2m1 && W::kRounded && kGpb > 0 && MR % 2 == 0) {
+      b = E2m1RoundedPairBlocks<W, MR, NR, kGpb>(terms, rows, base, x, std::min(blocks, terms.full / kGpb), ahead, far,
+                                                 lane);
+    }
+#endif
+    for (; b < blocks; ++b) {
       typename W::Block blk[MR];
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) terms.Begin(rows[i], b, &blk[i]);
       DirectSpan<W, MR, NR, kGpb>(terms, base, row, blk, x, b * gpb, std::min(groups, (b + 1) * gpb), ahead, far, lane);
