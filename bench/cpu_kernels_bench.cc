@@ -22,8 +22,8 @@
 //
 // Experts: one MoE layer's routed experts at decode (1 token, top-8 of 64
 // experts, hidden 2048, moe_intermediate 768; each step routes to 8 other
-// experts, so the weights come from DRAM) in NVFP4 (w4a4 and w4a16), FP8
-// block and bf16, under each dot kind: `fused` (gemm_backend/moe_backend
+// experts, so the weights come from DRAM) in NVFP4 (w4a4 and w4a16), MXFP4
+// (w4a16), FP8 block and bf16, under each dot kind: `fused` (gemm_backend/moe_backend
 // fused_blockscaled, the engine's default: a sum per scale block, then times
 // the scale) and `dequant` (dequant_matmul: bf16(value * scale) terms).
 // --format keeps the rows whose format starts with F. --bf16-inputs rounds
@@ -167,6 +167,18 @@ Weight MakeFp8(int64_t rows, int64_t cols, uint32_t seed) {
   return t;
 }
 
+// MXFP4 as gpt-oss stores it: e2m1 values, one e8m0 scale per 32 columns.
+Weight MakeMxfp4(int64_t rows, int64_t cols, uint32_t seed) {
+  Weight t;
+  std::mt19937 g(seed);
+  t.data.resize(rows * cols / 2);
+  for (auto& b : t.data) b = static_cast<uint8_t>(g());
+  t.scales.resize(rows * cols / 32);
+  for (auto& b : t.scales) b = static_cast<uint8_t>(118 + g() % 8);  // 2^-9 .. 2^-2
+  t.w = QWeight{WFormat::kE2m1, SFormat::kE8m0, t.data.data(), rows, cols, t.scales.data(), 1, 32, cols / 32, 1.0f};
+  return t;
+}
+
 Weight MakeNvfp4(int64_t rows, int64_t cols, uint32_t seed, bool w4a4, float act_scale) {
   Weight t;
   std::mt19937 g(seed);
@@ -278,6 +290,8 @@ MoeFigures BenchExperts(const std::string& name, DotKind dot, const ExpertShape&
       store.push_back(MakeNvfp4(rows, cols, seed, w4a4, act));
     else if (name == "fp8 block")
       store.push_back(MakeFp8(rows, cols, seed));
+    else if (name == "mxfp4")
+      store.push_back(MakeMxfp4(rows, cols, seed));
     else
       store.push_back(MakeBf16(rows, cols, seed));
     return store.back().w;
@@ -594,7 +608,7 @@ int main(int argc, char** argv) {
   if (g_only.empty() || g_only == "experts") {
     for (const ExpertShape* shape : {&kSmallExperts, &kGlm5Experts}) {
       if (g_experts_shape != "both" && g_experts_shape != shape->name) continue;
-      for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "fp8 block", "bf16"}) {
+      for (const char* name : {"nvfp4 w4a4", "nvfp4 w4a16", "mxfp4", "fp8 block", "bf16"}) {
         if (std::string(name).rfind(g_format, 0) != 0) continue;
         // GLM-5's experts in bf16 would be 2.4 GB of random weights to make; its checkpoints are NVFP4/FP8.
         if (shape == &kGlm5Experts && std::string(name) == "bf16") continue;
