@@ -104,8 +104,14 @@ TestWeight MakeWeight(Fmt f, int64_t rows, int64_t cols, uint32_t seed, bool pow
       w.scale_cols = (cols + 127) / 128;
       const int64_t ns = ((rows + 127) / 128) * w.scale_cols;
       t.scales.resize(ns * 4);
+      // Special scales on a third of the blocks: NaNs with payloads (one
+      // signaling), Infs, zeros, a subnormal, and magnitudes on both sides
+      // of 2^120 (the decode tiles move 2^8 into scales below it).
+      const uint32_t sp[] = {0x7fa00001u, 0xffc00123u, 0x7f800000u, 0xff800000u, 0x00000000u,
+                             0x80000000u, 0x0000ff00u, 0x7c000000u, 0x7b7fffffu, 0xfb000000u};
       for (int64_t i = 0; i < ns; ++i) {
-        const float s = pow2 ? std::ldexp(1.0f, -static_cast<int>(g() % 8)) : 0.001f + 0.01f * (g() % 100);
+        float s = pow2 ? std::ldexp(1.0f, -static_cast<int>(g() % 8)) : 0.001f + 0.01f * (g() % 100);
+        if (specials && !pow2 && i % 3 == 1) s = BitsToFloat(sp[g() % std::size(sp)]);
         std::memcpy(t.scales.data() + 4 * i, &s, 4);
       }
       break;
@@ -640,6 +646,40 @@ TEST(CpuKernels, BlocksOfZeroProductsGiveTheWorkItemsBits) {
 // Narrow weights against bf16 inputs of ordinary magnitudes: the fused path
 // runs (packed path: every format; direct path: raw e2m1 terms) and gives
 // the work items' bits.
+TEST(CpuKernels, Fp8DequantScalesNear2To128GiveTheWorkItemsBits) {
+  // The FP8 decode tiles move 2^8 from the e4m3 decode into block scales
+  // below 2^120 (E4m3WideLoop). At 2^120 and above that product would
+  // overflow where value * scale does not: small inputs keep every output
+  // finite, so a scale moved past its limit shows as Inf. Every value 1.0,
+  // one value per row a subnormal code (2^-9).
+  const int64_t rows = 16, cols = 512;
+  std::vector<uint8_t> wdata(rows * cols, 0x38);
+  for (int64_t r = 0; r < rows; ++r) wdata[r * cols + 130 + r] = 0x01;
+  const float big[] = {0x1p119f, 0x1p120f, 0x1.fffffep120f, 0x1p127f};
+  std::vector<float> scales(std::begin(big), std::end(big));
+  for (int tokens = 1; tokens <= 2; ++tokens) {
+    SCOPED_TRACE(tokens);
+    std::vector<float> x(tokens * cols, 0x1p-30f);
+    LinearShardView shard;
+    shard.w.format = WFormat::kE4m3;
+    shard.w.scale_format = SFormat::kF32;
+    shard.w.scales = scales.data();
+    shard.w.block_rows = shard.w.block_cols = 128;
+    shard.w.scale_cols = 4;
+    shard.w.data = wdata.data();
+    shard.w.rows = rows;
+    shard.w.cols = cols;
+    for (DotKind k : {DotKind::kDequant, DotKind::kFused}) {
+      LinearOp op = OneShardLinear(shard, x, tokens, k);
+      std::vector<float> ref(tokens * rows, -7.0f);
+      op.y = ref.data();
+      ASSERT_FALSE(RunReference(op).fired);
+      for (float v : ref) ASSERT_TRUE(std::isfinite(v)) << v;  // the data does what it is meant to
+      ExpectFastGivesReference(op, ref);
+    }
+  }
+}
+
 TEST(CpuKernels, FusedPathRunsOnBf16InputsWithTheWorkItemsBits) {
   if (!CpuIsaSupported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 + FMA + F16C on this CPU: nothing fuses";
   const uint64_t before = cpu::FusedRunsForTest();
@@ -686,6 +726,11 @@ TEST(CpuKernels, SpecialScaleCodesThroughTheVectorRowScales) {
         for (int64_t t : {1, 2}) CheckLinear({f, k, q, 1, t, 19, 544, false, false, true, true});
       }
     }
+  }
+  // FP8 block: 3 x 9 blocks of 128 x 128, a third with a special scale
+  // (MakeWeight), against NaN codes among the values.
+  for (DotKind k : kAllKinds) {
+    for (int64_t t : {1, 2}) CheckLinear({Fmt::kFp8, k, false, 1, t, 300, 1100, false, false, true, true});
   }
 }
 

@@ -654,19 +654,23 @@ CR_SIMD_INLINE void DirectGroups(const W& terms, const void* const (&base)[MR], 
 // i's g + 1, i + 1's g + 1] and decoded together (DecodeE4m3x32): one sign
 // extension, one E4m3Fp16Codes and one product a group for two rows,
 // against two of each on the pair path, and no half to extract.
-template <class W, int MR, int NR>
-CR_SIMD_INLINE void E4m3WideGroups(const void* const (&base)[MR], const typename W::Block (&blk)[MR],
-                                   const float* const* x, int64_t g0, int64_t g1, uintptr_t ahead, uintptr_t far,
-                                   f32x8 (&lane)[MR][NR]) {
-  static_assert(MR % 2 == 0, "rows go in pairs");
-  f32x16 wide[MR / 2][NR], scale[MR / 2];
+// kPlain (rounded terms only): every block scale of the tile is finite,
+// not NaN and below 2^120 in magnitude. Then 2^8 moves from the decode
+// into the scale (the fp16 value times 2^8 * s is the same real product as
+// the e4m3 value times s, so it rounds to the same float), and the bf16
+// rounding needs no NaN case: a product is NaN only where the code is,
+// sign | 0x7fc00000 (E4m3ToFloat's), whose low 22 bits are zero, so the
+// rounding's add leaves it as RoundBf16V's NaN case gives it.
+template <class W, int MR, int NR, bool kPlain>
+CR_SIMD_INLINE void E4m3WideLoop(const void* const (&base)[MR], const typename W::Block (&blk)[MR],
+                                 const float* const* x, int64_t g0, int64_t g1, uintptr_t ahead, uintptr_t far,
+                                 f32x16 (&wide)[MR / 2][NR]) {
+  f32x16 scale[MR / 2];
   _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) {
-    const f32x8 a = Splat(blk[2 * i].s), b = Splat(blk[2 * i + 1].s);
+    const float k = kPlain ? 256.0f : 1.0f;
+    const f32x8 a = Splat(blk[2 * i].s * k), b = Splat(blk[2 * i + 1].s * k);
     scale[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   }
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
-                                                                                          ++t) wide[i][t] =
-      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t g = g0; g < g1; g += 2) {
     PrefetchGroup<MR * W::kGroupBytes>(g, ahead, far);
     PrefetchGroup<MR * W::kGroupBytes>(g + 1, ahead, far);
@@ -681,14 +685,37 @@ CR_SIMD_INLINE void E4m3WideGroups(const void* const (&base)[MR], const typename
       std::memcpy(&r0, static_cast<const uint8_t*>(base[2 * i]) + 8 * g, sizeof r0);
       std::memcpy(&r1, static_cast<const uint8_t*>(base[2 * i + 1]) + 8 * g, sizeof r1);
       f32x16 w0, w1;
-      DecodeE4m3x32((i8x32)__builtin_shufflevector(r0, r1, 0, 2, 1, 3), &w0, &w1);
-      if constexpr (W::kRounded) {
+      DecodeE4m3x32<!kPlain>((i8x32)__builtin_shufflevector(r0, r1, 0, 2, 1, 3), &w0, &w1);
+      if constexpr (W::kRounded && kPlain) {
+        w0 = RoundBf16Finite(w0 * scale[i]);
+        w1 = RoundBf16Finite(w1 * scale[i]);
+      } else if constexpr (W::kRounded) {
         w0 = RoundBf16V<f32x16, u32x16>(w0 * scale[i]);
         w1 = RoundBf16V<f32x16, u32x16>(w1 * scale[i]);
       }
       _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) wide[i][t] = wide[i][t] + w0 * x0[t];
       _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) wide[i][t] = wide[i][t] + w1 * x1[t];
     }
+  }
+}
+
+template <class W, int MR, int NR>
+CR_SIMD_INLINE void E4m3WideGroups(const void* const (&base)[MR], const typename W::Block (&blk)[MR],
+                                   const float* const* x, int64_t g0, int64_t g1, uintptr_t ahead, uintptr_t far,
+                                   f32x8 (&lane)[MR][NR]) {
+  static_assert(MR % 2 == 0, "rows go in pairs");
+  f32x16 wide[MR / 2][NR];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
+                                                                                          ++t) wide[i][t] =
+      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  bool plain = W::kRounded;
+  if constexpr (W::kRounded) {
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) plain = plain && std::fabs(blk[i].s) < 0x1p120f;
+  }
+  if (plain) {
+    E4m3WideLoop<W, MR, NR, true>(base, blk, x, g0, g1, ahead, far, wide);
+  } else {
+    E4m3WideLoop<W, MR, NR, false>(base, blk, x, g0, g1, ahead, far, wide);
   }
   _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
     lane[2 * i][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 0, 1, 2, 3, 4, 5, 6, 7);

@@ -86,6 +86,15 @@ CR_SIMD_INLINE FV RoundBf16V(FV v) {
   return (FV)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 CR_SIMD_INLINE f32x8 RoundBf16(f32x8 v) { return RoundBf16V<f32x8, u32x8>(v); }
+#if defined(__x86_64__)
+// RoundBf16V where every NaN among v has its low 22 bits zero (sign |
+// 0x7fc00000 or the default NaN): the add then leaves it as it is, which is
+// RoundBf16V's NaN case, so that case is not needed.
+CR_SIMD_INLINE f32x16 RoundBf16Finite(f32x16 v) {
+  const u32x16 u = (u32x16)v;
+  return (f32x16)((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+#endif
 
 // ---- storage decoders: 8 consecutive elements from flat index i0 ---------
 // E2m1 needs i0 even (the group starts on a byte).
@@ -218,15 +227,21 @@ CR_SIMD_INLINE f32x16 DecodeE4m3x16(const uint8_t* p) {
 }
 
 // 32 e4m3 codes as DecodeE4m3F16c gives them: codes 0-15 into *lo, 16-31
-// into *hi (one sign extension and one E4m3Fp16Codes for all 32).
+// into *hi (one sign extension and one E4m3Fp16Codes for all 32). Without
+// kTimes256, the fp16 values: each e4m3 value times 2^-8, exactly.
+template <bool kTimes256 = true>
 CR_SIMD_INLINE void DecodeE4m3x32(i8x32 codes, f32x16* lo, f32x16* hi) {
   const u16x32 h =
       E4m3Fp16Codes((u16x32)__builtin_ia32_pmovsxbw512_mask((__v32qi)codes, (__v32hi){}, static_cast<__mmask32>(-1)));
   const i16x16 h0 = (i16x16)__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const i16x16 h1 =
       (i16x16)__builtin_shufflevector(h, h, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-  *lo = __builtin_ia32_vcvtph2ps512_mask(h0, f32x16{}, static_cast<uint16_t>(0xffff), 4) * (f32x16{} + 256.0f);
-  *hi = __builtin_ia32_vcvtph2ps512_mask(h1, f32x16{}, static_cast<uint16_t>(0xffff), 4) * (f32x16{} + 256.0f);
+  *lo = __builtin_ia32_vcvtph2ps512_mask(h0, f32x16{}, static_cast<uint16_t>(0xffff), 4);
+  *hi = __builtin_ia32_vcvtph2ps512_mask(h1, f32x16{}, static_cast<uint16_t>(0xffff), 4);
+  if constexpr (kTimes256) {
+    *lo = *lo * (f32x16{} + 256.0f);
+    *hi = *hi * (f32x16{} + 256.0f);
+  }
 }
 #endif
 
