@@ -658,6 +658,38 @@ CR_SIMD_INLINE void DirectGroups(const W& terms, const void* const (&base)[MR], 
 }
 
 #if defined(__x86_64__)
+// The lane sets of rows 2i and 2i + 1 (each NR tokens' 8 lanes) in one
+// register of 16: concatenated (row 2i's lanes in elements 0-7, as the
+// packed micro-kernel and the FP8 decode tiles hold them) or interleaved
+// (element 2k row 2i's lane k, 2k + 1 row 2i + 1's: E2m1RoundedPairBlocks).
+template <bool kInterleaved, int MR, int NR>
+CR_SIMD_INLINE void PairLanes(const f32x8 (&lane)[MR][NR], f32x16 (&wide)[MR / 2][NR]) {
+  static_assert(MR % 2 == 0, "rows go in pairs");
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+    const f32x8 a = lane[2 * i][t], b = lane[2 * i + 1][t];
+    if constexpr (kInterleaved) {
+      wide[i][t] = __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    } else {
+      wide[i][t] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    }
+  }
+}
+
+// PairLanes undone.
+template <bool kInterleaved, int MR, int NR>
+CR_SIMD_INLINE void UnpairLanes(const f32x16 (&wide)[MR / 2][NR], f32x8 (&lane)[MR][NR]) {
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
+    const f32x16 v = wide[i][t];
+    if constexpr (kInterleaved) {
+      lane[2 * i][t] = __builtin_shufflevector(v, v, 0, 2, 4, 6, 8, 10, 12, 14);
+      lane[2 * i + 1][t] = __builtin_shufflevector(v, v, 1, 3, 5, 7, 9, 11, 13, 15);
+    } else {
+      lane[2 * i][t] = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+      lane[2 * i + 1][t] = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    }
+  }
+}
+
 // Whole groups [g0, g1) (an even count, g1 <= full) of e4m3 terms (raw, or
 // rounded with each row's block scale as AtFull's), MR rows (even) against
 // NR tokens, with rows i and i + 1 in one register of
@@ -719,9 +751,7 @@ CR_SIMD_INLINE void E4m3WideGroups(const void* const (&base)[MR], const typename
                                    f32x8 (&lane)[MR][NR]) {
   static_assert(MR % 2 == 0, "rows go in pairs");
   f32x16 wide[MR / 2][NR];
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
-                                                                                          ++t) wide[i][t] =
-      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  PairLanes<false>(lane, wide);
   bool plain = W::kRounded;
   if constexpr (W::kRounded) {
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) plain = plain && std::fabs(blk[i].s) < 0x1p120f;
@@ -731,10 +761,7 @@ CR_SIMD_INLINE void E4m3WideGroups(const void* const (&base)[MR], const typename
   } else {
     E4m3WideLoop<W, MR, NR, false>(base, blk, x, g0, g1, ahead, far, wide);
   }
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
-    lane[2 * i][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 0, 1, 2, 3, 4, 5, 6, 7);
-    lane[2 * i + 1][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 8, 9, 10, 11, 12, 13, 14, 15);
-  }
+  UnpairLanes<false>(wide, lane);
 }
 #endif
 
@@ -801,9 +828,7 @@ CR_SIMD_INLINE int64_t E2m1RoundedPairBlocks(const W& terms, const RowRef (&rows
                                              f32x8 (&lane)[MR][NR]) {
   static_assert(MR % 2 == 0, "rows go in pairs");
   f32x16 wide[MR / 2][NR];
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
-                                                                                          ++t) wide[i][t] =
-      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  PairLanes<true>(lane, wide);
   const u32x16 shift = {0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28};
   const u32x16 second = {0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16};
   const f32x16 raw = Load16(RawE2m1Table().t);
@@ -834,10 +859,7 @@ CR_SIMD_INLINE int64_t E2m1RoundedPairBlocks(const W& terms, const RowRef (&rows
       }
     }
   }
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
-    lane[2 * i][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 0, 2, 4, 6, 8, 10, 12, 14);
-    lane[2 * i + 1][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 1, 3, 5, 7, 9, 11, 13, 15);
-  }
+  UnpairLanes<true>(wide, lane);
   return whole;
 }
 #endif
@@ -1056,9 +1078,7 @@ template <bool kFused, int MR, int NR>
 CR_SIMD_INLINE void PackedGroupsWide(const float* ap, const float* bp, int64_t groups, f32x8 (&lane)[MR][NR]) {
   static_assert(MR % 2 == 0, "rows go in pairs");
   f32x16 wide[MR / 2][NR];
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR;
-                                                                                          ++t) wide[i][t] =
-      __builtin_shufflevector(lane[2 * i][t], lane[2 * i + 1][t], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  PairLanes<false>(lane, wide);
   for (int64_t g = 0; g < groups; ++g, ap += MR * 8, bp += NR * 8) {
     f32x16 w[MR / 2];
     _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) std::memcpy(&w[i], ap + 16 * i, sizeof w[i]);
@@ -1074,10 +1094,7 @@ CR_SIMD_INLINE void PackedGroupsWide(const float* ap, const float* bp, int64_t g
       }
     }
   }
-  _Pragma("GCC unroll 16") for (int i = 0; i < MR / 2; ++i) _Pragma("GCC unroll 16") for (int t = 0; t < NR; ++t) {
-    lane[2 * i][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 0, 1, 2, 3, 4, 5, 6, 7);
-    lane[2 * i + 1][t] = __builtin_shufflevector(wide[i][t], wide[i][t], 8, 9, 10, 11, 12, 13, 14, 15);
-  }
+  UnpairLanes<false>(wide, lane);
 }
 
 #endif
