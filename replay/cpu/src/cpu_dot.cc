@@ -435,7 +435,8 @@ struct Terms {
   // Groups g and g + 1 (both < full) at once, where the decoder is faster
   // two at a time (DecodePairIsa); the values AtFull gives.
   static constexpr bool kPairs = kIsa == kIsaAvx512 && F == WFormat::kE4m3;
-  // Raw e4m3 terms on AVX-512: two rows a register (E4m3WideGroups).
+  // e4m3 terms on AVX-512, raw or rounded: two rows a register
+  // (E4m3WideGroups).
   static constexpr bool kWide = kPairs;
   static constexpr bool kRounded = kRound;
   CR_SIMD_INLINE void AtFull2(const void* base, int64_t g, const Block& b, f32x8* w0, f32x8* w1) const {
