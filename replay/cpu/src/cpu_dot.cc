@@ -836,6 +836,9 @@ CR_SIMD_INLINE int64_t E2m1RoundedPairBlocks(const W& terms, const RowRef (&rows
   for (int64_t b = 0; b < whole; ++b) {
     // Each row's table of the block, as Begin gives it: from the scale
     // codes' tables, or ScaledE2m1Table's products rounded 16 at a time.
+    // Written out in registers on purpose: calling ScaledE2m1Table into a
+    // local table here (its address taken) spilled the lanes again and
+    // took NVFP4 dequant from 48% to 35% of the read stream.
     f32x16 table[MR];
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
       table[i] = terms.st != nullptr ? Load16(terms.st->t[rows[i].codes[b]].t)
