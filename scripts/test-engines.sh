@@ -22,7 +22,9 @@
 #   3. sglang and vLLM with --no-deps (their pins want other torch builds
 #      and GPU kernel packages that nothing here runs);
 #   4. what their import chains need, from scripts/engines-requirements.txt,
-#      under the same constraints.
+#      under the same constraints;
+#   5. Debian's chromium (outside the environment), which renders the bisect
+#      report the way its reader sees it.
 #
 # Then it builds crashreplay (scripts/setup.sh, scripts/build.sh) and runs
 # every python/tests/test_*.py that importorskips torch, transformers,
@@ -30,7 +32,7 @@
 # failure, on a file where no test ran (unless the file skipped itself as a
 # whole for a reason screened as below), and on any test skipped because a
 # module does not import (the skip reason says "No module named ...",
-# "could not import ..." or "does not import"); skips for other reasons (no
+# "could not import ...", "does not import" or "is not installed"); skips for other reasons (no
 # CUDA device, a feature this engine version lacks) are listed and allowed.
 #
 # Knobs (printed at the start):
@@ -159,6 +161,16 @@ fi
 versions=${versions%; }
 say "installed: $versions"
 
+# ---- a browser for the reports ------------------------------------------
+# The bisect report is checked as its reader sees it, rendered by headless
+# Chromium (Debian's package).
+if ! command -v chromium >/dev/null 2>&1; then
+  say "installing chromium (Debian) for the report tests"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+
 # ---- crashreplay --------------------------------------------------------
 if [ -n "${CRASHREPLAY_BIN:-}" ]; then
   BIN=$CRASHREPLAY_BIN
@@ -201,7 +213,7 @@ run_suite() {  # run_suite FILE [pytest args]: output printed and kept for the c
   fi
   # A skip whose reason is an import that failed means a package is missing.
   if grep -E '^SKIPPED' "$out" |
-      grep -Eq "No module named|could not import|does not import|ModuleNotFoundError|ImportError"; then
+      grep -Eq "No module named|could not import|does not import|ModuleNotFoundError|ImportError|is not installed"; then
     missing+=("$f")
   fi
   rm -f "$out"

@@ -141,7 +141,22 @@ int RunBisectCommand(int argc, char** argv) {
       "built-in trials: count a replay whose outputs differ from the recording (no check failed) as a failure");
   app.add_flag("--json", json, "print the report as JSON on stdout");
   app.add_flag("--quiet,-q", quiet, "no progress on stderr");
+  std::string engine, engine_python;
+  std::vector<std::string> engine_setups;
+  app.add_option("--engine", engine,
+                 "built-in trials: re-execute the step in this engine (transformers, sglang, vllm: replay --engine), "
+                 "the configurations in its words; a trial it cannot run here is untestable, not good");
+  app.add_option("--engine-python", engine_python, "with --engine: the Python that has the engine installed");
+  app.add_option("--engine-setup", engine_setups, "with --engine: a module imported before each trial; repeatable");
   if (auto rc = ParseArgs(app, cli_argc, argv)) return *rc;
+  if (engine.empty() && (!engine_python.empty() || !engine_setups.empty())) {
+    std::fprintf(stderr, "crashreplay bisect: --engine-python and --engine-setup go with --engine NAME\n");
+    return kExitUsage;
+  }
+  if (!engine.empty() && capture.empty()) {
+    std::fprintf(stderr, "crashreplay bisect: --engine replays a CAPTURE; an external command runs its own engine\n");
+    return kExitUsage;
+  }
 
   if (capture.empty() == command.empty()) {
     std::fprintf(stderr, "crashreplay bisect: give either a CAPTURE or `-- COMMAND ...`, not %s\n",
@@ -252,6 +267,13 @@ int RunBisectCommand(int argc, char** argv) {
     ro.limits = limits;
     ro.diverged_is_bad = diverged_is_bad;
     ro.rules = shared_rules;
+    if (!engine.empty()) {
+      ro.extra_args = {"--engine", engine};
+      if (!engine_python.empty()) ro.extra_args.insert(ro.extra_args.end(), {"--engine-python", engine_python});
+      for (const std::string& m : engine_setups) ro.extra_args.insert(ro.extra_args.end(), {"--engine-setup", m});
+      // Each trial's engine run keeps its recording beside the trial's files.
+      ro.extra_args.insert(ro.extra_args.end(), {"--engine-out", "{config}.engine"});
+    }
     trial_runner = std::make_unique<bisect::ReplayTrialRunner>(ro);
   }
 

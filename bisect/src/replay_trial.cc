@@ -3,9 +3,37 @@
 #include "absl/strings/str_cat.h"
 
 namespace crashreplay::bisect {
+namespace {
+
+// " (class during stage at kernel/check)" of a signature in replay's JSON,
+// without its detail and step (the history row has both); "" when unreadable.
+std::string Brief(const nlohmann::json& sig) {
+  auto s = SignatureFromJson(sig);
+  if (!s.ok()) return "";
+  s->detail.clear();
+  s->step.reset();
+  return absl::StrCat(" (", DescribeSignature(*s), ")");
+}
+
+}  // namespace
 
 TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& limits, bool diverged_is_bad,
                                   const FailureTextRules* rules) {
+  // Exit 7: the configuration's device or engine cannot run here (a backend
+  // that needs a GPU, vLLM on a CPU): untestable, never good or bad.
+  if (p.started && !p.cancelled && !p.timed_out && p.exited && p.exit_code == 7) {
+    TrialResult r;
+    r.exit_code = p.exit_code;
+    r.duration_s = p.duration_s;
+    r.stderr_tail = p.stderr_tail;
+    r.verdict = Verdict::kSkip;
+    const nlohmann::json j = nlohmann::json::parse(p.stdout_text, nullptr, /*allow_exceptions=*/false);
+    const std::string why = j.is_object() && j.contains("refused") && j["refused"].is_string()
+                                ? j["refused"].get<std::string>()
+                                : std::string("the configuration's device is not present");
+    r.note = absl::StrCat("untestable here: ", why);
+    return r;
+  }
   if (!p.started || p.cancelled || p.timed_out || !p.exited ||
       (p.exit_code != 0 && p.exit_code != 1 && p.exit_code != 2 && p.exit_code != 3)) {
     return ClassifyProcess(p, limits, std::nullopt, rules);
@@ -26,6 +54,26 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
     r.note = absl::StrCat("replay exited ", p.exit_code, " without a JSON object on stdout",
                           p.stdout_truncated ? " (output was truncated)" : "");
     return r;
+  }
+  // replay --engine NAME: the real engine's outcome decides; the exact
+  // engine's, beside it, goes into the report.
+  if (auto e = j.find("engine"); e != j.end() && e->is_string()) {
+    std::string exact = "could not replay";
+    if (auto x = j.find("exact"); x != j.end() && x->is_object()) {
+      exact = x->value("outcome", std::string("could not replay"));
+      if (auto sig = x->find("signature"); sig != x->end() && sig->is_object()) {
+        absl::StrAppend(&exact, Brief(*sig));
+      }
+    }
+    std::string own = j.value("outcome", std::string());
+    if (auto sig = j.find("signature"); sig != j.end() && sig->is_object()) absl::StrAppend(&own, Brief(*sig));
+    r.engines = absl::StrCat(e->get<std::string>(), ": ", own, "; exact engine: ", exact);
+  }
+  // Where the engine's numbers (the recording's, or the real engine's under
+  // --engine) leave the exact engine's: the place to look, per trial.
+  if (auto d = j.find("engine_divergence"); d != j.end() && d->is_object()) {
+    absl::StrAppend(&r.engines, r.engines.empty() ? "" : "; ", "departs from the exact engine at ",
+                    d->value("boundary", std::string("?")), ": ", d->value("reason", std::string()));
   }
   if (auto it = j.find("kernels"); it != j.end()) {
     auto rows = KernelRowsFromJson(*it);
@@ -93,6 +141,7 @@ TrialResult InterpretReplayOutput(const ProcessResult& p, const TrialLimits& lim
 
 ReplayTrialRunner::ReplayTrialRunner(ReplayTrialOptions options) : options_(std::move(options)) {
   command_.command = {options_.crashreplay_binary, "replay", options_.capture, "--config", "{config}", "--json"};
+  command_.command.insert(command_.command.end(), options_.extra_args.begin(), options_.extra_args.end());
   command_.runner = options_.runner;
   command_.workdir = options_.workdir;
   command_.limits = options_.limits;

@@ -276,6 +276,7 @@ nlohmann::json ReportJson(const BisectReport& r) {
                         {"bad_runs", h.result.bad_runs}};
     if (h.step) e["step"] = *h.step;
     if (!h.result.note.empty()) e["note"] = h.result.note;
+    if (!h.result.engines.empty()) e["engines"] = h.result.engines;
     hist.push_back(e);
   }
   j["history"] = hist;
@@ -410,7 +411,7 @@ button{font-size:12px}details{margin:.4em 0}
                   "<h2>Search history</h2><label><input type='checkbox' id='onlybad' onchange='filt()'> failures and "
                   "flaky runs only</label>",
                   "<table id='hist'><tr><th>#</th><th>phase</th><th>changes from "
-                  "good</th><th>step</th><th>verdict</th><th>signature</th><th>s</th></tr>");
+                  "good</th><th>step</th><th>verdict</th><th>signature</th><th>engines / note</th><th>s</th></tr>");
   for (const HistoryEntry& e : r.history) {
     std::string v(VerdictName(e.result.verdict));
     std::string cls = v;
@@ -425,7 +426,8 @@ button{font-size:12px}details{margin:.4em 0}
                     Html(SummarizeConfig(r.good, e.config, 160)), "</code></td><td>",
                     e.step ? absl::StrCat(*e.step) : std::string(), "</td><td class='v'>", Html(label), "</td><td>",
                     e.result.signature.is_failure() ? Html(DescribeSignature(e.result.signature)) : std::string(),
-                    "</td><td>", absl::StrFormat("%.2f", e.result.duration_s), "</td></tr>");
+                    "</td><td>", Html(e.result.engines.empty() ? e.result.note : e.result.engines), "</td><td>",
+                    absl::StrFormat("%.2f", e.result.duration_s), "</td></tr>");
   }
   absl::StrAppend(
       &h, "</table>\n<script>function filt(){var on=document.getElementById('onlybad').checked;",

@@ -43,6 +43,7 @@ nlohmann::json TrialResultToJson(const TrialResult& r) {
   if (r.timed_out) j["timed_out"] = true;
   if (!r.note.empty()) j["note"] = r.note;
   if (!r.config_path.empty()) j["config_path"] = r.config_path;
+  if (!r.engines.empty()) j["engines"] = r.engines;
   return j;
 }
 

@@ -84,7 +84,10 @@ class TransformersRecorder:
         path = checkpoint_path or getattr(cfg, "_name_or_path", "") or ""
         self.rec = Recorder(
             session_dir, engine="transformers", engine_version=transformers.__version__,
-            toggles=[("transformers.page_table_unit", "token"), ("torch_version", torch.__version__)],
+            toggles=[("transformers.page_table_unit", "token"), ("torch_version", torch.__version__),
+                     # What a replay in transformers itself loads the model with.
+                     ("transformers.attn_implementation", getattr(cfg, "_attn_implementation", None) or ""),
+                     ("transformers.experts_implementation", getattr(cfg, "_experts_implementation", None) or "")],
             model={"checkpoint_path": path, "dtype": dtype, "config_json": cfg.to_json_string(),
                    "model_type": getattr(cfg, "model_type", ""),
                    "architecture": (getattr(cfg, "architectures", None) or [type(model).__name__])[0]},

@@ -35,6 +35,32 @@ TEST(ReplayOutput, ReproducedIsGoodAndKeepsTheKernelTable) {
   EXPECT_EQ(r.kernels[1].nan_count, 3);
 }
 
+TEST(ReplayOutput, ExitSevenIsUntestableNeverGoodOrBad) {
+  // replay --engine vllm on a machine without a GPU, or device=cuda without one.
+  TrialResult r = InterpretReplayOutput(
+      Exited(7, R"({"outcome":"untestable","engine":"vllm","refused":"vLLM runs its model only on a GPU here"})"), {});
+  EXPECT_EQ(r.verdict, Verdict::kSkip);
+  EXPECT_NE(r.note.find("untestable here: vLLM runs its model only on a GPU here"), std::string::npos) << r.note;
+  TrialResult bare = InterpretReplayOutput(Exited(7, ""), {});
+  EXPECT_EQ(bare.verdict, Verdict::kSkip);
+}
+
+TEST(ReplayOutput, ARealEngineReplayPutsBothEnginesOutcomesAndTheDivergenceBeside) {
+  TrialResult r = InterpretReplayOutput(Exited(1, R"({"outcome":"failed","step":6,"engine":"transformers","kernels":[],
+      "signature":{"class":"non_finite","stage":"decode","kernel":"sampler","check":"probabilities"},
+      "exact":{"outcome":"diverged"},
+      "engine_divergence":{"boundary":"L2.attention","reason":"the engine has 256 NaN where the reference is finite"}})"),
+                                        {});
+  EXPECT_EQ(r.verdict, Verdict::kBad);
+  EXPECT_EQ(r.signature.kernel, "sampler");
+  EXPECT_EQ(r.engines,
+            "transformers: failed (non_finite during decode at sampler/probabilities); exact engine: diverged; "
+            "departs from the exact engine at L2.attention: the engine has 256 NaN where the reference is finite")
+      << r.engines;
+  TrialResult exact_only = InterpretReplayOutput(Exited(0, R"({"outcome":"reproduced","step":1,"kernels":[]})"), {});
+  EXPECT_EQ(exact_only.engines, "");
+}
+
 TEST(ReplayOutput, FailedCarriesReplaysSignatureAndStep) {
   TrialResult r = InterpretReplayOutput(Exited(1, R"({"outcome":"failed","step":17,"kernels":[],
                     "signature":{"class":"device_assert","stage":"decode","kernel":"paged_decode","check":"page_index_in_pool"}})"),

@@ -39,6 +39,9 @@ struct ReplayTrialOptions {
   TrialLimits limits;
   bool diverged_is_bad = false;      // see InterpretReplayOutput
   std::shared_ptr<const FailureTextRules> rules = nullptr;  // for crashes of the replay process itself
+  // Words added to every replay command line: `--engine NAME` and its
+  // options, so each trial re-executes the step in that engine.
+  std::vector<std::string> extra_args;
 };
 
 class ReplayTrialRunner : public TrialRunner {

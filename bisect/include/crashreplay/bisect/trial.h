@@ -68,6 +68,10 @@ struct TrialResult {
   int runs = 1;                     // how many runs this verdict combines
   int bad_runs = 0;                 // of which failed
   std::string config_path;          // the TOML file the (last) run read
+  // A replay trial: under --engine NAME that engine's outcome and the exact
+  // engine's beside it, and where the engine's fingerprints depart from the
+  // exact engine's (engine_divergence); one line, "" for other trials.
+  std::string engines;
 };
 
 nlohmann::json TrialResultToJson(const TrialResult& r);
