@@ -18,6 +18,7 @@ constexpr Command kCommands[] = {
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
+    {"shrink", "the smallest capture that still fails the same way, without the user's prompts", RunShrink},
     {"version", "print the version", RunVersion},
     {"devices", "list the compiled backends and CUDA devices; --device checks one can run", RunDevices},
 };

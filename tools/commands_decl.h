@@ -14,6 +14,7 @@ int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);
 int RunHash(int argc, char** argv);
 int RunBisectCommand(int argc, char** argv);
+int RunShrink(int argc, char** argv);
 int RunDevices(int argc, char** argv);
 int RunDemo(int argc, char** argv);
 

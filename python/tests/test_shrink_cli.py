@@ -1,0 +1,135 @@
+"""`crashreplay shrink`: the smallest capture that still fails the same way.
+
+The captures are made by the built command itself (`demo`, `make-model` +
+`run --record`); the oracle for "still fails the same way" is the replay of
+the shrunk directory, run from its README's command, against the signature
+the original's replay gives."""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+
+import pytest
+
+import crashreplay
+
+BIN = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
+VOCAB = 256
+
+
+def run(*args, cwd=None):
+    return subprocess.run([str(BIN) if os.path.isabs(BIN) else os.path.abspath(BIN), *map(str, args)],
+                          capture_output=True, text=True, check=False, cwd=cwd, timeout=600)
+
+
+def replay_signature(capture, *args, cwd=None):
+    r = run("replay", capture, "--json", *args, cwd=cwd)
+    assert r.returncode in (0, 1), r.stderr
+    rep = json.loads(r.stdout)
+    return rep["outcome"], rep.get("signature"), rep
+
+
+def shrink(capture, out, *args):
+    r = run("shrink", capture, "-o", out, "--json", *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def readme_command(out):
+    text = (pathlib.Path(out) / "README.md").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("crashreplay replay")]
+    return line.split()[2:]  # after "crashreplay replay"
+
+
+def stage(report, name):
+    (s,) = [s for s in report["stages"] if s["stage"] == name]
+    return s
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    r = run("demo", "--out", d / "out", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d / "out"
+
+
+def test_the_demos_decode_failure_shrinks_to_one_layer_and_no_original_token(demo, tmp_path):
+    outcome, target, _ = replay_signature(demo / "launch2")
+    assert outcome == "failed" and target["class"] == "unsupported_arch"
+    rep = shrink(demo / "launch2", tmp_path / "s")
+    assert {k: rep["target"][k] for k in ("class", "stage", "kernel", "check")} == \
+        {k: target[k] for k in ("class", "stage", "kernel", "check")}
+    assert stage(rep, "requests")["after"] == 1
+    assert stage(rep, "layers") == {"stage": "layers", "before": 3, "after": 1, "trials": 1}
+    assert stage(rep, "token_ids")["after"] == 0 and rep["needs"]["token_ids"] == []
+    assert rep["minimal"] is True and rep["bytes"]["after"] < rep["bytes"]["before"]
+    assert "checkpoint" not in rep["needs"]  # the 1-layer slice replaces it
+    # The shrunk directory fails the same way from its README's one command.
+    outcome, sig, again = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and {k: sig[k] for k in ("class", "kernel", "check")} == \
+        {k: target[k] for k in ("class", "kernel", "check")}
+    assert again["fault"]["layer"] == 0
+    cfg = json.loads((tmp_path / "s" / "model" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("m") / "model"
+    r = run("make-model", d, "--arch", "llama", "--quant", "bf16", "--layers", "2", "--hidden", "64", "--heads", "4",
+            "--kv-heads", "2", "--intermediate", "128", "--vocab", VOCAB)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+PROMPTS = [[i + 1, i + 20, i + 40, 7] for i in range(7)]
+
+
+def record(model, session, bad_id):
+    args = []
+    for p in PROMPTS:
+        args += ["--prompt-ids", ",".join(map(str, p))]
+    args += ["--prompt-ids", f"3,9,{bad_id},4"]
+    return run("run", model, *args, "--max-new-tokens", "2", "--record", session)
+
+
+def test_an_out_of_range_token_keeps_that_id_and_nothing_else_of_the_prompts(model, tmp_path):
+    record(model, tmp_path / "rec", VOCAB + 44)
+    rep = shrink(tmp_path / "rec", tmp_path / "s")
+    assert rep["target"]["class"] == "device_assert" and rep["target"]["check"] == "token_id_in_vocab"
+    assert stage(rep, "requests") == {"stage": "requests", "before": 8, "after": 1, "trials": rep["stages"][0]["trials"]}
+    assert rep["needs"]["token_ids"] == [{"step": 0, "position": 2, "id": VOCAB + 44}]
+    (f,) = crashreplay.read_capture(str(tmp_path / "s" / "capture"))["files"]
+    (step,) = f["step_records"]
+    assert step["request_ids"] in ([], ["r0"])
+    ids = list(step["token_ids"])
+    assert ids[2] == VOCAB + 44 and all(0 <= t < VOCAB for t in ids[:2] + ids[3:])
+    assert ids[:2] + ids[3:] != [3, 9, 4]  # the others are drawn anew
+    assert f["manifest"]["hostname"] == "" and not f["fingerprints"]
+    assert all("/" not in str(v) for v in f["manifest"]["toggles"].values())
+    # Nothing of the user's host or paths in any file of OUT.
+    host = socket.gethostname().encode()
+    for p in (tmp_path / "s").rglob("*"):
+        if p.is_file():
+            assert host not in p.read_bytes(), p
+    outcome, sig, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
+
+
+def test_a_capture_whose_replay_does_not_fail_has_nothing_to_shrink(model, tmp_path):
+    r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--record", tmp_path / "rec")
+    assert r.returncode == 0, r.stderr
+    r = run("shrink", tmp_path / "rec", "-o", tmp_path / "s")
+    assert r.returncode == 1
+    assert "nothing to shrink" in r.stderr
+
+
+def test_a_budget_hit_keeps_the_smallest_failing_capture_and_says_it_is_not_minimal(model, tmp_path):
+    record(model, tmp_path / "rec", VOCAB + 1)
+    rep = shrink(tmp_path / "rec", tmp_path / "s", "--max-trials", "3")
+    assert rep["minimal"] is False and rep["trials"] <= 3 + 1
+    assert "not a minimal one" in (tmp_path / "s" / "README.md").read_text()
+    outcome, sig, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig["check"] == "token_id_in_vocab"

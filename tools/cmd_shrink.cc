@@ -1,0 +1,116 @@
+// `crashreplay shrink CAPTURE -o OUT [--config FILE] [--set k=v]... [--engine NAME ...] [--model DIR]
+// [--max-trials N] [--timeout S] [--no-anonymize] [--json]`: the smallest capture whose replay still fails
+// the same way (shrink.h; docs/cli.md).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "command.h"
+#include "commands_decl.h"
+#include "crashreplay/bisect/signature.h"
+#include "exit_codes.h"
+#include "shrink.h"
+
+namespace crashreplay::tools {
+
+int RunShrink(int argc, char** argv) {
+  CLI::App app(
+      "Shrink a failing capture to the smallest one that still fails the same way (requests, layers, token ids), "
+      "with nothing of the user's prompts in it. Exit codes: 0 shrunk, 1 the capture's replay does not fail "
+      "(nothing to shrink) or cannot be judged, 2 usage, 3 data error.",
+      "shrink");
+  std::string capture, out, config_file, model_dir, engine, engine_python;
+  std::vector<std::string> sets, engine_setups;
+  int max_trials = 400;
+  double timeout = 0;
+  bool json = false, no_anonymize = false, quiet = false;
+  app.add_option("CAPTURE", capture, "capture file or session directory whose replay fails")->required();
+  app.add_option("-o,--out", out, "output directory: capture/, model/ (a layer slice), README.md, shrink.json")
+      ->required();
+  app.add_option("--config", config_file, "configuration the replay fails under (flat TOML)");
+  app.add_option("--set", sets, "one toggle the replay fails under, name=value; repeatable");
+  app.add_option("--model", model_dir, "checkpoint directory (default: the recorded path)");
+  app.add_option("--engine", engine, "replay every candidate in this engine (replay --engine)");
+  app.add_option("--engine-python", engine_python, "with --engine: the engine's Python");
+  app.add_option("--engine-setup", engine_setups, "with --engine: a module imported first; repeatable");
+  app.add_option("--max-trials", max_trials, "trial budget (default 400); reached, the smallest failing capture "
+                                             "found so far is written, marked not minimal")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--timeout", timeout, "seconds a trial's replay may take (0: no limit)");
+  app.add_flag("--no-anonymize", no_anonymize, "keep request ids, sampled tokens and token ids as recorded");
+  app.add_flag("--json", json, "print shrink.json on stdout");
+  app.add_flag("--quiet,-q", quiet, "no progress on stderr");
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+
+  ShrinkOptions o;
+  o.capture = capture;
+  o.out_dir = out;
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  o.self = n > 0 ? std::string(buf, static_cast<size_t>(n)) : argv[0];
+  std::error_code ec;
+  if (!config_file.empty()) {
+    o.replay_args.insert(o.replay_args.end(),
+                         {"--config", std::filesystem::absolute(config_file, ec).lexically_normal().string()});
+  }
+  for (const std::string& s : sets) o.replay_args.insert(o.replay_args.end(), {"--set", s});
+  if (!engine.empty()) {
+    o.replay_args.insert(o.replay_args.end(), {"--engine", engine});
+    if (!engine_python.empty()) o.replay_args.insert(o.replay_args.end(), {"--engine-python", engine_python});
+    for (const std::string& m : engine_setups) o.replay_args.insert(o.replay_args.end(), {"--engine-setup", m});
+  }
+  if (!model_dir.empty()) o.model_dir = std::filesystem::absolute(model_dir, ec).lexically_normal().string();
+  o.max_trials = max_trials;
+  if (timeout > 0) o.trial_timeout_s = timeout;
+  o.anonymize = !no_anonymize;
+  if (!quiet) o.progress = [](const std::string& line) { std::fprintf(stderr, "shrink: %s\n", line.c_str()); };
+
+  absl::StatusOr<ShrinkResult> r = Shrink(o);
+  if (!r.ok()) {
+    if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      std::fprintf(stderr, "crashreplay: %s\n", std::string(r.status().message()).c_str());
+      return kExitFailed;
+    }
+    return ReportError(r.status());
+  }
+  const nlohmann::json j = r->ToJson();
+  {
+    std::ofstream f(out + "/shrink.json");
+    f << j.dump(2) << "\n";
+    std::ofstream readme(out + "/README.md");
+    readme << "# A shrunk crashreplay capture\n\n"
+           << "Made by `crashreplay shrink` (shrink.json says what was removed at each stage). From this "
+              "directory, this command replays the step and fails with "
+           << bisect::DescribeSignature(r->target) << ":\n\n```\n"
+           << r->replay_command << "\n```\n\n"
+           << (r->model_dir.empty()
+                   ? "The failure needs the original checkpoint (shrink.json `needs.checkpoint`).\n"
+                   : "`model/` is a slice of the checkpoint: the layers up to the one that fails.\n")
+           << (r->minimal ? "" : "\nThe trial budget ran out: this is the smallest failing capture found, not a "
+                                 "minimal one.\n");
+    if (!f || !readme) {
+      std::fprintf(stderr, "crashreplay: cannot write %s/shrink.json or README.md\n", out.c_str());
+      return kExitDataError;
+    }
+  }
+  if (json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("target: %s\n", bisect::DescribeSignature(r->target).c_str());
+    for (const ShrinkStage& s : r->stages) {
+      std::printf("  %-10s %lld -> %lld (%d trials)%s%s\n", s.stage.c_str(), static_cast<long long>(s.before),
+                  static_cast<long long>(s.after), s.trials, s.note.empty() ? "" : ": ", s.note.c_str());
+    }
+    std::printf("%d trials, capture %llu -> %llu bytes%s\nreplay it: cd %s && %s\n", r->trials,
+                static_cast<unsigned long long>(r->bytes_before), static_cast<unsigned long long>(r->bytes_after),
+                r->minimal ? "" : " (budget reached: not minimal)", out.c_str(), r->replay_command.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace crashreplay::tools

@@ -1,0 +1,628 @@
+#include "shrink.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "crashreplay/base/status.h"
+#include "crashreplay/bisect/dd.h"
+#include "crashreplay/bisect/process.h"
+#include "crashreplay/bisect/replay_trial.h"
+#include "crashreplay/capture/recorder.h"
+#include "crashreplay/formats/capture_writer.h"
+#include "crashreplay/formats/safetensors_file.h"
+#include "crashreplay/formats/safetensors_writer.h"
+#include "crashreplay/replay/captures/capture_io.h"
+
+namespace crashreplay::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using bisect::ChangeSet;
+using bisect::Outcome;
+
+// The capture being shrunk, as read once.
+struct Source {
+  std::shared_ptr<const CaptureReader> reader;
+  SessionManifest manifest;
+  std::vector<const StepRecord*> steps;  // this rank's, in file order
+  const FailureRecord* failure = nullptr;
+  std::string checkpoint;  // the original checkpoint directory
+  int64_t vocab = 0;
+  int64_t layers = 0;
+};
+
+// One candidate: which requests (indices into the target step's), whether
+// the layer slice stands in for the checkpoint, and which token occurrences
+// keep their original id (empty: all).
+struct Candidate {
+  int64_t target = -1;  // index of the failing step in Source::steps; -1: before the first step
+  ChangeSet requests;   // indices into steps[target]'s requests
+  bool sliced = false;
+  std::vector<bool> keep_token;
+};
+
+std::string RequestKey(const StepRecord& s, size_t i) {
+  if (i < s.request_ids.size() && !s.request_ids[i].empty()) return s.request_ids[i];
+  if (i < s.req_pool_indices.size()) return absl::StrCat("pool:", s.req_pool_indices[i]);
+  return absl::StrCat("row:", i);
+}
+
+size_t NumRequests(const StepRecord& s) {
+  return std::max({s.request_ids.size(), s.req_pool_indices.size(), s.seq_lens.size(), s.page_table.size()});
+}
+
+// Where each request's tokens start in the step's per-token lists.
+absl::StatusOr<std::vector<size_t>> TokenOffsets(const StepRecord& s) {
+  const size_t n = NumRequests(s);
+  std::vector<size_t> off(n + 1, 0);
+  if (s.extend_lens.size() == n) {
+    for (size_t i = 0; i < n; ++i) off[i + 1] = off[i] + static_cast<size_t>(std::max<int64_t>(s.extend_lens[i], 0));
+  } else if (s.mode == ForwardMode::kDecode) {
+    for (size_t i = 0; i < n; ++i) off[i + 1] = i + 1;
+  } else if (n == 1) {
+    off[1] = s.token_ids.size();
+  } else {
+    return absl::DataLossError(absl::StrCat("step ", s.step, ": ", n, " requests without extend lengths: which ",
+                                            "tokens are whose cannot be told"));
+  }
+  if (off[n] != s.token_ids.size()) {
+    return absl::DataLossError(absl::StrCat("step ", s.step, ": the requests' extend lengths add up to ", off[n],
+                                            " tokens, the step holds ", s.token_ids.size()));
+  }
+  return off;
+}
+
+// splitmix64: the replacement id of token occurrence j.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::optional<int64_t> LayerOf(const std::string& name) {
+  static const std::regex kLayer(R"((^|\.)layers\.(\d+)\.)");
+  std::smatch m;
+  if (!std::regex_search(name, m, kLayer)) return std::nullopt;
+  return std::stoll(m[2].str());
+}
+
+bool KeepTensor(const std::string& name, int64_t layers) {
+  const std::optional<int64_t> l = LayerOf(name);
+  return !l || *l < layers;
+}
+
+uint64_t PathBytes(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return fs::file_size(path, ec);
+  uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(path, ec)) {
+    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  }
+  return total;
+}
+
+class Shrinker {
+ public:
+  Shrinker(const ShrinkOptions& o, Source src) : o_(o), src_(std::move(src)) {}
+
+  absl::StatusOr<ShrinkResult> Run();
+
+ private:
+  // The stages' token occurrences of the kept requests, in write order.
+  struct Occurrence {
+    int64_t step;  // new step number
+    int64_t position;
+    int64_t id;
+  };
+  absl::Status Write(const Candidate& c, const std::string& dir, std::vector<Occurrence>* occurrences) const;
+  absl::Status WriteSlice(int64_t layers, const std::string& dir);
+  // Writes and replays a candidate: the trial's verdict against the target.
+  Outcome Judge(const Candidate& c);
+  bisect::TrialResult Replay(const std::string& capture_dir, bool sliced,
+                             std::optional<int64_t>* layer = nullptr) const;
+  void Say(const std::string& line) const {
+    if (o_.progress) o_.progress(line);
+  }
+  bool OutOfBudget() const { return trials_ >= o_.max_trials; }
+
+  const ShrinkOptions& o_;
+  Source src_;
+  bisect::FailureSignature target_;
+  int trials_ = 0;
+  int64_t slice_layers_ = 0;
+  std::string slice_dir_;
+  ShrinkResult result_;
+};
+
+// dd's oracle over one stage's universe: each set becomes a candidate.
+class StageOracle : public bisect::DeltaOracle {
+ public:
+  StageOracle(std::function<Outcome(const ChangeSet&)> judge, std::function<bool()> out_of_budget)
+      : judge_(std::move(judge)), out_of_budget_(std::move(out_of_budget)) {}
+  std::vector<Outcome> Test(const std::vector<ChangeSet>& sets) override {
+    std::vector<Outcome> out;
+    for (const ChangeSet& s : sets) {
+      if (auto it = seen_.find(s); it != seen_.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+      if (out_of_budget_()) {
+        stopped_ = true;
+        out.push_back(Outcome::kUnresolved);
+        continue;
+      }
+      const Outcome r = judge_(s);
+      seen_[s] = r;
+      if (r == Outcome::kFail && (!smallest_ || s.size() < smallest_->size())) smallest_ = s;
+      out.push_back(r);
+    }
+    return out;
+  }
+  bool stopped() const override { return stopped_; }
+  const std::optional<ChangeSet>& smallest_failing() const { return smallest_; }
+
+ private:
+  std::function<Outcome(const ChangeSet&)> judge_;
+  std::function<bool()> out_of_budget_;
+  std::map<ChangeSet, Outcome> seen_;
+  std::optional<ChangeSet> smallest_;
+  bool stopped_ = false;
+};
+
+absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::vector<Occurrence>* occurrences) const {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  SessionManifest m = src_.manifest;
+  std::set<std::string> kept;
+  std::vector<std::string> kept_order;
+  if (c.target >= 0) {
+    const StepRecord& t = *src_.steps[static_cast<size_t>(c.target)];
+    for (size_t i : c.requests) kept.insert(RequestKey(t, i));
+  }
+  auto keep_weight = [&](const std::string& name) { return !c.sliced || KeepTensor(name, slice_layers_); };
+  for (WeightShardHashes& w : m.weights) {
+    std::erase_if(w.tensors, [&](const TensorHash& t) { return !keep_weight(t.name); });
+  }
+  m.model.checkpoint_path = c.sliced ? fs::absolute(slice_dir_).string() : src_.checkpoint;
+  if (c.sliced) {
+    std::ifstream in(slice_dir_ + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    m.model.config_json = ss.str();
+    m.model.num_layers = static_cast<uint32_t>(slice_layers_);
+  }
+  if (o_.anonymize) {
+    m.hostname.clear();
+    m.pid = 0;
+    nlohmann::json cfg = nlohmann::json::parse(m.model.config_json, nullptr, false);
+    if (cfg.is_object() && cfg.contains("_name_or_path")) {
+      cfg.erase("_name_or_path");
+      m.model.config_json = cfg.dump();
+    }
+    std::erase_if(m.toggles, [](const Toggle& t) {
+      const std::string* s = std::get_if<std::string>(&t.value);
+      return s != nullptr && (s->find('/') != std::string::npos || (!s->empty() && (*s)[0] == '~'));
+    });
+  }
+  CaptureWriterOptions wo;
+  wo.overwrite = true;
+  wo.fsync_on_close = false;
+  CR_ASSIGN_OR_RETURN(std::unique_ptr<CaptureWriter> w,
+                      CaptureWriter::Create(capture::SessionRankPath(dir, m.parallel.rank), m, wo));
+  for (const WeightHashesRecord& wh : src_.reader->weight_hashes()) {
+    WeightHashesRecord r = wh;
+    for (WeightShardHashes& s : r.shards) {
+      std::erase_if(s.tensors, [&](const TensorHash& t) { return !keep_weight(t.name); });
+    }
+    CR_RETURN_IF_ERROR(w->Append(r));
+  }
+  std::map<std::string, std::string> names;  // original request key -> r<k>
+  int64_t out_step = 0;
+  int64_t target_out = -1;
+  size_t occurrence = 0;
+  for (int64_t si = 0; si <= c.target; ++si) {
+    const StepRecord& s = *src_.steps[static_cast<size_t>(si)];
+    const size_t n = NumRequests(s);
+    CR_ASSIGN_OR_RETURN(std::vector<size_t> off, TokenOffsets(s));
+    StepRecord r;
+    r.step = static_cast<uint64_t>(out_step);
+    r.rank = s.rank;
+    r.mode = s.mode;
+    r.rng_seed = s.rng_seed;
+    r.rng_offset = s.rng_offset;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string key = RequestKey(s, i);
+      if (!kept.count(key)) continue;
+      if (!names.count(key)) names[key] = absl::StrCat("r", names.size());
+      if (!s.request_ids.empty()) r.request_ids.push_back(o_.anonymize ? names[key] : s.request_ids[i]);
+      for (size_t t = off[i]; t < off[i + 1]; ++t) {
+        int64_t id = s.token_ids[t];
+        if (!c.keep_token.empty() && !c.keep_token[occurrence] && src_.vocab > 0) {
+          id = static_cast<int64_t>(Mix(o_.seed ^ (occurrence * 0x100000001b3ull)) % static_cast<uint64_t>(src_.vocab));
+        }
+        const int64_t pos = t < s.positions.size() ? s.positions[t] : -1;
+        if (occurrences) occurrences->push_back({out_step, pos, s.token_ids[t]});
+        ++occurrence;
+        r.token_ids.push_back(id);
+        if (t < s.positions.size()) r.positions.push_back(s.positions[t]);
+        if (s.out_cache_loc.size() == s.token_ids.size()) r.out_cache_loc.push_back(s.out_cache_loc[t]);
+      }
+      if (i < s.seq_lens.size()) r.seq_lens.push_back(s.seq_lens[i]);
+      if (s.extend_lens.size() == n) r.extend_lens.push_back(s.extend_lens[i]);
+      if (s.req_pool_indices.size() == n) r.req_pool_indices.push_back(s.req_pool_indices[i]);
+      if (s.page_table.size() == n) r.page_table.push_back(s.page_table[i]);
+      if (s.sampling.size() == n) r.sampling.push_back(s.sampling[i]);
+      if (!o_.anonymize && s.output_token_ids.size() == n) r.output_token_ids.push_back(s.output_token_ids[i]);
+    }
+    if (si == c.target) target_out = out_step;
+    if (NumRequests(r) == 0) continue;
+    CR_RETURN_IF_ERROR(w->Append(r));
+    ++out_step;
+  }
+  if (src_.failure != nullptr) {
+    FailureRecord f = *src_.failure;
+    if (f.step) {
+      if (target_out < 0) return absl::InternalError("the failing step was dropped");
+      f.step = static_cast<uint64_t>(target_out);
+    }
+    if (o_.anonymize) f.backtrace.clear();
+    CR_RETURN_IF_ERROR(w->Append(f));
+  }
+  return w->Close();
+}
+
+absl::Status Shrinker::WriteSlice(int64_t layers, const std::string& dir) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  std::ifstream in(src_.checkpoint + "/config.json");
+  if (!in) return absl::NotFoundError(absl::StrCat(src_.checkpoint, "/config.json: cannot be read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json cfg = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (!cfg.is_object()) return absl::DataLossError(absl::StrCat(src_.checkpoint, "/config.json: not a JSON object"));
+  // The per-layer lists (layer_types, mlp_layer_types, ...) have one entry
+  // a layer: cut with the layers.
+  for (auto& [k, v] : cfg.items()) {
+    if (v.is_array() && static_cast<int64_t>(v.size()) == src_.layers) v.erase(v.begin() + layers, v.end());
+  }
+  cfg["num_hidden_layers"] = layers;
+  if (o_.anonymize) cfg.erase("_name_or_path");
+  SafetensorsWriter out;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(src_.checkpoint, ec)) {
+    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<std::unique_ptr<SafetensorsFile>> open;
+  for (const fs::path& p : files) {
+    CR_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open(p.string()));
+    for (const TensorInfo& t : f->tensors()) {
+      if (!KeepTensor(t.name, layers)) continue;
+      CR_RETURN_IF_ERROR(out.Add(t.name, t.dtype, t.shape, f->Data(t)));
+    }
+    open.push_back(std::move(f));
+  }
+  CR_RETURN_IF_ERROR(out.Write(dir + "/model.safetensors"));
+  // The other small JSON files a loader reads beside config.json (ModelOpt's
+  // hf_quant_config.json, generation_config.json); not the shard index.
+  for (const auto& e : fs::directory_iterator(src_.checkpoint, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".json" || name == "config.json" || name.find(".index.json") != std::string::npos ||
+        name.rfind("tokenizer", 0) == 0) {
+      continue;
+    }
+    fs::copy_file(e.path(), dir + "/" + name, fs::copy_options::overwrite_existing, ec);
+  }
+  std::ofstream cf(dir + "/config.json");
+  cf << cfg.dump(2) << "\n";
+  slice_layers_ = layers;
+  slice_dir_ = dir;
+  return cf ? absl::OkStatus() : absl::DataLossError(absl::StrCat("cannot write ", dir, "/config.json"));
+}
+
+// The layer a replay's failure is in: its fault's layer, else the layer of
+// the boundary where the engine departed (L<k>.*), else none.
+std::optional<int64_t> FailureLayer(const std::string& replay_stdout) {
+  const nlohmann::json j = nlohmann::json::parse(replay_stdout, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  if (auto f = j.find("fault"); f != j.end() && f->is_object()) {
+    if (auto l = f->find("layer"); l != f->end() && l->is_number_integer() && l->get<int64_t>() >= 0) {
+      return l->get<int64_t>();
+    }
+  }
+  for (const char* key : {"engine_divergence", "diverged"}) {
+    if (auto d = j.find(key); d != j.end() && d->is_object()) {
+      static const std::regex kLayerKernel(R"(^L(\d+)\.)");
+      std::smatch m;
+      const std::string b = d->value("boundary", d->value("kernel", std::string()));
+      if (std::regex_search(b, m, kLayerKernel)) return std::stoll(m[1].str());
+    }
+  }
+  return std::nullopt;
+}
+
+bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, bool sliced,
+                                     std::optional<int64_t>* layer) const {
+  bisect::ProcessSpec spec;
+  spec.argv = {o_.self, "replay", capture_dir, "--json"};
+  spec.argv.insert(spec.argv.end(), o_.replay_args.begin(), o_.replay_args.end());
+  if (!sliced && !o_.model_dir.empty()) {
+    spec.argv.push_back("--model");
+    spec.argv.push_back(o_.model_dir);
+  }
+  spec.timeout_s = o_.trial_timeout_s;
+  bisect::TrialLimits limits;
+  limits.timeout_s = o_.trial_timeout_s;
+  const bisect::ProcessResult p = bisect::RunProcess(spec);
+  if (layer != nullptr) *layer = FailureLayer(p.stdout_text);
+  return bisect::InterpretReplayOutput(p, limits, /*diverged_is_bad=*/true);
+}
+
+Outcome Shrinker::Judge(const Candidate& c) {
+  ++trials_;
+  const std::string dir = absl::StrCat(o_.out_dir, "/trials/trial-", trials_);
+  if (absl::Status s = Write(c, dir, nullptr); !s.ok()) {
+    Say(absl::StrCat("trial ", trials_, ": cannot write the candidate: ", s.message()));
+    return Outcome::kUnresolved;
+  }
+  const bisect::TrialResult r = Replay(dir, c.sliced);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  Outcome out = Outcome::kUnresolved;
+  if (r.verdict == bisect::Verdict::kGood) out = Outcome::kPass;
+  if (r.verdict == bisect::Verdict::kBad) out = bisect::SameBug(r.signature, target_) ? Outcome::kFail : Outcome::kOther;
+  Say(absl::StrCat("trial ", trials_, ": ", c.requests.size(), " request(s)", c.sliced ? ", layer slice" : "",
+                   c.keep_token.empty()
+                       ? std::string()
+                       : absl::StrCat(", ", std::count(c.keep_token.begin(), c.keep_token.end(), true),
+                                      " original token id(s)"),
+                   ": ",
+                   out == Outcome::kFail   ? "fails the same way"
+                   : out == Outcome::kPass ? "does not fail"
+                   : out == Outcome::kOther
+                       ? absl::StrCat("fails differently (", bisect::DescribeSignature(r.signature), ")")
+                       : absl::StrCat("unresolved (", r.note, ")")));
+  return out;
+}
+
+absl::StatusOr<ShrinkResult> Shrinker::Run() {
+  ShrinkResult& res = result_;
+  res.bytes_before = PathBytes(src_.reader->path());
+  Say(absl::StrCat("replaying ", o_.capture, " as it is"));
+  std::optional<int64_t> layer;
+  const bisect::TrialResult base = Replay(o_.capture, false, &layer);
+  ++trials_;
+  if (base.verdict == bisect::Verdict::kGood) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nothing to shrink: the replay of ", o_.capture,
+        " does not fail (it reproduces the recording); shrink keeps a failure, give the configuration under which "
+        "it fails (--config, --set)"));
+  }
+  if (base.verdict != bisect::Verdict::kBad) {
+    return absl::FailedPreconditionError(absl::StrCat("the replay of ", o_.capture, " cannot be judged: ", base.note,
+                                                      base.stderr_tail.empty() ? "" : ": ", base.stderr_tail));
+  }
+  target_ = base.signature;
+  res.target = target_;
+  Say(absl::StrCat("target: ", bisect::DescribeSignature(target_)));
+  Candidate cur;
+  cur.target = src_.steps.empty() ? -1 : static_cast<int64_t>(src_.steps.size()) - 1;
+  if (target_.step && *target_.step >= 0 && *target_.step < static_cast<int64_t>(src_.steps.size())) {
+    cur.target = *target_.step;
+  }
+  if (cur.target >= 0) {
+    const size_t n = NumRequests(*src_.steps[static_cast<size_t>(cur.target)]);
+    for (size_t i = 0; i < n; ++i) cur.requests.push_back(i);
+  }
+
+  // Stage 1: requests.
+  {
+    ShrinkStage st{"requests", static_cast<int64_t>(cur.requests.size()), 0, 0, ""};
+    const int before = trials_;
+    if (cur.requests.size() > 1) {
+      StageOracle oracle(
+          [&](const ChangeSet& set) {
+            if (set.empty()) return Outcome::kPass;  // no request: no step to fail in
+            Candidate c = cur;
+            c.requests.clear();
+            for (size_t i : set) c.requests.push_back(cur.requests[i]);
+            return Judge(c);
+          },
+          [&] { return OutOfBudget(); });
+      const bisect::DdResult dd = bisect::IsolateCulprit(cur.requests.size(), oracle);
+      ChangeSet keep;
+      if (dd.complete && !dd.culprit.empty()) {
+        keep = dd.culprit;
+      } else if (oracle.smallest_failing()) {
+        keep = *oracle.smallest_failing();
+        res.minimal = false;
+      } else {
+        for (size_t i = 0; i < cur.requests.size(); ++i) keep.push_back(i);
+        res.minimal = false;
+      }
+      ChangeSet kept;
+      for (size_t i : keep) kept.push_back(cur.requests[i]);
+      cur.requests = kept;
+      if (!dd.complete) st.note = "trial budget reached: the smallest failing set found so far";
+    } else if (cur.target < 0) {
+      st.note = "the failure happens before the first step: every step is dropped";
+    }
+    st.after = static_cast<int64_t>(cur.requests.size());
+    st.trials = trials_ - before;
+    res.stages.push_back(st);
+  }
+
+  // Stage 2: layers.
+  {
+    ShrinkStage st{"layers", src_.layers, src_.layers, 0, ""};
+    const int before = trials_;
+    if (layer && src_.layers > 0) {
+      const int64_t k = *layer;
+      if (k + 1 < src_.layers && !OutOfBudget()) {
+        if (absl::Status s = WriteSlice(k + 1, o_.out_dir + "/model"); !s.ok()) {
+          st.note = absl::StrCat("no slice: ", s.message());
+        } else {
+          Candidate c = cur;
+          c.sliced = true;
+          if (Judge(c) == Outcome::kFail) {
+            cur = c;
+            st.after = k + 1;
+          } else {
+            st.note = absl::StrCat("a slice of layers 0..", k, " does not fail the same way: the full model is kept");
+          }
+        }
+      } else if (k + 1 >= src_.layers) {
+        st.note = absl::StrCat("the failure is in the last layer (", k, ")");
+      }
+    } else {
+      st.note = absl::StrCat("the failure (", target_.kernel.empty() ? "no kernel" : target_.kernel,
+                             ") is in no layer");
+    }
+    if (!cur.sliced) {
+      std::error_code ec;
+      fs::remove_all(o_.out_dir + "/model", ec);
+    }
+    st.trials = trials_ - before;
+    res.stages.push_back(st);
+  }
+
+  // Stage 3: token ids.
+  {
+    std::vector<Occurrence> occ;
+    if (absl::Status s = Write(cur, o_.out_dir + "/capture", &occ); !s.ok()) return s;
+    ShrinkStage st{"token_ids", static_cast<int64_t>(occ.size()), static_cast<int64_t>(occ.size()), 0, ""};
+    const int before = trials_;
+    if (!o_.anonymize) {
+      st.note = "--no-anonymize: the original ids are kept";
+    } else if (src_.vocab <= 0) {
+      st.note = "the capture records no vocabulary size: ids are kept";
+      res.needs["token_ids"] = "all (no vocabulary size recorded)";
+    } else if (!occ.empty()) {
+      auto candidate = [&](const ChangeSet& set) {
+        Candidate c = cur;
+        c.keep_token.assign(occ.size(), false);
+        for (size_t i : set) c.keep_token[i] = true;
+        return c;
+      };
+      StageOracle oracle([&](const ChangeSet& set) { return Judge(candidate(set)); }, [&] { return OutOfBudget(); });
+      ChangeSet keep;
+      const std::vector<Outcome> none = oracle.Test({ChangeSet{}});
+      if (none[0] == Outcome::kFail) {
+        keep = {};
+      } else {
+        const bisect::DdResult dd = bisect::IsolateCulprit(occ.size(), oracle);
+        if (dd.complete) {
+          keep = dd.culprit;
+        } else if (oracle.smallest_failing()) {
+          keep = *oracle.smallest_failing();
+          res.minimal = false;
+        } else {
+          for (size_t i = 0; i < occ.size(); ++i) keep.push_back(i);
+          res.minimal = false;
+          st.note = "trial budget reached: every original id is kept";
+        }
+      }
+      cur = candidate(keep);
+      st.after = static_cast<int64_t>(keep.size());
+      nlohmann::json ids = nlohmann::json::array();
+      for (size_t i : keep) ids.push_back({{"step", occ[i].step}, {"position", occ[i].position}, {"id", occ[i].id}});
+      res.needs["token_ids"] = ids;
+    }
+    st.trials = trials_ - before;
+    res.stages.push_back(st);
+  }
+
+  // The result: written once more as it stands, and checked to fail.
+  res.capture_dir = o_.out_dir + "/capture";
+  if (absl::Status s = Write(cur, res.capture_dir, nullptr); !s.ok()) return s;
+  std::error_code ec;
+  fs::remove_all(o_.out_dir + "/trials", ec);
+  res.model_dir = cur.sliced ? o_.out_dir + "/model" : "";
+  if (!cur.sliced) res.needs["checkpoint"] = src_.checkpoint;
+  if (!o_.anonymize) res.needs["request_ids"] = "kept (--no-anonymize)";
+  res.trials = trials_;
+  res.bytes_after = PathBytes(res.capture_dir);
+  std::vector<std::string> cmd = {"crashreplay", "replay", "capture", "--json"};
+  cmd.insert(cmd.end(), o_.replay_args.begin(), o_.replay_args.end());
+  if (cur.sliced) {
+    cmd.insert(cmd.end(), {"--model", "model"});
+  } else if (!o_.model_dir.empty()) {
+    cmd.insert(cmd.end(), {"--model", o_.model_dir});
+  }
+  res.replay_command = bisect::ShellJoin(cmd);
+  return res;
+}
+
+}  // namespace
+
+nlohmann::json ShrinkResult::ToJson() const {
+  nlohmann::json j;
+  j["target"] = bisect::SignatureToJson(target);
+  j["stages"] = nlohmann::json::array();
+  for (const ShrinkStage& s : stages) {
+    nlohmann::json e = {{"stage", s.stage}, {"before", s.before}, {"after", s.after}, {"trials", s.trials}};
+    if (!s.note.empty()) e["note"] = s.note;
+    j["stages"].push_back(e);
+  }
+  j["not_run"] = {{"history", "not built yet: earlier steps of a kept request are kept"},
+                  {"prompt", "not built yet: prompts keep their length"},
+                  {"weights", "not built yet: the weights are the checkpoint's (or its slice)"}};
+  j["trials"] = trials;
+  j["minimal"] = minimal;
+  j["bytes"] = {{"before", bytes_before}, {"after", bytes_after}};
+  j["capture"] = "capture";
+  if (!model_dir.empty()) j["model"] = "model";
+  j["replay_command"] = replay_command;
+  j["needs"] = needs.is_null() ? nlohmann::json::object() : needs;
+  return j;
+}
+
+absl::StatusOr<ShrinkResult> Shrink(const ShrinkOptions& o) {
+  CR_ASSIGN_OR_RETURN(replay::LoadedCapture cap, replay::LoadCapture(o.capture));
+  Source src;
+  src.reader = cap.reader;
+  src.manifest = cap.manifest;
+  for (const StepRecord& s : src.reader->steps()) {
+    if (s.rank == src.manifest.parallel.rank) src.steps.push_back(&s);
+  }
+  for (const FailureRecord& f : src.reader->failures()) {
+    if (f.rank == src.manifest.parallel.rank && src.failure == nullptr) src.failure = &f;
+  }
+  src.checkpoint = o.model_dir.empty() ? cap.manifest.model.checkpoint_path : o.model_dir;
+  if (src.checkpoint.empty()) {
+    return absl::InvalidArgumentError("the capture records no checkpoint path: give it with --model DIR");
+  }
+  std::error_code ec;
+  src.checkpoint = fs::absolute(src.checkpoint, ec).lexically_normal().string();
+  src.vocab = cap.manifest.model.vocab_size;
+  src.layers = cap.manifest.model.num_layers;
+  const nlohmann::json cfg = nlohmann::json::parse(cap.manifest.model.config_json, nullptr, false);
+  if (cfg.is_object()) {
+    const nlohmann::json& text = cfg.contains("text_config") && cfg["text_config"].is_object() ? cfg["text_config"] : cfg;
+    if (src.vocab == 0 && text.contains("vocab_size") && text["vocab_size"].is_number_integer()) {
+      src.vocab = text["vocab_size"].get<int64_t>();
+    }
+    if (src.layers == 0 && text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer()) {
+      src.layers = text["num_hidden_layers"].get<int64_t>();
+    }
+  }
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("-o ", o.out_dir, ": ", ec.message()));
+  Shrinker s(o, std::move(src));
+  return s.Run();
+}
+
+}  // namespace crashreplay::tools

@@ -1,0 +1,87 @@
+// `crashreplay shrink`: the smallest capture whose replay still fails the
+// same way, with nothing of the user's prompts in it (issue 48).
+//
+// Starting from a capture whose replay fails (or diverges), Shrink runs
+// delta debugging (bisect/dd.h: 1-minimal) over the capture itself, stage by
+// stage, each candidate written as a capture of its own and judged by a
+// replay in its own process (`crashreplay replay CANDIDATE --json`, with
+// the user's --config/--set/--engine words): a candidate is kept when it
+// fails with the target signature (class, stage, kernel, check: bisect's
+// SameBug). The stages, in order:
+//   requests   the requests of the failing step, and of the earlier steps
+//              only those the kept requests are (steps left empty are
+//              dropped, the rest renumbered from 0);
+//   layers     when the failure names layer k (a kernel or boundary
+//              L<k>.*), a checkpoint slice of layers 0..k written under
+//              OUT/model (config.json's num_hidden_layers and its per-layer
+//              lists cut to k + 1), kept when the failure survives it;
+//   token_ids  every token id replaced by one drawn from a fixed seed over
+//              the vocabulary, the original kept only at the occurrences
+//              the failure needs (dd over the occurrences; listed in
+//              shrink.json).
+// Not yet built (said in shrink.json, `not_run`): dropping a request's
+// earlier steps (history), shortening its prompt, and random weights.
+//
+// What leaves the user's capture (anonymize, on by default): the shrunk
+// capture holds no request id (renamed r0, r1, ...), no sampled output, no
+// fingerprint or digest (of the batch the user ran), no snapshot, no host
+// name, no backtrace, no path of the original (the checkpoint path is the
+// slice's, or, when the failure needs the real weights, the original's,
+// listed in shrink.json `needs`), and no engine setting the replay does not
+// read whose value looks like a path; token ids as above.
+//
+// Errors: FailedPrecondition when the capture's replay does not fail
+// ("nothing to shrink"); the replay's own errors (usage, data) as its
+// message. A trial budget hit returns the smallest failing capture found so
+// far, marked not minimal. Single-threaded: one trial at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "crashreplay/bisect/signature.h"
+
+namespace crashreplay::tools {
+
+struct ShrinkOptions {
+  std::string capture;                   // capture file or session directory
+  std::string out_dir;                   // created; its capture/, model/, README.md, shrink.json
+  std::string self;                      // the crashreplay executable the trials run
+  std::vector<std::string> replay_args;  // --config F, --set k=v, --engine ... for every replay
+  std::string model_dir;                 // --model: the checkpoint (default: the recorded path)
+  int max_trials = 400;
+  std::optional<double> trial_timeout_s;
+  bool anonymize = true;
+  uint64_t seed = 0x5eed;  // the replacement token ids' draw
+  std::function<void(const std::string&)> progress;  // one line per trial and stage
+};
+
+struct ShrinkStage {
+  std::string stage;  // requests | layers | token_ids
+  int64_t before = 0, after = 0;
+  int trials = 0;
+  std::string note;
+};
+
+struct ShrinkResult {
+  bisect::FailureSignature target;
+  std::vector<ShrinkStage> stages;
+  int trials = 0;
+  bool minimal = true;  // every stage ran to its end within the budget
+  uint64_t bytes_before = 0, bytes_after = 0;
+  std::string capture_dir;     // OUT/capture
+  std::string model_dir;       // OUT/model, or "" when the original checkpoint is needed
+  std::string replay_command;  // the one command that fails, run from OUT
+  nlohmann::json needs;        // what of the original the failure needed
+  nlohmann::json ToJson() const;
+};
+
+absl::StatusOr<ShrinkResult> Shrink(const ShrinkOptions& options);
+
+}  // namespace crashreplay::tools
