@@ -38,8 +38,9 @@ int RunShrink(int argc, char** argv) {
   app.add_option("--engine", engine, "replay every candidate in this engine (replay --engine)");
   app.add_option("--engine-python", engine_python, "with --engine: the engine's Python");
   app.add_option("--engine-setup", engine_setups, "with --engine: a module imported first; repeatable");
-  app.add_option("--max-trials", max_trials, "trial budget (default 400); reached, the smallest failing capture "
-                                             "found so far is written, marked not minimal")
+  app.add_option("--max-trials", max_trials,
+                 "trial budget (default 400); reached, the smallest failing capture "
+                 "found so far is written, marked not minimal")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--timeout", timeout, "seconds a trial's replay may take (0: no limit)");
   app.add_flag("--no-anonymize", no_anonymize, "keep request ids, sampled tokens and token ids as recorded");
@@ -88,11 +89,11 @@ int RunShrink(int argc, char** argv) {
               "directory, this command replays the step and fails with "
            << bisect::DescribeSignature(r->target) << ":\n\n```\n"
            << r->replay_command << "\n```\n\n"
-           << (r->model_dir.empty()
-                   ? "The failure needs the original checkpoint (shrink.json `needs.checkpoint`).\n"
-                   : "`model/` is a slice of the checkpoint: the layers up to the one that fails.\n")
-           << (r->minimal ? "" : "\nThe trial budget ran out: this is the smallest failing capture found, not a "
-                                 "minimal one.\n");
+           << (r->model_dir.empty() ? "The failure needs the original checkpoint (shrink.json `needs.checkpoint`).\n"
+                                    : "`model/` is a slice of the checkpoint: the layers up to the one that fails.\n")
+           << (r->minimal ? ""
+                          : "\nThe trial budget ran out: this is the smallest failing capture found, not a "
+                            "minimal one.\n");
     if (!f || !readme) {
       std::fprintf(stderr, "crashreplay: cannot write %s/shrink.json or README.md\n", out.c_str());
       return kExitDataError;

@@ -354,8 +354,7 @@ std::optional<int64_t> FailureLayer(const std::string& replay_stdout) {
   return std::nullopt;
 }
 
-bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, bool sliced,
-                                     std::optional<int64_t>* layer) const {
+bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, bool sliced, std::optional<int64_t>* layer) const {
   bisect::ProcessSpec spec;
   spec.argv = {o_.self, "replay", capture_dir, "--json"};
   spec.argv.insert(spec.argv.end(), o_.replay_args.begin(), o_.replay_args.end());
@@ -383,18 +382,18 @@ Outcome Shrinker::Judge(const Candidate& c) {
   fs::remove_all(dir, ec);
   Outcome out = Outcome::kUnresolved;
   if (r.verdict == bisect::Verdict::kGood) out = Outcome::kPass;
-  if (r.verdict == bisect::Verdict::kBad) out = bisect::SameBug(r.signature, target_) ? Outcome::kFail : Outcome::kOther;
-  Say(absl::StrCat("trial ", trials_, ": ", c.requests.size(), " request(s)", c.sliced ? ", layer slice" : "",
-                   c.keep_token.empty()
-                       ? std::string()
-                       : absl::StrCat(", ", std::count(c.keep_token.begin(), c.keep_token.end(), true),
-                                      " original token id(s)"),
-                   ": ",
-                   out == Outcome::kFail   ? "fails the same way"
-                   : out == Outcome::kPass ? "does not fail"
-                   : out == Outcome::kOther
-                       ? absl::StrCat("fails differently (", bisect::DescribeSignature(r.signature), ")")
-                       : absl::StrCat("unresolved (", r.note, ")")));
+  if (r.verdict == bisect::Verdict::kBad)
+    out = bisect::SameBug(r.signature, target_) ? Outcome::kFail : Outcome::kOther;
+  Say(absl::StrCat(
+      "trial ", trials_, ": ", c.requests.size(), " request(s)", c.sliced ? ", layer slice" : "",
+      c.keep_token.empty()
+          ? std::string()
+          : absl::StrCat(", ", std::count(c.keep_token.begin(), c.keep_token.end(), true), " original token id(s)"),
+      ": ",
+      out == Outcome::kFail    ? "fails the same way"
+      : out == Outcome::kPass  ? "does not fail"
+      : out == Outcome::kOther ? absl::StrCat("fails differently (", bisect::DescribeSignature(r.signature), ")")
+                               : absl::StrCat("unresolved (", r.note, ")")));
   return out;
 }
 
@@ -487,9 +486,11 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
       } else if (k + 1 >= src_.layers) {
         st.note = absl::StrCat("the failure is in the last layer (", k, ")");
       }
+    } else if (src_.layers <= 0) {
+      st.note = "the model's layer count is not known (no config.json recorded or found)";
     } else {
-      st.note = absl::StrCat("the failure (", target_.kernel.empty() ? "no kernel" : target_.kernel,
-                             ") is in no layer");
+      st.note =
+          absl::StrCat("the failure (", target_.kernel.empty() ? "no kernel" : target_.kernel, ") is in no layer");
     }
     if (!cur.sliced) {
       std::error_code ec;
@@ -609,9 +610,19 @@ absl::StatusOr<ShrinkResult> Shrink(const ShrinkOptions& o) {
   src.checkpoint = fs::absolute(src.checkpoint, ec).lexically_normal().string();
   src.vocab = cap.manifest.model.vocab_size;
   src.layers = cap.manifest.model.num_layers;
-  const nlohmann::json cfg = nlohmann::json::parse(cap.manifest.model.config_json, nullptr, false);
+  // The recorded config.json, else the checkpoint's (a recorder that kept
+  // only the path).
+  std::string config_text = cap.manifest.model.config_json;
+  if (config_text.empty()) {
+    std::ifstream in(src.checkpoint + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    config_text = ss.str();
+  }
+  const nlohmann::json cfg = nlohmann::json::parse(config_text, nullptr, false);
   if (cfg.is_object()) {
-    const nlohmann::json& text = cfg.contains("text_config") && cfg["text_config"].is_object() ? cfg["text_config"] : cfg;
+    const nlohmann::json& text =
+        cfg.contains("text_config") && cfg["text_config"].is_object() ? cfg["text_config"] : cfg;
     if (src.vocab == 0 && text.contains("vocab_size") && text["vocab_size"].is_number_integer()) {
       src.vocab = text["vocab_size"].get<int64_t>();
     }

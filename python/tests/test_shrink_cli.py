@@ -133,3 +133,56 @@ def test_a_budget_hit_keeps_the_smallest_failing_capture_and_says_it_is_not_mini
     assert "not a minimal one" in (tmp_path / "s" / "README.md").read_text()
     outcome, sig, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
     assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
+
+
+def aliasing_session(session, ckpt, n=16, a=4, b=11):
+    """n requests as the sglang adapter records them (token slots, page_size
+    16, UUID-like ids), each prompt in its own page; at the decode step the
+    allocator's classic bug: request b's page-table row points at request
+    a's page, so both write the slot of position 4 there. sglang itself
+    would not fail: the two requests silently attend over each other's keys."""
+    ids = [f"req-{i:02d}-{'ab' * 8}" for i in range(n)]
+    rec = crashreplay.Recorder(str(session), engine="sglang", engine_version="0.5.23", session_id="s",
+                               toggles=[("page_size", 16), ("tp_size", 1), ("sglang.page_table_unit", "token"),
+                                        ("attention_backend", "triton"), ("model_path", str(ckpt))],
+                               model={"checkpoint_path": str(ckpt)},
+                               device={"name": "NVIDIA H100 80GB HBM3", "sm_arch": 90,
+                                       "memory_capacity_bytes": 80_000_000_000},
+                               parallel={"tp_size": 1, "tp_rank": 0, "rank": 0, "world_size": 1},
+                               install_signal_handlers=False)
+    prompts = [[(7 * i + j) % VOCAB for j in range(4)] for i in range(n)]
+    rows = [[16 * (i + 1) + j for j in range(4)] for i in range(n)]
+    greedy = {"temperatures": [0.0] * n, "top_ps": [1.0] * n, "top_ks": [-1] * n, "min_ps": [0.0] * n}
+    rec.record_step(0, mode="extend", request_ids=ids, token_ids=sum(prompts, []), positions=list(range(4)) * n,
+                    seq_lens=[4] * n, extend_lens=[4] * n, req_pool_indices=list(range(n)), page_table=rows,
+                    out_cache_loc=sum(rows, []), sampling=greedy)
+    decode = [r + [r[0] + 4] for r in rows]
+    decode[b] = [16 * (a + 1) + j for j in range(5)]  # b's row: a's page
+    rec.record_step(1, mode="decode", request_ids=ids, token_ids=[1] * n, positions=[4] * n, seq_lens=[5] * n,
+                    extend_lens=[1] * n, req_pool_indices=list(range(n)), page_table=decode,
+                    out_cache_loc=[r[4] for r in decode], sampling=greedy)
+    rec.close()
+    return ids
+
+
+def test_two_requests_whose_cache_slots_alias_shrink_to_exactly_those_two(model, tmp_path):
+    ids = aliasing_session(tmp_path / "rec", model)
+    outcome, sig, rep = replay_signature(tmp_path / "rec")
+    assert outcome == "failed" and sig["kernel"] == "kv_write" and sig["check"] == "kv_slot_written_once", rep
+    assert f"'{ids[4]}'" in rep["detail"] and f"'{ids[11]}'" in rep["detail"]  # both requests named
+    report = shrink(tmp_path / "rec", tmp_path / "s")
+    assert stage(report, "requests")["before"] == 16 and stage(report, "requests")["after"] == 2
+    (f,) = crashreplay.read_capture(str(tmp_path / "s" / "capture"))["files"]
+    decode = f["step_records"][-1]
+    assert decode["request_ids"] == ["r0", "r1"]
+    # The two kept are a's and b's: their rows share a page.
+    rows = [list(r["token_slots"]) if isinstance(r, dict) else list(r) for r in decode["page_table"]]
+    assert rows[0][0] // 16 == rows[1][0] // 16 == 5
+    # No request id, model path or prompt of the original survives in OUT.
+    blob = b"".join(p.read_bytes() for p in (tmp_path / "s").rglob("*") if p.is_file())
+    for rid in ids:
+        assert rid.encode() not in blob
+    assert str(model).encode() not in blob
+    outcome, sig2, rep2 = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig2["check"] == "kv_slot_written_once"
+    assert "'r0'" in rep2["detail"] and "'r1'" in rep2["detail"]

@@ -298,6 +298,7 @@ absl::Status BuildStepRows(const std::string& file, const StepRecord& s, const i
     const std::string where = Cat(file, ": step ", s.step, " request '", ids[r], "'");
     StepRow row;
     row.request_id = internal::RequestIdNumber(ids[r]);
+    if (std::to_string(row.request_id) != ids[r]) row.request_name = ids[r];
     const int64_t n = extend[r];
     if (n < 0 || tok + n > s.token_ids.size()) {
       return absl::InvalidArgumentError(

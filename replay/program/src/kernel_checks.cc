@@ -69,6 +69,10 @@ void OpChecks(const Op& op, std::vector<Check>* out) {
 std::vector<std::string> KernelChecks(const KernelCall& k) {
   std::vector<Check> checks;
   for (const Op& op : k.ops) OpChecks(op, &checks);
+  // The step's slots are checked once, before layer 0's cache write
+  // (StepProgram::SlotFault).
+  if (k.layer == 0 && k.name == "kv_write")
+    Add(&checks, {Check::kKvSlotWrittenOnce, Check::kKvSlotNotReadWhileWritten});
   std::vector<std::string> names;
   for (Check c : checks) names.emplace_back(CheckName(c));
   return names;

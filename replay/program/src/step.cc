@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "crashreplay/base/status.h"
 #include "crashreplay/base/text.h"
@@ -318,6 +319,7 @@ void StepProgram::NameLibraries(const EngineConfig& cfg, const ModelSpec& spec) 
   const bool decode = input_.mode == ForwardMode::kDecode;
   const bool dsa = spec.mla.dsa();  // attention over the indexer's selection
   arch_ = cfg.device_arch;
+  page_size_ = cfg.page_size;
   for (KernelCall& k : kernels_) {
     std::string_view lib = "any";
     if (k.name == "attention" && dsa) lib = decode ? cfg.dsa_kernel : cfg.dsa_prefill_kernel;
@@ -369,6 +371,72 @@ std::optional<Fault> StepProgram::ArchFault(const KernelCall& k) const {
   return f;
 }
 
+// The step's KV slots, checked before the first layer's cache write: a slot
+// (pool page * page_size + offset) written by two requests of the step, or
+// written by one while another's page table reads it at an earlier
+// position, means the allocator handed one page to two live requests (the
+// classic aliasing bug): each then attends over the other's keys. A real
+// write kernel does not look; the replay does, once a step, and names both
+// requests. Rows are scanned in batch order, so the first pair reported does
+// not depend on threads.
+std::optional<Fault> StepProgram::SlotFault(const KernelCall& k) const {
+  if (k.layer != 0 || k.name != "kv_write" || page_size_ <= 0) return std::nullopt;
+  const int64_t ps = page_size_;
+  // slot -> (row, position) of its writer in this step
+  std::map<int64_t, std::pair<size_t, int64_t>> writers;
+  auto slot_of = [&](const StepRow& r, int64_t pos) -> std::optional<int64_t> {
+    const int64_t page = pos / ps;
+    if (page < 0 || page >= static_cast<int64_t>(r.page_table.size())) return std::nullopt;  // the page checks say so
+    return static_cast<int64_t>(r.page_table[static_cast<size_t>(page)]) * ps + pos % ps;
+  };
+  auto name = [](const StepRow& r) {
+    return r.request_name.empty() ? Cat(r.request_id) : Cat("'", r.request_name, "'");
+  };
+  auto fault = [&](const char* check, int64_t slot, const std::string& what) {
+    Fault f;
+    f.klass = "assert";
+    f.stage = ForwardModeName(input_.mode);
+    f.step = input_.step;
+    f.kernel = k.name;
+    f.layer = k.layer;
+    f.check = check;
+    f.index = slot;
+    f.message = Cat("step ", input_.step, " (", f.stage, "): kernel ", k.Label(), ": KV slot ", slot, " (pool page ",
+                    slot / ps, ", offset ", slot % ps, ") ", what);
+    return f;
+  };
+  for (size_t i = 0; i < input_.rows.size(); ++i) {
+    const StepRow& r = input_.rows[i];
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      const int64_t pos = r.start_pos + static_cast<int64_t>(t);
+      const std::optional<int64_t> slot = slot_of(r, pos);
+      if (!slot) continue;
+      auto [it, fresh] = writers.emplace(*slot, std::make_pair(i, pos));
+      if (!fresh) {
+        const StepRow& o = input_.rows[it->second.first];
+        return fault(CheckName(Check::kKvSlotWrittenOnce), *slot,
+                     Cat("is written by request ", name(o), " (position ", it->second.second, ") and by request ",
+                         name(r), " (position ", pos, ") in the same step"));
+      }
+    }
+  }
+  for (size_t i = 0; i < input_.rows.size(); ++i) {
+    const StepRow& r = input_.rows[i];
+    for (int64_t pos = 0; pos < r.start_pos; ++pos) {
+      const std::optional<int64_t> slot = slot_of(r, pos);
+      if (!slot) continue;
+      auto it = writers.find(*slot);
+      if (it != writers.end() && it->second.first != i) {
+        const StepRow& o = input_.rows[it->second.first];
+        return fault(CheckName(Check::kKvSlotNotReadWhileWritten), *slot,
+                     Cat("is read by request ", name(r), " (its position ", pos, ") while request ", name(o),
+                         " writes it (position ", it->second.second, ") in the same step"));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<Fault> StepProgram::HoldLayer(const KernelCall& k) {
   if (stream_ == nullptr || stream_->held() == k.layer) return std::nullopt;
   // The kernels of the layer held so far must be done with its weights
@@ -407,7 +475,9 @@ std::optional<Fault> StepProgram::RunNext() {
   rec.name = k.name;
   rec.layer = k.layer;
   rec.checks = KernelChecks(k);
-  if (std::optional<Fault> f = ArchFault(k)) {
+  std::optional<Fault> pre = ArchFault(k);
+  if (!pre) pre = SlotFault(k);
+  if (std::optional<Fault> f = std::move(pre)) {
     rec.failed = true;
     status_ = absl::FailedPreconditionError(f->message);
     fault_ = std::move(f);

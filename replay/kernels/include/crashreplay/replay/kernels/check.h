@@ -34,6 +34,8 @@ enum class Check : uint32_t {
   kTopkMultipleOf64,    // FlashMLA sparse decode: index_topk is whole 64-index tiles
   kTopkIndexInSequence, // sparse attention: a top-k index is -1 (none) or a position of the sequence
   kIndexHeadDim,        // FP8 indexer: index_head_dim a power of two <= 128 (Hadamard, one scale a key)
+  kKvSlotWrittenOnce,   // layer 0's KV write (host side, StepProgram::SlotFault): no slot written by two requests
+  kKvSlotNotReadWhileWritten,  // ... and none read by one request while another writes it in the same step
   kNumChecks,
 };
 
@@ -58,6 +60,8 @@ CR_HD const char* CheckName(Check c) {
     case Check::kTopkMultipleOf64: return "topk_multiple_of_64";
     case Check::kTopkIndexInSequence: return "topk_index_in_sequence";
     case Check::kIndexHeadDim: return "index_head_dim_supported";
+    case Check::kKvSlotWrittenOnce: return "kv_slot_written_once";
+    case Check::kKvSlotNotReadWhileWritten: return "kv_slot_not_read_while_written";
     default: return "unknown";
   }
 }

@@ -55,6 +55,7 @@ const char* ForwardModeName(ForwardMode m);
 // One request's part of a batch.
 struct StepRow {
   int64_t request_id = 0;
+  std::string request_name;         // the capture's id when it is not the number (a UUID, "cmpl-..."); for messages
   std::vector<int32_t> tokens;      // tokens fed this step (prompt, or the last sampled token)
   int64_t start_pos = 0;            // position of tokens[0]
   std::vector<int32_t> page_table;  // logical page -> pool page, covering start_pos + tokens.size()
@@ -285,6 +286,7 @@ class StepProgram {
   void AssignBoundaries();                                          // boundaries.cc
   crashreplay::Fingerprint Summarize(const Boundary& b) const;      // boundaries.cc
   std::optional<Fault> ArchFault(const KernelCall& k) const;
+  std::optional<Fault> SlotFault(const KernelCall& k) const;
   // The lowering's pieces (step_lower.cc; MLA/DSA attention in step_lower_mla.cc).
   struct Lowering;  // step_lower_internal.h
   LinearOp MakeLinear(const Lowering& c, const LinearShardView* shards, DotKind dot, const std::string& x,
@@ -330,6 +332,7 @@ class StepProgram {
   std::optional<Fault> fault_;
   DeviceModel* stream_ = nullptr;
   int arch_ = 0;  // device_arch (0: not modelled)
+  int page_size_ = 0;  // the KV cache's page size, for SlotFault
   absl::Status status_;
   std::string first_nonfinite_;
   std::vector<crashreplay::Fingerprint> fingerprints_;
