@@ -357,7 +357,23 @@ absl::Status CaptureReader::AcceptRecord(const RecordInfo& info, std::span<const
   const size_t n = payload.size();
   switch (type) {
     case RecordType::kManifest: {
-      if (manifest_.has_value()) return absl::DataLossError("a second session manifest");
+      if (manifest_.has_value()) {
+        // Two captures spliced into one file: say whose records follow.
+        SessionManifest second;
+        if (!internal::FromPayload(p, n, limits_, &second).ok()) {
+          return absl::DataLossError("a second session manifest");
+        }
+        if (second.session_id != manifest_->session_id) {
+          return absl::DataLossError(absl::StrFormat(
+              "a second session manifest, of session '%s' (rank %d), after that of session '%s' (rank %d): the file "
+              "holds records of two sessions spliced together",
+              second.session_id, second.parallel.rank, manifest_->session_id, manifest_->parallel.rank));
+        }
+        return absl::DataLossError(absl::StrFormat(
+            "a second session manifest, of the same session '%s' (rank %d after rank %d): two captures spliced "
+            "together",
+            second.session_id, second.parallel.rank, manifest_->parallel.rank));
+      }
       SessionManifest m;
       CR_RETURN_IF_ERROR(internal::FromPayload(p, n, limits_, &m));
       manifest_ = std::move(m);

@@ -582,6 +582,15 @@ absl::Status Decode(const unsigned char* data, size_t size, const CaptureLimits&
     return absl::DataLossError(
         absl::StrFormat("record payload of %d bytes is not a whole number of 8-byte words", size));
   }
+  // The segment table starts with the segment count minus one. Cap'n Proto
+  // 0.9's flat reader adds the one in 32 bits, so 0xffffffff wraps to zero
+  // segments and the message is then read as if it had one: a forged count
+  // would pass unnoticed. No writer produces it (2^32 segments).
+  if (LoadLE32(data) == 0xffffffffu) {
+    return absl::DataLossError(
+        "malformed Cap'n Proto record: its segment table declares 2^32 segments (the count field 0xffffffff wraps "
+        "to 0)");
+  }
   // Copied into an aligned buffer: the file offset need not be 8-aligned.
   kj::Array<capnp::word> words = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
   std::memcpy(words.begin(), data, size);

@@ -347,6 +347,28 @@ Bytes DanglingBlobReference() {
   return out;
 }
 
+// A step record whose segment-count field is 0xffffffff: Cap'n Proto 0.9
+// wraps the count to 0 and reads the message as one segment, so with its
+// checksum recomputed (as here) the file passed `verify` (issue 50).
+Bytes WrappedSegmentCount() {
+  Bytes payload = RawPayload(*FrameEncoder::Encode(TestStep(1, 0), /*compress=*/false));
+  StoreLE32(payload.data(), 0xffffffffu);
+  Bytes out = ValidPrefix();
+  Put(out, Frame(RecordType::kStep, payload));
+  return out;
+}
+
+// Another session's manifest and step appended after the prefix: two
+// captures spliced into one file.
+Bytes SplicedSessions() {
+  SessionManifest other = TestManifest(1);
+  other.session_id = "other-session";
+  Bytes out = ValidPrefix();
+  Put(out, FrameEncoder::Encode(other)->bytes);
+  Put(out, Frame(RecordType::kStep, RawPayload(*FrameEncoder::Encode(TestStep(0, 1)))));
+  return out;
+}
+
 struct HostileCase {
   const char* name;
   std::function<Bytes()> build;
@@ -411,6 +433,11 @@ std::vector<HostileCase> Cases() {
        "the list-deltas flag on a record that is not a step record continuing a zstd stream"},
       {"list_delta_flag_on_whole_step", ListDeltaFlagOnWholeStep, {}, C::kOk, C::kDataLoss,
        "the list-deltas flag on a record that is not a step record continuing a zstd stream"},
+      {"wrapped_segment_count", WrappedSegmentCount, {}, C::kOk, C::kDataLoss,
+       "its segment table declares 2^32 segments (the count field 0xffffffff wraps to 0)"},
+      {"spliced_sessions", SplicedSessions, {}, C::kOk, C::kDataLoss,
+       "a second session manifest, of session 'other-session' (rank 1), after that of session 'test-session' "
+       "(rank 0): the file holds records of two sessions spliced together"},
   };
   // clang-format on
 }
