@@ -16,6 +16,7 @@ constexpr Command kCommands[] = {
     {"sample-capture", "write a small valid two-rank capture session", RunSampleCapture},
     {"info", "summarise a capture file or session directory", RunInfo},
     {"verify", "check every checksum and blob hash of a capture", RunVerify},
+    {"coredump", "what a CUDA GPU core dump says: faulting warp, exception, function, grid", RunCoredump},
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
     {"shrink", "the smallest capture that still fails the same way, without the user's prompts", RunShrink},

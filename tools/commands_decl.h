@@ -12,6 +12,7 @@ int RunTokenize(int argc, char** argv);
 int RunSampleCapture(int argc, char** argv);
 int RunInfo(int argc, char** argv);
 int RunVerify(int argc, char** argv);
+int RunCoredump(int argc, char** argv);
 int RunHash(int argc, char** argv);
 int RunBisectCommand(int argc, char** argv);
 int RunShrink(int argc, char** argv);
