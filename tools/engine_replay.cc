@@ -41,8 +41,8 @@ std::string PhaseOf(const replay::RecordedStep* s) {
 }
 
 nlohmann::json FingerprintJson(const Fingerprint& f) {
-  return {{"dtype", f.dtype},     {"numel", f.numel}, {"nan", f.nan}, {"pos_inf", f.pos_inf},
-          {"neg_inf", f.neg_inf}, {"max_abs", f.max_abs}, {"sum", f.sum}, {"sum_squares", f.sum_squares},
+  return {{"dtype", f.dtype},          {"numel", f.numel},     {"nan", f.nan}, {"pos_inf", f.pos_inf},
+          {"neg_inf", f.neg_inf},      {"max_abs", f.max_abs}, {"sum", f.sum}, {"sum_squares", f.sum_squares},
           {"text", FingerprintText(f)}};
 }
 
@@ -62,8 +62,8 @@ absl::StatusOr<EngineRun> RunRealEngine(const EngineReplayOptions& o) {
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--engine-out ", o.out_dir, ": ", ec.message()));
   bisect::ProcessSpec spec;
-  spec.argv = {o.python,  "-m",      "crashreplay.engine_replay", "--engine", o.engine, "--capture", o.capture,
-               "--step",  absl::StrCat(o.step), "--out", o.out_dir};
+  spec.argv = {o.python,  "-m",     "crashreplay.engine_replay", "--engine", o.engine, "--capture",
+               o.capture, "--step", absl::StrCat(o.step),        "--out",    o.out_dir};
   if (!o.model_dir.empty()) {
     spec.argv.push_back("--model");
     spec.argv.push_back(o.model_dir);
@@ -111,16 +111,29 @@ absl::StatusOr<EngineRun> RunRealEngine(const EngineReplayOptions& o) {
 bisect::FailureSignature EngineFailureSignature(const std::string& exception_type, const std::string& message,
                                                 const std::string& mode, const std::string& phase,
                                                 std::optional<int64_t> step) {
+  // Recorders spell a builtin's type either way ("builtins.RuntimeError",
+  // "RuntimeError"), and some put it before the reason too: one spelling
+  // on both sides, or the same failure would read as two.
+  std::string type = exception_type;
+  if (type.rfind("builtins.", 0) == 0) type = type.substr(9);
+  std::string text_message = message;
+  const std::string short_type = type.substr(type.rfind('.') == std::string::npos ? 0 : type.rfind('.') + 1);
+  for (const std::string& prefix : {type + ": ", short_type + ": "}) {
+    if (!type.empty() && text_message.rfind(prefix, 0) == 0) {
+      text_message = text_message.substr(prefix.size());
+      break;
+    }
+  }
   // The text a Python process prints for it: its last traceback line.
-  const std::string text = absl::StrCat("Traceback (most recent call last):\n", exception_type,
-                                        exception_type.empty() ? "" : ": ", message, "\n");
+  const std::string text = absl::StrCat("Traceback (most recent call last):\n", type, type.empty() ? "" : ": ",
+                                        text_message, "\n");
   bisect::FailureSignature sig;
   if (auto m = bisect::SignatureFromOutput(text)) {
     sig = *m;
   } else {
     sig.failure_class = bisect::FailureClass::kOther;
-    sig.check = exception_type;
-    sig.detail = message;
+    sig.check = type;
+    sig.detail = text_message;
   }
   if (mode == "prefill" || mode == "extend") sig.stage = bisect::FailureStage::kPrefill;
   if (mode == "decode") sig.stage = bisect::FailureStage::kDecode;
@@ -168,10 +181,10 @@ EngineVerdict JudgeEngineRun(const replay::LoadedCapture& recorded, int64_t step
     }
     sig.step = step_no;
     failed = sig;
-    v.detail = absl::StrCat("the engine's process ended without a result (",
-                            p.timed_out ? "timed out" : (p.exited ? absl::StrCat("exit ", p.exit_code)
-                                                                  : bisect::SignalName(p.term_signal)),
-                            ")");
+    v.detail = absl::StrCat(
+        "the engine's process ended without a result (",
+        p.timed_out ? "timed out" : (p.exited ? absl::StrCat("exit ", p.exit_code) : bisect::SignalName(p.term_signal)),
+        ")");
   }
 
   // Fingerprints of the target step, bit for bit.
@@ -237,8 +250,8 @@ EngineVerdict JudgeEngineRun(const replay::LoadedCapture& recorded, int64_t step
     v.signature.step = step_no;
     if (!fp_same && first_difference.is_object()) {
       v.signature.kernel = first_difference["boundary"].get<std::string>();
-      v.detail = absl::StrCat("the engine's fingerprint at ", v.signature.kernel, " differs from the recording: ",
-                              first_difference["reason"].get<std::string>());
+      v.detail = absl::StrCat("the engine's fingerprint at ", v.signature.kernel,
+                              " differs from the recording: ", first_difference["reason"].get<std::string>());
     } else if (!fp_same) {
       v.detail = "the engine computed none of the recorded boundaries of the step";
     } else {

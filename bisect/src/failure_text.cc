@@ -24,7 +24,7 @@ struct Phrase {
 // cudaGetErrorString's (CUDA 13; tests/bisect/data/cuda_error_strings.txt
 // holds the runtime's own output), the rest are PyTorch's, sglang's and
 // vLLM's messages. At one position the first entry wins.
-constexpr std::array<Phrase, 43> kPhrases = {{
+constexpr std::array<Phrase, 44> kPhrases = {{
     {"device-side assert triggered", FailureClass::kDeviceAssert, ""},
     {"cudaErrorAssert", FailureClass::kDeviceAssert, ""},
     // Device memory.
@@ -75,6 +75,8 @@ constexpr std::array<Phrase, 43> kPhrases = {{
     // NaN/Inf.
     {"probability tensor contains either `inf`, `nan` or element < 0", FailureClass::kNonFinite, "probabilities"},
     {"NaN in the logits", FailureClass::kNonFinite, "logits"},
+    // sglang's maybe_detect_nan (SGLANG_ENABLE_NAN_LOGITS_CHECK): "NaN detected! <what>".
+    {"NaN detected!", FailureClass::kNonFinite, "logits"},
     {"returned nan values in its", FailureClass::kNonFinite, "autograd"},
     {"returned inf values in its", FailureClass::kNonFinite, "autograd"},
     {"nan or inf in the logits", FailureClass::kNonFinite, "logits"},

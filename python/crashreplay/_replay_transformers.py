@@ -121,6 +121,7 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
     greedy_all = True
     current, mode = -1, ""
     result["steps_run"] = 0
+    result["failure"] = None
     # The same draws run after run (the recording's seed; its state at
     # generate()'s start is not in the capture).
     torch.manual_seed(int(steps[0].get("rng_seed", 0) or 0))

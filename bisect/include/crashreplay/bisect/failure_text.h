@@ -26,7 +26,7 @@
 //                       cudaError_t name, e.g. cudaErrorIllegalAddress
 //        non_finite     torch.multinomial's "probability tensor contains
 //                       either `inf`, `nan` or element < 0", sglang's "NaN in
-//                       the logits", autograd's "returned nan values"
+//                       the logits" and "NaN detected!", autograd's "returned nan values"
 //      with stage graph_capture when the output says "Capture cuda graph
 //      failed" (sglang) or names the capture in a traceback frame;
 //   3. an NCCL error: class nccl_error, check the ncclResult name
