@@ -38,7 +38,10 @@ def test_record_and_replay_bit_exact_with_the_mla_kernels_and_their_checks(tmp_p
     out = json.loads(rep.stdout)
     assert out["outcome"] == "reproduced"
     kernels = {k["name"]: k for k in out["kernels"]}
-    assert kernels["L0.kv_write"]["checks"] == ["position_in_page_table", "page_index_in_pool"]
+    # Layer 0's write also carries the step's slot checks (once a step); later layers' do not.
+    assert kernels["L0.kv_write"]["checks"] == ["position_in_page_table", "page_index_in_pool", "kv_slot_written_once",
+                                                "kv_slot_not_read_while_written"]
+    assert kernels["L1.kv_write"]["checks"] == ["position_in_page_table", "page_index_in_pool"]
     assert kernels["L0.q_absorb" if arch != "deepseek_v3" else "L0.kv_b_proj"]["checks"] == []
     if arch == "deepseek_v3":  # dense MLA decodes naive by default
         assert "L0.latent_gather" in kernels and "L0.indexer" not in kernels
