@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,14 @@ std::string ChooseStart(const replay::LoadedCapture& cap, const replay::Config& 
   }
   if (!differs.empty()) {
     return "the configuration differs from the recording (" + differs + "); the snapshot holds the recorded state";
+  }
+  // An engine adapter's snapshot holds that engine's step inputs (sglang's
+  // token ids, positions, KV pages), not the exact engine's state: nothing
+  // to restore from, and nothing wrong with it either.
+  if (std::none_of(it->second.tensors.begin(), it->second.tensors.end(),
+                   [](const TensorDescriptor& t) { return t.name.rfind("state.", 0) == 0; })) {
+    return "the capture's snapshot of step " + std::to_string(recorded) + " holds " + cap.manifest.engine +
+           "'s step inputs, not an exact-engine state";
   }
   absl::StatusOr<replay::StepState> state = replay::LoadStepState(cap, recorded);
   absl::Status s = state.ok() ? engine->RestoreState(*state, cap.steps[step].input) : state.status();

@@ -125,8 +125,8 @@ bisect::FailureSignature EngineFailureSignature(const std::string& exception_typ
     }
   }
   // The text a Python process prints for it: its last traceback line.
-  const std::string text = absl::StrCat("Traceback (most recent call last):\n", type, type.empty() ? "" : ": ",
-                                        text_message, "\n");
+  const std::string text =
+      absl::StrCat("Traceback (most recent call last):\n", type, type.empty() ? "" : ": ", text_message, "\n");
   bisect::FailureSignature sig;
   if (auto m = bisect::SignatureFromOutput(text)) {
     sig = *m;
@@ -261,14 +261,25 @@ EngineVerdict JudgeEngineRun(const replay::LoadedCapture& recorded, int64_t step
     }
     return v;
   }
-  v.outcome = "reproduced";
-  v.detail = absl::StrCat("ran step ", step_no, " in ", run.result.value("engine", std::string("the engine")), " ",
-                          run.result.value("version", std::string()), ": ", identical, " fingerprints and ",
-                          tok_identical, " tokens identical to the recording");
-  if (v.recorded) {
-    absl::StrAppend(&v.detail, "; the recorded failure (", bisect::DescribeSignature(*v.recorded),
-                    ") did not happen again");
+  const std::string ran =
+      absl::StrCat("ran step ", step_no, " in ", run.result.value("engine", std::string("the engine")), " ",
+                   run.result.value("version", std::string()), ": ", identical, " fingerprints and ", tok_identical,
+                   " tokens identical to the recording");
+  if (v.recorded && v.recorded->step && *v.recorded->step <= step_no) {
+    // The recording failed here and the engine did not: not the run that
+    // was recorded (an environment switch, a patch, a library not installed
+    // as it was). Judged like a divergence (bisect: good unless
+    // --diverged-is-bad), never as reproduced.
+    v.outcome = "diverged";
+    v.signature.failure_class = bisect::FailureClass::kOutputMismatch;
+    v.signature.step = step_no;
+    v.signature.check = "recorded_failure_absent";
+    v.detail = absl::StrCat(ran, "; but the recorded failure (", bisect::DescribeSignature(*v.recorded),
+                            ") did not happen again");
+    return v;
   }
+  v.outcome = "reproduced";
+  v.detail = ran;
   return v;
 }
 

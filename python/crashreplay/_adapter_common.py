@@ -25,7 +25,10 @@ logger = logging.getLogger("crashreplay")
 _ENV_PATTERN = re.compile(r"^(SGLANG_|SGL_|VLLM_|DG_|TORCH_|NCCL_|CUDA_|FLASHINFER_).*"
                           r"(DEEPGEMM|DEEP_GEMM|UE8M0|E8M0|JIT|ATTENTION|ATTN|BACKEND|FP8|FP4|GRAPH|DETERMINISTIC|"
                           r"LAUNCH_BLOCKING|ALGO|PROTO|DSA|NSA|MLA|MOE|FLASHINFER|CUTLASS|TRITON|KV_CACHE)")
-_ENV_EXACT = {"CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "NCCL_ALGO", "NCCL_PROTO"}
+# Beside the kernel switches, the engines' own NaN checks: whether a NaN
+# raises or is sanitised decides whether the same step fails at all.
+_ENV_EXACT = {"CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "NCCL_ALGO", "NCCL_PROTO",
+              "SGLANG_ENABLE_NAN_LOGITS_CHECK", "SGLANG_SANITIZE_NAN_LOGITS", "SGLANG_ENABLE_ASYNC_ASSERT"}
 # A setting is a secret when one of its name's words is one of these (api_key,
 # ssl_keyfile_password), or when its last word is "token" (HF_TOKEN,
 # hf_token, auth_token) unless that names a vocabulary token (eos_token).

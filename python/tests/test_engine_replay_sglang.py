@@ -397,20 +397,94 @@ def test_settings_that_need_a_gpu_or_that_sglang_has_no_field_for_are_refused():
         == {"page_size": 16, "kv_cache_dtype": "fp8_e4m3", "attention_backend": "flex_attention"}
 
 
-def test_crashreplay_replay_engine_sglang_judges_the_run_reproduced(greedy_session, tmp_path):
-    # The CLI's side: `crashreplay replay --engine sglang` starts this driver in
-    # this Python and holds its run against the recording.
+def crashreplay_cli(args, modules=None, env=None):
+    """(exit code, the --json report, what to run to reproduce it) of the
+    crashreplay binary, its engine's Python this one (with `modules` first
+    on its path)."""
     binary = os.environ.get("CRASHREPLAY_BIN", "build/tools/crashreplay")
     if not os.path.exists(binary):
         pytest.skip("needs the crashreplay binary (CRASHREPLAY_BIN)")
+    paths = os.pathsep.join(p for p in ([str(modules)] if modules else []) + sys.path if p)
+    extra = dict(env or {}, PYTHONPATH=paths)
+    cmd = [binary, *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, **extra))
+    why = " ".join([f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items())] + [shlex.quote(c) for c in cmd])
+    why += "\n" + r.stderr[-3000:]
+    try:
+        report = json.loads(r.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON report (exit {r.returncode}) from {why}\n{r.stdout[-2000:]}")
+    return r.returncode, report, why
+
+
+def test_crashreplay_replay_engine_sglang_judges_the_run_reproduced(greedy_session, tmp_path):
+    # The CLI's side: `crashreplay replay --engine sglang` starts this driver in
+    # this Python and holds its run against the recording.
     session, _ = greedy_session
-    cmd = [binary, "replay", str(session), "--json", "--engine", "sglang", "--engine-python", sys.executable,
-           "--engine-out", str(tmp_path / "engine")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
-    assert r.returncode == 0, " ".join(map(shlex.quote, cmd)) + "\n" + r.stderr[-3000:]
-    j = json.loads(r.stdout)
+    rc, j, why = crashreplay_cli(["replay", session, "--json", "--engine", "sglang", "--engine-python", sys.executable,
+                                  "--engine-out", tmp_path / "engine"])
+    assert rc == 0, why
     assert j["outcome"] == "reproduced" and j["engine"] == "sglang", j.get("detail")
     assert j["fingerprints"] == {"compared": len(BOUNDARIES), "identical": len(BOUNDARIES),
                                  "recorded": len(BOUNDARIES), "replayed": len(BOUNDARIES)}
     assert j["tokens"]["compared"] == j["tokens"]["identical"] == LAST
+    # The exact engine beside it agrees within its tolerances.
+    assert j["exact"]["outcome"] == "reproduced", j["exact"].get("detail")
+    assert "engine_divergence" not in j, j["engine_divergence"]
+
+
+def test_crashreplay_replay_engine_sglang_fails_again_and_the_exact_engine_names_where(recorded, defect, tmp_path):
+    # The session whose sampler raised on req-b's NaN logits, replayed in
+    # sglang with the defect (--engine-setup) and the recording's environment.
+    session, _ = recorded[2]["nan_check"]
+    rc, j, why = crashreplay_cli(["replay", session, "--json", "--engine", "sglang", "--engine-python", sys.executable,
+                                  "--engine-setup", "nan_defect", "--engine-out", tmp_path / "engine"],
+                                 modules=defect, env=RECORDINGS["nan_check"][2])
+    assert rc == 1, why
+    assert j["outcome"] == "failed" and j["matches_recorded_failure"] is True, why
+    sig = j["signature"]
+    assert (sig["class"], sig["kernel"], sig["stage"], sig["step"]) == ("non_finite", "sampler", "decode", DEFECT_STEP)
+    assert {k: sig[k] for k in ("class", "check", "kernel", "stage", "step")} == \
+        {k: j["recorded_signature"][k] for k in ("class", "check", "kernel", "stage", "step")}
+    assert "NaN detected! sampler: next_token_logits" in j["detail"]
+    # sglang's replay computed the recording's NaN at the same boundaries.
+    assert j["fingerprints"]["compared"] == j["fingerprints"]["identical"] == len(BOUNDARIES)
+    # The exact engine stays finite and says where sglang leaves it: one row of req-b (hidden 64).
+    assert j["exact"]["first_nonfinite_kernel"] == "", j["exact"]["first_nonfinite_kernel"]
+    d = j["engine_divergence"]
+    assert d["boundary"] == f"L{DEFECT_LAYER}.attention", d
+    assert d["engine"]["nan"] == 64 and d["replay"]["nan"] == 0, d
+
+
+def test_bisect_engine_sglang_finds_the_flag_whose_code_path_holds_the_defect(recorded, defect, tmp_path):
+    # Recorded under kv_cache_dtype=fp8_e4m3 with the fp8 store's defect:
+    # the capture holds the failure, at the step and layer of the NaN keys.
+    session, rep = recorded[2]["fp8_nan_check"]
+    assert rep["failure"] == "RuntimeError: NaN detected! sampler: next_token_logits"
+    defect_step = capture(session)["step_records"][DEFECT_STEP]
+    assert defect_step["out_cache_loc"][defect_step["request_ids"].index(DEFECT_RID)] == FP8_SLOT
+    assert first_nonfinite(session) == (DEFECT_STEP, f"L{DEFECT_LAYER}.attention")
+    # In sglang's words: the KV cache dtype, and a flag the replay does not
+    # depend on (the capture's steps are the chunks sglang made).
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text('kv_cache_dtype = "auto"\nchunked_prefill_size = 4096\n')
+    bad.write_text('kv_cache_dtype = "fp8_e4m3"\nchunked_prefill_size = 2048\n')
+    rc, j, why = crashreplay_cli(["bisect", session, "--good", good, "--bad", bad, "--json", "--quiet", "--workdir",
+                                  tmp_path, "--confirm", "1", "--engine", "sglang", "--engine-python", sys.executable,
+                                  "--engine-setup", "fp8_defect"],
+                                 modules=defect, env=RECORDINGS["fp8_nan_check"][2])
+    assert rc == 0, why
+    assert j["culprit"] == {"kv_cache_dtype": "fp8_e4m3"}, why
+    t = j["target_signature"]
+    assert (t["class"], t["kernel"], t["step"]) == ("non_finite", "sampler", DEFECT_STEP), t
+    # Every trial ran in sglang, the exact engine beside it.
+    engines = [h.get("engines", "") for h in j["history"]]
+    assert engines and all(e.startswith("sglang: ") and "; exact engine: " in e for e in engines), engines
+    # The harmless flag alone was tried and judged good; the bad trials left the exact engine at the defect's layer.
+    alone = [h for h in j["history"] if h["changes"] == "chunked_prefill_size=2048"]
+    assert alone and all(h["verdict"] == "good" for h in alone), j["history"]
+    for h in j["history"]:
+        if h["verdict"] == "bad":
+            assert h["engines"].startswith("sglang: failed (non_finite"), h["engines"]
+            assert f"departs from the exact engine at L{DEFECT_LAYER}.attention" in h["engines"], h["engines"]
+    assert "--engine sglang" in j["reproduce"] and "--engine-setup fp8_defect" in j["reproduce"], j["reproduce"]

@@ -176,7 +176,7 @@ def test_without_the_defect_the_engine_runs_clean(failing, tmp_path):
     rc, rep = replay(failing, "--engine-out", tmp_path / "engine")
     assert rc == 1 and rep["outcome"] == "diverged"  # finite where the recording held NaN
     assert rep["fingerprints"]["first_difference"]["boundary"] == f"L{DEFECT_LAYER}.attention"
-    assert "failure" not in rep["real_engine"]
+    assert rep["real_engine"]["failure"] is None
 
 
 def test_bisect_over_attn_implementation_finds_the_defective_backend(failing, defect, tmp_path):
