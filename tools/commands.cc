@@ -20,6 +20,7 @@ constexpr Command kCommands[] = {
     {"hash", "per-rank weight-shard hashes of a safetensors checkpoint", RunHash},
     {"bisect", "find the configuration change that causes a failure", RunBisectCommand},
     {"shrink", "the smallest capture that still fails the same way, without the user's prompts", RunShrink},
+    {"export-kernel", "one kernel of a replayed step as tensors, parameters and a torch script", RunExportKernel},
     {"version", "print the version", RunVersion},
     {"devices", "list the compiled backends and CUDA devices; --device checks one can run", RunDevices},
 };

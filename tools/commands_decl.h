@@ -16,6 +16,7 @@ int RunCoredump(int argc, char** argv);
 int RunHash(int argc, char** argv);
 int RunBisectCommand(int argc, char** argv);
 int RunShrink(int argc, char** argv);
+int RunExportKernel(int argc, char** argv);
 int RunDevices(int argc, char** argv);
 int RunDemo(int argc, char** argv);
 
