@@ -159,8 +159,13 @@ int RunExportKernel(int argc, char** argv) {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   bisect::ProcessSpec spec;
-  spec.argv = {n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv[0]), "replay", capture, "--json",
-               "--dump", dump_dir, "--dump-kernels",
+  spec.argv = {n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv[0]),
+               "replay",
+               capture,
+               "--json",
+               "--dump",
+               dump_dir,
+               "--dump-kernels",
                kind == Kind::kSampler ? "logits_all_gather,logits_processor,sampler" : label};
   if (step >= 0) spec.argv.insert(spec.argv.end(), {"--step", absl::StrCat(step)});
   if (!config_file.empty()) spec.argv.insert(spec.argv.end(), {"--config", config_file});
@@ -224,16 +229,15 @@ int RunExportKernel(int argc, char** argv) {
   params["rows"] = nlohmann::json::array();
   if (replayed_step >= 0 && replayed_step < static_cast<int64_t>(cap->steps.size())) {
     for (const replay::StepRow& r : cap->steps[static_cast<size_t>(replayed_step)].input.rows) {
-      params["rows"].push_back(
-          {{"request", r.request_name.empty() ? absl::StrCat(r.request_id) : r.request_name},
-           {"start_pos", r.start_pos},
-           {"tokens", r.tokens.size()},
-           {"page_table", r.page_table},
-           {"sampling",
-            {{"temperature", r.sampling.temperature},
-             {"top_p", r.sampling.top_p},
-             {"top_k", r.sampling.top_k},
-             {"min_p", r.sampling.min_p}}}});
+      params["rows"].push_back({{"request", r.request_name.empty() ? absl::StrCat(r.request_id) : r.request_name},
+                                {"start_pos", r.start_pos},
+                                {"tokens", r.tokens.size()},
+                                {"page_table", r.page_table},
+                                {"sampling",
+                                 {{"temperature", r.sampling.temperature},
+                                  {"top_p", r.sampling.top_p},
+                                  {"top_k", r.sampling.top_k},
+                                  {"min_p", r.sampling.min_p}}}});
     }
   }
   std::ofstream pf(out + "/params.json");
@@ -244,9 +248,11 @@ int RunExportKernel(int argc, char** argv) {
   if (json) {
     std::printf("%s\n", params.dump(2).c_str());
   } else {
-    std::printf("%s of step %lld: %s\nwrote %s/tensors.safetensors (%zu tensors), params.json, repro.py\nrun: python3 %s/repro.py\n",
-                label.c_str(), static_cast<long long>(replayed_step), rep.value("detail", std::string()).c_str(),
-                out.c_str(), tensors.num_tensors(), out.c_str());
+    std::printf(
+        "%s of step %lld: %s\nwrote %s/tensors.safetensors (%zu tensors), params.json, repro.py\nrun: python3 "
+        "%s/repro.py\n",
+        label.c_str(), static_cast<long long>(replayed_step), rep.value("detail", std::string()).c_str(), out.c_str(),
+        tensors.num_tensors(), out.c_str());
   }
   return kExitOk;
 }
