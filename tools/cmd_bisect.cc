@@ -67,13 +67,6 @@ absl::Status WriteText(const std::string& path, const std::string& text, const s
   return absl::OkStatus();
 }
 
-std::string SelfPath(const char* argv0) {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n > 0) return std::string(buf, static_cast<size_t>(n));
-  return argv0;
-}
-
 }  // namespace
 
 int RunBisectCommand(int argc, char** argv) {

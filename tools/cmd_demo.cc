@@ -52,12 +52,6 @@ constexpr char kPrompt[] = "Say hello in one sentence";
 constexpr char kDevice[] = "NVIDIA RTX PRO 6000 Blackwell Server Edition";  // the recorded device's name
 constexpr int kMaxNewTokens = 8;
 
-std::string SelfExe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("crashreplay");
-}
-
 // Runs one of this binary's subcommands; stdout is returned, stderr kept for errors.
 absl::StatusOr<bisect::ProcessResult> Exec(const std::vector<std::string>& argv) {
   bisect::ProcessSpec spec;
@@ -249,7 +243,7 @@ int RunDemo(int argc, char** argv) {
   std::error_code fs_error;
   std::filesystem::create_directories(out_dir, fs_error);
   out_dir = std::filesystem::absolute(out_dir).lexically_normal().string();
-  const std::string self = SelfExe();
+  const std::string self = SelfPath("crashreplay");
   const std::string model = out_dir + "/model";
   const std::string launch1 = configs + "/launch1_oom.toml";
   const std::string launch2 = configs + "/launch2_assert.toml";

@@ -156,17 +156,11 @@ int RunExportKernel(int argc, char** argv) {
   if (ec) return Fail(kExitDataError, absl::StrCat("-o ", out, ": ", ec.message()));
   const std::string dump_dir = out + "/.dump";
   fs::remove_all(dump_dir, ec);
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   bisect::ProcessSpec spec;
-  spec.argv = {n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv[0]),
-               "replay",
-               capture,
-               "--json",
-               "--dump",
-               dump_dir,
-               "--dump-kernels",
-               kind == Kind::kSampler ? "logits_all_gather,logits_processor,sampler" : label};
+  spec.argv = {SelfPath(argv[0]), "replay",
+               capture,           "--json",
+               "--dump",          dump_dir,
+               "--dump-kernels",  kind == Kind::kSampler ? "logits_all_gather,logits_processor,sampler" : label};
   if (step >= 0) spec.argv.insert(spec.argv.end(), {"--step", absl::StrCat(step)});
   if (!config_file.empty()) spec.argv.insert(spec.argv.end(), {"--config", config_file});
   for (const std::string& s : sets) spec.argv.insert(spec.argv.end(), {"--set", s});

@@ -51,9 +51,7 @@ int RunShrink(int argc, char** argv) {
   ShrinkOptions o;
   o.capture = capture;
   o.out_dir = out;
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  o.self = n > 0 ? std::string(buf, static_cast<size_t>(n)) : argv[0];
+  o.self = SelfPath(argv[0]);
   std::error_code ec;
   if (!config_file.empty()) {
     o.replay_args.insert(o.replay_args.end(),

@@ -101,4 +101,11 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std
   return ids;
 }
 
+std::string SelfPath(const char* fallback) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return fallback;
+}
+
 }  // namespace crashreplay::tools

@@ -44,6 +44,10 @@ int ReportError(const absl::Status& status);
 // kExitNoDevice, never a silent fallback to the CPU.
 int ReportDeviceError(const absl::Status& status);
 
+// This executable's path (/proc/self/exe), for running its own subcommands
+// as child processes; `fallback` when it cannot be read.
+std::string SelfPath(const char* fallback);
+
 // A byte count given to `flag`: digits, optionally followed by K, M, G or T
 // (powers of 1024). InvalidArgument naming the flag for anything else or 0.
 absl::StatusOr<uint64_t> ParseBytes(const std::string& flag, const std::string& text);

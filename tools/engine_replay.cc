@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "crashreplay/bisect/failure_text.h"
 #include "crashreplay/formats/fingerprint.h"
+#include "crashreplay/replay/session/replay_session.h"
 
 namespace crashreplay::tools {
 namespace {
@@ -38,12 +39,6 @@ std::string PhaseOf(const replay::RecordedStep* s) {
     if (f.name == "lm_head") return "sampling";
   }
   return "forward";
-}
-
-nlohmann::json FingerprintJson(const Fingerprint& f) {
-  return {{"dtype", f.dtype},          {"numel", f.numel},     {"nan", f.nan}, {"pos_inf", f.pos_inf},
-          {"neg_inf", f.neg_inf},      {"max_abs", f.max_abs}, {"sum", f.sum}, {"sum_squares", f.sum_squares},
-          {"text", FingerprintText(f)}};
 }
 
 }  // namespace
@@ -208,8 +203,8 @@ EngineVerdict JudgeEngineRun(const replay::LoadedCapture& recorded, int64_t step
         const std::optional<std::string> departs = FingerprintDeparts(*g, w);
         first_difference = {{"boundary", w.name},
                             {"reason", departs ? *departs : "the same summary within tolerance, other bits"},
-                            {"recorded", FingerprintJson(w)},
-                            {"engine", FingerprintJson(*g)}};
+                            {"recorded", replay::FingerprintJson(w)},
+                            {"engine", replay::FingerprintJson(*g)}};
       }
     }
   }

@@ -140,6 +140,7 @@ class Shrinker {
   int trials_ = 0;
   int64_t slice_layers_ = 0;
   std::string slice_dir_;
+  std::string slice_config_;  // the slice's config.json text, for the manifests
   ShrinkResult result_;
 };
 
@@ -185,7 +186,6 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   SessionManifest m = src_.manifest;
   std::set<std::string> kept;
-  std::vector<std::string> kept_order;
   if (c.target >= 0) {
     const StepRecord& t = *src_.steps[static_cast<size_t>(c.target)];
     for (size_t i : c.requests) kept.insert(RequestKey(t, i));
@@ -196,10 +196,7 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   }
   m.model.checkpoint_path = c.sliced ? fs::absolute(slice_dir_).string() : src_.checkpoint;
   if (c.sliced) {
-    std::ifstream in(slice_dir_ + "/config.json");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    m.model.config_json = ss.str();
+    m.model.config_json = slice_config_;
     m.model.num_layers = static_cast<uint32_t>(slice_layers_);
   }
   if (o_.anonymize) {
@@ -326,8 +323,9 @@ absl::Status Shrinker::WriteSlice(int64_t layers, const std::string& dir) {
     }
     fs::copy_file(e.path(), dir + "/" + name, fs::copy_options::overwrite_existing, ec);
   }
+  slice_config_ = cfg.dump(2) + "\n";
   std::ofstream cf(dir + "/config.json");
-  cf << cfg.dump(2) << "\n";
+  cf << slice_config_;
   slice_layers_ = layers;
   slice_dir_ = dir;
   return cf ? absl::OkStatus() : absl::DataLossError(absl::StrCat("cannot write ", dir, "/config.json"));

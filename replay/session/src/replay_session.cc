@@ -31,8 +31,6 @@ void StepLogRecorder::AfterStep(const StepProgram& p) {
   s.sampled = p.SampledTokens();
 }
 
-namespace {
-
 nlohmann::json FingerprintJson(const crashreplay::Fingerprint& f) {
   nlohmann::json j = {{"name", f.name},
                       {"dtype", f.dtype},
@@ -53,6 +51,8 @@ nlohmann::json FingerprintJson(const crashreplay::Fingerprint& f) {
   if (f.content_hash) j["content_hash"] = f.content_hash->Hex();
   return j;
 }
+
+namespace {
 
 // The replay's kernel that finishes boundary "L3.down_proj"-style names:
 // "L3's mlp" for people.

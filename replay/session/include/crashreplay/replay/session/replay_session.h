@@ -161,4 +161,8 @@ inline ReplayReport ReplayStep(Engine& engine, const std::vector<RecordedStep>& 
 // Chrome/Perfetto trace ("traceEvents", complete events) of a step's kernels.
 nlohmann::json ChromeTrace(const std::vector<KernelRecord>& kernels, int64_t step);
 
+// One fingerprint as the reports write it (engine_divergence's engine and
+// replay): its counts, extremes, sums, first non-finite element and text.
+nlohmann::json FingerprintJson(const crashreplay::Fingerprint& f);
+
 }  // namespace crashreplay::replay
