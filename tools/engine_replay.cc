@@ -76,7 +76,7 @@ absl::StatusOr<EngineRun> RunRealEngine(const EngineReplayOptions& o) {
   EngineRun run;
   run.process = bisect::RunProcess(spec);
   if (!run.process.started) {
-    return absl::FailedPreconditionError(
+    return absl::InvalidArgumentError(
         absl::StrCat("cannot start the engine's Python '", o.python, "': ", run.process.start_error,
                      " (give the interpreter that has ", o.engine,
                      " installed with --engine-python PATH or CRASHREPLAY_ENGINE_PYTHON)"));

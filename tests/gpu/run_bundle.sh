@@ -2,7 +2,7 @@
 # Runs the GPU suite from tests/gpu/bundle.sh's archive on a machine with a
 # GPU but without crashreplay's build dependencies: `crashreplay devices`,
 # gpu_test, tests/gpu/cli_cuda.sh, gpu_bench, the Python CUDA tests (where
-# torch with CUDA is installed), and compute-sanitizer's memcheck
+# torch with CUDA is installed), the replay in vLLM (where vLLM is installed), and compute-sanitizer's memcheck
 # on a glm_moe_dsa run where the tool is installed. Each part has a time
 # limit, cut to what is left of BUDGET_S seconds for the whole run (default
 # 900; a part with under 10 s left is skipped); logs and gpu_test's JUnit XML
@@ -58,6 +58,18 @@ if PYTHONPATH="$G/py:$SRC/python" python3 -c \
   tail -5 "$OUT/python_cuda.log"
 else
   echo "== python_cuda: skipped (no torch with CUDA, or the bundled extension does not import here)"
+fi
+# Replay in vLLM itself (python/tests/test_engine_replay_vllm.py): where this
+# python3 has vLLM and torch with CUDA. The device machines lent here have
+# neither (no package registry): scripts/test-engines.sh on a GPU machine
+# with network runs the same file.
+if PYTHONPATH="$G/py:$SRC/python" python3 -c \
+     "import torch, vllm, crashreplay._crashreplay; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  part engine_vllm 300 env PYTHONPATH="$G/py:$SRC/python" CRASHREPLAY_BIN="$B/crashreplay" \
+    python3 -m pytest -q -p no:cacheprovider "$SRC/python/tests/test_engine_replay_vllm.py"
+  tail -5 "$OUT/engine_vllm.log"
+else
+  echo "== engine_vllm: skipped (no vLLM with torch CUDA in this python3)"
 fi
 if command -v compute-sanitizer >/dev/null; then
   W="$(mktemp -d)"
