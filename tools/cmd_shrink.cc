@@ -1,6 +1,6 @@
 // `crashreplay shrink CAPTURE -o OUT [--config FILE] [--set k=v]... [--engine NAME ...] [--model DIR]
-// [--max-trials N] [--timeout S] [--no-anonymize] [--json]`: the smallest capture whose replay still fails
-// the same way (shrink.h; docs/cli.md).
+// [--max-trials N] [--timeout S] [--no-anonymize] [--export-kernel] [--json]`: the smallest capture whose replay still
+// fails the same way (shrink.h; docs/cli.md).
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "command.h"
 #include "commands_decl.h"
+#include "crashreplay/bisect/process.h"
 #include "crashreplay/bisect/signature.h"
 #include "exit_codes.h"
 #include "shrink.h"
@@ -28,7 +29,7 @@ int RunShrink(int argc, char** argv) {
   std::vector<std::string> sets, engine_setups;
   int max_trials = 400;
   double timeout = 0;
-  bool json = false, no_anonymize = false, quiet = false;
+  bool json = false, no_anonymize = false, quiet = false, export_kernel = false;
   app.add_option("CAPTURE", capture, "capture file or session directory whose replay fails")->required();
   app.add_option("-o,--out", out, "output directory: capture/, model/ (a layer slice), README.md, shrink.json")
       ->required();
@@ -44,6 +45,8 @@ int RunShrink(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--timeout", timeout, "seconds a trial's replay may take (0: no limit)");
   app.add_flag("--no-anonymize", no_anonymize, "keep request ids, sampled tokens and token ids as recorded");
+  app.add_flag("--export-kernel", export_kernel,
+               "then export the failing kernel of the shrunk capture (export-kernel) into OUT/kernel");
   app.add_flag("--json", json, "print shrink.json on stdout");
   app.add_flag("--quiet,-q", quiet, "no progress on stderr");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
@@ -77,7 +80,48 @@ int RunShrink(int argc, char** argv) {
     }
     return ReportError(r.status());
   }
-  const nlohmann::json j = r->ToJson();
+  nlohmann::json j = r->ToJson();
+  if (export_kernel) {
+    // The failing kernel of the shrunk step, exported as export-kernel does
+    // (the exact engine's replay: no --engine words), from OUT.
+    nlohmann::json e = {{"kernel", r->target.kernel}, {"dir", "kernel"}};
+    if (r->target.kernel.empty()) {
+      e["exit_code"] = nullptr;
+      e["note"] = "the failure names no kernel: nothing to export";
+    } else {
+      auto export_as = [&](const std::string& label) {
+        bisect::ProcessSpec spec;
+        spec.argv = {o.self, "export-kernel", r->capture_dir, "--kernel", label, "-o", out + "/kernel"};
+        for (size_t i = 0; i + 1 < o.replay_args.size(); i += 2) {
+          if (o.replay_args[i] == "--config" || o.replay_args[i] == "--set") {
+            spec.argv.insert(spec.argv.end(), {o.replay_args[i], o.replay_args[i + 1]});
+          }
+        }
+        const std::string model = !r->model_dir.empty() ? r->model_dir : o.model_dir;
+        if (!model.empty()) spec.argv.insert(spec.argv.end(), {"--model", model});
+        spec.timeout_s = o.trial_timeout_s;
+        return bisect::RunProcess(spec);
+      };
+      bisect::ProcessResult p = export_as(r->target.kernel);
+      if (p.exited && p.exit_code == kExitUsage && r->target.kernel.rfind('L', 0) != 0) {
+        // A check of the step's plan (the KV slot checks) names the kernel
+        // without a layer: every layer's runs that plan; the first one's is
+        // exported.
+        const std::string first = absl::StrCat("L0.", r->target.kernel);
+        p = export_as(first);
+        e["kernel"] = first;
+        e["note"] = absl::StrCat("the check names '", r->target.kernel, "' of every layer: exported ", first);
+      }
+      e["exit_code"] = p.exited ? nlohmann::json(p.exit_code) : nlohmann::json(nullptr);
+      if (!p.exited || p.exit_code != 0) {
+        std::string why = p.started ? bisect::KeptStderr(p) : p.start_error;
+        if (why.size() > 2000) why = why.substr(why.size() - 2000);
+        e["note"] = absl::StrCat("export-kernel did not finish: ", why);
+        std::fprintf(stderr, "crashreplay: shrink --export-kernel: %s\n", std::string(e["note"]).c_str());
+      }
+    }
+    j["export_kernel"] = e;
+  }
   {
     std::ofstream f(out + "/shrink.json");
     f << j.dump(2) << "\n";
@@ -91,7 +135,10 @@ int RunShrink(int argc, char** argv) {
                                     : "`model/` is a slice of the checkpoint: the layers up to the one that fails.\n")
            << (r->minimal ? ""
                           : "\nThe trial budget ran out: this is the smallest failing capture found, not a "
-                            "minimal one.\n");
+                            "minimal one.\n")
+           << (j.contains("export_kernel") && j["export_kernel"].value("exit_code", nlohmann::json()) == 0
+                   ? "\n`kernel/` holds the failing kernel's tensors, parameters and `repro.py` (export-kernel).\n"
+                   : "");
     if (!f || !readme) {
       std::fprintf(stderr, "crashreplay: cannot write %s/shrink.json or README.md\n", out.c_str());
       return kExitDataError;

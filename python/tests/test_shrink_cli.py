@@ -170,8 +170,14 @@ def test_two_requests_whose_cache_slots_alias_shrink_to_exactly_those_two(model,
     outcome, sig, rep = replay_signature(tmp_path / "rec")
     assert outcome == "failed" and sig["kernel"] == "kv_write" and sig["check"] == "kv_slot_written_once", rep
     assert f"'{ids[4]}'" in rep["detail"] and f"'{ids[11]}'" in rep["detail"]  # both requests named
-    report = shrink(tmp_path / "rec", tmp_path / "s")
+    report = shrink(tmp_path / "rec", tmp_path / "s", "--export-kernel")
     assert stage(report, "requests")["before"] == 16 and stage(report, "requests")["after"] == 2
+    # The failing kernel of the shrunk step, exported beside it (export-kernel).
+    # The slot check names kv_write of every layer: layer 0's is exported.
+    assert report["export_kernel"]["kernel"] == "L0.kv_write" and report["export_kernel"]["exit_code"] == 0
+    params = json.loads((tmp_path / "s" / "kernel" / "params.json").read_text())
+    assert params["kernel"] == "L0.kv_write" and (tmp_path / "s" / "kernel" / "repro.py").is_file()
+    assert "kernel/" in (tmp_path / "s" / "README.md").read_text()
     (f,) = crashreplay.read_capture(str(tmp_path / "s" / "capture"))["files"]
     decode = f["step_records"][-1]
     assert decode["request_ids"] == ["r0", "r1"]
