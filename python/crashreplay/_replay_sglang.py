@@ -42,6 +42,13 @@ sglang runs and what stands in for the Scheduler around it):
     raises is written there as a failure record (and reported in
     result["failure"], not raised).
 
+On a GPU: --setting device=cuda runs the same steps in sglang on this
+machine's CUDA device with the recorded kernel backends (attention,
+sampling, MoE and GEMM runners, CUDA graphs) unless a setting names others;
+sglang's own checks decide what the device runs, one process (tp 1). Not
+yet run on a GPU here: python/tests/test_engine_replay_sglang.py's GPU test
+runs it (scripts/test-engines.sh on a machine with one).
+
 Refusals: a capture from another engine (3), a setting that is no ServerArgs
 field or a configuration sglang refuses (2), an attention or sampling
 backend, device or CUDA-graph setting that needs a GPU (7), an sglang
@@ -134,7 +141,9 @@ def _unwritten(s: Dict[str, Any], written: Any) -> int:
 
 
 def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, out: str,
-           result: Dict[str, Any]) -> None:
+           result: Dict[str, Any], rank: int = 0, port: Optional[int] = None) -> None:
+    """rank, port: a peer rank of a --setting tp_size=N replay (started by
+    rank 0, which passes 0 and None and writes the result)."""
     engine = cap.manifest.get("engine", "")
     if engine != "sglang":
         raise Refusal(EXIT_DATA, f"the capture was recorded by '{engine}', not sglang: replay it with "
@@ -165,7 +174,18 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
     if unreadable:
         result["notes"].append(f"recorded ServerArgs fields left to sglang's default (their recorded values do not "
                                f"read back as the field's type): {', '.join(unreadable)}")
-    cpu = cpu_runner.build(ckpt, kwargs)
+    ranks = int(kwargs.get("tp_size") or 1)
+    peers: List[Any] = []
+    if ranks > 1 and rank == 0:
+        port = cpu_runner._free_port()
+        peers = _start_peers(cap.path, step, settings, model_dir, out, ranks, port, result.get("setup") or [])
+        result["notes"].append(f"tp_size={ranks}: {ranks} sglang ranks, one process each, their groups over gloo; "
+                               f"rank 0 judged, every rank recorded in the session")
+    try:
+        cpu = cpu_runner.build(ckpt, kwargs, rank, port)
+    except BaseException:
+        _stop_peers(peers)
+        raise
     result["notes"].extend(cpu.notes)
     import numpy as np
     import torch
@@ -181,7 +201,7 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
                                  f"slot {max_slot}")
     sa = cpu.server_args
     result["applied"] = {
-        "checkpoint": ckpt, "device": "cpu", "attention_backend": sa.attention_backend,
+        "checkpoint": ckpt, "device": cpu.device, "attention_backend": sa.attention_backend,
         "prefill_attention_backend": runner.prefill_attention_backend_str,
         "decode_attention_backend": runner.decode_attention_backend_str,
         "sampling_backend": sa.sampling_backend, "kv_cache_dtype": sa.kv_cache_dtype,
@@ -245,12 +265,94 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
         record_exception(result, e, current, mode)
     finally:
         adapter.recorder.close()
+    for note in _wait_peers(peers):
+        result["notes"].append(note)
+        if result["failure"] is None:
+            result["failure"] = {"type": "crashreplay.PeerRankFailed", "short_type": "PeerRankFailed",
+                                 "message": note, "step": current, "mode": mode}
     result["tokens"] = tokens
     result["sampled"] = sampled
     result["sampling"] = ("greedy or seeded: every sampled token compared with the recorded one" if compared_all else
                           "steps with unseeded non-greedy requests draw from torch's generator seeded here, not the "
                           "recording's state: their tokens are reported (sampled), not compared; the recorded tokens "
                           "are fed back")
+
+
+def _start_peers(capture: str, step: int, settings: Dict[str, str], model_dir: str, out: str, ranks: int,
+                 port: int, setup: List[str]) -> List[Any]:
+    """Ranks 1..N-1 of a tensor-parallel replay, each this module in a
+    process of this Python, replaying the same steps (TP ranks serve the same
+    batches) and recording its own rank file of OUT/session."""
+    import subprocess
+    import sys
+
+    procs = []
+    for r in range(1, ranks):
+        cmd = [sys.executable, "-m", "crashreplay._replay_sglang", "--rank", str(r), "--port", str(port),
+               "--capture", capture, "--step", str(step), "--out", out]
+        cmd += ["--model", model_dir] if model_dir else []
+        cmd += [a for k, v in settings.items() for a in ("--setting", f"{k}={v}")]
+        cmd += [a for m in setup for a in ("--setup", m)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _stop_peers(peers: List[Any]) -> None:
+    for p in peers:
+        p.kill()
+        p.wait()
+
+
+def _wait_peers(peers: List[Any], timeout: float = 600.0) -> List[str]:
+    """Waits for the peer ranks; a note for each that failed."""
+    import subprocess
+
+    notes = []
+    for r, p in enumerate(peers, start=1):
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            notes.append(f"rank {r} did not finish within {timeout:.0f} s (killed)")
+            continue
+        if p.returncode != 0:
+            tail = (err or "").strip().splitlines()[-3:]
+            notes.append(f"rank {r} exited {p.returncode}: {' | '.join(tail)}")
+    return notes
+
+
+def _peer_main(argv: Optional[List[str]] = None) -> int:
+    """One peer rank (see _start_peers): exit 0 when its steps ran, 1 when
+    sglang raised (recorded in its rank file), the Refusal's code otherwise."""
+    import argparse
+    import importlib
+    import sys
+
+    from crashreplay.engine_replay import parse_settings
+
+    p = argparse.ArgumentParser(prog="python -m crashreplay._replay_sglang")
+    for flag in ("--rank", "--port", "--step"):
+        p.add_argument(flag, type=int, required=True)
+    p.add_argument("--capture", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="")
+    p.add_argument("--setting", action="append", default=[])
+    p.add_argument("--setup", action="append", default=[])
+    a = p.parse_args(argv)
+    result: Dict[str, Any] = {"notes": []}
+    try:
+        for m in a.setup:
+            importlib.import_module(m)
+        replay(Capture(a.capture), a.step, parse_settings(a.setting), a.model, a.out, result, rank=a.rank,
+               port=a.port)
+    except Refusal as e:
+        print(f"rank {a.rank}: {e}", file=sys.stderr)
+        return e.code
+    if result.get("failure"):
+        print(f"rank {a.rank}: {result['failure']['short_type']}: {result['failure']['message']}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _next_step(every: List[Dict[str, Any]], current: int) -> Optional[Dict[str, Any]]:
@@ -284,3 +386,12 @@ def _continuations(s: Dict[str, Any], nxt: Optional[Dict[str, Any]]) -> List[Tup
         if nn == 1 and int(npos[nat]) == int(pos[at + n - 1]) + 1:
             out.append((i, int(ntok[nat])))
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    # Run as the package's module: Refusal must be crashreplay.engine_replay's.
+    from crashreplay import _replay_sglang
+
+    sys.exit(_replay_sglang._peer_main())

@@ -147,13 +147,26 @@ def recorded_server_args(toggles: Dict[str, Any]) -> Tuple[Dict[str, Any], List[
     return out, unreadable
 
 
+def wants_gpu(settings: Dict[str, str]) -> bool:
+    """--setting device=cuda: sglang on this machine's GPU, with the
+    recorded (or set) kernel backends, instead of the CPU's reference ones."""
+    return str(settings.get("device", "cpu")).strip().lower() == "cuda"
+
+
 def check_settings(settings: Dict[str, str]) -> Dict[str, Any]:
     """--setting name=value pairs as ServerArgs values; refuses what cannot
-    run here (a GPU attention or sampling kernel, a device, a width > 1)
-    or is no ServerArgs field."""
+    run here (on the CPU: a GPU attention or sampling kernel; a device
+    without one; a width > 1) or is no ServerArgs field."""
     from sglang.srt.server_args import ServerArgs
 
     hints = _field_types()
+    gpu = wants_gpu(settings)
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise Refusal(EXIT_NO_DEVICE, "--setting device=cuda: torch sees no CUDA device here; replay on the CPU "
+                                          "(the default) or on a machine with a GPU")
     out: Dict[str, Any] = {}
     for name, raw in settings.items():
         if name not in ServerArgs.__struct_fields__ or name.startswith("_"):
@@ -168,6 +181,9 @@ def check_settings(settings: Dict[str, str]) -> Dict[str, Any]:
         except Exception as e:  # noqa: BLE001
             raise Refusal(EXIT_USAGE, f"--setting {name}={raw}: not a value of ServerArgs.{name} "
                                       f"({hints[name]}): {e}") from e
+        if gpu and name != "device" and name not in _WIDTHS:
+            out[name] = value  # sglang's own checks decide what this GPU runs
+            continue
         if name in _ATTENTION_FIELDS and value is not None and value not in CPU_ATTENTION_BACKENDS:
             raise Refusal(EXIT_NO_DEVICE, f"--setting {name}={value}: the {value} attention backend needs a GPU "
                                           f"(its kernels are CUDA/ROCm/NPU/XPU or sgl-kernel's CPU build); the sglang "
@@ -175,13 +191,17 @@ def check_settings(settings: Dict[str, str]) -> Dict[str, Any]:
         if name == "sampling_backend" and value not in CPU_SAMPLING_BACKENDS:
             raise Refusal(EXIT_NO_DEVICE, f"--setting sampling_backend={value}: the {value} sampler needs a GPU; the "
                                           "sglang driver samples on the CPU with sglang's pytorch sampler")
-        if name == "device" and value != "cpu":
-            raise Refusal(EXIT_NO_DEVICE, f"--setting device={value}: the sglang driver runs sglang on the CPU only")
+        if name == "device" and value not in ("cpu", "cuda"):
+            raise Refusal(EXIT_NO_DEVICE, f"--setting device={value}: the sglang driver runs sglang on the CPU or, "
+                                          "with device=cuda, on a CUDA GPU")
         if name == "disable_cuda_graph" and value is False:
             raise Refusal(EXIT_NO_DEVICE, "--setting disable_cuda_graph=false: CUDA graphs need a GPU; the sglang "
                                           "driver runs sglang eagerly on the CPU")
-        if name in _WIDTHS and value not in (None, 1):
-            raise Refusal(EXIT_USAGE, f"--setting {name}={value}: the sglang driver runs one process (width 1)")
+        if name == "tp_size" and isinstance(value, int) and value > 1:
+            pass  # N ranks, one process each (the driver starts them)
+        elif name in _WIDTHS and value not in (None, 1):
+            raise Refusal(EXIT_USAGE, f"--setting {name}={value}: the sglang driver runs tensor-parallel ranks "
+                                      "(tp_size) only; other widths replay at 1")
         out[name] = value
     return out
 
@@ -189,18 +209,26 @@ def check_settings(settings: Dict[str, str]) -> Dict[str, Any]:
 def server_args_kwargs(model_dir: str, recorded: Dict[str, Any], settings: Dict[str, Any], *,
                        max_total_tokens: int, max_running_requests: int) -> Tuple[Dict[str, Any], List[str]]:
     """ServerArgs keyword arguments: the recorded fields, then the settings,
-    then what the CPU forces. Returns them with notes on what changed."""
+    then what the CPU forces (on a GPU, settings.device == "cuda": nothing
+    beyond the placement and the pool sizes; the recorded kernel backends
+    and CUDA-graph choice stay). Returns them with notes on what changed."""
     from sglang.srt.server_args import ServerArgs
 
     notes: List[str] = []
     kw = {k: v for k, v in recorded.items() if k not in _PLACEMENT}
-    wide = {k: kw[k] for k in _WIDTHS if isinstance(kw.get(k), int) and kw[k] > 1}
+    wide = {k: kw[k] for k in _WIDTHS if isinstance(kw.get(k), int) and kw[k] > 1 and k not in settings}
     if wide:
         notes.append(f"recorded with {', '.join(f'{k}={v}' for k, v in wide.items())}; replayed in one process "
-                     "(width 1): the same model, its reductions in another order")
+                     "(width 1): the same model, its reductions in another order (--setting tp_size=N runs N "
+                     "ranks)")
     for k in _WIDTHS:
         kw.pop(k, None)
     kw.pop("enable_dp_attention", None)
+    if settings.get("device") == "cuda":
+        kw.update(settings)
+        kw.update(model_path=model_dir, tokenizer_path=model_dir, device="cuda", skip_tokenizer_init=True,
+                  max_total_tokens=max_total_tokens, max_running_requests=max_running_requests)
+        return kw, notes
     # A kernel backend recorded on a GPU (moe_runner_backend=deep_gemm,
     # fp8_gemm_runner_backend, ...) has no CPU implementation: sglang picks
     # its own for this device unless a setting names one.
@@ -261,12 +289,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _groups_over_gloo() -> None:
+    """sglang's model-parallel groups without PyNccl or the custom
+    all-reduce (both need CUDA): its collectives then go through
+    torch.distributed on the groups' gloo backend."""
+    import sglang.srt.distributed.parallel_state as ps
+
+    if getattr(ps.init_model_parallel_group, "_crashreplay_gloo", False):
+        return
+    orig = ps.init_model_parallel_group
+
+    def cpu_group(*args: Any, **kwargs: Any) -> Any:
+        kwargs["use_pynccl"] = False
+        kwargs["use_custom_allreduce"] = False
+        return orig(*args, **kwargs)
+
+    cpu_group._crashreplay_gloo = True  # type: ignore[attr-defined]
+    ps.init_model_parallel_group = cpu_group
+
+
 # ---- the runner -------------------------------------------------------------
 class CpuModelRunner:
     """One sglang rank on the CPU: TpModelWorker, its ModelRunner, pools,
     attention backend and sampler, built as the Scheduler builds them."""
 
-    def __init__(self, server_args: Any) -> None:
+    def __init__(self, server_args: Any, rank: int = 0, port: Optional[int] = None) -> None:
+        """rank, port: this process's tensor-parallel rank of
+        server_args.tp_size, and the port its process groups meet on (every
+        rank the same; any free one for a single rank). The groups run over
+        gloo: PyNccl and the custom all-reduce need CUDA."""
         import torch
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.distributed import bootstrap
@@ -274,19 +325,28 @@ class CpuModelRunner:
         from sglang.srt.runtime_context import SpawnRanks, publish
 
         self.notes: List[str] = []
-        note = _rotary_without_vllm()
+        self.device = "cuda" if str(server_args.device) == "cuda" else "cpu"
+        note = _rotary_without_vllm() if self.device == "cpu" else None
         if note:
             self.notes.append(note)
         self.torch = torch
         self.server_args = server_args
+        self.rank = rank
+        width = int(server_args.tp_size or 1)
+        if width > 1 and self.device == "cpu":
+            _groups_over_gloo()
+            # sglang binds each CPU rank to a NUMA node unless told which
+            # cores: one machine's cores, shared round-robin, here.
+            cores = os.cpu_count() or 1
+            os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(width)))
         # What run_scheduler_process and Scheduler.__init__ do before the worker.
-        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
-        port = _free_port()
-        bootstrap.init_parallel_runtime(server_args=server_args, device="cpu", dist_port=port)
+        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank, gpu_id=rank))
+        port = _free_port() if port is None else port
+        bootstrap.init_parallel_runtime(server_args=server_args, device=self.device, dist_port=port)
         model_config = ModelConfig.from_server_args(server_args)
         bootstrap.init_layer_runtime(model_config=model_config)
         self._init_gemm_config(model_config)
-        self.worker = TpModelWorker(server_args=server_args, gpu_id=0, nccl_port=port)
+        self.worker = TpModelWorker(server_args=server_args, gpu_id=rank, nccl_port=port)
         self.runner = self.worker.model_runner
         self.model_config = self.worker.model_config
         # Scheduler.init_memory_pools, init_all_attention_backends, init_all_cuda_graphs.
@@ -348,6 +408,7 @@ class CpuModelRunner:
         from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
         from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
 
+        dev = self.runner.device
         sps = []
         for p in params:
             sp = SamplingParams(temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
@@ -357,12 +418,12 @@ class CpuModelRunner:
             sps.append(sp)
         seeded = get_exec().deterministic.enable_deterministic_inference
         return SamplingBatchInfo(
-            temperatures=torch.tensor([sp.temperature for sp in sps], dtype=torch.float).view(-1, 1),
-            top_ps=torch.tensor([sp.top_p for sp in sps], dtype=torch.float),
-            top_ks=torch.tensor([sp.top_k for sp in sps], dtype=torch.int32),
-            min_ps=torch.tensor([sp.min_p for sp in sps], dtype=torch.float),
+            temperatures=torch.tensor([sp.temperature for sp in sps], dtype=torch.float, device=dev).view(-1, 1),
+            top_ps=torch.tensor([sp.top_p for sp in sps], dtype=torch.float, device=dev),
+            top_ks=torch.tensor([sp.top_k for sp in sps], dtype=torch.int32, device=dev),
+            min_ps=torch.tensor([sp.min_p for sp in sps], dtype=torch.float, device=dev),
             sampling_seed=(torch.tensor([42 if sp.sampling_seed is None else sp.sampling_seed for sp in sps],
-                                        dtype=torch.int64) if seeded else None),
+                                        dtype=torch.int64, device=dev) if seeded else None),
             is_all_greedy=all(sp.top_k <= 1 for sp in sps), is_any_greedy=any(sp.top_k <= 1 for sp in sps),
             need_top_p_sampling=any(sp.top_p != 1.0 for sp in sps),
             need_top_k_sampling=any(sp.top_k != TOP_K_ALL for sp in sps),
@@ -394,13 +455,16 @@ class CpuModelRunner:
             raise ValueError(f"no sglang forward mode replays a '{mode}' step")
         n = len(seq_lens)
 
-        def i64(x: Sequence[int]) -> Any:
-            return torch.tensor([int(v) for v in x], dtype=torch.int64)
+        dev = self.runner.device  # the tensors init_new would put on the model's device
 
-        seq = i64(seq_lens)
+        def i64(x: Sequence[int]) -> Any:
+            return torch.tensor([int(v) for v in x], dtype=torch.int64, device=dev)
+
+        seq_cpu = torch.tensor([int(v) for v in seq_lens], dtype=torch.int64)
+        seq = seq_cpu.to(dev)
         kw: Dict[str, Any] = dict(
             forward_mode=forward_mode, batch_size=n, input_ids=i64(token_ids), req_pool_indices=i64(req_pool_indices),
-            seq_lens=seq, out_cache_loc=i64(out_cache_loc), seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone(),
+            seq_lens=seq, out_cache_loc=i64(out_cache_loc), seq_lens_sum=int(seq_cpu.sum()), seq_lens_cpu=seq_cpu,
             positions=i64(positions), sampling_info=self.sampling_info(sampling),
             rids=list(rids) if rids else None, return_logprob=False,
             spec_algorithm=SpeculativeAlgorithm.NONE,
@@ -409,12 +473,12 @@ class CpuModelRunner:
         if forward_mode.is_extend():
             ext = [int(v) for v in extend_lens]
             prefix = [int(s) - e for s, e in zip(seq_lens, ext)]
-            ext_t = torch.tensor(ext, dtype=torch.int32)
-            prefix_t = torch.tensor(prefix, dtype=torch.int32)
+            ext_t = torch.tensor(ext, dtype=torch.int32, device=dev)
+            prefix_t = torch.tensor(prefix, dtype=torch.int32, device=dev)
             _, start_loc = compute_position(self.runner.prefill_attention_backend_str, prefix_t, ext_t, sum(ext))
             kw.update(extend_num_tokens=sum(ext), extend_seq_lens=ext_t, extend_prefix_lens=prefix_t,
                       extend_seq_lens_cpu=ext, extend_prefix_lens_cpu=prefix, extend_start_loc=start_loc,
-                      extend_logprob_start_lens_cpu=list(ext), req_pool_indices_cpu=kw["req_pool_indices"].clone(),
+                      extend_logprob_start_lens_cpu=list(ext), req_pool_indices_cpu=kw["req_pool_indices"].cpu(),
                       is_extend_in_batch=True)
         fb = ForwardBatch(**kw)
         # What init_new does after building the batch.
@@ -432,7 +496,7 @@ class CpuModelRunner:
         return [int(t) for t in result.next_token_ids.tolist()]
 
 
-def build(model_dir: str, server_args: Dict[str, Any]) -> CpuModelRunner:
+def build(model_dir: str, server_args: Dict[str, Any], rank: int = 0, port: Optional[int] = None) -> CpuModelRunner:
     """A CpuModelRunner for ServerArgs(**server_args), sglang's refusals
     of the configuration as Refusal (exit 2) naming it."""
     from sglang.srt.server_args import ServerArgs
@@ -442,7 +506,7 @@ def build(model_dir: str, server_args: Dict[str, Any]) -> CpuModelRunner:
     except Exception as e:  # noqa: BLE001 - ServerArgs validation: the message names the field
         raise Refusal(EXIT_USAGE, f"sglang refused the configuration (ServerArgs): {type(e).__name__}: {e}") from e
     try:
-        return CpuModelRunner(sa)
+        return CpuModelRunner(sa, rank, port)
     except Refusal:
         raise
     except Exception as e:  # noqa: BLE001 - a kernel or layer this configuration needs and the CPU lacks
@@ -454,13 +518,15 @@ def build(model_dir: str, server_args: Dict[str, Any]) -> CpuModelRunner:
 
 # ---- recording a schedule ----------------------------------------------------
 def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]], decode_steps: int,
-                    server_args: Optional[Dict[str, Any]] = None, fingerprints: bool = True) -> Dict[str, Any]:
+                    server_args: Optional[Dict[str, Any]] = None, fingerprints: bool = True, rank: int = 0,
+                    port: Optional[int] = None) -> Dict[str, Any]:
     """Serves requests [{"rid", "prompt": [ids], "temperature"?, "top_p"?,
     "top_k"?, "min_p"?, "seed"?}] through the real runner - one EXTEND step
     of every prompt, then decode_steps DECODE steps, each request fed the
     token sglang sampled for it - recorded by crashreplay.sglang into
     session. KV slots and request rows come from sglang's own allocator and
-    ReqToTokenPool. Returns {"path", "tokens" (per request), "boundaries",
+    ReqToTokenPool. Returns {"path", "tokens" (per request), "rows" (each request's row of
+    KV slots as sglang's ReqToTokenPool holds it at the end), "rank", "boundaries",
     "failure" (None, or the exception's text: recorded in the session)}."""
     import torch
 
@@ -471,7 +537,7 @@ def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]]
     kw.setdefault("max_running_requests", 16)
     kw.update(model_path=model_dir, device="cpu", attention_backend=kw.get("attention_backend", "torch_native"),
               sampling_backend="pytorch", disable_cuda_graph=True, skip_tokenizer_init=True)
-    cpu = build(model_dir, kw)
+    cpu = build(model_dir, kw, rank, port)
     adapter = cpu.attach(session, fingerprints)
     pool, alloc = cpu.runner.req_to_token_pool, cpu.runner.token_to_kv_pool_allocator
     page = int(cpu.server_args.page_size or 1)
@@ -481,6 +547,7 @@ def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]]
     sampling = [{k: r[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed") if k in r} for r in requests]
     ctx = [list(r["prompt"]) for r in requests]  # each request's tokens so far
     generated: List[List[int]] = [[] for _ in requests]
+    table: List[List[int]] = []
     failure = None
     try:
         lens = [len(c) for c in ctx]
@@ -491,7 +558,6 @@ def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]]
             zeros = torch.zeros(n, dtype=torch.int64)
             slots = alloc.alloc_extend(zeros, zeros, lt, lt, torch.full((n,), -1, dtype=torch.int64), sum(lens))
         slots = [int(s) for s in slots.tolist()]
-        table = []
         at = 0
         for c in ctx:
             table.append(slots[at:at + len(c)])
@@ -527,14 +593,19 @@ def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]]
         failure = f"{type(e).__name__}: {e}"
     finally:
         adapter.recorder.close()
-    return {"path": adapter.recorder.path, "tokens": generated, "failure": failure,
+    held = [cpu.req_to_token[int(r), :len(t)].tolist() for r, t in zip(rows, table)] if table else []
+    return {"path": adapter.recorder.path, "tokens": generated, "failure": failure, "rank": rank, "rows": held,
             "boundaries": adapter.hooks.names if adapter.hooks is not None else []}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """python -m crashreplay._sglang_cpu_runner record --model DIR --session DIR
     --requests JSON --decode-steps N [--server-arg name=value ...] [--setup MODULE ...]
+    [--rank R --port P]
 
+    With --server-arg tp_size=N, run it once per rank (--rank 0..N-1, one
+    --port for all): every rank serves the same schedule, as sglang's tensor-
+    parallel ranks do, and records its own file of the session.
     Prints record_schedule's report as one JSON line; exit 1 when the
     schedule failed (the failure is in the session)."""
     p = argparse.ArgumentParser(prog="python -m crashreplay._sglang_cpu_runner")
@@ -547,6 +618,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--server-arg", action="append", default=[], help="a ServerArgs field, name=value")
     r.add_argument("--setup", action="append", default=[], help="a module to import first (patches, defects)")
     r.add_argument("--no-fingerprints", action="store_true")
+    r.add_argument("--rank", type=int, default=0, help="this process's tensor-parallel rank (with tp_size > 1)")
+    r.add_argument("--port", type=int, default=None, help="the port the ranks' process groups meet on")
     a = p.parse_args(argv)
     for m in a.setup:
         importlib.import_module(m)
@@ -555,9 +628,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         for item in a.server_arg:
             k, _, v = item.partition("=")
             sa[k] = v
+        tp = sa.pop("tp_size", None)  # a width the replay refuses, the recording runs as ranks
         sa = check_settings(sa) if sa else {}
+        if tp is not None:
+            sa["tp_size"] = int(tp)
         report = record_schedule(a.model, a.session, json.loads(a.requests), a.decode_steps, sa,
-                                 fingerprints=not a.no_fingerprints)
+                                 fingerprints=not a.no_fingerprints, rank=a.rank, port=a.port)
     except Refusal as e:
         print(f"crashreplay._sglang_cpu_runner: {e}", file=sys.stderr)
         return e.code

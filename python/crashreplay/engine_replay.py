@@ -150,6 +150,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from crashreplay import _replay_sglang as driver  # type: ignore[no-redef]
         else:
             from crashreplay import _replay_vllm as driver  # type: ignore[no-redef]
+        result["setup"] = list(a.setup)  # also imported by the ranks a tp_size=N replay starts
         driver.replay(cap, a.step, settings, a.model, a.out, result)
     except Refusal as r:
         result["refused"] = str(r)

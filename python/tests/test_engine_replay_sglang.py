@@ -386,15 +386,34 @@ def test_settings_that_need_a_gpu_or_that_sglang_has_no_field_for_are_refused():
                                  "the flashinfer attention backend needs a GPU"),
                                 ({"decode_attention_backend": "fa3"}, EXIT_NO_DEVICE, "fa3 attention backend needs"),
                                 ({"sampling_backend": "flashinfer"}, EXIT_NO_DEVICE, "sampler needs a GPU"),
-                                ({"device": "cuda"}, EXIT_NO_DEVICE, "on the CPU only"),
+                                ({"device": "xpu"}, EXIT_NO_DEVICE, "on the CPU or, with device=cuda"),
                                 ({"attn_backend": "torch_native"}, EXIT_USAGE, "no field 'attn_backend'"),
-                                ({"tp_size": "2"}, EXIT_USAGE, "one process"),
+                                ({"dp_size": "2"}, EXIT_USAGE, "tensor-parallel ranks (tp_size) only"),
                                 ({"page_size": "many"}, EXIT_USAGE, "not a value of ServerArgs.page_size")]:
         with pytest.raises(Refusal) as r:
             check_settings(setting)
         assert r.value.code == code and says in str(r.value), (setting, str(r.value))
     assert check_settings({"page_size": "16", "kv_cache_dtype": "fp8_e4m3", "attention_backend": "flex_attention"}) \
         == {"page_size": 16, "kv_cache_dtype": "fp8_e4m3", "attention_backend": "flex_attention"}
+    if not torch.cuda.is_available():
+        with pytest.raises(Refusal) as r:
+            check_settings({"device": "cuda", "attention_backend": "flashinfer"})
+        assert r.value.code == EXIT_NO_DEVICE and "torch sees no CUDA device" in str(r.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_session_replays_in_sglang_with_its_gpu_backends(greedy_session, tmp_path):
+    """--setting device=cuda: sglang's GPU kernels (the triton attention
+    backend, CUDA graphs off so every step runs its hooks) re-execute the
+    CPU recording; greedy tokens the same, fingerprints within the replay's
+    one tolerance (other kernels, other summation order)."""
+    session, rep = greedy_session
+    out = tmp_path / "out"
+    rc, result, proc = replay(session, out, LAST, settings=["device=cuda", "attention_backend=triton",
+                                                            "sampling_backend=pytorch", "disable_cuda_graph=true"])
+    assert rc == 0 and result["failure"] is None, proc
+    assert result["applied"]["device"] == "cuda" and result["applied"]["attention_backend"] == "triton"
+    assert result["tokens"] and all(t["recorded"] == t["replayed"] for t in result["tokens"])
 
 
 def crashreplay_cli(args, modules=None, env=None):

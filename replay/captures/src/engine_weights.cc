@@ -97,6 +97,32 @@ class Builder {
     return absl::OkStatus();
   }
 
+  // Part `part` of `parts` equal column parts of a 2-D tensor, each row
+  // followed by `pad_columns` zero columns.
+  absl::Status PaddedColumns(const std::string& name, int64_t parts, int64_t part, int64_t pad_columns) {
+    CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(name));
+    if (t->shape.size() != 2 || parts <= 0 || t->shape[1] % parts != 0 || pad_columns < 0) {
+      return absl::UnimplementedError(Cat("'", name, "' cannot be split into ", parts, " column parts"));
+    }
+    const uint64_t elem = DTypeBytes(t->dtype, 1);
+    const uint64_t row_bytes = static_cast<uint64_t>(t->shape[1]) * elem;
+    const uint64_t per = row_bytes / static_cast<uint64_t>(parts);
+    for (int64_t r = 0; r < t->shape[0]; ++r) {
+      Append(t->bytes.data() + r * row_bytes + part * per, per);
+      out_.resize(out_.size() + static_cast<uint64_t>(pad_columns) * elem, 0);
+    }
+    return absl::OkStatus();
+  }
+
+  // `rows` zero rows of `name`'s row size.
+  absl::Status ZeroRows(const std::string& name, int64_t rows) {
+    CR_ASSIGN_OR_RETURN(const HostTensor* t, Get(name));
+    const int64_t n = t->shape.empty() ? 1 : t->shape[0];
+    const uint64_t row_bytes = n == 0 ? 0 : t->bytes.size() / static_cast<uint64_t>(n);
+    out_.resize(out_.size() + static_cast<uint64_t>(std::max<int64_t>(rows, 0)) * row_bytes, 0);
+    return absl::OkStatus();
+  }
+
   void Value(const void* p, size_t n) { Append(static_cast<const uint8_t*>(p), n); }
   std::vector<uint8_t> Take() { return std::move(out_); }
 
@@ -242,12 +268,16 @@ absl::StatusOr<std::vector<uint8_t>> EngineParameterBytes(const EngineLayout& l,
     const LayerNames names = NamesFor(spec, *layer);
     const int64_t local = spec.num_experts / l.moe_ep_size;
     const bool w13 = EndsWith(name, "w13_weight");
+    const int64_t per_rank = spec.moe_intermediate / std::max<int64_t>(l.moe_tp_size, 1);
+    const int64_t pad = l.expert_intermediate_padded > per_rank ? l.expert_intermediate_padded - per_rank : 0;
     for (int64_t e = l.moe_ep_rank * local; e < (l.moe_ep_rank + 1) * local; ++e) {
       if (w13) {
-        CR_RETURN_IF_ERROR(b.Rows(names.expert(e, "gate"), l.moe_tp_size, l.moe_tp_rank));
-        CR_RETURN_IF_ERROR(b.Rows(names.expert(e, "up"), l.moe_tp_size, l.moe_tp_rank));
+        for (const char* half : {"gate", "up"}) {
+          CR_RETURN_IF_ERROR(b.Rows(names.expert(e, half), l.moe_tp_size, l.moe_tp_rank));
+          if (pad > 0) CR_RETURN_IF_ERROR(b.ZeroRows(names.expert(e, half), pad));
+        }
       } else {
-        CR_RETURN_IF_ERROR(b.Columns(names.expert(e, "down"), l.moe_tp_size, l.moe_tp_rank));
+        CR_RETURN_IF_ERROR(b.PaddedColumns(names.expert(e, "down"), l.moe_tp_size, l.moe_tp_rank, pad));
       }
     }
     return b.Take();
@@ -287,6 +317,20 @@ absl::StatusOr<WeightVerification> VerifyEngineWeights(const LoadedCapture& cap,
     for (const TensorHash& t : rw.tensors) {
       std::vector<std::string> sources;
       absl::StatusOr<std::vector<uint8_t>> bytes = EngineParameterBytes(layout, t.name, spec, tensors, &sources);
+      const bool experts = EndsWith(t.name, "experts.w13_weight") || EndsWith(t.name, "experts.w2_weight");
+      if (bytes.ok() && experts && bytes->size() < t.byte_size && bytes->size() > 0 && spec.moe_intermediate > 0) {
+        // A larger recorded tensor that zero padding of the per-rank
+        // intermediate explains (sglang pads it for its MoE kernels): that
+        // layout, checked by the hash like any other.
+        const int64_t per_rank = spec.moe_intermediate / std::max<int64_t>(layout.moe_tp_size, 1);
+        if (per_rank > 0 && (t.byte_size * static_cast<uint64_t>(per_rank)) % bytes->size() == 0) {
+          const uint64_t padded = t.byte_size * static_cast<uint64_t>(per_rank) / bytes->size();
+          EngineLayout wide = layout;
+          wide.expert_intermediate_padded = static_cast<int64_t>(padded);
+          sources.clear();
+          bytes = EngineParameterBytes(wide, t.name, spec, tensors, &sources);
+        }
+      }
       if (!bytes.ok()) {
         v.unmapped.push_back(Cat("rank ", rw.rank, " '", t.name, "': ", bytes.status().message()));
         continue;

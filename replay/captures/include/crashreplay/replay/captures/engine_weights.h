@@ -66,6 +66,11 @@ struct EngineLayout {
   int64_t moe_ep_size = 1, moe_ep_rank = 0;
   int64_t vocab_padding = 64;
   std::string experts_unmapped;  // why routed experts are not mapped; "" when they are
+  // The per-rank expert intermediate size the engine padded its fused
+  // experts to (0: not padded). sglang pads it with zero rows (w13: gate and
+  // up each) and zero columns (w2); VerifyEngineWeights infers it from a
+  // recorded size that only such padding explains.
+  int64_t expert_intermediate_padded = 0;
 };
 
 // The layout of the rank file with `parallel`, from the recorded toggles
