@@ -47,6 +47,7 @@ struct Candidate {
   ChangeSet requests;   // indices into steps[target]'s requests
   bool sliced = false;
   std::vector<bool> keep_token;
+  std::set<int64_t> dropped_steps;  // earlier steps (indices into Source::steps) left out whole
 };
 
 std::string RequestKey(const StepRecord& s, size_t i) {
@@ -229,6 +230,7 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   int64_t target_out = -1;
   size_t occurrence = 0;
   for (int64_t si = 0; si <= c.target; ++si) {
+    if (si < c.target && c.dropped_steps.count(si)) continue;
     const StepRecord& s = *src_.steps[static_cast<size_t>(si)];
     const size_t n = NumRequests(s);
     CR_ASSIGN_OR_RETURN(std::vector<size_t> off, TokenOffsets(s));
@@ -462,7 +464,61 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     res.stages.push_back(st);
   }
 
-  // Stage 2: layers.
+  // Stage 2: history - the earlier steps the kept requests ran in (their
+  // KV then holds what no replayed step wrote: zeros in the exact engine).
+  {
+    std::set<std::string> kept;
+    if (cur.target >= 0) {
+      const StepRecord& t = *src_.steps[static_cast<size_t>(cur.target)];
+      for (size_t i : cur.requests) kept.insert(RequestKey(t, i));
+    }
+    std::vector<int64_t> history;  // earlier steps with a kept request
+    for (int64_t si = 0; si < cur.target; ++si) {
+      const StepRecord& s = *src_.steps[static_cast<size_t>(si)];
+      for (size_t i = 0; i < NumRequests(s); ++i) {
+        if (kept.count(RequestKey(s, i))) {
+          history.push_back(si);
+          break;
+        }
+      }
+    }
+    ShrinkStage st{"history", static_cast<int64_t>(history.size()), static_cast<int64_t>(history.size()), 0, ""};
+    const int before = trials_;
+    auto with_steps = [&](const ChangeSet& keep) {
+      Candidate c = cur;
+      std::set<size_t> in(keep.begin(), keep.end());
+      for (size_t k = 0; k < history.size(); ++k) {
+        if (!in.count(k)) c.dropped_steps.insert(history[k]);
+      }
+      return c;
+    };
+    if (!history.empty()) {
+      StageOracle oracle([&](const ChangeSet& set) { return Judge(with_steps(set)); }, [&] { return OutOfBudget(); });
+      // No history at all first: most failures of a step's own make-up need none.
+      ChangeSet keep;
+      if (Judge(with_steps({})) == Outcome::kFail) {
+        st.note = "the failure needs none of the earlier steps";
+      } else {
+        const bisect::DdResult dd = bisect::IsolateCulprit(history.size(), oracle);
+        if (dd.complete && !dd.culprit.empty()) {
+          keep = dd.culprit;
+        } else if (oracle.smallest_failing()) {
+          keep = *oracle.smallest_failing();
+          res.minimal = false;
+          st.note = "trial budget reached: the smallest failing set found so far";
+        } else {
+          for (size_t k = 0; k < history.size(); ++k) keep.push_back(k);
+          if (!dd.complete) res.minimal = false;
+        }
+      }
+      cur = with_steps(keep);
+      st.after = static_cast<int64_t>(keep.size());
+    }
+    st.trials = trials_ - before;
+    res.stages.push_back(st);
+  }
+
+  // Stage 3: layers.
   {
     ShrinkStage st{"layers", src_.layers, src_.layers, 0, ""};
     const int before = trials_;
@@ -498,7 +554,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     res.stages.push_back(st);
   }
 
-  // Stage 3: token ids.
+  // Stage 4: token ids.
   {
     std::vector<Occurrence> occ;
     if (absl::Status s = Write(cur, o_.out_dir + "/capture", &occ); !s.ok()) return s;
@@ -576,8 +632,7 @@ nlohmann::json ShrinkResult::ToJson() const {
     if (!s.note.empty()) e["note"] = s.note;
     j["stages"].push_back(e);
   }
-  j["not_run"] = {{"history", "not built yet: earlier steps of a kept request are kept"},
-                  {"prompt", "not built yet: prompts keep their length"},
+  j["not_run"] = {{"prompt", "not built yet: prompts keep their length"},
                   {"weights", "not built yet: the weights are the checkpoint's (or its slice)"}};
   j["trials"] = trials;
   j["minimal"] = minimal;

@@ -11,6 +11,9 @@
 //   requests   the requests of the failing step, and of the earlier steps
 //              only those the kept requests are (steps left empty are
 //              dropped, the rest renumbered from 0);
+//   history    the earlier steps the kept requests ran in: none at all
+//              first, else delta debugging over them (a dropped step's KV
+//              writes are absent: the exact engine reads zeros there);
 //   layers     when the failure names layer k (a kernel or boundary
 //              L<k>.*), a checkpoint slice of layers 0..k written under
 //              OUT/model (config.json's num_hidden_layers and its per-layer
@@ -19,8 +22,8 @@
 //              the vocabulary, the original kept only at the occurrences
 //              the failure needs (dd over the occurrences; listed in
 //              shrink.json).
-// Not yet built (said in shrink.json, `not_run`): dropping a request's
-// earlier steps (history), shortening its prompt, and random weights.
+// Not yet built (said in shrink.json, `not_run`): shortening a prompt, and
+// random weights.
 //
 // What leaves the user's capture (anonymize, on by default): the shrunk
 // capture holds no request id (renamed r0, r1, ...), no sampled output, no
@@ -63,7 +66,7 @@ struct ShrinkOptions {
 };
 
 struct ShrinkStage {
-  std::string stage;  // requests | layers | token_ids
+  std::string stage;  // requests | history | layers | token_ids
   int64_t before = 0, after = 0;
   int trials = 0;
   std::string note;

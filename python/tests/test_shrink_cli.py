@@ -62,6 +62,8 @@ def test_the_demos_decode_failure_shrinks_to_one_layer_and_no_original_token(dem
     assert {k: rep["target"][k] for k in ("class", "stage", "kernel", "check")} == \
         {k: target[k] for k in ("class", "stage", "kernel", "check")}
     assert stage(rep, "requests")["after"] == 1
+    # The decode step's failure is its kernel's: the prefill before it is not needed.
+    assert {k: stage(rep, "history")[k] for k in ("before", "after", "trials")} == {"before": 1, "after": 0, "trials": 1}
     assert stage(rep, "layers") == {"stage": "layers", "before": 3, "after": 1, "trials": 1}
     assert stage(rep, "token_ids")["after"] == 0 and rep["needs"]["token_ids"] == []
     assert rep["minimal"] is True and rep["bytes"]["after"] < rep["bytes"]["before"]
