@@ -14,7 +14,7 @@
 // then puts any range of a tensor's bytes at its place with pwrite, and
 // Commit() fsyncs every shard, renames it to its name and writes the index,
 // as WriteFileAtomically does for each file of the in-memory writer.
-// (This mirrors formats/src/safetensors_writer.cc's layout rules because
+// (This mirrors formats/checkpoint/src/safetensors_writer.cc's layout rules because
 // formats/ offers no writer that takes bytes later;
 // random_checkpoint_files_test compares the two byte for byte.)
 //

@@ -1,6 +1,6 @@
 // The records of a capture file as plain C++ values.
 //
-// These mirror formats/schema/capture.capnp one to one. Writers build them,
+// These mirror formats/capture/schema/capture.capnp one to one. Writers build them,
 // FrameEncoder turns them into frames, CaptureReader hands them back; no
 // Cap'n Proto type (and so no kj exception) crosses this API. Values only:
 // copyable, no sharing, thread-compatible.

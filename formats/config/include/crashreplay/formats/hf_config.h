@@ -9,7 +9,7 @@
 // `num_local_experts` / `num_experts`, deepseek's and glm4_moe's
 // `n_routed_experts` / `num_local_experts` all become `num_experts`. A key
 // the file leaves out takes the default of transformers' config class for
-// that model_type (formats/src/hf_family.h), so a file reads as transformers
+// that model_type (formats/config/src/hf_family.h), so a file reads as transformers
 // reads it. RoPE is resolved as transformers 5 resolves it: a non-null
 // `rope_scaling` wins over `rope_parameters`, which wins over a bare
 // `rope_theta`; each form is also kept on its own (RoPE notes, the
