@@ -32,8 +32,11 @@ On a GPU it re-executes the capture in vLLM's own engine:
     draws with, recorded for every request) makes each draw vLLM's own.
     The executor's execute_model then sample_tokens run the step; before
     each step the recorded input token of every decoding request is written
-    where vLLM's runner keeps its last sampled token, so the recorded
-    tokens are fed back whatever was sampled;
+    where vLLM's runner takes it from (the second-generation runner's last
+    sampled token, vllm/v1/worker/gpu, the only one in 0.34; the
+    first-generation runner's host token row, vLLM 0.33's default), with
+    async scheduling off, so the recorded tokens are fed back whatever was
+    sampled;
   * tokens: every sampled token the next recorded step feeds back is
     compared (greedy and seeded draws alike: both are vLLM's exact
     function of the recorded seed and position); the result lists them.
@@ -326,6 +329,12 @@ def engine_kwargs(ckpt: str, toggles: Dict[str, Any], chosen: Dict[str, Any], ma
     kw.update(chosen)
     kw["model"] = ckpt
     kw["tokenizer"] = ckpt
+    if kw.get("async_scheduling"):
+        # The recorded tokens are fed back from the host before each step;
+        # async scheduling would take the previous step's sampled tokens
+        # from the device instead (the first-generation runner).
+        notes.append("recorded with async_scheduling: replayed synchronously, each step's recorded tokens fed back")
+    kw["async_scheduling"] = False
     kw["skip_tokenizer_init"] = True
     # Every recorded block id must exist in the replay's KV cache.
     blocks = max(max_block + 1, int(kw.get("num_gpu_blocks_override") or 0))
@@ -337,12 +346,33 @@ def engine_kwargs(ckpt: str, toggles: Dict[str, Any], chosen: Dict[str, Any], ma
     return kw, notes
 
 
+def _slot_of(runner: Any, rid: str) -> Optional[int]:
+    """The request-state slot vLLM's runner gave a request (either runner)."""
+    states = getattr(runner, "req_states", None)
+    table = states.req_id_to_index if states is not None else runner.input_batch.req_id_to_index
+    return table.get(rid)
+
+
 def _feed_back(runner: Any, feed: List[Tuple[str, int, int]]) -> None:
     """The recorded input token of each decoding request where vLLM's runner
-    takes it from: its last sampled token (and the request's token row)."""
+    takes it from: the second-generation runner's last sampled token (and the
+    request's token row); the first-generation runner's host token row and
+    the request's last output token (async scheduling is off in the replay,
+    so no device copy of the previous step's tokens takes their place)."""
     import torch
 
-    states = runner.req_states
+    states = getattr(runner, "req_states", None)
+    if states is None:
+        batch = runner.input_batch
+        for rid, position, token in feed:
+            idx = batch.req_id_to_index.get(rid)
+            if idx is None:
+                continue
+            batch.token_ids_cpu[idx, position] = token
+            req = runner.requests.get(rid)
+            if req is not None and req.output_token_ids:
+                req.output_token_ids[-1] = token
+        return
     for rid, position, token in feed:
         idx = states.req_id_to_index.get(rid)
         if idx is None:
@@ -391,10 +421,9 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
     executor = core.model_executor
     worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
     runner = getattr(worker, "model_runner", None)
-    if runner is None or not hasattr(runner, "req_states"):
-        raise Refusal(EXIT_USAGE, "the vLLM driver feeds recorded tokens through an in-process worker of the "
-                                  "second-generation model runner (vllm/v1/worker/gpu); this configuration gave "
-                                  f"{type(executor).__name__} without one")
+    if runner is None or not (hasattr(runner, "req_states") or hasattr(runner, "input_batch")):
+        raise Refusal(EXIT_USAGE, "the vLLM driver feeds recorded tokens through an in-process worker's model "
+                                  f"runner; this configuration gave {type(executor).__name__} without one")
     cc = vllm_config.cache_config
     result["applied"] = {"checkpoint": ckpt, "device": "cuda", "attention_backend": kw.get("attention_backend"),
                          "kv_cache_dtype": cc.cache_dtype, "block_size": cc.block_size,
@@ -428,7 +457,7 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
             if hasattr(output, "get_output"):  # async scheduling's AsyncModelRunnerOutput
                 output = output.get_output()
             result["steps_run"] = i + 1
-            moved = {rid: runner.req_states.req_id_to_index.get(rid) for rid in ps.slots}
+            moved = {rid: _slot_of(runner, rid) for rid in ps.slots}
             moved = {r: (ps.slots[r], v) for r, v in moved.items() if v is not None and v != ps.slots[r]}
             if moved and i == 0:
                 result["notes"].append(f"vLLM gave other request-state slots than the recording's (request: "
