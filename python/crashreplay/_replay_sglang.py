@@ -63,7 +63,15 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from crashreplay.engine_replay import EXIT_DATA, EXIT_USAGE, Capture, Refusal, check_version, record_exception
+from crashreplay.engine_replay import (
+    EXIT_DATA,
+    EXIT_USAGE,
+    Capture,
+    Refusal,
+    check_version,
+    checkpoint_dir,
+    record_exception,
+)
 
 _SAMPLING_EPS = 1e-6  # sglang's: a temperature below it is greedy
 
@@ -99,18 +107,6 @@ def _version() -> str:
         from crashreplay import sglang as cr_sglang
 
         return cr_sglang._sglang_version()
-
-
-def _checkpoint(cap: Capture, model_dir: str) -> str:
-    ckpt = model_dir or (cap.manifest.get("model", {}) or {}).get("checkpoint_path", "")
-    if not ckpt:
-        raise Refusal(EXIT_USAGE, "the capture records no checkpoint path: give it with --model DIR")
-    if not os.path.isdir(ckpt):
-        if model_dir:
-            raise Refusal(EXIT_DATA, f"--model {ckpt}: no such directory")
-        raise Refusal(EXIT_DATA, f"checkpoint {ckpt}: no such directory here (the capture records the path on the "
-                                 "machine that served it): give the checkpoint with --model DIR")
-    return ckpt
 
 
 def _resolved_differences(server_args: Any, toggles: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -152,7 +148,7 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
     result["version"] = version
     check_version("sglang", version)
     steps = cap.steps_through(step)
-    ckpt = _checkpoint(cap, model_dir)
+    ckpt = checkpoint_dir(cap, model_dir)
 
     from crashreplay import _sglang_cpu_runner as cpu_runner
 

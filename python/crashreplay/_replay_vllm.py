@@ -62,6 +62,7 @@ from crashreplay.engine_replay import (
     Capture,
     Refusal,
     check_version,
+    checkpoint_dir,
     record_exception,
 )
 
@@ -292,18 +293,6 @@ def scheduler_outputs(steps: List[Dict[str, Any]], max_tokens: int) -> Tuple[Lis
 
 
 # ---- the run -----------------------------------------------------------------
-def _checkpoint(cap: Capture, model_dir: str) -> str:
-    ckpt = model_dir or (cap.manifest.get("model", {}) or {}).get("checkpoint_path", "")
-    if not ckpt:
-        raise Refusal(EXIT_USAGE, "the capture records no checkpoint path: give it with --model DIR")
-    if not os.path.isdir(ckpt):
-        if model_dir:
-            raise Refusal(EXIT_DATA, f"--model {ckpt}: no such directory")
-        raise Refusal(EXIT_DATA, f"checkpoint {ckpt}: no such directory here (the capture records the path on the "
-                                 "machine that served it): give the checkpoint with --model DIR")
-    return ckpt
-
-
 def _needs(steps: List[Dict[str, Any]]) -> Tuple[int, int]:
     """(largest block id, longest sequence) the steps use."""
     block = length = 0
@@ -402,7 +391,7 @@ def replay(cap: Capture, step: int, settings: Dict[str, str], model_dir: str, ou
     check_version("vllm", version)
     chosen = check_settings(settings)
     steps = cap.steps_through(step)
-    ckpt = _checkpoint(cap, model_dir)
+    ckpt = checkpoint_dir(cap, model_dir)
     max_block, longest = _needs(cap.steps)
     kw, notes = engine_kwargs(ckpt, cap.toggles, chosen, max_block, longest)
     result["notes"].extend(notes)

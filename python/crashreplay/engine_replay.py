@@ -106,6 +106,20 @@ class Capture:
         return out
 
 
+def checkpoint_dir(cap: "Capture", model_dir: str) -> str:
+    """The checkpoint the replay loads: --model, else the recorded path,
+    which must exist here."""
+    ckpt = model_dir or (cap.manifest.get("model", {}) or {}).get("checkpoint_path", "")
+    if not ckpt:
+        raise Refusal(EXIT_USAGE, "the capture records no checkpoint path: give it with --model DIR")
+    if not os.path.isdir(ckpt):
+        if model_dir:
+            raise Refusal(EXIT_DATA, f"--model {ckpt}: no such directory")
+        raise Refusal(EXIT_DATA, f"checkpoint {ckpt}: no such directory here (the capture records the path on the "
+                                 "machine that served it): give the checkpoint with --model DIR")
+    return ckpt
+
+
 def parse_settings(items: List[str]) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for it in items:
