@@ -48,6 +48,7 @@ struct Candidate {
   bool sliced = false;
   std::vector<bool> keep_token;
   std::set<int64_t> dropped_steps;  // earlier steps (indices into Source::steps) left out whole
+  std::map<std::string, int64_t> prompt_cut;  // request key -> its first tokens (positions 0..cut-1) left out
 };
 
 std::string RequestKey(const StepRecord& s, size_t i) {
@@ -243,24 +244,39 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
     for (size_t i = 0; i < n; ++i) {
       const std::string key = RequestKey(s, i);
       if (!kept.count(key)) continue;
+      // A shortened prompt: its tokens at positions < cut are gone, the rest
+      // move down by cut, and so do the request's length and row.
+      const auto cut_it = c.prompt_cut.find(key);
+      const int64_t cut = cut_it == c.prompt_cut.end() ? 0 : cut_it->second;
+      size_t removed = 0;
+      for (size_t t = off[i]; cut > 0 && t < off[i + 1]; ++t) {
+        if (t < s.positions.size() && s.positions[t] < cut) ++removed;
+      }
+      if (removed > 0 && removed == off[i + 1] - off[i]) continue;  // the step ran only what was cut
       if (!names.count(key)) names[key] = absl::StrCat("r", names.size());
       if (!s.request_ids.empty()) r.request_ids.push_back(o_.anonymize ? names[key] : s.request_ids[i]);
       for (size_t t = off[i]; t < off[i + 1]; ++t) {
+        if (cut > 0 && t < s.positions.size() && s.positions[t] < cut) continue;
         int64_t id = s.token_ids[t];
         if (!c.keep_token.empty() && !c.keep_token[occurrence] && src_.vocab > 0) {
           id = static_cast<int64_t>(Mix(o_.seed ^ (occurrence * 0x100000001b3ull)) % static_cast<uint64_t>(src_.vocab));
         }
-        const int64_t pos = t < s.positions.size() ? s.positions[t] : -1;
+        const int64_t pos = t < s.positions.size() ? s.positions[t] - cut : -1;
         if (occurrences) occurrences->push_back({out_step, pos, s.token_ids[t]});
         ++occurrence;
         r.token_ids.push_back(id);
-        if (t < s.positions.size()) r.positions.push_back(s.positions[t]);
+        if (t < s.positions.size()) r.positions.push_back(pos);
         if (s.out_cache_loc.size() == s.token_ids.size()) r.out_cache_loc.push_back(s.out_cache_loc[t]);
       }
-      if (i < s.seq_lens.size()) r.seq_lens.push_back(s.seq_lens[i]);
-      if (s.extend_lens.size() == n) r.extend_lens.push_back(s.extend_lens[i]);
+      if (i < s.seq_lens.size()) r.seq_lens.push_back(s.seq_lens[i] - cut);
+      if (s.extend_lens.size() == n) r.extend_lens.push_back(s.extend_lens[i] - static_cast<int64_t>(removed));
       if (s.req_pool_indices.size() == n) r.req_pool_indices.push_back(s.req_pool_indices[i]);
-      if (s.page_table.size() == n) r.page_table.push_back(s.page_table[i]);
+      if (s.page_table.size() == n) {
+        PageTableRow row = s.page_table[i];
+        const size_t drop = std::min(row.token_slots.size(), static_cast<size_t>(cut));
+        row.token_slots.erase(row.token_slots.begin(), row.token_slots.begin() + static_cast<std::ptrdiff_t>(drop));
+        r.page_table.push_back(std::move(row));
+      }
       if (s.sampling.size() == n) r.sampling.push_back(s.sampling[i]);
       if (!o_.anonymize && s.output_token_ids.size() == n) r.output_token_ids.push_back(s.output_token_ids[i]);
     }
@@ -518,7 +534,82 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     res.stages.push_back(st);
   }
 
-  // Stage 3: layers.
+  // Stage 3: prompt - each kept request's prompt shortened from its start
+  // (its later positions, length and row moved down), to the shortest
+  // that still fails. Rows of token slots only: a row of pages or blocks
+  // cannot lose part of a page.
+  {
+    std::map<std::string, int64_t> prompt_len;  // request -> its prompt's tokens, from its first step
+    std::set<std::string> not_tokens;
+    std::set<std::string> kept;
+    if (cur.target >= 0) {
+      const StepRecord& t = *src_.steps[static_cast<size_t>(cur.target)];
+      for (size_t i : cur.requests) kept.insert(RequestKey(t, i));
+    }
+    std::vector<std::string> order;
+    for (int64_t si = 0; si <= cur.target; ++si) {
+      if (si < cur.target && cur.dropped_steps.count(si)) continue;
+      const StepRecord& s = *src_.steps[static_cast<size_t>(si)];
+      auto off = TokenOffsets(s);
+      if (!off.ok()) continue;
+      for (size_t i = 0; i < NumRequests(s); ++i) {
+        const std::string key = RequestKey(s, i);
+        if (!kept.count(key)) continue;
+        const bool token_row = i < s.page_table.size() && i < s.seq_lens.size() && s.page_table[i].start == 0 &&
+                               static_cast<int64_t>(s.page_table[i].token_slots.size()) == s.seq_lens[i];
+        if (!token_row) not_tokens.insert(key);
+        if (prompt_len.count(key)) continue;
+        const size_t first = (*off)[i], end = (*off)[i + 1];
+        const bool from_zero = first < end && first < s.positions.size() && s.positions[first] == 0;
+        prompt_len[key] = from_zero ? static_cast<int64_t>(end - first) : 0;
+        order.push_back(key);
+      }
+    }
+    int64_t before_tokens = 0, after_tokens = 0;
+    for (const auto& [k, len] : prompt_len) before_tokens += len;
+    ShrinkStage st{"prompt", before_tokens, before_tokens, 0, ""};
+    const int before = trials_;
+    std::vector<std::string> skipped;
+    for (const std::string& key : order) {
+      const int64_t len = prompt_len[key];
+      if (len < 2) continue;
+      if (not_tokens.count(key)) {
+        skipped.push_back(key);
+        continue;
+      }
+      // The largest cut in [0, len - 1] that still fails (one prompt token
+      // stays): the whole cut first, then by halves.
+      auto fails = [&](int64_t cut) {
+        Candidate c = cur;
+        c.prompt_cut[key] = cut;
+        return Judge(c) == Outcome::kFail;
+      };
+      int64_t good = 0, bad = len;  // cut `good` fails; cuts >= `bad` do not (or are not tried)
+      if (!OutOfBudget() && fails(len - 1)) {
+        good = len - 1;
+      } else {
+        bad = len - 1;
+        while (bad - good > 1 && !OutOfBudget()) {
+          const int64_t mid = good + (bad - good) / 2;
+          (fails(mid) ? good : bad) = mid;
+        }
+        if (bad - good > 1) res.minimal = false;
+      }
+      if (good > 0) cur.prompt_cut[key] = good;
+    }
+    for (const auto& [k, len] : prompt_len) {
+      after_tokens += len - (cur.prompt_cut.count(k) ? cur.prompt_cut.at(k) : 0);
+    }
+    st.after = after_tokens;
+    if (!skipped.empty()) {
+      st.note =
+          absl::StrCat(skipped.size(), " request(s) with rows of pages or blocks, not token slots: not shortened");
+    }
+    st.trials = trials_ - before;
+    res.stages.push_back(st);
+  }
+
+  // Stage 4: layers.
   {
     ShrinkStage st{"layers", src_.layers, src_.layers, 0, ""};
     const int before = trials_;
@@ -554,7 +645,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     res.stages.push_back(st);
   }
 
-  // Stage 4: token ids.
+  // Stage 5: token ids.
   {
     std::vector<Occurrence> occ;
     if (absl::Status s = Write(cur, o_.out_dir + "/capture", &occ); !s.ok()) return s;
@@ -632,8 +723,7 @@ nlohmann::json ShrinkResult::ToJson() const {
     if (!s.note.empty()) e["note"] = s.note;
     j["stages"].push_back(e);
   }
-  j["not_run"] = {{"prompt", "not built yet: prompts keep their length"},
-                  {"weights", "not built yet: the weights are the checkpoint's (or its slice)"}};
+  j["not_run"] = {{"weights", "not built yet: the weights are the checkpoint's (or its slice)"}};
   j["trials"] = trials;
   j["minimal"] = minimal;
   j["bytes"] = {{"before", bytes_before}, {"after", bytes_after}};

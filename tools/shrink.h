@@ -14,6 +14,11 @@
 //   history    the earlier steps the kept requests ran in: none at all
 //              first, else delta debugging over them (a dropped step's KV
 //              writes are absent: the exact engine reads zeros there);
+//   prompt     each kept request's prompt cut from its start (positions,
+//              lengths and its row of token slots moved down with it), to
+//              the shortest that still fails: the whole cut but one token
+//              first, then by halves; rows of pages or blocks are not cut
+//              (part of a page cannot go);
 //   layers     when the failure names layer k (a kernel or boundary
 //              L<k>.*), a checkpoint slice of layers 0..k written under
 //              OUT/model (config.json's num_hidden_layers and its per-layer
@@ -22,8 +27,7 @@
 //              the vocabulary, the original kept only at the occurrences
 //              the failure needs (dd over the occurrences; listed in
 //              shrink.json).
-// Not yet built (said in shrink.json, `not_run`): shortening a prompt, and
-// random weights.
+// Not yet built (said in shrink.json, `not_run`): random weights.
 //
 // What leaves the user's capture (anonymize, on by default): the shrunk
 // capture holds no request id (renamed r0, r1, ...), no sampled output, no
@@ -66,7 +70,7 @@ struct ShrinkOptions {
 };
 
 struct ShrinkStage {
-  std::string stage;  // requests | history | layers | token_ids
+  std::string stage;  // requests | history | prompt | layers | token_ids
   int64_t before = 0, after = 0;
   int trials = 0;
   std::string note;

@@ -194,3 +194,48 @@ def test_two_requests_whose_cache_slots_alias_shrink_to_exactly_those_two(model,
     outcome, sig2, rep2 = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
     assert outcome == "failed" and sig2["check"] == "kv_slot_written_once"
     assert "'r0'" in rep2["detail"] and "'r1'" in rep2["detail"]
+
+
+def test_a_prompt_is_shortened_to_the_tokens_from_the_one_the_failure_needs(model, tmp_path):
+    """An sglang capture (rows of token slots): three prompts, the second
+    holding an id past the vocabulary at position 5. The prompt stage cuts
+    that request's prompt from its start, its positions, length and row
+    moved down with it, to the shortest that still fails: from the bad id on."""
+    bad = VOCAB + 9
+    ids = [f"req-{i}-{'ef' * 6}" for i in range(3)]
+    rec = crashreplay.Recorder(str(tmp_path / "rec"), engine="sglang", engine_version="0.5.23", session_id="p",
+                               toggles=[("page_size", 1), ("tp_size", 1), ("sglang.page_table_unit", "token"),
+                                        ("attention_backend", "triton"), ("model_path", str(model))],
+                               model={"checkpoint_path": str(model)},
+                               device={"name": "NVIDIA H100 80GB HBM3", "sm_arch": 90,
+                                       "memory_capacity_bytes": 80_000_000_000},
+                               parallel={"tp_size": 1, "tp_rank": 0, "rank": 0, "world_size": 1},
+                               install_signal_handlers=False)
+    prompts = [[(3 * j + 1) % VOCAB for j in range(16)], [(5 * j + 2) % VOCAB for j in range(8)], [7, 8, 9, 10, 11]]
+    prompts[1][5] = bad
+    rows, at = [], 100
+    for p in prompts:
+        rows.append(list(range(at, at + len(p))))
+        at += 32
+    n = len(prompts)
+    rec.record_step(0, mode="extend", request_ids=ids, token_ids=sum(prompts, []),
+                    positions=[j for p in prompts for j in range(len(p))], seq_lens=[len(p) for p in prompts],
+                    extend_lens=[len(p) for p in prompts], req_pool_indices=list(range(n)), page_table=rows,
+                    out_cache_loc=sum(rows, []),
+                    sampling={"temperatures": [0.0] * n, "top_ps": [1.0] * n, "top_ks": [-1] * n, "min_ps": [0.0] * n})
+    rec.close()
+    outcome, sig, _ = replay_signature(tmp_path / "rec")
+    assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
+    rep = shrink(tmp_path / "rec", tmp_path / "s")
+    assert stage(rep, "requests")["after"] == 1
+    assert {k: stage(rep, "prompt")[k] for k in ("before", "after")} == {"before": 8, "after": 3}
+    assert rep["needs"]["token_ids"] == [{"step": 0, "position": 0, "id": bad}]
+    (f,) = crashreplay.read_capture(str(tmp_path / "s" / "capture"))["files"]
+    (step,) = f["step_records"]
+    assert list(step["positions"]) == [0, 1, 2] and list(step["seq_lens"]) == [3] and list(step["extend_lens"]) == [3]
+    assert step["token_ids"][0] == bad
+    # The row lost the slots of the cut positions: it starts where position 5 was written.
+    (row,) = step["page_table"]
+    assert list(row["token_slots"]) == rows[1][5:] and list(step["out_cache_loc"]) == rows[1][5:]
+    outcome, sig, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
