@@ -131,6 +131,15 @@ class Shrinker {
   Outcome Judge(const Candidate& c);
   bisect::TrialResult Replay(const std::string& capture_dir, bool sliced,
                              std::optional<int64_t>* layer = nullptr) const;
+  // The keys of the requests a candidate keeps (those of its failing step).
+  std::set<std::string> KeptKeys(const Candidate& c) const {
+    std::set<std::string> kept;
+    if (c.target >= 0) {
+      const StepRecord& t = *src_.steps[static_cast<size_t>(c.target)];
+      for (size_t i : c.requests) kept.insert(RequestKey(t, i));
+    }
+    return kept;
+  }
   void Say(const std::string& line) const {
     if (o_.progress) o_.progress(line);
   }
@@ -187,11 +196,7 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   fs::create_directories(dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   SessionManifest m = src_.manifest;
-  std::set<std::string> kept;
-  if (c.target >= 0) {
-    const StepRecord& t = *src_.steps[static_cast<size_t>(c.target)];
-    for (size_t i : c.requests) kept.insert(RequestKey(t, i));
-  }
+  const std::set<std::string> kept = KeptKeys(c);
   auto keep_weight = [&](const std::string& name) { return !c.sliced || KeepTensor(name, slice_layers_); };
   for (WeightShardHashes& w : m.weights) {
     std::erase_if(w.tensors, [&](const TensorHash& t) { return !keep_weight(t.name); });
@@ -483,11 +488,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
   // Stage 2: history - the earlier steps the kept requests ran in (their
   // KV then holds what no replayed step wrote: zeros in the exact engine).
   {
-    std::set<std::string> kept;
-    if (cur.target >= 0) {
-      const StepRecord& t = *src_.steps[static_cast<size_t>(cur.target)];
-      for (size_t i : cur.requests) kept.insert(RequestKey(t, i));
-    }
+    const std::set<std::string> kept = KeptKeys(cur);
     std::vector<int64_t> history;  // earlier steps with a kept request
     for (int64_t si = 0; si < cur.target; ++si) {
       const StepRecord& s = *src_.steps[static_cast<size_t>(si)];
@@ -541,11 +542,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
   {
     std::map<std::string, int64_t> prompt_len;  // request -> its prompt's tokens, from its first step
     std::set<std::string> not_tokens;
-    std::set<std::string> kept;
-    if (cur.target >= 0) {
-      const StepRecord& t = *src_.steps[static_cast<size_t>(cur.target)];
-      for (size_t i : cur.requests) kept.insert(RequestKey(t, i));
-    }
+    const std::set<std::string> kept = KeptKeys(cur);
     std::vector<std::string> order;
     for (int64_t si = 0; si <= cur.target; ++si) {
       if (si < cur.target && cur.dropped_steps.count(si)) continue;

@@ -137,6 +137,19 @@ def test_a_budget_hit_keeps_the_smallest_failing_capture_and_says_it_is_not_mini
     assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
 
 
+def sglang_recorder(session, ckpt, session_id, page_size):
+    """A Recorder writing a session as the sglang adapter does on an H100 at
+    tp 1: rows of token slots."""
+    return crashreplay.Recorder(str(session), engine="sglang", engine_version="0.5.23", session_id=session_id,
+                                toggles=[("page_size", page_size), ("tp_size", 1), ("sglang.page_table_unit", "token"),
+                                         ("attention_backend", "triton"), ("model_path", str(ckpt))],
+                                model={"checkpoint_path": str(ckpt)},
+                                device={"name": "NVIDIA H100 80GB HBM3", "sm_arch": 90,
+                                        "memory_capacity_bytes": 80_000_000_000},
+                                parallel={"tp_size": 1, "tp_rank": 0, "rank": 0, "world_size": 1},
+                                install_signal_handlers=False)
+
+
 def aliasing_session(session, ckpt, n=16, a=4, b=11):
     """n requests as the sglang adapter records them (token slots, page_size
     16, UUID-like ids), each prompt in its own page; at the decode step the
@@ -144,14 +157,7 @@ def aliasing_session(session, ckpt, n=16, a=4, b=11):
     a's page, so both write the slot of position 4 there. sglang itself
     would not fail: the two requests silently attend over each other's keys."""
     ids = [f"req-{i:02d}-{'ab' * 8}" for i in range(n)]
-    rec = crashreplay.Recorder(str(session), engine="sglang", engine_version="0.5.23", session_id="s",
-                               toggles=[("page_size", 16), ("tp_size", 1), ("sglang.page_table_unit", "token"),
-                                        ("attention_backend", "triton"), ("model_path", str(ckpt))],
-                               model={"checkpoint_path": str(ckpt)},
-                               device={"name": "NVIDIA H100 80GB HBM3", "sm_arch": 90,
-                                       "memory_capacity_bytes": 80_000_000_000},
-                               parallel={"tp_size": 1, "tp_rank": 0, "rank": 0, "world_size": 1},
-                               install_signal_handlers=False)
+    rec = sglang_recorder(session, ckpt, "s", page_size=16)
     prompts = [[(7 * i + j) % VOCAB for j in range(4)] for i in range(n)]
     rows = [[16 * (i + 1) + j for j in range(4)] for i in range(n)]
     greedy = {"temperatures": [0.0] * n, "top_ps": [1.0] * n, "top_ks": [-1] * n, "min_ps": [0.0] * n}
@@ -203,14 +209,7 @@ def test_a_prompt_is_shortened_to_the_tokens_from_the_one_the_failure_needs(mode
     moved down with it, to the shortest that still fails: from the bad id on."""
     bad = VOCAB + 9
     ids = [f"req-{i}-{'ef' * 6}" for i in range(3)]
-    rec = crashreplay.Recorder(str(tmp_path / "rec"), engine="sglang", engine_version="0.5.23", session_id="p",
-                               toggles=[("page_size", 1), ("tp_size", 1), ("sglang.page_table_unit", "token"),
-                                        ("attention_backend", "triton"), ("model_path", str(model))],
-                               model={"checkpoint_path": str(model)},
-                               device={"name": "NVIDIA H100 80GB HBM3", "sm_arch": 90,
-                                       "memory_capacity_bytes": 80_000_000_000},
-                               parallel={"tp_size": 1, "tp_rank": 0, "rank": 0, "world_size": 1},
-                               install_signal_handlers=False)
+    rec = sglang_recorder(tmp_path / "rec", model, "p", page_size=1)
     prompts = [[(3 * j + 1) % VOCAB for j in range(16)], [(5 * j + 2) % VOCAB for j in range(8)], [7, 8, 9, 10, 11]]
     prompts[1][5] = bad
     rows, at = [], 100
