@@ -1,5 +1,6 @@
 // `crashreplay make-model DIR --arch ARCH --quant Q [size options]
-// [--threads N]`: writes a random checkpoint (config.json + safetensors) in
+// [--threads N]` (or `--like CHECKPOINT_DIR [--seed S]`: the model that
+// checkpoint's config describes, random values): writes a random checkpoint (config.json + safetensors) in
 // real HF layouts, tensor by tensor into the files (memory of about one
 // tensor, or one layer while an NVFP4 checkpoint is calibrated), with
 // progress on stderr (redrawn on a terminal, plain lines otherwise).
@@ -59,6 +60,15 @@ int RunMakeModel(int argc, char** argv) {
                  "glm_moe_dsa: one letter a layer, F (own indexer) or S (reuse the last top-k)");
   app.add_option("--rope-form", rope_form, "legacy (rope_theta/rope_scaling) | rope_parameters | both")
       ->check(CLI::IsMember({"legacy", "rope_parameters", "both"}));
+  CLI::Option* like = app.add_option("--like", o.like,
+                                     "a checkpoint directory (its config.json is enough): the model its config "
+                                     "describes, with values drawn from --seed, and its config files copied")
+                          ->check(CLI::ExistingDirectory);
+  // The shape options say what --like's config says: one or the other.
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string n = opt->get_name();
+    if (opt != like && n != "DIR" && n != "--seed" && n != "--help" && n.rfind("--", 0) == 0) like->excludes(opt);
+  }
   o.threads = 0;
   app.add_option("--threads", o.threads, "worker threads (0: one per core); never changes the bytes written")
       ->check(CLI::Range(0, 256));
@@ -74,7 +84,8 @@ int RunMakeModel(int argc, char** argv) {
   if (!written.ok()) return ReportError(written.status());
   progress.Finish();
   std::printf("wrote %s: %s %s, %zu tensors, %llu bytes\n", dir.c_str(), written->spec.model_type.c_str(),
-              o.quant.c_str(), written->tensors, static_cast<unsigned long long>(written->tensor_bytes));
+              o.like.empty() ? o.quant.c_str() : ("like " + o.like).c_str(), written->tensors,
+              static_cast<unsigned long long>(written->tensor_bytes));
   return kExitOk;
 }
 

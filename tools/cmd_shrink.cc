@@ -122,17 +122,32 @@ int RunShrink(int argc, char** argv) {
     }
     j["export_kernel"] = e;
   }
+  if (!r->regenerate_command.empty()) {
+    // The drawn model is not shipped: its config files and seed draw it
+    // again, byte for byte (make-model's bytes depend on no host or thread
+    // count).
+    std::error_code ec;
+    std::filesystem::remove_all(r->model_dir, ec);
+  }
   {
     std::ofstream f(out + "/shrink.json");
     f << j.dump(2) << "\n";
     std::ofstream readme(out + "/README.md");
     readme << "# A shrunk crashreplay capture\n\n"
            << "Made by `crashreplay shrink` (shrink.json says what was removed at each stage). From this "
-              "directory, this command replays the step and fails with "
-           << bisect::DescribeSignature(r->target) << ":\n\n```\n"
-           << r->replay_command << "\n```\n\n"
-           << (r->model_dir.empty() ? "The failure needs the original checkpoint (shrink.json `needs.checkpoint`).\n"
-                                    : "`model/` is a slice of the checkpoint: the layers up to the one that fails.\n")
+              "directory, "
+           << (r->regenerate_command.empty()
+                   ? ""
+                   : "this command draws the model (random weights: the same bytes on any host) and then ")
+           << "this command replays the step and fails with " << bisect::DescribeSignature(r->target) << ":\n\n```\n"
+           << (r->regenerate_command.empty() ? "" : r->regenerate_command + "\n") << r->replay_command << "\n```\n\n"
+           << (!r->regenerate_command.empty()
+                   ? "The failure survives random weights: `model-config/` holds the config files of the model "
+                     "(the checkpoint's layers up to the one that fails), and make-model draws its tensors, in the "
+                     "checkpoint's names, dtypes and shapes, from the seed. No checkpoint is needed.\n"
+               : r->model_dir.empty() ? "The failure needs the original checkpoint (shrink.json `needs.checkpoint`).\n"
+                                      : "`model/` is a slice of the checkpoint: the layers up to the one that fails; "
+                                        "the failure needs its values (shrink.json `needs.weights`).\n")
            << (r->minimal ? ""
                           : "\nThe trial budget ran out: this is the smallest failing capture found, not a "
                             "minimal one.\n")
@@ -152,9 +167,11 @@ int RunShrink(int argc, char** argv) {
       std::printf("  %-10s %lld -> %lld (%d trials)%s%s\n", s.stage.c_str(), static_cast<long long>(s.before),
                   static_cast<long long>(s.after), s.trials, s.note.empty() ? "" : ": ", s.note.c_str());
     }
-    std::printf("%d trials, capture %llu -> %llu bytes%s\nreplay it: cd %s && %s\n", r->trials,
+    std::printf("%d trials, capture %llu -> %llu bytes%s\nreplay it: cd %s && %s%s\n", r->trials,
                 static_cast<unsigned long long>(r->bytes_before), static_cast<unsigned long long>(r->bytes_after),
-                r->minimal ? "" : " (budget reached: not minimal)", out.c_str(), r->replay_command.c_str());
+                r->minimal ? "" : " (budget reached: not minimal)", out.c_str(),
+                r->regenerate_command.empty() ? "" : (r->regenerate_command + " && ").c_str(),
+                r->replay_command.c_str());
   }
   return kExitOk;
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "crashreplay/base/status.h"
 #include "crashreplay/bisect/dd.h"
 #include "crashreplay/bisect/process.h"
@@ -20,6 +21,8 @@
 #include "crashreplay/formats/safetensors_file.h"
 #include "crashreplay/formats/safetensors_writer.h"
 #include "crashreplay/replay/captures/capture_io.h"
+#include "crashreplay/replay/make_model/random_checkpoint.h"
+#include "crashreplay/replay/model/checkpoint_io.h"
 
 namespace crashreplay::tools {
 namespace {
@@ -46,6 +49,7 @@ struct Candidate {
   int64_t target = -1;  // index of the failing step in Source::steps; -1: before the first step
   ChangeSet requests;   // indices into steps[target]'s requests
   bool sliced = false;
+  bool random_weights = false;  // the model is make-model's, drawn like the checkpoint (or its slice)
   std::vector<bool> keep_token;
   std::set<int64_t> dropped_steps;  // earlier steps (indices into Source::steps) left out whole
   std::map<std::string, int64_t> prompt_cut;  // request key -> its first tokens (positions 0..cut-1) left out
@@ -102,6 +106,8 @@ bool KeepTensor(const std::string& name, int64_t layers) {
   return !l || *l < layers;
 }
 
+std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
 uint64_t PathBytes(const std::string& path) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) return fs::file_size(path, ec);
@@ -127,9 +133,19 @@ class Shrinker {
   };
   absl::Status Write(const Candidate& c, const std::string& dir, std::vector<Occurrence>* occurrences) const;
   absl::Status WriteSlice(int64_t layers, const std::string& dir);
+  // The weights stage's model: the config files of the checkpoint (or its
+  // slice) under OUT/model-config, and make-model's model drawn like it from
+  // the seed under `dir`; an error says why it cannot stand in (make-model
+  // cannot draw it, or draws other tensors than the checkpoint holds).
+  absl::Status WriteRandomModel(const Candidate& c, const std::string& dir);
+  // A candidate's own model directory (the slice's or the random one's),
+  // "" for the original checkpoint.
+  std::string OwnModel(const Candidate& c) const {
+    return c.random_weights ? random_dir_ : c.sliced ? slice_dir_ : std::string();
+  }
   // Writes and replays a candidate: the trial's verdict against the target.
   Outcome Judge(const Candidate& c);
-  bisect::TrialResult Replay(const std::string& capture_dir, bool sliced,
+  bisect::TrialResult Replay(const std::string& capture_dir, bool own_model,
                              std::optional<int64_t>* layer = nullptr) const;
   // The keys of the requests a candidate keeps (those of its failing step).
   std::set<std::string> KeptKeys(const Candidate& c) const {
@@ -152,6 +168,8 @@ class Shrinker {
   int64_t slice_layers_ = 0;
   std::string slice_dir_;
   std::string slice_config_;  // the slice's config.json text, for the manifests
+  std::string random_dir_;     // the weights stage's model
+  std::string random_config_;  // its config.json text
   ShrinkResult result_;
 };
 
@@ -197,15 +215,21 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   SessionManifest m = src_.manifest;
   const std::set<std::string> kept = KeptKeys(c);
-  auto keep_weight = [&](const std::string& name) { return !c.sliced || KeepTensor(name, slice_layers_); };
+  // Random weights match no recorded hash: none is kept.
+  auto keep_weight = [&](const std::string& name) {
+    return !c.random_weights && (!c.sliced || KeepTensor(name, slice_layers_));
+  };
   for (WeightShardHashes& w : m.weights) {
     std::erase_if(w.tensors, [&](const TensorHash& t) { return !keep_weight(t.name); });
   }
-  m.model.checkpoint_path = c.sliced ? fs::absolute(slice_dir_).string() : src_.checkpoint;
+  if (c.random_weights) m.weights.clear();
+  const std::string own = OwnModel(c);
+  m.model.checkpoint_path = own.empty() ? src_.checkpoint : fs::absolute(own).string();
   if (c.sliced) {
     m.model.config_json = slice_config_;
     m.model.num_layers = static_cast<uint32_t>(slice_layers_);
   }
+  if (c.random_weights) m.model.config_json = random_config_;
   if (o_.anonymize) {
     m.hostname.clear();
     m.pid = 0;
@@ -225,6 +249,7 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   CR_ASSIGN_OR_RETURN(std::unique_ptr<CaptureWriter> w,
                       CaptureWriter::Create(capture::SessionRankPath(dir, m.parallel.rank), m, wo));
   for (const WeightHashesRecord& wh : src_.reader->weight_hashes()) {
+    if (c.random_weights) break;
     WeightHashesRecord r = wh;
     for (WeightShardHashes& s : r.shards) {
       std::erase_if(s.tensors, [&](const TensorHash& t) { return !keep_weight(t.name); });
@@ -354,6 +379,67 @@ absl::Status Shrinker::WriteSlice(int64_t layers, const std::string& dir) {
   return cf ? absl::OkStatus() : absl::DataLossError(absl::StrCat("cannot write ", dir, "/config.json"));
 }
 
+absl::Status Shrinker::WriteRandomModel(const Candidate& c, const std::string& dir) {
+  const std::string like = o_.out_dir + "/model-config";
+  std::error_code ec;
+  fs::remove_all(like, ec);
+  fs::create_directories(like, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", like, ": ", ec.message()));
+  // The config files as the candidate's replay reads them: the slice's
+  // (already anonymized), else the checkpoint's without its origin.
+  const std::string from = c.sliced ? slice_dir_ : src_.checkpoint;
+  for (const auto& e : fs::directory_iterator(from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".json" || name.find(".index.json") != std::string::npos ||
+        name.rfind("tokenizer", 0) == 0) {
+      continue;
+    }
+    std::ifstream in(e.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    if (name == "config.json" && o_.anonymize) {
+      nlohmann::json cfg = nlohmann::json::parse(text, nullptr, false);
+      if (!cfg.is_object()) return absl::DataLossError(absl::StrCat(e.path().string(), ": not a JSON object"));
+      cfg.erase("_name_or_path");
+      text = cfg.dump(2) + "\n";
+    }
+    if (name == "config.json") random_config_ = text;
+    std::ofstream out(like + "/" + name, std::ios::binary);
+    out << text;
+    if (!out) return absl::DataLossError(absl::StrCat("cannot write ", like, "/", name));
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(from, ": ", ec.message()));
+  replay::MakeModelOptions mo;
+  mo.like = like;
+  mo.seed = o_.seed;
+  mo.threads = 0;
+  fs::remove_all(dir, ec);
+  CR_ASSIGN_OR_RETURN(replay::WrittenCheckpoint w, replay::WriteRandomCheckpoint(dir, mo));
+  // The same tensors the engine loads from the checkpoint: names, dtypes,
+  // shapes (a tensor make-model does not draw, or draws otherwise, says so).
+  CR_ASSIGN_OR_RETURN(replay::LoadedCheckpoint want, replay::LoadCheckpointDir(from, {true}));
+  CR_ASSIGN_OR_RETURN(replay::LoadedCheckpoint got, replay::LoadCheckpointDir(dir, {true}));
+  for (const auto& [name, t] : want.tensors) {
+    auto it = got.tensors.find(name);
+    if (it == got.tensors.end()) return absl::UnimplementedError(absl::StrCat("make-model does not draw '", name, "'"));
+    if (it->second.dtype != t.dtype || it->second.shape != t.shape) {
+      const std::string drawn =
+          absl::StrCat(std::string(DTypeName(it->second.dtype)), " ", ShapeText(it->second.shape));
+      const std::string held = absl::StrCat(std::string(DTypeName(t.dtype)), " ", ShapeText(t.shape));
+      return absl::UnimplementedError(
+          absl::StrCat("make-model draws '", name, "' as ", drawn, ", the checkpoint holds ", held));
+    }
+  }
+  for (const auto& [name, t] : got.tensors) {
+    if (!want.tensors.count(name)) {
+      return absl::UnimplementedError(absl::StrCat("make-model draws '", name, "', which the checkpoint lacks"));
+    }
+  }
+  random_dir_ = dir;
+  return absl::OkStatus();
+}
+
 // The layer a replay's failure is in: its fault's layer, else the layer of
 // the boundary where the engine departed (L<k>.*), else none.
 std::optional<int64_t> FailureLayer(const std::string& replay_stdout) {
@@ -375,11 +461,12 @@ std::optional<int64_t> FailureLayer(const std::string& replay_stdout) {
   return std::nullopt;
 }
 
-bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, bool sliced, std::optional<int64_t>* layer) const {
+bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, bool own_model,
+                                     std::optional<int64_t>* layer) const {
   bisect::ProcessSpec spec;
   spec.argv = {o_.self, "replay", capture_dir, "--json"};
   spec.argv.insert(spec.argv.end(), o_.replay_args.begin(), o_.replay_args.end());
-  if (!sliced && !o_.model_dir.empty()) {
+  if (!own_model && !o_.model_dir.empty()) {
     spec.argv.push_back("--model");
     spec.argv.push_back(o_.model_dir);
   }
@@ -398,7 +485,7 @@ Outcome Shrinker::Judge(const Candidate& c) {
     Say(absl::StrCat("trial ", trials_, ": cannot write the candidate: ", s.message()));
     return Outcome::kUnresolved;
   }
-  const bisect::TrialResult r = Replay(dir, c.sliced);
+  const bisect::TrialResult r = Replay(dir, !OwnModel(c).empty());
   std::error_code ec;
   fs::remove_all(dir, ec);
   Outcome out = Outcome::kUnresolved;
@@ -407,6 +494,7 @@ Outcome Shrinker::Judge(const Candidate& c) {
     out = bisect::SameBug(r.signature, target_) ? Outcome::kFail : Outcome::kOther;
   Say(absl::StrCat(
       "trial ", trials_, ": ", c.requests.size(), " request(s)", c.sliced ? ", layer slice" : "",
+      c.random_weights ? ", random weights" : "",
       c.keep_token.empty()
           ? std::string()
           : absl::StrCat(", ", std::count(c.keep_token.begin(), c.keep_token.end(), true), " original token id(s)"),
@@ -642,7 +730,43 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     res.stages.push_back(st);
   }
 
-  // Stage 5: token ids.
+  // Stage 5: weights - the same tensors with values drawn from the seed
+  // (make-model --like the checkpoint or its slice), kept when the failure
+  // survives them: the repro then needs the config files and the seed, not
+  // the checkpoint.
+  {
+    ShrinkStage st{"weights", 0, 0, 0, ""};
+    const int before = trials_;
+    const std::string like_dir = o_.out_dir + "/model-config";
+    Candidate c = cur;
+    c.random_weights = true;
+    absl::Status made = OutOfBudget() ? absl::ResourceExhaustedError("the trial budget is spent")
+                                      : WriteRandomModel(c, o_.out_dir + "/model-random");
+    absl::StatusOr<replay::LoadedCheckpoint> held =
+        replay::LoadCheckpointDir(cur.sliced ? slice_dir_ : src_.checkpoint, {true});
+    st.before = st.after = held.ok() ? static_cast<int64_t>(held->tensors.size()) : 0;
+    if (made.ok() && Judge(c) == Outcome::kFail) {
+      cur = c;
+      st.after = 0;
+      // The drawn model takes the slice's place as OUT/model.
+      std::error_code ec;
+      fs::remove_all(o_.out_dir + "/model", ec);
+      fs::rename(random_dir_, o_.out_dir + "/model", ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot move ", random_dir_, " to model/: ", ec.message()));
+      random_dir_ = o_.out_dir + "/model";
+    } else {
+      st.note = made.ok() ? "random values of the same tensors do not fail the same way: the checkpoint's are kept"
+                          : absl::StrCat("not tried: ", made.message());
+      res.needs["weights"] = st.note;
+      std::error_code ec;
+      fs::remove_all(o_.out_dir + "/model-random", ec);
+      fs::remove_all(like_dir, ec);
+    }
+    st.trials = trials_ - before;
+    res.stages.push_back(st);
+  }
+
+  // Stage 6: token ids.
   {
     std::vector<Occurrence> occ;
     if (absl::Status s = Write(cur, o_.out_dir + "/capture", &occ); !s.ok()) return s;
@@ -693,14 +817,19 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
   if (absl::Status s = Write(cur, res.capture_dir, nullptr); !s.ok()) return s;
   std::error_code ec;
   fs::remove_all(o_.out_dir + "/trials", ec);
-  res.model_dir = cur.sliced ? o_.out_dir + "/model" : "";
-  if (!cur.sliced) res.needs["checkpoint"] = src_.checkpoint;
+  res.model_dir = cur.sliced || cur.random_weights ? o_.out_dir + "/model" : "";
+  if (!cur.sliced && !cur.random_weights) res.needs["checkpoint"] = src_.checkpoint;
+  if (cur.random_weights) {
+    res.model_config_dir = o_.out_dir + "/model-config";
+    res.regenerate_command = bisect::ShellJoin(
+        {"crashreplay", "make-model", "model", "--like", "model-config", "--seed", absl::StrCat(o_.seed)});
+  }
   if (!o_.anonymize) res.needs["request_ids"] = "kept (--no-anonymize)";
   res.trials = trials_;
   res.bytes_after = PathBytes(res.capture_dir);
   std::vector<std::string> cmd = {"crashreplay", "replay", "capture", "--json"};
   cmd.insert(cmd.end(), o_.replay_args.begin(), o_.replay_args.end());
-  if (cur.sliced) {
+  if (cur.sliced || cur.random_weights) {
     cmd.insert(cmd.end(), {"--model", "model"});
   } else if (!o_.model_dir.empty()) {
     cmd.insert(cmd.end(), {"--model", o_.model_dir});
@@ -720,12 +849,15 @@ nlohmann::json ShrinkResult::ToJson() const {
     if (!s.note.empty()) e["note"] = s.note;
     j["stages"].push_back(e);
   }
-  j["not_run"] = {{"weights", "not built yet: the weights are the checkpoint's (or its slice)"}};
   j["trials"] = trials;
   j["minimal"] = minimal;
   j["bytes"] = {{"before", bytes_before}, {"after", bytes_after}};
   j["capture"] = "capture";
-  if (!model_dir.empty()) j["model"] = "model";
+  if (!model_dir.empty() && model_config_dir.empty()) j["model"] = "model";
+  if (!model_config_dir.empty()) {
+    j["model_config"] = "model-config";
+    j["regenerate_command"] = regenerate_command;
+  }
   j["replay_command"] = replay_command;
   j["needs"] = needs.is_null() ? nlohmann::json::object() : needs;
   return j;

@@ -23,11 +23,19 @@
 //              L<k>.*), a checkpoint slice of layers 0..k written under
 //              OUT/model (config.json's num_hidden_layers and its per-layer
 //              lists cut to k + 1), kept when the failure survives it;
+//   weights    the same tensors (names, dtypes, shapes, the quantization's
+//              scales as its quantizer makes them) with values drawn from
+//              the seed by make-model --like the checkpoint or its slice,
+//              kept when the failure survives them: OUT then holds no
+//              model, only model-config/ (its config files) and the
+//              make-model command that draws it again (same bytes on any
+//              host); else shrink.json `needs.weights` says the failure
+//              needs the checkpoint's values (before/after: the tensors
+//              whose values the repro needs);
 //   token_ids  every token id replaced by one drawn from a fixed seed over
 //              the vocabulary, the original kept only at the occurrences
 //              the failure needs (dd over the occurrences; listed in
 //              shrink.json).
-// Not yet built (said in shrink.json, `not_run`): random weights.
 //
 // What leaves the user's capture (anonymize, on by default): the shrunk
 // capture holds no request id (renamed r0, r1, ...), no sampled output, no
@@ -70,7 +78,7 @@ struct ShrinkOptions {
 };
 
 struct ShrinkStage {
-  std::string stage;  // requests | history | prompt | layers | token_ids
+  std::string stage;  // requests | history | prompt | layers | weights | token_ids
   int64_t before = 0, after = 0;
   int trials = 0;
   std::string note;
@@ -83,7 +91,13 @@ struct ShrinkResult {
   bool minimal = true;  // every stage ran to its end within the budget
   uint64_t bytes_before = 0, bytes_after = 0;
   std::string capture_dir;     // OUT/capture
-  std::string model_dir;       // OUT/model, or "" when the original checkpoint is needed
+  std::string model_dir;       // OUT/model (a slice or the drawn model), or "" for the original checkpoint
+  // Random weights: OUT/model-config (the config files) and the make-model
+  // command that draws OUT/model from them and the seed, run from OUT. The
+  // drawn model is left in OUT/model for the caller (export-kernel) to read;
+  // `crashreplay shrink` removes it: OUT ships the recipe, not the model.
+  std::string model_config_dir;
+  std::string regenerate_command;
   std::string replay_command;  // the one command that fails, run from OUT
   nlohmann::json needs;        // what of the original the failure needed
   nlohmann::json ToJson() const;

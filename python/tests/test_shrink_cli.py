@@ -37,7 +37,14 @@ def shrink(capture, out, *args):
 
 
 def readme_command(out):
+    """The README's replay command (after "crashreplay replay"); a
+    make-model line before it (random weights) is run first, from OUT, as a
+    user following the README would."""
     text = (pathlib.Path(out) / "README.md").read_text()
+    for ln in text.splitlines():
+        if ln.startswith("crashreplay make-model"):
+            r = run(*ln.split()[1:], cwd=out)
+            assert r.returncode == 0, r.stderr[-2000:]
     (line,) = [ln for ln in text.splitlines() if ln.startswith("crashreplay replay")]
     return line.split()[2:]  # after "crashreplay replay"
 
@@ -68,13 +75,23 @@ def test_the_demos_decode_failure_shrinks_to_one_layer_and_no_original_token(dem
     assert stage(rep, "token_ids")["after"] == 0 and rep["needs"]["token_ids"] == []
     assert rep["minimal"] is True and rep["bytes"]["after"] < rep["bytes"]["before"]
     assert "checkpoint" not in rep["needs"]  # the 1-layer slice replaces it
+    # The failure is the configuration's, not the weights': random values of
+    # the slice's tensors fail the same way, so OUT ships no model at all,
+    # only its config files and the command that draws it.
+    assert {k: stage(rep, "weights")[k] for k in ("after", "trials")} == {"after": 0, "trials": 1}
+    assert stage(rep, "weights")["before"] > 0 and "weights" not in rep["needs"]
+    assert not (tmp_path / "s" / "model").exists()
+    assert rep["regenerate_command"].startswith("crashreplay make-model model --like model-config --seed ")
     # The shrunk directory fails the same way from its README's one command.
     outcome, sig, again = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
     assert outcome == "failed" and {k: sig[k] for k in ("class", "kernel", "check")} == \
         {k: target[k] for k in ("class", "kernel", "check")}
     assert again["fault"]["layer"] == 0
-    cfg = json.loads((tmp_path / "s" / "model" / "config.json").read_text())
+    cfg = json.loads((tmp_path / "s" / "model-config" / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 1
+    # The README's make-model drew the model again: the slice's tensors, other values.
+    drawn = json.loads((tmp_path / "s" / "model" / "config.json").read_text())
+    assert drawn == cfg
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +255,47 @@ def test_a_prompt_is_shortened_to_the_tokens_from_the_one_the_failure_needs(mode
     assert list(row["token_slots"]) == rows[1][5:] and list(step["out_cache_loc"]) == rows[1][5:]
     outcome, sig, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
     assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
+
+
+def scale_bf16(path, name, log2):
+    """Multiplies bf16 tensor `name` of the safetensors file `path` by
+    2**log2 in place: exactly, by adding to each non-zero value's exponent."""
+    import numpy as np
+    import struct
+    b = bytearray(pathlib.Path(path).read_bytes())
+    (n,) = struct.unpack("<Q", b[:8])
+    header = json.loads(b[8:8 + n])
+    s, e = header[name]["data_offsets"]
+    assert header[name]["dtype"] == "BF16"
+    a = np.frombuffer(bytes(b[8 + n + s:8 + n + e]), dtype=np.uint16).copy()
+    nz = (a & 0x7FFF) != 0
+    a[nz] += np.uint16(log2 << 7)
+    b[8 + n + s:8 + n + e] = a.tobytes()
+    pathlib.Path(path).write_bytes(b)
+
+
+def test_a_failure_that_needs_the_real_weights_keeps_them_and_says_so(tmp_path):
+    """Layer 1's MLP scaled by 2**8 (up) and 2**16 (down): in fp16
+    activations its output overflows and sampling meets NaN probabilities.
+    Random values of the same tensors do not overflow: the weights stage
+    keeps the checkpoint's and says the failure needs them."""
+    m = tmp_path / "model"
+    r = run("make-model", m, "--arch", "llama", "--quant", "bf16", "--layers", "2", "--hidden", "64", "--heads", "4",
+            "--kv-heads", "2", "--intermediate", "128", "--vocab", VOCAB)
+    assert r.returncode == 0, r.stderr
+    scale_bf16(m / "model.safetensors", "model.layers.1.mlp.up_proj.weight", 8)
+    scale_bf16(m / "model.safetensors", "model.layers.1.mlp.down_proj.weight", 16)
+    r = run("run", m, "--prompt-ids", "1,17,42,99,7", "--prompt-ids", "5,6,7", "--max-new-tokens", "2",
+            "--temperature", "1", "--set", "activation_dtype=fp16", "--record", tmp_path / "rec")
+    assert r.returncode != 0 and "probs_finite" in r.stdout + r.stderr
+    outcome, sig, _ = replay_signature(tmp_path / "rec", "--set", "activation_dtype=fp16")
+    assert outcome == "failed" and sig["check"] == "probs_finite"
+    rep = shrink(tmp_path / "rec", tmp_path / "s", "--set", "activation_dtype=fp16")
+    weights = stage(rep, "weights")
+    assert weights["trials"] == 1 and weights["before"] == weights["after"] > 0
+    assert "do not fail the same way" in rep["needs"]["weights"]
+    assert rep["needs"]["checkpoint"] == str(m) and "regenerate_command" not in rep
+    assert not (tmp_path / "s" / "model-config").exists()
+    assert "needs the original checkpoint" in (tmp_path / "s" / "README.md").read_text()
+    outcome, sig2, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig2["check"] == "probs_finite"

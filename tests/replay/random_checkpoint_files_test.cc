@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -175,6 +176,90 @@ TEST(BoundedWriter, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
   EXPECT_NE(w.status().message().find("yarn_only"), std::string::npos) << w.status();
   EXPECT_FALSE(fs::exists(dir)) << "nothing created for options that make no model";
+}
+
+// make-model --like: the model a checkpoint's config.json describes, drawn
+// from a seed. From make-model's own checkpoint and its seed, the same files
+// byte for byte (the config read back gives every tensor the generator drew
+// the first time, in the same order); from another seed, the same tensors
+// (names, dtypes, shapes) with other values; the config files copied as they
+// are.
+class LikeACheckpoint : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LikeACheckpoint, TheSameSeedGivesTheSameFilesAnotherTheSameTensors) {
+  const Case& c = GetParam();
+  MakeModelOptions o;
+  o.arch = c.arch;
+  o.quant = c.quant;
+  o.layers = 3;
+  o.seed = 7;
+  o.threads = 2;
+  const std::string original = TempDir(std::string("like_src_") + c.arch + c.quant);
+  ASSERT_TRUE(WriteRandomCheckpoint(original, o, c.max_shard_bytes).ok());
+  MakeModelOptions like;
+  like.like = original;
+  like.seed = 7;
+  like.threads = 2;
+  like.arch = "llama";  // ignored: the config says
+  like.layers = 1;
+  const std::string same = TempDir(std::string("like_same_") + c.arch + c.quant);
+  auto w = WriteRandomCheckpoint(same, like, c.max_shard_bytes);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->spec.model_type, c.arch);
+  const auto want = Files(original), got = Files(same);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, b] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.at(name) == b) << name << " differs: cmp " << same << "/" << name << " " << original << "/" << name;
+  }
+
+  like.seed = 8;
+  const std::string other = TempDir(std::string("like_other_") + c.arch + c.quant);
+  ASSERT_TRUE(WriteRandomCheckpoint(other, like, c.max_shard_bytes).ok());
+  EXPECT_EQ(ReadAll(fs::path(other) / "config.json"), ReadAll(fs::path(original) / "config.json"));
+  auto a = LoadCheckpointDir(original), b = LoadCheckpointDir(other);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  size_t differ = 0;
+  for (const auto& [name, t] : a->tensors) {
+    ASSERT_TRUE(b->tensors.count(name)) << name;
+    const HostTensor& u = b->tensors.at(name);
+    EXPECT_EQ(u.dtype, t.dtype) << name;
+    EXPECT_EQ(u.shape, t.shape) << name;
+    if (u.bytes.size() != t.bytes.size() || std::memcmp(u.bytes.data(), t.bytes.data(), t.bytes.size()) != 0) {
+      ++differ;
+    }
+  }
+  EXPECT_GT(differ, a->tensors.size() / 2) << "another seed should draw other values";
+  for (const std::string& d : {original, same, other}) fs::remove_all(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(ArchsQuants, LikeACheckpoint,
+                         ::testing::Values(Case{"llama", "bf16", 1ull << 30}, Case{"qwen3_moe", "fp8", 64 << 10},
+                                           Case{"glm_moe_dsa", "nvfp4", 1ull << 30},
+                                           Case{"mixtral", "mxfp4", 1ull << 30}, Case{"glm4_moe", "nvfp4", 64 << 10}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.arch) + "_" + i.param.quant;
+                         });
+
+TEST(LikeACheckpoint, AConfigWithTensorsMakeModelDoesNotDrawIsRefused) {
+  const std::string dir = TempDir("like_bias");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 128, "vocab_size": 256, "mlp_bias": true})";
+  MakeModelOptions o;
+  o.like = dir;
+  auto w = WriteRandomCheckpoint(TempDir("like_bias_out"), o);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(w.status().message().find("MLP biases"), std::string_view::npos) << w.status();
+  o.like = dir + "/missing";
+  w = WriteRandomCheckpoint(TempDir("like_missing_out"), o);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("missing"), std::string_view::npos) << w.status();
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include "crashreplay/base/status.h"
@@ -647,8 +650,24 @@ std::vector<int32_t> CalibrationTokens(const ModelSpec& spec, uint64_t seed) {
 
 namespace {
 
+// The model `dir`'s config.json describes, as the engine reads it.
+absl::StatusOr<ModelSpec> SpecLike(const std::string& dir) {
+  CR_ASSIGN_OR_RETURN(const ModelConfig c, LoadHfConfig(dir + "/config.json"));
+  CR_ASSIGN_OR_RETURN(ModelSpec s, ModelSpecFromHfConfig(c));
+  // Which modules stay unquantized is the file's list (the engine reads it
+  // from the config; the generator from the spec).
+  s.quant_ignore = c.quant.ignore;
+  if (s.attention_out_bias || s.mlp_bias) {
+    return absl::InvalidArgumentError(Cat("make-model --like ", dir, ": the config has ",
+                                          s.attention_out_bias ? "o_proj" : "MLP",
+                                          " biases, which make-model does not draw"));
+  }
+  return s;
+}
+
 // The checkpoint's architecture from the options, checked.
 absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
+  if (!o.like.empty()) return SpecLike(o.like);
   if (o.rope_form != "legacy" && o.rope_form != "rope_parameters" && o.rope_form != "both") {
     return absl::InvalidArgumentError(
         Cat("make-model: unknown rope form '", o.rope_form, "' (legacy, rope_parameters, both)"));
@@ -804,6 +823,27 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
   return s;
 }
 
+// make-model --like: the config files of `from` written into `to` as they
+// are (config.json and the other small JSON files a loader reads beside it;
+// not a shard index, which describes other shards, nor tokenizer files).
+absl::Status CopyConfigFiles(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".json" || name.find(".index.json") != std::string::npos ||
+        name.rfind("tokenizer", 0) == 0) {
+      continue;
+    }
+    std::ifstream in(e.path(), std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    if (!in.good() && !in.eof()) return absl::DataLossError(Cat(e.path().string(), ": cannot be read"));
+    CR_RETURN_IF_ERROR(WriteFileAtomically(to + "/" + name, bytes.str()));
+  }
+  if (ec) return absl::NotFoundError(Cat(from, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 std::vector<uint8_t> F32Bytes(float v) {
   std::vector<uint8_t> b(4);
   std::memcpy(b.data(), &v, 4);
@@ -825,7 +865,7 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
     CR_ASSIGN_OR_RETURN(const auto scales, CalibrateInputScales(s, o, ck.tensors, /*stream=*/false));
     for (const auto& [name, v] : scales) ck.tensors[name].bytes = F32Bytes(v);
   }
-  ApplyRopeForm(o.rope_form, &ck.spec);
+  if (o.like.empty()) ApplyRopeForm(o.rope_form, &ck.spec);
   return ck;
 }
 
@@ -850,6 +890,10 @@ absl::StatusOr<WrittenCheckpoint> WriteRandomCheckpoint(const std::string& dir, 
   if (o.progress) o.progress("flushing files", 0, 0, static_cast<int64_t>(out->data_bytes()));
   CR_RETURN_IF_ERROR(out->Commit());
   WrittenCheckpoint w{s, out->num_tensors(), out->data_bytes()};
+  if (!o.like.empty()) {
+    CR_RETURN_IF_ERROR(CopyConfigFiles(o.like, dir));
+    return w;
+  }
   ApplyRopeForm(o.rope_form, &w.spec);
   CR_RETURN_IF_ERROR(WriteFileAtomically(dir + "/config.json", HfConfigToJson(HfConfigFromModelSpec(w.spec))));
   return w;

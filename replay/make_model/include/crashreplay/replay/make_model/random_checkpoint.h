@@ -93,6 +93,16 @@ struct MakeModelOptions {
   // The RoPE keys of config.json: legacy (rope_theta / rope_scaling),
   // rope_parameters, or both. The tensors are the same for every form.
   std::string rope_form = "legacy";
+  // A directory holding a checkpoint's config.json (and the small JSON files
+  // beside it: hf_quant_config.json, generation_config.json): the model is
+  // the one that config describes, as the engine reads it (arch, dimensions,
+  // quantization and its ignore list, per-layer lists), and those files are
+  // written verbatim; arch, quant, the size options and rope_form are
+  // ignored. What shrink's weights stage regenerates a slice from: the same
+  // tensors (names, dtypes, shapes) with values drawn from `seed`.
+  // InvalidArgument for a config with tensors the generator does not draw
+  // (o_proj or MLP biases).
+  std::string like;
 };
 
 struct RandomCheckpoint {
