@@ -1,5 +1,6 @@
 // `crashreplay shrink CAPTURE -o OUT [--config FILE] [--set k=v]... [--engine NAME ...] [--model DIR]
-// [--max-trials N] [--timeout S] [--no-anonymize] [--export-kernel] [--json]`: the smallest capture whose replay still
+// [--max-trials N] [--time-budget S] [--timeout S] [--memory-limit B] [-j N] [--repeat N] [--confirm N]
+// [--gpus LIST] [--no-anonymize] [--export-kernel] [--json]`: the smallest capture whose replay still
 // fails the same way (shrink.h; docs/cli.md).
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include "command.h"
 #include "commands_decl.h"
 #include "crashreplay/bisect/process.h"
+#include "crashreplay/bisect/scheduler.h"
 #include "crashreplay/bisect/signature.h"
 #include "exit_codes.h"
 #include "shrink.h"
@@ -27,8 +29,9 @@ int RunShrink(int argc, char** argv) {
       "shrink");
   std::string capture, out, config_file, model_dir, engine, engine_python;
   std::vector<std::string> sets, engine_setups;
-  int max_trials = 400;
-  double timeout = 0;
+  int max_trials = 400, jobs = 1, repeat = 1, confirm = bisect::kDefaultConfirmRuns;
+  double timeout = 0, time_budget = 0;
+  std::string memory_limit, gpus;
   bool json = false, no_anonymize = false, quiet = false, export_kernel = false;
   app.add_option("CAPTURE", capture, "capture file or session directory whose replay fails")->required();
   app.add_option("-o,--out", out, "output directory: capture/, model/ (a layer slice), README.md, shrink.json")
@@ -43,7 +46,20 @@ int RunShrink(int argc, char** argv) {
                  "trial budget (default 400); reached, the smallest failing capture "
                  "found so far is written, marked not minimal")
       ->check(CLI::Range(1, 1000000));
+  app.add_option("--time-budget", time_budget,
+                 "seconds after which no trial starts; the smallest failing capture found so far is written, "
+                 "marked not minimal (0: no limit)");
   app.add_option("--timeout", timeout, "seconds a trial's replay may take (0: no limit)");
+  app.add_option("--memory-limit", memory_limit, "address-space limit per trial (bytes, or with K/M/G/T)");
+  app.add_option("--jobs,-j", jobs, "trials run in parallel (default 1, or the size of --gpus)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--repeat", repeat, "runs per trial; runs that disagree make it flaky, counted as unresolved")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--confirm", confirm,
+                 absl::StrCat("extra runs of the shrunk capture at the end (default ", bisect::kDefaultConfirmRuns,
+                              "); shrink.json `confirmed` says how many failed the same way"))
+      ->check(CLI::Range(0, 100));
+  app.add_option("--gpus", gpus, "GPU pool: CUDA_VISIBLE_DEVICES per worker, e.g. 0,1,2 (or 0,1;2,3)");
   app.add_flag("--no-anonymize", no_anonymize, "keep request ids, sampled tokens and token ids as recorded");
   app.add_flag("--export-kernel", export_kernel,
                "then export the failing kernel of the shrunk capture (export-kernel) into OUT/kernel");
@@ -69,6 +85,16 @@ int RunShrink(int argc, char** argv) {
   if (!model_dir.empty()) o.model_dir = std::filesystem::absolute(model_dir, ec).lexically_normal().string();
   o.max_trials = max_trials;
   if (timeout > 0) o.trial_timeout_s = timeout;
+  if (time_budget > 0) o.time_budget_s = time_budget;
+  if (!memory_limit.empty()) {
+    auto bytes = ParseBytes("--memory-limit", memory_limit);
+    if (!bytes.ok()) return ReportError(bytes.status());
+    o.memory_limit_bytes = *bytes;
+  }
+  o.gpus = bisect::ParseGpuList(gpus);
+  o.jobs = gpus.empty() ? jobs : static_cast<int>(o.gpus.size());
+  o.repeat = repeat;
+  o.confirm = confirm;
   o.anonymize = !no_anonymize;
   if (!quiet) o.progress = [](const std::string& line) { std::fprintf(stderr, "shrink: %s\n", line.c_str()); };
 
@@ -151,6 +177,10 @@ int RunShrink(int argc, char** argv) {
            << (r->minimal ? ""
                           : "\nThe trial budget ran out: this is the smallest failing capture found, not a "
                             "minimal one.\n")
+           << (r->confirm_failed == r->confirm_runs
+                   ? ""
+                   : absl::StrCat("\nFlaky: run again ", r->confirm_runs, " times, it failed the same way ",
+                                  r->confirm_failed, " times.\n"))
            << (j.contains("export_kernel") && j["export_kernel"].value("exit_code", nlohmann::json()) == 0
                    ? "\n`kernel/` holds the failing kernel's tensors, parameters and `repro.py` (export-kernel).\n"
                    : "");

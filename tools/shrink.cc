@@ -1,6 +1,8 @@
 #include "shrink.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,10 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "crashreplay/base/status.h"
 #include "crashreplay/bisect/dd.h"
 #include "crashreplay/bisect/process.h"
 #include "crashreplay/bisect/replay_trial.h"
+#include "crashreplay/bisect/scheduler.h"
 #include "crashreplay/capture/recorder.h"
 #include "crashreplay/formats/capture_writer.h"
 #include "crashreplay/formats/safetensors_file.h"
@@ -38,6 +42,7 @@ struct Source {
   std::vector<const StepRecord*> steps;  // this rank's, in file order
   const FailureRecord* failure = nullptr;
   std::string checkpoint;  // the original checkpoint directory
+  std::set<std::string> request_ids;  // every request id the steps record
   int64_t vocab = 0;
   int64_t layers = 0;
 };
@@ -118,9 +123,123 @@ uint64_t PathBytes(const std::string& path) {
   return total;
 }
 
+// dd's oracle over one stage's universe: each set becomes a candidate.
+// A batch of sets (dd asks for several at once: the subsets, then the
+// complements) is judged together, so the scheduler runs them in parallel.
+class StageOracle : public bisect::DeltaOracle {
+ public:
+  StageOracle(std::function<std::vector<Outcome>(const std::vector<ChangeSet>&)> judge,
+              std::function<int()> trials_left)
+      : judge_(std::move(judge)), trials_left_(std::move(trials_left)) {}
+  std::vector<Outcome> Test(const std::vector<ChangeSet>& sets) override {
+    std::vector<Outcome> out(sets.size(), Outcome::kUnresolved);
+    std::vector<ChangeSet> fresh;
+    for (const ChangeSet& s : sets) {
+      if (!seen_.count(s) && std::find(fresh.begin(), fresh.end(), s) == fresh.end()) fresh.push_back(s);
+    }
+    const size_t room = static_cast<size_t>(std::max(0, trials_left_()));
+    if (fresh.size() > room) {
+      stopped_ = true;
+      fresh.resize(room);
+    }
+    if (!fresh.empty()) {
+      const std::vector<Outcome> r = judge_(fresh);
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        seen_[fresh[i]] = r[i];
+        if (r[i] == Outcome::kFail && (!smallest_ || fresh[i].size() < smallest_->size())) smallest_ = fresh[i];
+      }
+    }
+    for (size_t i = 0; i < sets.size(); ++i) {
+      if (auto it = seen_.find(sets[i]); it != seen_.end()) out[i] = it->second;
+    }
+    return out;
+  }
+  bool stopped() const override { return stopped_; }
+  const std::optional<ChangeSet>& smallest_failing() const { return smallest_; }
+
+ private:
+  std::function<std::vector<Outcome>(const std::vector<ChangeSet>&)> judge_;
+  std::function<int()> trials_left_;
+  std::map<ChangeSet, Outcome> seen_;
+  std::optional<ChangeSet> smallest_;
+  bool stopped_ = false;
+};
+
+// The replay command line of a candidate (or of the capture as it is).
+// `own_model`: the candidate's model directory (a slice, the drawn model),
+// "" for the original checkpoint.
+std::vector<std::string> ReplayArgv(const ShrinkOptions& o, const std::string& capture_dir,
+                                    const std::string& own_model) {
+  std::vector<std::string> argv = {o.self, "replay", capture_dir, "--json"};
+  argv.insert(argv.end(), o.replay_args.begin(), o.replay_args.end());
+  const std::string& model = own_model.empty() ? o.model_dir : own_model;
+  if (!model.empty()) argv.insert(argv.end(), {"--model", model});
+  return argv;
+}
+
+bisect::TrialLimits Limits(const ShrinkOptions& o) {
+  bisect::TrialLimits limits;
+  limits.timeout_s = o.trial_timeout_s;
+  limits.memory_limit_bytes = o.memory_limit_bytes;
+  return limits;
+}
+
+// A candidate's replay as bisect's scheduler runs trials (its workers, GPU
+// pool, repeats and confirmations): the configuration names the candidate's
+// directory ("capture") and its own model's ("model", "" for none).
+// Run is called on the scheduler's worker threads and reads only `o`.
+class CandidateRunner final : public bisect::TrialRunner {
+ public:
+  explicit CandidateRunner(const ShrinkOptions& o) : o_(o) {}
+  std::string SubjectId() const override { return o_.out_dir; }
+  bisect::TrialResult Run(const bisect::TrialRequest& r, const std::atomic<bool>* cancel) override {
+    bisect::ProcessSpec spec;
+    const auto c = r.config.find("capture");
+    const auto own = r.config.find("model");
+    if (c == r.config.end() || !c->second.is_string()) {
+      bisect::TrialResult bad;
+      bad.verdict = bisect::Verdict::kAbort;
+      bad.note = "a shrink trial without its candidate";
+      return bad;
+    }
+    spec.argv = ReplayArgv(o_, c->second.as_string(), own != r.config.end() ? own->second.as_string() : std::string());
+    const bisect::TrialLimits limits = Limits(o_);
+    spec.timeout_s = limits.timeout_s;
+    spec.memory_limit_bytes = limits.memory_limit_bytes;
+    spec.cancel = cancel;
+    if (!r.gpus.empty()) spec.env_set.emplace_back("CUDA_VISIBLE_DEVICES", r.gpus);
+    bisect::TrialResult t = bisect::InterpretReplayOutput(bisect::RunProcess(spec), limits, /*diverged_is_bad=*/true);
+    // A candidate the replay refuses (its usage or data errors: a cut
+    // prompt an engine's driver will not take) says nothing of the target:
+    // unresolved, where bisect would stop its whole search. The capture as
+    // it is was replayed before any candidate, so the command itself runs.
+    if (t.verdict == bisect::Verdict::kAbort) t.verdict = bisect::Verdict::kSkip;
+    return t;
+  }
+  std::string ReproduceCommand(const std::string&, std::optional<int64_t>) const override { return ""; }
+
+ private:
+  const ShrinkOptions& o_;
+};
+
+bisect::SchedulerOptions SchedulerOptionsOf(const ShrinkOptions& o) {
+  bisect::SchedulerOptions s;
+  s.jobs = std::max(1, o.jobs);
+  s.repeat = std::max(1, o.repeat);
+  s.confirm = std::max(0, o.confirm);
+  s.gpus = o.gpus;
+  if (!s.gpus.empty()) s.jobs = std::min<int>(s.jobs, static_cast<int>(s.gpus.size()));
+  return s;
+}
+
 class Shrinker {
  public:
-  Shrinker(const ShrinkOptions& o, Source src) : o_(o), src_(std::move(src)) {}
+  Shrinker(const ShrinkOptions& o, Source src)
+      : o_(o),
+        src_(std::move(src)),
+        runner_(o),
+        scheduler_(runner_, SchedulerOptionsOf(o)),
+        start_(std::chrono::steady_clock::now()) {}
 
   absl::StatusOr<ShrinkResult> Run();
 
@@ -143,9 +262,32 @@ class Shrinker {
   std::string OwnModel(const Candidate& c) const {
     return c.random_weights ? random_dir_ : c.sliced ? slice_dir_ : std::string();
   }
-  // Writes and replays a candidate: the trial's verdict against the target.
-  Outcome Judge(const Candidate& c);
-  bisect::TrialResult Replay(const std::string& capture_dir, bool own_model,
+  // Writes and replays candidates (in parallel, through the scheduler):
+  // each trial's verdict against the target, in order.
+  std::vector<Outcome> JudgeAll(const std::vector<Candidate>& cs);
+  Outcome Judge(const Candidate& c) { return JudgeAll({c})[0]; }
+  // dd's oracle over a stage's sets: `make` gives each set's candidate, or
+  // none for a set that passes without a trial (no request at all).
+  template <typename Make>
+  StageOracle OracleOf(Make make) {
+    return StageOracle(
+        [this, make](const std::vector<ChangeSet>& sets) {
+          std::vector<Outcome> out(sets.size(), Outcome::kPass);
+          std::vector<Candidate> cs;
+          std::vector<size_t> at;
+          for (size_t i = 0; i < sets.size(); ++i) {
+            if (std::optional<Candidate> c = make(sets[i])) {
+              cs.push_back(std::move(*c));
+              at.push_back(i);
+            }
+          }
+          const std::vector<Outcome> r = JudgeAll(cs);
+          for (size_t k = 0; k < at.size(); ++k) out[at[k]] = r[k];
+          return out;
+        },
+        [this] { return TrialsLeft(); });
+  }
+  bisect::TrialResult Replay(const std::string& capture_dir, const std::string& own_model,
                              std::optional<int64_t>* layer = nullptr) const;
   // The keys of the requests a candidate keeps (those of its failing step).
   std::set<std::string> KeptKeys(const Candidate& c) const {
@@ -159,7 +301,16 @@ class Shrinker {
   void Say(const std::string& line) const {
     if (o_.progress) o_.progress(line);
   }
-  bool OutOfBudget() const { return trials_ >= o_.max_trials; }
+  // Trials that may still start: the trial budget's rest, none once the
+  // time budget is spent.
+  int TrialsLeft() const {
+    if (o_.time_budget_s &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() >= *o_.time_budget_s) {
+      return 0;
+    }
+    return std::max(0, o_.max_trials - trials_);
+  }
+  bool OutOfBudget() const { return TrialsLeft() == 0; }
 
   const ShrinkOptions& o_;
   Source src_;
@@ -171,41 +322,9 @@ class Shrinker {
   std::string random_dir_;     // the weights stage's model
   std::string random_config_;  // its config.json text
   ShrinkResult result_;
-};
-
-// dd's oracle over one stage's universe: each set becomes a candidate.
-class StageOracle : public bisect::DeltaOracle {
- public:
-  StageOracle(std::function<Outcome(const ChangeSet&)> judge, std::function<bool()> out_of_budget)
-      : judge_(std::move(judge)), out_of_budget_(std::move(out_of_budget)) {}
-  std::vector<Outcome> Test(const std::vector<ChangeSet>& sets) override {
-    std::vector<Outcome> out;
-    for (const ChangeSet& s : sets) {
-      if (auto it = seen_.find(s); it != seen_.end()) {
-        out.push_back(it->second);
-        continue;
-      }
-      if (out_of_budget_()) {
-        stopped_ = true;
-        out.push_back(Outcome::kUnresolved);
-        continue;
-      }
-      const Outcome r = judge_(s);
-      seen_[s] = r;
-      if (r == Outcome::kFail && (!smallest_ || s.size() < smallest_->size())) smallest_ = s;
-      out.push_back(r);
-    }
-    return out;
-  }
-  bool stopped() const override { return stopped_; }
-  const std::optional<ChangeSet>& smallest_failing() const { return smallest_; }
-
- private:
-  std::function<Outcome(const ChangeSet&)> judge_;
-  std::function<bool()> out_of_budget_;
-  std::map<ChangeSet, Outcome> seen_;
-  std::optional<ChangeSet> smallest_;
-  bool stopped_ = false;
+  CandidateRunner runner_;
+  bisect::Scheduler scheduler_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::vector<Occurrence>* occurrences) const {
@@ -224,7 +343,9 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   }
   if (c.random_weights) m.weights.clear();
   const std::string own = OwnModel(c);
-  m.model.checkpoint_path = own.empty() ? src_.checkpoint : fs::absolute(own).string();
+  // A model of OUT's own is named as the README's command gives it (run
+  // from OUT, --model model): no path of the machine that shrank it.
+  m.model.checkpoint_path = own.empty() ? src_.checkpoint : "model";
   if (c.sliced) {
     m.model.config_json = slice_config_;
     m.model.num_layers = static_cast<uint32_t>(slice_layers_);
@@ -233,6 +354,7 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
   if (o_.anonymize) {
     m.hostname.clear();
     m.pid = 0;
+    m.session_id = "shrunk";  // the user's session id (often host, pid and time) stays home
     nlohmann::json cfg = nlohmann::json::parse(m.model.config_json, nullptr, false);
     if (cfg.is_object() && cfg.contains("_name_or_path")) {
       cfg.erase("_name_or_path");
@@ -321,7 +443,21 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
       if (target_out < 0) return absl::InternalError("the failing step was dropped");
       f.step = static_cast<uint64_t>(target_out);
     }
-    if (o_.anonymize) f.backtrace.clear();
+    if (o_.anonymize) {
+      f.backtrace.clear();
+      // The engine's message may name requests (a kept one by its new name,
+      // a dropped one not at all), the host, the checkpoint or the capture.
+      for (std::string* text : {&f.reason, &f.exception_type}) {
+        for (const std::string& id : src_.request_ids) {
+          if (id.size() < 4) continue;  // "0", "17": too short to tell from other text, and to identify anyone
+          const auto it = names.find(id);
+          *text = absl::StrReplaceAll(*text, {{id, it == names.end() ? "<request>" : it->second}});
+        }
+        for (const std::string& origin : {src_.manifest.hostname, src_.checkpoint, o_.capture}) {
+          if (origin.size() >= 3) *text = absl::StrReplaceAll(*text, {{origin, "<original>"}});
+        }
+      }
+    }
     CR_RETURN_IF_ERROR(w->Append(f));
   }
   return w->Close();
@@ -461,48 +597,60 @@ std::optional<int64_t> FailureLayer(const std::string& replay_stdout) {
   return std::nullopt;
 }
 
-bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, bool own_model,
+bisect::TrialResult Shrinker::Replay(const std::string& capture_dir, const std::string& own_model,
                                      std::optional<int64_t>* layer) const {
   bisect::ProcessSpec spec;
-  spec.argv = {o_.self, "replay", capture_dir, "--json"};
-  spec.argv.insert(spec.argv.end(), o_.replay_args.begin(), o_.replay_args.end());
-  if (!own_model && !o_.model_dir.empty()) {
-    spec.argv.push_back("--model");
-    spec.argv.push_back(o_.model_dir);
-  }
-  spec.timeout_s = o_.trial_timeout_s;
-  bisect::TrialLimits limits;
-  limits.timeout_s = o_.trial_timeout_s;
+  spec.argv = ReplayArgv(o_, capture_dir, own_model);
+  const bisect::TrialLimits limits = Limits(o_);
+  spec.timeout_s = limits.timeout_s;
+  spec.memory_limit_bytes = limits.memory_limit_bytes;
+  if (!o_.gpus.empty()) spec.env_set.emplace_back("CUDA_VISIBLE_DEVICES", o_.gpus.front());
   const bisect::ProcessResult p = bisect::RunProcess(spec);
   if (layer != nullptr) *layer = FailureLayer(p.stdout_text);
   return bisect::InterpretReplayOutput(p, limits, /*diverged_is_bad=*/true);
 }
 
-Outcome Shrinker::Judge(const Candidate& c) {
-  ++trials_;
-  const std::string dir = absl::StrCat(o_.out_dir, "/trials/trial-", trials_);
-  if (absl::Status s = Write(c, dir, nullptr); !s.ok()) {
-    Say(absl::StrCat("trial ", trials_, ": cannot write the candidate: ", s.message()));
-    return Outcome::kUnresolved;
+std::vector<Outcome> Shrinker::JudgeAll(const std::vector<Candidate>& cs) {
+  std::vector<Outcome> out(cs.size(), Outcome::kUnresolved);
+  std::vector<Config> configs;
+  std::vector<size_t> which;
+  std::vector<int> number;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    ++trials_;
+    const std::string dir = absl::StrCat(o_.out_dir, "/trials/trial-", trials_);
+    if (absl::Status s = Write(cs[i], dir, nullptr); !s.ok()) {
+      Say(absl::StrCat("trial ", trials_, ": cannot write the candidate: ", s.message()));
+      continue;
+    }
+    configs.push_back({{"capture", ConfigValue::String(dir)}, {"model", ConfigValue::String(OwnModel(cs[i]))}});
+    which.push_back(i);
+    number.push_back(trials_);
   }
-  const bisect::TrialResult r = Replay(dir, !OwnModel(c).empty());
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  Outcome out = Outcome::kUnresolved;
-  if (r.verdict == bisect::Verdict::kGood) out = Outcome::kPass;
-  if (r.verdict == bisect::Verdict::kBad)
-    out = bisect::SameBug(r.signature, target_) ? Outcome::kFail : Outcome::kOther;
-  Say(absl::StrCat(
-      "trial ", trials_, ": ", c.requests.size(), " request(s)", c.sliced ? ", layer slice" : "",
-      c.random_weights ? ", random weights" : "",
-      c.keep_token.empty()
-          ? std::string()
-          : absl::StrCat(", ", std::count(c.keep_token.begin(), c.keep_token.end(), true), " original token id(s)"),
-      ": ",
-      out == Outcome::kFail    ? "fails the same way"
-      : out == Outcome::kPass  ? "does not fail"
-      : out == Outcome::kOther ? absl::StrCat("fails differently (", bisect::DescribeSignature(r.signature), ")")
-                               : absl::StrCat("unresolved (", r.note, ")")));
+  const std::vector<bisect::TrialResult> rs = scheduler_.RunBatch(configs);
+  for (size_t k = 0; k < rs.size(); ++k) {
+    const bisect::TrialResult& r = rs[k];
+    const Candidate& c = cs[which[k]];
+    std::error_code ec;
+    fs::remove_all(configs[k].at("capture").as_string(), ec);
+    Outcome o = Outcome::kUnresolved;
+    if (r.verdict == bisect::Verdict::kGood) o = Outcome::kPass;
+    if (r.verdict == bisect::Verdict::kBad)
+      o = bisect::SameBug(r.signature, target_) ? Outcome::kFail : Outcome::kOther;
+    out[which[k]] = o;
+    Say(absl::StrCat(
+        "trial ", number[k], ": ", c.requests.size(), " request(s)", c.sliced ? ", layer slice" : "",
+        c.random_weights ? ", random weights" : "",
+        c.keep_token.empty()
+            ? std::string()
+            : absl::StrCat(", ", std::count(c.keep_token.begin(), c.keep_token.end(), true), " original token id(s)"),
+        ": ",
+        o == Outcome::kFail    ? "fails the same way"
+        : o == Outcome::kPass  ? "does not fail"
+        : o == Outcome::kOther ? absl::StrCat("fails differently (", bisect::DescribeSignature(r.signature), ")")
+        : r.verdict == bisect::Verdict::kFlaky
+            ? absl::StrCat("flaky (", r.bad_runs, " of ", r.runs, " runs failed): counted as unresolved")
+            : absl::StrCat("unresolved (", r.note, ")")));
+  }
   return out;
 }
 
@@ -511,7 +659,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
   res.bytes_before = PathBytes(src_.reader->path());
   Say(absl::StrCat("replaying ", o_.capture, " as it is"));
   std::optional<int64_t> layer;
-  const bisect::TrialResult base = Replay(o_.capture, false, &layer);
+  const bisect::TrialResult base = Replay(o_.capture, "", &layer);
   ++trials_;
   if (base.verdict == bisect::Verdict::kGood) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -541,15 +689,13 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     ShrinkStage st{"requests", static_cast<int64_t>(cur.requests.size()), 0, 0, ""};
     const int before = trials_;
     if (cur.requests.size() > 1) {
-      StageOracle oracle(
-          [&](const ChangeSet& set) {
-            if (set.empty()) return Outcome::kPass;  // no request: no step to fail in
-            Candidate c = cur;
-            c.requests.clear();
-            for (size_t i : set) c.requests.push_back(cur.requests[i]);
-            return Judge(c);
-          },
-          [&] { return OutOfBudget(); });
+      StageOracle oracle = OracleOf([&](const ChangeSet& set) -> std::optional<Candidate> {
+        if (set.empty()) return std::nullopt;  // no request: no step to fail in
+        Candidate c = cur;
+        c.requests.clear();
+        for (size_t i : set) c.requests.push_back(cur.requests[i]);
+        return c;
+      });
       const bisect::DdResult dd = bisect::IsolateCulprit(cur.requests.size(), oracle);
       ChangeSet keep;
       if (dd.complete && !dd.culprit.empty()) {
@@ -598,7 +744,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
       return c;
     };
     if (!history.empty()) {
-      StageOracle oracle([&](const ChangeSet& set) { return Judge(with_steps(set)); }, [&] { return OutOfBudget(); });
+      StageOracle oracle = OracleOf([&](const ChangeSet& set) -> std::optional<Candidate> { return with_steps(set); });
       // No history at all first: most failures of a step's own make-up need none.
       ChangeSet keep;
       if (Judge(with_steps({})) == Outcome::kFail) {
@@ -784,7 +930,7 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
         for (size_t i : set) c.keep_token[i] = true;
         return c;
       };
-      StageOracle oracle([&](const ChangeSet& set) { return Judge(candidate(set)); }, [&] { return OutOfBudget(); });
+      StageOracle oracle = OracleOf([&](const ChangeSet& set) -> std::optional<Candidate> { return candidate(set); });
       ChangeSet keep;
       const std::vector<Outcome> none = oracle.Test({ChangeSet{}});
       if (none[0] == Outcome::kFail) {
@@ -825,6 +971,20 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
         {"crashreplay", "make-model", "model", "--like", "model-config", "--seed", absl::StrCat(o_.seed)});
   }
   if (!o_.anonymize) res.needs["request_ids"] = "kept (--no-anonymize)";
+  // The shrunk capture judged again, repeat + confirm runs in all: what the
+  // README promises rests on more than one run of a failure that may be
+  // flaky.
+  {
+    const Config final_config = {{"capture", ConfigValue::String(res.capture_dir)},
+                                 {"model", ConfigValue::String(OwnModel(cur))}};
+    const bisect::TrialResult r = scheduler_.Confirm({final_config})[0];
+    res.confirm_runs = r.runs;
+    res.confirm_failed = r.verdict == bisect::Verdict::kBad && bisect::SameBug(r.signature, target_) ? r.runs
+                         : r.verdict == bisect::Verdict::kFlaky                                      ? r.bad_runs
+                                                                                                     : 0;
+    Say(absl::StrCat("the shrunk capture failed the same way in ", res.confirm_failed, " of ", res.confirm_runs,
+                     " runs"));
+  }
   res.trials = trials_;
   res.bytes_after = PathBytes(res.capture_dir);
   std::vector<std::string> cmd = {"crashreplay", "replay", "capture", "--json"};
@@ -851,6 +1011,7 @@ nlohmann::json ShrinkResult::ToJson() const {
   }
   j["trials"] = trials;
   j["minimal"] = minimal;
+  j["confirmed"] = {{"runs", confirm_runs}, {"failed_same_way", confirm_failed}};
   j["bytes"] = {{"before", bytes_before}, {"after", bytes_after}};
   j["capture"] = "capture";
   if (!model_dir.empty() && model_config_dir.empty()) j["model"] = "model";
@@ -870,6 +1031,9 @@ absl::StatusOr<ShrinkResult> Shrink(const ShrinkOptions& o) {
   src.manifest = cap.manifest;
   for (const StepRecord& s : src.reader->steps()) {
     if (s.rank == src.manifest.parallel.rank) src.steps.push_back(&s);
+    for (const std::string& id : s.request_ids) {
+      if (!id.empty()) src.request_ids.insert(id);
+    }
   }
   for (const FailureRecord& f : src.reader->failures()) {
     if (f.rank == src.manifest.parallel.rank && src.failure == nullptr) src.failure = &f;

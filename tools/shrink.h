@@ -48,7 +48,9 @@
 // Errors: FailedPrecondition when the capture's replay does not fail
 // ("nothing to shrink"); the replay's own errors (usage, data) as its
 // message. A trial budget hit returns the smallest failing capture found so
-// far, marked not minimal. Single-threaded: one trial at a time.
+// far, marked not minimal; so does the time budget. Trials run through
+// bisect's scheduler (ShrinkOptions::jobs at once, repeats, confirmations,
+// memory limits); Shrink itself is driven by one thread.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +73,17 @@ struct ShrinkOptions {
   std::vector<std::string> replay_args;  // --config F, --set k=v, --engine ... for every replay
   std::string model_dir;                 // --model: the checkpoint (default: the recorded path)
   int max_trials = 400;
+  std::optional<double> time_budget_s;  // no trial starts after it (the smallest failing capture is kept)
   std::optional<double> trial_timeout_s;
+  std::optional<uint64_t> memory_limit_bytes;  // address-space limit per trial
+  // bisect's scheduler: trials at once (dd's batches: subsets, complements),
+  // runs per trial (disagreement: flaky, counted as unresolved), extra runs
+  // of the shrunk capture at the end, GPU pool (one CUDA_VISIBLE_DEVICES
+  // value per worker).
+  int jobs = 1;
+  int repeat = 1;
+  int confirm = 6;
+  std::vector<std::string> gpus;
   bool anonymize = true;
   uint64_t seed = 0x5eed;  // the replacement token ids' draw
   std::function<void(const std::string&)> progress;  // one line per trial and stage
@@ -89,6 +101,9 @@ struct ShrinkResult {
   std::vector<ShrinkStage> stages;
   int trials = 0;
   bool minimal = true;  // every stage ran to its end within the budget
+  // The shrunk capture replayed repeat + confirm times: how many failed the
+  // same way (all of them, or the README says it is flaky).
+  int confirm_runs = 0, confirm_failed = 0;
   uint64_t bytes_before = 0, bytes_after = 0;
   std::string capture_dir;     // OUT/capture
   std::string model_dir;       // OUT/model (a slice or the drawn model), or "" for the original checkpoint

@@ -13,6 +13,7 @@ and in the replay's through --engine-setup - so it exists under
 attn_implementation=sdpa only, as a broken kernel of one backend does."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -214,6 +215,61 @@ def render(html):
                        capture_output=True, text=True, check=False, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout, "\n".join(line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line)
+
+
+def safetensors_table(d):
+    """{name: (dtype, shape)} of every safetensors file in `d`, from their headers."""
+    import struct
+    table = {}
+    for f in sorted(pathlib.Path(d).glob("*.safetensors")):
+        b = f.read_bytes()
+        (n,) = struct.unpack("<Q", b[:8])
+        for k, v in json.loads(b[8:8 + n]).items():
+            if k != "__metadata__":
+                table[k] = (v["dtype"], v["shape"])
+    return table
+
+
+def test_shrink_in_the_engine_keeps_the_layers_to_the_defect_and_draws_the_weights(failing, defect, tmp_path):
+    """shrink --engine transformers: every candidate re-executed by
+    transformers with the defect. transformers departs from the exact engine
+    at L{DEFECT_LAYER}.attention, so the slice keeps layers 0..DEFECT_LAYER;
+    the defect is the kernel's, not the weights', so make-model --like the
+    float32 checkpoint save_pretrained wrote stands in for it (transformers
+    loads what make-model drew), and OUT ships no tensor at all."""
+    # Absolute: the README's commands run from OUT.
+    paths = [str(defect)] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    out = tmp_path / "s"
+    r = subprocess.run([BIN, "shrink", failing, "-o", out, "--json", "-j", "2", "--confirm", "1", "--engine",
+                        "transformers", "--engine-python", sys.executable, "--engine-setup", "broken_sdpa"],
+                       capture_output=True, text=True, env=env, check=False, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout)
+    assert rep["target"]["class"] == "non_finite" and rep["target"]["kernel"] == "sampler"
+    stages = {s["stage"]: s for s in rep["stages"]}
+    assert stages["requests"]["before"] == 2 and stages["requests"]["after"] == 1
+    assert stages["layers"]["before"] == 4 and stages["layers"]["after"] == DEFECT_LAYER + 1
+    assert stages["weights"]["before"] > 0 and stages["weights"]["after"] == 0
+    assert rep["confirmed"] == {"runs": 2, "failed_same_way": 2}
+    assert not (out / "model").exists() and "checkpoint" not in rep["needs"]
+    # The README's commands, as a user runs them: make-model draws the model,
+    # transformers replays the step and fails the same way.
+    lines = [ln.split() for ln in (out / "README.md").read_text().splitlines() if ln.startswith("crashreplay ")]
+    assert [ln[1] for ln in lines] == ["make-model", "replay"]
+    for words in lines:
+        r = subprocess.run([BIN, *words[1:]], capture_output=True, text=True, env=env, cwd=out, check=False,
+                           timeout=600)
+        assert r.returncode == (0 if words[1] == "make-model" else 1), r.stdout[-2000:] + r.stderr[-2000:]
+    again = json.loads(r.stdout)
+    assert again["outcome"] == "failed" and again["signature"]["class"] == "non_finite"
+    # What make-model drew holds the tensors save_pretrained wrote for those
+    # layers: the same names, dtypes (float32) and shapes.
+    ckpt = failing.parent / "ckpt"  # the fixture's save_pretrained output
+    want = {k: v for k, v in safetensors_table(ckpt).items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) <= DEFECT_LAYER}
+    assert safetensors_table(out / "model") == want
+    assert all(dtype == "F32" for dtype, _ in want.values())
 
 
 def test_vllm_refuses_on_a_cpu_with_exit_7(failing):

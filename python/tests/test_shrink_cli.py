@@ -167,7 +167,7 @@ def sglang_recorder(session, ckpt, session_id, page_size):
                                 install_signal_handlers=False)
 
 
-def aliasing_session(session, ckpt, n=16, a=4, b=11):
+def aliasing_session(session, ckpt, n=16, a=4, b=11, record_failure=False):
     """n requests as the sglang adapter records them (token slots, page_size
     16, UUID-like ids), each prompt in its own page; at the decode step the
     allocator's classic bug: request b's page-table row points at request
@@ -186,8 +186,41 @@ def aliasing_session(session, ckpt, n=16, a=4, b=11):
     rec.record_step(1, mode="decode", request_ids=ids, token_ids=[1] * n, positions=[4] * n, seq_lens=[5] * n,
                     extend_lens=[1] * n, req_pool_indices=list(range(n)), page_table=decode,
                     out_cache_loc=[r[4] for r in decode], sampling=greedy)
+    if record_failure:  # as an engine's message might put it
+        rec.on_failure(f"requests '{ids[a]}' and '{ids[b]}' wrote one slot on {socket.gethostname()} "
+                       f"serving {ckpt}", stage="decode", step=1, exception_type="AssertionError")
     rec.close()
     return ids
+
+
+def strings_of(x):
+    """Every string of at least 4 characters in a read_capture() tree."""
+    if isinstance(x, dict):
+        return set().union(*(strings_of(v) for v in x.values())) if x else set()
+    if isinstance(x, (list, tuple)):
+        return set().union(*(strings_of(v) for v in x)) if x else set()
+    return {x} if isinstance(x, str) and len(x) >= 4 else set()
+
+
+def test_no_id_or_string_of_the_users_capture_survives_unless_the_failure_needs_it(model, tmp_path):
+    """The aliasing session with the engine's failure record naming both
+    requests, the host and the checkpoint: every string of the input that
+    says something of the user (ids, host, paths, session) is absent from
+    every byte of OUT; the failure record names the kept requests by their
+    new names."""
+    ids = aliasing_session(tmp_path / "rec", model, record_failure=True)
+    report = shrink(tmp_path / "rec", tmp_path / "s")
+    assert stage(report, "requests")["after"] == 2
+    src = crashreplay.read_capture(str(tmp_path / "rec"))
+    (f,) = src["files"]
+    personal = set(ids) | {f["manifest"]["session_id"], f["manifest"]["hostname"], str(model), str(tmp_path)}
+    personal |= {s for s in strings_of(src) if "/" in s or socket.gethostname() in s}
+    blob = b"".join(p.read_bytes() for p in (tmp_path / "s").rglob("*") if p.is_file())
+    survivors = sorted(s for s in personal if s and len(s) >= 4 and s.encode() in blob)
+    assert survivors == [], survivors
+    (g,) = crashreplay.read_capture(str(tmp_path / "s" / "capture"))["files"]
+    (fail,) = g["failure_records"]
+    assert "'r0'" in fail["reason"] and "'r1'" in fail["reason"] and "<original>" in fail["reason"]
 
 
 def test_two_requests_whose_cache_slots_alias_shrink_to_exactly_those_two(model, tmp_path):
@@ -299,3 +332,68 @@ def test_a_failure_that_needs_the_real_weights_keeps_them_and_says_so(tmp_path):
     assert "needs the original checkpoint" in (tmp_path / "s" / "README.md").read_text()
     outcome, sig2, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
     assert outcome == "failed" and sig2["check"] == "probs_finite"
+
+
+def test_parallel_trials_shrink_to_the_same_capture_as_one_at_a_time(model, tmp_path):
+    """dd's batches (its subsets, then its complements) run on the
+    scheduler's workers; results come back in request order, so -j 3
+    decides as -j 1 does: the same stages, the same shrunk capture."""
+    aliasing_session(tmp_path / "rec", model)
+    one = shrink(tmp_path / "rec", tmp_path / "j1", "--confirm", "1")
+    three = shrink(tmp_path / "rec", tmp_path / "j3", "-j", "3", "--confirm", "1")
+    assert one["stages"] == three["stages"] and one["trials"] == three["trials"]
+    assert one["confirmed"] == three["confirmed"] == {"runs": 2, "failed_same_way": 2}
+    (a,) = crashreplay.read_capture(str(tmp_path / "j1" / "capture"))["files"]
+    (b,) = crashreplay.read_capture(str(tmp_path / "j3" / "capture"))["files"]
+    assert a["step_records"] == b["step_records"]
+
+
+def test_a_spent_time_budget_keeps_the_capture_as_it_is_and_says_it_is_not_minimal(model, tmp_path):
+    record(model, tmp_path / "rec", VOCAB + 1)
+    rep = shrink(tmp_path / "rec", tmp_path / "s", "--time-budget", "0.001")
+    assert rep["minimal"] is False
+    assert rep["trials"] == 1  # the capture as it is, then no trial started
+    assert stage(rep, "requests")["after"] == stage(rep, "requests")["before"] == 8
+    assert rep["confirmed"]["runs"] == 7 and rep["confirmed"]["failed_same_way"] == 7
+    assert "not a minimal one" in (tmp_path / "s" / "README.md").read_text()
+    outcome, sig, _ = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig["check"] == "token_id_in_vocab"
+
+
+def set_f32(path, name, value):
+    """Writes the f32 scalar tensor `name` of the safetensors file `path`."""
+    import struct
+    b = bytearray(pathlib.Path(path).read_bytes())
+    (n,) = struct.unpack("<Q", b[:8])
+    t = json.loads(b[8:8 + n])[name]
+    assert t["dtype"] == "F32" and t["shape"] == []
+    s, e = t["data_offsets"]
+    b[8 + n + s:8 + n + e] = struct.pack("<f", value)
+    pathlib.Path(path).write_bytes(b)
+
+
+def test_a_check_at_layer_k_shrinks_to_a_k_plus_1_layer_slice_that_keeps_its_weights(tmp_path):
+    """A 3-layer NVFP4 qwen3_moe whose layer 1 o_proj input_scale is 0:
+    that layer's activation quantization fails its check. The slice keeps
+    layers 0..1; random weights come with calibrated scales and do not fail,
+    so the slice's values are kept, and shrink.json says the failure needs
+    them."""
+    m = tmp_path / "model"
+    r = run("make-model", m, "--arch", "qwen3_moe", "--quant", "nvfp4", "--layers", "3", "--vocab", VOCAB)
+    assert r.returncode == 0, r.stderr
+    set_f32(m / "model.safetensors", "model.layers.1.self_attn.o_proj.input_scale", 0.0)
+    r = run("run", m, "--prompt-ids", "1,2,3,4", "--prompt-ids", "5,6", "--max-new-tokens", "2", "--record",
+            tmp_path / "rec")
+    assert r.returncode != 0
+    outcome, sig, rep = replay_signature(tmp_path / "rec")
+    assert outcome == "failed" and sig["check"] == "nvfp4_input_scale_valid" and rep["fault"]["layer"] == 1
+    report = shrink(tmp_path / "rec", tmp_path / "s", "-j", "2")
+    assert {k: stage(report, "layers")[k] for k in ("before", "after")} == {"before": 3, "after": 2}
+    weights = stage(report, "weights")
+    assert weights["after"] == weights["before"] > 0 and "do not fail the same way" in report["needs"]["weights"]
+    assert "checkpoint" not in report["needs"]  # the slice carries the values the failure needs
+    cfg = json.loads((tmp_path / "s" / "model" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    assert "needs its values" in (tmp_path / "s" / "README.md").read_text()
+    outcome, sig2, again = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
+    assert outcome == "failed" and sig2["check"] == "nvfp4_input_scale_valid" and again["fault"]["layer"] == 1

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "crashreplay/formats/hash.h"
+#include "crashreplay/formats/numeric.h"
 #include "crashreplay/replay/make_model/random_checkpoint.h"
 #include "crashreplay/replay/model/checkpoint_io.h"
 
@@ -242,6 +243,51 @@ INSTANTIATE_TEST_SUITE_P(ArchsQuants, LikeACheckpoint,
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.arch) + "_" + i.param.quant;
                          });
+
+// A float16 or float32 checkpoint (what save_pretrained writes for a model
+// held in that dtype): the unquantized tensors are drawn in its dtype, the
+// values those of the bf16 draw's normal stream rounded once to it.
+TEST(LikeACheckpoint, TheConfigsFloatDTypeIsTheTensorsDType) {
+  MakeModelOptions o;
+  o.arch = "qwen3";
+  o.layers = 1;
+  const std::string src = TempDir("like_dtype_src");
+  ASSERT_TRUE(WriteRandomCheckpoint(src, o).ok());
+  auto bf16 = LoadCheckpointDir(src);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  for (const auto& [word, dt] : {std::pair{"float16", DType::kF16}, std::pair{"float32", DType::kF32}}) {
+    std::string cfg = ReadAll(fs::path(src) / "config.json");
+    const std::string like = TempDir(std::string("like_dtype_") + word);
+    fs::create_directories(like);
+    const std::string key = "\"torch_dtype\": \"bfloat16\"";
+    ASSERT_NE(cfg.find(key), std::string::npos) << cfg;
+    std::ofstream(like + "/config.json") << cfg.replace(cfg.find(key), key.size(),
+                                                        std::string("\"torch_dtype\": \"") + word + "\"");
+    MakeModelOptions l;
+    l.like = like;
+    const std::string out = TempDir(std::string("like_dtype_out_") + word);
+    auto wr = WriteRandomCheckpoint(out, l);
+    ASSERT_TRUE(wr.ok()) << wr.status();
+    auto got = LoadCheckpointDir(out);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->tensors.size(), bf16->tensors.size());
+    for (const auto& [name, t] : got->tensors) {
+      EXPECT_EQ(t.dtype, dt) << name;
+      EXPECT_EQ(t.shape, bf16->tensors.at(name).shape) << name;
+    }
+    // f32 holds the draw unrounded: rounded to bf16 it is the bf16 checkpoint's value.
+    if (dt == DType::kF32) {
+      const HostTensor& w = got->tensors.at("model.layers.0.mlp.up_proj.weight");
+      const HostTensor& b = bf16->tensors.at("model.layers.0.mlp.up_proj.weight");
+      const float* f = reinterpret_cast<const float*>(w.bytes.data());
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(b.bytes.data());
+      for (size_t i = 0; i < b.bytes.size() / 2; ++i) ASSERT_EQ(FloatToBf16(f[i]), h[i]) << i;
+    }
+    fs::remove_all(like);
+    fs::remove_all(out);
+  }
+  fs::remove_all(src);
+}
 
 TEST(LikeACheckpoint, AConfigWithTensorsMakeModelDoesNotDrawIsRefused) {
   const std::string dir = TempDir("like_bias");

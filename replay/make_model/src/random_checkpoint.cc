@@ -163,19 +163,21 @@ void ForRowChunks(CpuPool& pool, int64_t rows, int64_t cols, int64_t align,
 // the generator holds at most one tensor (and a bf16 piece) at a time.
 class Generator {
  public:
-  Generator(const MakeModelOptions& o, const ModelSpec& spec, CpuPool* pool, TensorSink* sink)
-      : o_(o), spec_(spec), rng_(o.seed), pool_(pool), sink_(sink), draw_(sink->wants_bytes()) {}
+  // `fdt`: the dtype of the unquantized tensors (bf16, or --like a
+  // checkpoint's float16 / float32).
+  Generator(const MakeModelOptions& o, const ModelSpec& spec, DType fdt, CpuPool* pool, TensorSink* sink)
+      : o_(o), spec_(spec), fdt_(fdt), rng_(o.seed), pool_(pool), sink_(sink), draw_(sink->wants_bytes()) {}
 
   absl::Status Build() {
     const ModelSpec& s = spec_;
     const int64_t H = s.hidden, hd = s.head_dim;
     Report();
-    CR_RETURN_IF_ERROR(Bf16Matrix("model.embed_tokens.weight", s.vocab, H));
+    CR_RETURN_IF_ERROR(FloatMatrix("model.embed_tokens.weight", s.vocab, H));
     for (int64_t l = 0; l < s.layers; ++l) {
       const LayerNames n = NamesFor(s, l);
       const std::string a = n.prefix + "self_attn.";
-      CR_RETURN_IF_ERROR(PutBf16(n.prefix + "input_layernorm.weight", Norm(H)));
-      CR_RETURN_IF_ERROR(PutBf16(n.prefix + "post_attention_layernorm.weight", Norm(H)));
+      CR_RETURN_IF_ERROR(PutFloat(n.prefix + "input_layernorm.weight", Norm(H)));
+      CR_RETURN_IF_ERROR(PutFloat(n.prefix + "post_attention_layernorm.weight", Norm(H)));
       if (s.mla.enabled()) {
         CR_RETURN_IF_ERROR(MlaAttention(a, l));
       } else {
@@ -190,8 +192,8 @@ class Generator {
         CR_RETURN_IF_ERROR(Bias(a + "v_proj.bias", s.kv_heads * hd));
       }
       if (s.qk_norm) {
-        CR_RETURN_IF_ERROR(PutBf16(a + "q_norm.weight", Norm(hd)));
-        CR_RETURN_IF_ERROR(PutBf16(a + "k_norm.weight", Norm(hd)));
+        CR_RETURN_IF_ERROR(PutFloat(a + "q_norm.weight", Norm(hd)));
+        CR_RETURN_IF_ERROR(PutFloat(a + "k_norm.weight", Norm(hd)));
       }
       if (!s.layer_is_moe(l)) {
         CR_RETURN_IF_ERROR(Linear(n.prefix + "mlp.gate_proj.weight", s.intermediate, H));
@@ -201,7 +203,7 @@ class Generator {
         Report();
         continue;
       }
-      CR_RETURN_IF_ERROR(Bf16Matrix(n.router(), s.num_experts, H));
+      CR_RETURN_IF_ERROR(FloatMatrix(n.router(), s.num_experts, H));
       if (s.scoring == "sigmoid") {
         std::vector<float> bias(s.num_experts);
         for (auto& x : bias) x = 0.05f * rng_.Next();
@@ -221,8 +223,8 @@ class Generator {
       layers_done_ = l + 1;
       Report();
     }
-    CR_RETURN_IF_ERROR(PutBf16("model.norm.weight", Norm(H)));
-    if (!s.tie_embeddings) CR_RETURN_IF_ERROR(Bf16Matrix("lm_head.weight", s.vocab, H));
+    CR_RETURN_IF_ERROR(PutFloat("model.norm.weight", Norm(H)));
+    if (!s.tie_embeddings) CR_RETURN_IF_ERROR(FloatMatrix("lm_head.weight", s.vocab, H));
     layers_done_ = s.layers;
     Report();
     return absl::OkStatus();
@@ -264,32 +266,45 @@ class Generator {
     for (const PlannedTensor& t : ts) CR_RETURN_IF_ERROR(Put(t, std::vector<uint8_t>{}));
     return absl::OkStatus();
   }
-  // A 1-D bf16 tensor of `v`.
-  absl::Status PutBf16(const std::string& name, const std::vector<float>& v) {
-    std::vector<uint16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
-    return Put({name, DType::kBF16, {static_cast<int64_t>(v.size())}}, b);
+  // `v` in the unquantized dtype, at `out` (2 or 4 bytes an element).
+  void Encode(float v, uint8_t* out) const {
+    if (fdt_ == DType::kF32) {
+      std::memcpy(out, &v, 4);
+      return;
+    }
+    const uint16_t h = fdt_ == DType::kF16 ? FloatToFp16(v) : FloatToBf16(v);
+    std::memcpy(out, &h, 2);
+  }
+  int64_t FloatBytes() const { return fdt_ == DType::kF32 ? 4 : 2; }
+
+  // A 1-D tensor of `v` in the unquantized dtype.
+  absl::Status PutFloat(const std::string& name, const std::vector<float>& v) {
+    std::vector<uint8_t> b(v.size() * FloatBytes());
+    for (size_t i = 0; i < v.size(); ++i) Encode(v[i], &b[i * FloatBytes()]);
+    return Put({name, fdt_, {static_cast<int64_t>(v.size())}}, b);
   }
 
-  // An out x in bf16 matrix (std 1/sqrt(in)), drawn and converted on the
-  // pool in pieces of ~32 MB, each handed to the sink as it is done.
-  absl::Status Bf16Matrix(const std::string& name, int64_t out, int64_t in) {
-    CR_RETURN_IF_ERROR(sink_->Begin({name, DType::kBF16, {out, in}}));
+  // An out x in matrix (std 1/sqrt(in)) in the unquantized dtype, drawn and
+  // converted on the pool in pieces of ~32 MB, each handed to the sink as
+  // it is done.
+  absl::Status FloatMatrix(const std::string& name, int64_t out, int64_t in) {
+    CR_RETURN_IF_ERROR(sink_->Begin({name, fdt_, {out, in}}));
     const uint64_t first = rng_.Take(out * in), seed = rng_.seed();
-    bytes_ += out * in * 2;
+    const int64_t eb = FloatBytes();
+    bytes_ += out * in * eb;
     if (!draw_) return absl::OkStatus();
     const float s = 1.0f / std::sqrt(static_cast<float>(in));
     const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(in, 1));
-    std::vector<uint16_t> buf(std::min(out, piece) * in);
+    std::vector<uint8_t> buf(std::min(out, piece) * in * eb);
     for (int64_t p0 = 0; p0 < out; p0 += piece) {
       const int64_t p1 = std::min(out, p0 + piece);
       const uint64_t base = first + static_cast<uint64_t>(p0 * in);
       ForRowChunks(*pool_, p1 - p0, in, 1, [&](int64_t r0, int64_t r1) {
         for (int64_t i = r0 * in; i < r1 * in; ++i)
-          buf[i] = FloatToBf16(NormalAt(seed, base + static_cast<uint64_t>(i)) * s);
+          Encode(NormalAt(seed, base + static_cast<uint64_t>(i)) * s, &buf[i * eb]);
       });
-      CR_RETURN_IF_ERROR(sink_->Write(static_cast<uint64_t>(p0 * in * 2), {reinterpret_cast<const uint8_t*>(buf.data()),
-                                                                           static_cast<size_t>((p1 - p0) * in * 2)}));
+      CR_RETURN_IF_ERROR(
+          sink_->Write(static_cast<uint64_t>(p0 * in * eb), {buf.data(), static_cast<size_t>((p1 - p0) * in * eb)}));
       Report();
     }
     return absl::OkStatus();
@@ -311,7 +326,7 @@ class Generator {
   absl::Status Linear(const std::string& name, int64_t out, int64_t in) {
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
     const QuantKind kind = Quantized(base) ? spec_.quant : QuantKind::kNone;
-    if (kind == QuantKind::kNone) return Bf16Matrix(name, out, in);
+    if (kind == QuantKind::kNone) return FloatMatrix(name, out, in);
     std::vector<float> w;
     if (draw_) {
       w = Matrix(out, in);
@@ -417,27 +432,27 @@ class Generator {
     const int64_t H = s.hidden;
     if (m.q_lora_rank > 0) {
       CR_RETURN_IF_ERROR(Linear(a + "q_a_proj.weight", m.q_lora_rank, H));
-      CR_RETURN_IF_ERROR(PutBf16(a + "q_a_layernorm.weight", Norm(m.q_lora_rank)));
+      CR_RETURN_IF_ERROR(PutFloat(a + "q_a_layernorm.weight", Norm(m.q_lora_rank)));
       CR_RETURN_IF_ERROR(Linear(a + "q_b_proj.weight", s.heads * m.qk_head_dim(), m.q_lora_rank));
     } else {
       CR_RETURN_IF_ERROR(Linear(a + "q_proj.weight", s.heads * m.qk_head_dim(), H));
     }
     CR_RETURN_IF_ERROR(Linear(a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, H));
-    CR_RETURN_IF_ERROR(PutBf16(a + "kv_a_layernorm.weight", Norm(m.kv_lora_rank)));
+    CR_RETURN_IF_ERROR(PutFloat(a + "kv_a_layernorm.weight", Norm(m.kv_lora_rank)));
     CR_RETURN_IF_ERROR(Linear(a + "kv_b_proj.weight", s.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank));
     CR_RETURN_IF_ERROR(Linear(a + "o_proj.weight", H, s.heads * m.v_head_dim));
     if (!m.layer_has_indexer(l)) return absl::OkStatus();
     CR_RETURN_IF_ERROR(Linear(a + "indexer.wq_b.weight", m.index_n_heads * m.index_head_dim, m.q_lora_rank));
     CR_RETURN_IF_ERROR(Linear(a + "indexer.wk.weight", m.index_head_dim, H));
     CR_RETURN_IF_ERROR(Linear(a + "indexer.weights_proj.weight", m.index_n_heads, H));
-    CR_RETURN_IF_ERROR(PutBf16(a + "indexer.k_norm.weight", Norm(m.index_head_dim)));
+    CR_RETURN_IF_ERROR(PutFloat(a + "indexer.k_norm.weight", Norm(m.index_head_dim)));
     return Bias(a + "indexer.k_norm.bias", m.index_head_dim);
   }
 
   absl::Status Bias(const std::string& name, int64_t n) {
     std::vector<float> b(n);
     for (auto& x : b) x = 0.1f * rng_.Next();
-    return PutBf16(name, b);
+    return PutFloat(name, b);
   }
 
   void Report() {
@@ -446,6 +461,7 @@ class Generator {
 
   const MakeModelOptions& o_;
   const ModelSpec& spec_;
+  const DType fdt_;
   Normal rng_;
   CpuPool* pool_;
   TensorSink* sink_;
@@ -665,6 +681,18 @@ absl::StatusOr<ModelSpec> SpecLike(const std::string& dir) {
   return s;
 }
 
+// The dtype of the unquantized tensors: bf16, or what --like's config says
+// (its torch_dtype / dtype).
+absl::StatusOr<DType> FloatDTypeFor(const MakeModelOptions& o) {
+  if (o.like.empty()) return DType::kBF16;
+  CR_ASSIGN_OR_RETURN(const ModelConfig c, LoadHfConfig(o.like + "/config.json"));
+  if (c.torch_dtype.empty() || c.torch_dtype == "bfloat16") return DType::kBF16;
+  if (c.torch_dtype == "float16") return DType::kF16;
+  if (c.torch_dtype == "float32") return DType::kF32;
+  return absl::InvalidArgumentError(Cat("make-model --like ", o.like, ": config.json's dtype '", c.torch_dtype,
+                                        "' is none of bfloat16, float16, float32"));
+}
+
 // The checkpoint's architecture from the options, checked.
 absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
   if (!o.like.empty()) return SpecLike(o.like);
@@ -854,10 +882,11 @@ std::vector<uint8_t> F32Bytes(float v) {
 
 absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions& o) {
   CR_ASSIGN_OR_RETURN(const ModelSpec s, SpecFor(o));
+  CR_ASSIGN_OR_RETURN(const DType fdt, FloatDTypeFor(o));
   MemorySink sink;
   {
     CpuPool pool(MakeModelThreads(o));
-    Generator g(o, s, &pool, &sink);
+    Generator g(o, s, fdt, &pool, &sink);
     CR_RETURN_IF_ERROR(g.Build());
   }
   RandomCheckpoint ck{s, std::move(sink.tensors)};
@@ -872,16 +901,17 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
 absl::StatusOr<WrittenCheckpoint> WriteRandomCheckpoint(const std::string& dir, const MakeModelOptions& o,
                                                         uint64_t max_shard_bytes) {
   CR_ASSIGN_OR_RETURN(const ModelSpec s, SpecFor(o));
+  CR_ASSIGN_OR_RETURN(const DType fdt, FloatDTypeFor(o));
   CpuPool pool(MakeModelThreads(o));
   // Every tensor's name, dtype and shape, from the generator itself.
   PlanSink plan;
-  CR_RETURN_IF_ERROR(Generator(o, s, &pool, &plan).Build());
+  CR_RETURN_IF_ERROR(Generator(o, s, fdt, &pool, &plan).Build());
   // The files at their final size, headers written: a bad directory or a
   // full disk fails here, before any drawing.
   CR_ASSIGN_OR_RETURN(std::unique_ptr<StreamedSafetensors> out,
                       StreamedSafetensors::Create(dir, plan.plan, max_shard_bytes, {{"format", "pt"}}));
   FileSink sink(out.get());
-  CR_RETURN_IF_ERROR(Generator(o, s, &pool, &sink).Build());
+  CR_RETURN_IF_ERROR(Generator(o, s, fdt, &pool, &sink).Build());
   if (s.quant == QuantKind::kNvfp4) {
     // From the files, one layer at a time, then the placeholders patched.
     CR_ASSIGN_OR_RETURN(const auto scales, CalibrateInputScales(s, o, out->Tensors(), /*stream=*/true));
