@@ -106,6 +106,15 @@ std::optional<int64_t> LayerOf(const std::string& name) {
   return std::stoll(m[2].str());
 }
 
+// The layer of a fingerprint boundary (L<n>.attention, ...), none for the
+// model's own (embedding, final_norm, lm_head).
+std::optional<int64_t> BoundaryLayer(const std::string& name) {
+  static const std::regex kLayer(R"(^L(\d+)\.)");
+  std::smatch m;
+  if (!std::regex_search(name, m, kLayer)) return std::nullopt;
+  return std::stoll(m[1].str());
+}
+
 bool KeepTensor(const std::string& name, int64_t layers) {
   const std::optional<int64_t> l = LayerOf(name);
   return !l || *l < layers;
@@ -321,6 +330,9 @@ class Shrinker {
   std::string slice_config_;  // the slice's config.json text, for the manifests
   std::string random_dir_;     // the weights stage's model
   std::string random_config_;  // its config.json text
+  // The recorded fingerprints and sampled tokens go into the candidates:
+  // --no-anonymize, or a target that is a departure from them.
+  bool keep_recording_ = false;
   ShrinkResult result_;
   CandidateRunner runner_;
   bisect::Scheduler scheduler_;
@@ -430,11 +442,30 @@ absl::Status Shrinker::Write(const Candidate& c, const std::string& dir, std::ve
         r.page_table.push_back(std::move(row));
       }
       if (s.sampling.size() == n) r.sampling.push_back(s.sampling[i]);
-      if (!o_.anonymize && s.output_token_ids.size() == n) r.output_token_ids.push_back(s.output_token_ids[i]);
+      if (keep_recording_ && s.output_token_ids.size() == n) r.output_token_ids.push_back(s.output_token_ids[i]);
     }
     if (si == c.target) target_out = out_step;
     if (NumRequests(r) == 0) continue;
     CR_RETURN_IF_ERROR(w->Append(r));
+    if (keep_recording_) {
+      // The step's recorded fingerprints, summaries over its whole batch: a
+      // candidate that changed the batch no longer matches them, and its
+      // replay departs elsewhere (fails differently), as it should.
+      for (const FingerprintRecord& fr : src_.reader->fingerprints()) {
+        if (fr.step != s.step || fr.rank != s.rank) continue;
+        FingerprintRecord moved = fr;
+        moved.step = static_cast<uint64_t>(out_step);
+        if (c.sliced) {
+          // A slice's boundaries past its last layer (final_norm, lm_head)
+          // were recorded over every layer: not the slice's to compare.
+          std::erase_if(moved.fingerprints, [&](const Fingerprint& f) {
+            const std::optional<int64_t> l = BoundaryLayer(f.name);
+            return l ? *l >= slice_layers_ : f.name != "embedding";
+          });
+        }
+        CR_RETURN_IF_ERROR(w->Append(moved));
+      }
+    }
     ++out_step;
   }
   if (src_.failure != nullptr) {
@@ -673,6 +704,18 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
   }
   target_ = base.signature;
   res.target = target_;
+  // A departure from the recording (the exact engine's fingerprints or
+  // tokens against the recorded ones) needs the recording; under --engine
+  // the two engines are compared with each other, live.
+  const bool live = std::find(o_.replay_args.begin(), o_.replay_args.end(), "--engine") != o_.replay_args.end();
+  const bool against_recording = !live && (target_.failure_class == bisect::FailureClass::kEngineDivergence ||
+                                           target_.failure_class == bisect::FailureClass::kOutputMismatch);
+  keep_recording_ = !o_.anonymize || against_recording;
+  if (against_recording && o_.anonymize) {
+    res.needs["recording"] =
+        "the recorded fingerprints and sampled tokens: the failure is the replay's departure from them (they are "
+        "summaries of the batch the user ran)";
+  }
   Say(absl::StrCat("target: ", bisect::DescribeSignature(target_)));
   Candidate cur;
   cur.target = src_.steps.empty() ? -1 : static_cast<int64_t>(src_.steps.size()) - 1;
@@ -743,7 +786,14 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
       }
       return c;
     };
-    if (!history.empty()) {
+    if (!history.empty() && against_recording) {
+      // Without its history a step reads zeros where its KV was: it departs
+      // from the recorded fingerprints whatever the configuration, so such a
+      // candidate would "fail the same way" for another reason.
+      st.note =
+          "the failure is a departure from the recording, which a step without its history departs from anyway: "
+          "the history is kept";
+    } else if (!history.empty()) {
       StageOracle oracle = OracleOf([&](const ChangeSet& set) -> std::optional<Candidate> { return with_steps(set); });
       // No history at all first: most failures of a step's own make-up need none.
       ChangeSet keep;
@@ -920,6 +970,12 @@ absl::StatusOr<ShrinkResult> Shrinker::Run() {
     const int before = trials_;
     if (!o_.anonymize) {
       st.note = "--no-anonymize: the original ids are kept";
+    } else if (against_recording) {
+      // An id replaced in an earlier step changes what the failing step
+      // reads from the KV cache, and so its departure from the recording,
+      // whatever the configuration: every id is needed.
+      st.note = "the failure is a departure from the recording of these tokens: every id is kept";
+      res.needs["token_ids"] = "all (the failure is a departure from the recording of these tokens)";
     } else if (src_.vocab <= 0) {
       st.note = "the capture records no vocabulary size: ids are kept";
       res.needs["token_ids"] = "all (no vocabulary size recorded)";

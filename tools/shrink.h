@@ -38,12 +38,19 @@
 //              shrink.json).
 //
 // What leaves the user's capture (anonymize, on by default): the shrunk
-// capture holds no request id (renamed r0, r1, ...), no sampled output, no
-// fingerprint or digest (of the batch the user ran), no snapshot, no host
-// name, no backtrace, no path of the original (the checkpoint path is the
-// slice's, or, when the failure needs the real weights, the original's,
-// listed in shrink.json `needs`), and no engine setting the replay does not
-// read whose value looks like a path; token ids as above.
+// capture holds no request id (renamed r0, r1, ...; the failure record's
+// message too), no sampled output, no fingerprint or digest (of the batch
+// the user ran), no snapshot, no session id, host name or backtrace, no
+// path of the original (the checkpoint path is "model", OUT's own, or, when
+// the failure needs the real weights, the original's, listed in shrink.json
+// `needs`), and no engine setting the replay does not read whose value
+// looks like a path; token ids as above.
+//
+// A target that is a departure from the recording (the exact engine's
+// fingerprints or tokens against the recorded ones, no --engine) keeps the
+// recorded fingerprints and tokens (`needs.recording`), a slice's only up
+// to its last layer, and skips the history and token_ids stages: without
+// them a step departs from the recording under any configuration.
 //
 // Errors: FailedPrecondition when the capture's replay does not fail
 // ("nothing to shrink"); the replay's own errors (usage, data) as its

@@ -248,8 +248,8 @@ def test_shrink_in_the_engine_keeps_the_layers_to_the_defect_and_draws_the_weigh
     rep = json.loads(r.stdout)
     assert rep["target"]["class"] == "non_finite" and rep["target"]["kernel"] == "sampler"
     stages = {s["stage"]: s for s in rep["stages"]}
-    assert stages["requests"]["before"] == 2 and stages["requests"]["after"] == 1
-    assert stages["layers"]["before"] == 4 and stages["layers"]["after"] == DEFECT_LAYER + 1
+    assert stages["requests"]["before"] == 2 and stages["requests"]["after"] == 1, rep["stages"]
+    assert stages["layers"]["before"] == 4 and stages["layers"]["after"] == DEFECT_LAYER + 1, (rep["stages"], r.stderr)
     assert stages["weights"]["before"] > 0 and stages["weights"]["after"] == 0
     assert rep["confirmed"] == {"runs": 2, "failed_same_way": 2}
     assert not (out / "model").exists() and "checkpoint" not in rep["needs"]

@@ -397,3 +397,35 @@ def test_a_check_at_layer_k_shrinks_to_a_k_plus_1_layer_slice_that_keeps_its_wei
     assert "needs its values" in (tmp_path / "s" / "README.md").read_text()
     outcome, sig2, again = replay_signature(*readme_command(tmp_path / "s"), cwd=tmp_path / "s")
     assert outcome == "failed" and sig2["check"] == "nvfp4_input_scale_valid" and again["fault"]["layer"] == 1
+
+
+def test_a_departure_from_the_recording_keeps_the_recording_and_what_it_was_computed_over(model, tmp_path):
+    """Recorded with bf16 KV, replayed with fp8 KV: the exact engine departs
+    from the recorded fingerprints at L0.attention of the decode step. That
+    target needs the recording: its fingerprints stay (shrink.json says so),
+    and neither the history nor any token id can go (a step without them
+    departs from the recording under any configuration). The slice keeps
+    layer 0, the boundaries past it are not compared; the repro departs at
+    L0.attention under fp8 and reproduces the recording without it."""
+    r = run("run", model, "--prompt-ids", "1,17,42,99,7", "--prompt-ids", "4,5,6", "--max-new-tokens", "3",
+            "--record", tmp_path / "rec")
+    assert r.returncode == 0, r.stderr
+    fp8 = ("--set", "kv_cache_dtype=fp8_e4m3")
+    outcome, sig, _ = replay_signature(tmp_path / "rec", *fp8)
+    assert outcome == "diverged" and sig["class"] == "engine_divergence" and sig["kernel"] == "L0.attention"
+    rep = shrink(tmp_path / "rec", tmp_path / "s", *fp8, "--confirm", "1")
+    assert "recording" in rep["needs"] and rep["needs"]["token_ids"].startswith("all")
+    assert stage(rep, "history")["after"] == stage(rep, "history")["before"] > 0
+    assert stage(rep, "history")["trials"] == stage(rep, "token_ids")["trials"] == 0
+    assert {k: stage(rep, "layers")[k] for k in ("before", "after")} == {"before": 2, "after": 1}
+    assert rep["confirmed"] == {"runs": 2, "failed_same_way": 2}
+    (f,) = crashreplay.read_capture(str(tmp_path / "s" / "capture"))["files"]
+    names = {fp["name"] for rec in f["fingerprints"] for fp in rec["fingerprints"]}
+    assert "L0.attention" in names and not {"final_norm", "lm_head"} & names
+    assert not any(n.startswith("L1.") for n in names)
+    words = readme_command(tmp_path / "s")
+    outcome, sig2, _ = replay_signature(*words, cwd=tmp_path / "s")
+    assert outcome == "diverged" and sig2["kernel"] == "L0.attention"
+    plain = [w for w in words if w not in fp8]
+    outcome, _, _ = replay_signature(*plain, cwd=tmp_path / "s")
+    assert outcome == "reproduced"
