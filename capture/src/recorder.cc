@@ -849,7 +849,7 @@ absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Begin(const SessionManifest&
     manifest.coredump = ArmCoredumps(req);
   } else if (manifest.coredump.mode.empty()) {
     manifest.coredump.mode = "off";
-    manifest.coredump.reason = "not asked for (off by default until its cost is measured on a GPU)";
+    manifest.coredump.reason = "not asked for: off by default, its cost is not measured on a GPU yet";
   }
   CaptureWriterOptions wo;
   wo.blob = options.blob;
