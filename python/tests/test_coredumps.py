@@ -34,17 +34,21 @@ def run_fresh(code, tmp_path):
 
 def test_a_fresh_process_is_armed_through_the_environment(tmp_path):
     out = run_fresh("""
-        import json, os, sys
+        import ctypes, json, os, sys
         import crashreplay
         with crashreplay.Recorder(sys.argv[1] + "/session", engine="unit", install_signal_handlers=False,
                                   coredumps=True) as rec:
             path = rec.path
-        env = {k: os.environ.get(k) for k in ("CUDA_ENABLE_COREDUMP_ON_EXCEPTION", "CUDA_COREDUMP_GENERATION_FLAGS",
-                                               "CUDA_COREDUMP_FILE")}
+        # The C environment, which the driver reads at cuInit (os.environ is
+        # Python's copy from startup and does not see setenv).
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_char_p
+        env = {k: (libc.getenv(k.encode()) or b"").decode() or None
+               for k in ("CUDA_ENABLE_COREDUMP_ON_EXCEPTION", "CUDA_COREDUMP_GENERATION_FLAGS", "CUDA_COREDUMP_FILE")}
+        assert os.environ.get("CUDA_COREDUMP_FILE") is None  # not mirrored into Python's copy
         print(json.dumps({"env": env, "manifest": crashreplay.read_capture(path)["manifest"]["coredump"]}))
     """, tmp_path)
     pattern = str(tmp_path / "session" / "rank-00000.%p.cudacore")
-    # os.environ sees what the recorder's setenv put there: the driver reads the same at cuInit.
     assert out["env"] == {"CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1", "CUDA_COREDUMP_GENERATION_FLAGS": LIGHTWEIGHT,
                           "CUDA_COREDUMP_FILE": pattern}
     m = out["manifest"]
@@ -54,11 +58,13 @@ def test_a_fresh_process_is_armed_through_the_environment(tmp_path):
 
 def test_off_by_default_leaves_the_environment_alone(tmp_path):
     out = run_fresh("""
-        import json, os, sys
+        import ctypes, json, sys
         import crashreplay
         with crashreplay.Recorder(sys.argv[1] + "/c.crcap", engine="unit", install_signal_handlers=False) as rec:
             path = rec.path
-        print(json.dumps({"env": os.environ.get("CUDA_ENABLE_COREDUMP_ON_EXCEPTION"),
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_char_p
+        print(json.dumps({"env": libc.getenv(b"CUDA_ENABLE_COREDUMP_ON_EXCEPTION"),
                           "manifest": crashreplay.read_capture(path)["manifest"]["coredump"]}))
     """, tmp_path)
     assert out["env"] is None
