@@ -13,65 +13,69 @@ namespace {
 
 namespace cd = crashreplay::coredump;
 
-// Library kernels -> the exact engine's op that does the same job, and the
-// boundary it finishes (docs/replay.md, "Boundaries"). First match wins, so
-// narrower patterns (a MoE router, a KV-cache store) come before the wider
-// ones (moe, attention) that would also take them. Patterns are matched as
-// lowercase substrings of the demangled name. A kernel no row takes is said
-// to be unmatched: a GEMM, for one, runs in many ops (projections, MLP,
-// lm_head) and names none of them.
+// Library kernels -> the exact engine's op that does the same job: its
+// kernels in the replay's program (labels as `replay --dump-kernels` takes
+// them, `L*` for every layer) and the boundary that op's output reaches
+// (docs/replay.md, "Boundaries"). First match wins, so narrower patterns (a
+// MoE router, a KV-cache store) come before the wider ones (moe,
+// attention) that would also take them. Patterns are matched as lowercase
+// substrings of the demangled name. A kernel no row takes is said to be
+// unmatched: a GEMM, for one, runs in many ops (projections, MLP, lm_head)
+// and names none of them.
 struct Row {
   const char* pattern;
   const char* op;
+  const char* kernels;
   const char* boundary;
 };
 constexpr Row kKernelJobs[] = {
     // MoE routing: top-k over the router's logits, and the sort of tokens
     // by expert that follows it.
-    {"topk_softmax", "topk", "L*.topk"},
-    {"grouped_topk", "topk", "L*.topk"},
-    {"moe_align", "topk", "L*.topk"},
-    {"topk_sigmoid", "topk", "L*.topk"},
+    {"topk_softmax", "router top-k", "L*.router,L*.topk", "L*.topk"},
+    {"grouped_topk", "router top-k", "L*.router,L*.topk", "L*.topk"},
+    {"topk_sigmoid", "router top-k", "L*.router,L*.topk", "L*.topk"},
+    {"moe_align", "router top-k", "L*.topk", "L*.topk"},
     // The sparse-attention indexer (DeepSeek V3.2).
-    {"indexer", "indexer", "L*.indexer"},
-    // KV-cache stores and rotary embeddings run inside the replay's attention.
-    {"reshape_and_cache", "attention", "L*.attention"},
-    {"store_kvcache", "attention", "L*.attention"},
-    {"set_kv_buffer", "attention", "L*.attention"},
-    {"rotary", "attention", "L*.attention"},
-    {"_rope", "attention", "L*.attention"},
-    {"rope_", "attention", "L*.attention"},
-    {"applyrope", "attention", "L*.attention"},
+    {"indexer", "indexer", "L*.indexer", "L*.indexer"},
+    // KV-cache stores and rotary embeddings, kernels of their own in the
+    // replay whose outputs the attention reads.
+    {"reshape_and_cache", "KV-cache write", "L*.kv_write", "L*.attention"},
+    {"store_kvcache", "KV-cache write", "L*.kv_write", "L*.attention"},
+    {"set_kv_buffer", "KV-cache write", "L*.kv_write", "L*.attention"},
+    {"rotary", "rotary embedding", "L*.rope", "L*.attention"},
+    {"_rope", "rotary embedding", "L*.rope", "L*.attention"},
+    {"rope_", "rotary embedding", "L*.rope", "L*.attention"},
+    {"applyrope", "rotary embedding", "L*.rope", "L*.attention"},
     // Attention kernels.
-    {"flashinfer", "attention", "L*.attention"},
-    {"flash_fwd", "attention", "L*.attention"},
-    {"flash_attn", "attention", "L*.attention"},
-    {"flashmla", "attention", "L*.attention"},
-    {"paged_attention", "attention", "L*.attention"},
-    {"fmha", "attention", "L*.attention"},
-    {"decode_attention", "attention", "L*.attention"},
-    {"extend_attention", "attention", "L*.attention"},
-    {"prefill_attention", "attention", "L*.attention"},
-    {"attention", "attention", "L*.attention"},
+    {"flashinfer", "attention", "L*.attention", "L*.attention"},
+    {"flash_fwd", "attention", "L*.attention", "L*.attention"},
+    {"flash_attn", "attention", "L*.attention", "L*.attention"},
+    {"flashmla", "attention", "L*.attention", "L*.attention"},
+    {"paged_attention", "attention", "L*.attention", "L*.attention"},
+    {"fmha", "attention", "L*.attention", "L*.attention"},
+    {"decode_attention", "attention", "L*.attention", "L*.attention"},
+    {"extend_attention", "attention", "L*.attention", "L*.attention"},
+    {"prefill_attention", "attention", "L*.attention", "L*.attention"},
+    {"attention", "attention", "L*.attention", "L*.attention"},
     // Experts: fused MoE and grouped GEMMs over experts.
-    {"fused_moe", "experts", "L*.experts"},
-    {"moe", "experts", "L*.experts"},
-    {"grouped_gemm", "experts", "L*.experts"},
-    {"groupedgemm", "experts", "L*.experts"},
-    {"m_grouped", "experts", "L*.experts"},
+    {"fused_moe", "experts", "L*.experts", "L*.experts"},
+    {"moe", "experts", "L*.experts", "L*.experts"},
+    {"grouped_gemm", "experts", "L*.experts", "L*.experts"},
+    {"groupedgemm", "experts", "L*.experts", "L*.experts"},
+    {"m_grouped", "experts", "L*.experts", "L*.experts"},
     // Sampling: the replay's sampler runs after lm_head (no boundary of
     // its own: its check is the sampler's).
-    {"top_k_top_p", "sampler", "after lm_head"},
-    {"top_p_sampling", "sampler", "after lm_head"},
-    {"top_k_sampling", "sampler", "after lm_head"},
-    {"min_p_sampling", "sampler", "after lm_head"},
-    {"sampling", "sampler", "after lm_head"},
-    {"multinomial", "sampler", "after lm_head"},
+    {"top_k_top_p", "sampler", "sampler", "after lm_head"},
+    {"top_p_sampling", "sampler", "sampler", "after lm_head"},
+    {"top_k_sampling", "sampler", "sampler", "after lm_head"},
+    {"min_p_sampling", "sampler", "sampler", "after lm_head"},
+    {"sampling", "sampler", "sampler", "after lm_head"},
+    {"multinomial", "sampler", "sampler", "after lm_head"},
     // Embedding lookup.
-    {"embedding", "embedding", "embedding"},
-    // Activations of the dense MLP.
-    {"silu_and_mul", "mlp", "L*.mlp"},
-    {"gelu_and_mul", "mlp", "L*.mlp"},
+    {"embedding", "embedding", "embedding", "embedding"},
+    // The gated activation of a dense MLP.
+    {"silu_and_mul", "gated activation", "L*.silu_mul", "L*.mlp"},
+    {"gelu_and_mul", "gated activation", "L*.silu_mul", "L*.mlp"},
 };
 
 std::string Dim(const cd::Dim3& d) { return absl::StrFormat("(%d,%d,%d)", d.x, d.y, d.z); }
@@ -101,7 +105,7 @@ std::optional<KernelJob> MatchKernelJob(std::string_view kernel_name) {
   std::string lower(kernel_name);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const Row& r : kKernelJobs) {
-    if (lower.find(r.pattern) != std::string::npos) return KernelJob{r.pattern, r.op, r.boundary};
+    if (lower.find(r.pattern) != std::string::npos) return KernelJob{r.pattern, r.op, r.kernels, r.boundary};
   }
   return std::nullopt;
 }
@@ -110,6 +114,7 @@ std::optional<GpuFault> FindGpuFault(const std::string& capture_path, const Sess
                                      const FailureRecord* failure) {
   const std::filesystem::path dir = std::filesystem::path(capture_path).parent_path();
   GpuFault g;
+  g.capture = capture_path;
   if (failure != nullptr && !failure->coredump.empty()) {
     // A name, never a path: the record comes from another machine.
     const std::string name = std::filesystem::path(failure->coredump).filename().string();
@@ -123,7 +128,7 @@ std::optional<GpuFault> FindGpuFault(const std::string& capture_path, const Sess
     g.path = (dir / std::filesystem::path(armed).filename()).string();
     std::error_code ec;
     if (!std::filesystem::exists(g.path, ec)) return std::nullopt;
-    g.how = "found beside the capture by its armed name (no failure record names it)";
+    g.how = "found beside the capture by its armed name; no failure record names it";
   } else {
     return std::nullopt;
   }
@@ -164,9 +169,10 @@ std::vector<std::string> GpuFault::Lines() const {
     if (!faults.empty())
       out.push_back("  the faulting kernel is not named in the dump, so no op of the replay is matched");
   } else if (job.has_value()) {
-    out.push_back(absl::StrFormat(
-        "  the replay's %s at %s runs that kernel's job (matched \"%s\"): start replay and bisect there", job->op,
-        job->boundary, job->pattern));
+    out.push_back(absl::StrFormat("  the replay's %s at %s runs that kernel's job (matched \"%s\"; its kernels %s)",
+                                  job->op, job->boundary, job->pattern, job->kernels));
+    out.push_back(
+        absl::StrFormat("  next: crashreplay replay %s --dump DIR --dump-kernels '%s'", capture, job->kernels));
   } else {
     out.push_back(absl::StrCat("  no op of the replay is known to run `", kernel,
                                "`'s job (no row of the kernel table matches it)"));
@@ -180,7 +186,8 @@ nlohmann::json GpuFault::ToJson() const {
   j["faults"] = faults;
   j["kernel"] = kernel.empty() ? nlohmann::json(nullptr) : nlohmann::json(kernel);
   if (job.has_value()) {
-    j["replay_op"] = {{"op", job->op}, {"boundary", job->boundary}, {"pattern", job->pattern}};
+    j["replay_op"] = {
+        {"op", job->op}, {"kernels", job->kernels}, {"boundary", job->boundary}, {"pattern", job->pattern}};
   } else {
     j["replay_op"] = nullptr;
   }

@@ -27,6 +27,7 @@ namespace crashreplay::tools {
 struct KernelJob {
   std::string pattern;   // what matched in the kernel's name
   std::string op;        // the exact engine's op ("attention", "experts", ...)
+  std::string kernels;   // its kernels' labels in the replay ("L*.attention"), as --dump-kernels takes them
   std::string boundary;  // where it runs ("L*.attention": every layer's)
 };
 // First row of the table whose pattern the (demangled) name contains,
@@ -34,7 +35,8 @@ struct KernelJob {
 std::optional<KernelJob> MatchKernelJob(std::string_view kernel_name);
 
 struct GpuFault {
-  std::string path;  // the dump
+  std::string capture;  // the rank file it belongs to
+  std::string path;     // the dump
   std::string how;   // "named by the failure record" / "found beside the capture ..."
   bool complete = false;
   std::string problem;              // why it is not complete, or could not be read

@@ -261,7 +261,8 @@ TEST_F(CoredumpFailure, AWholeDumpIsNamedAndInfoShowsTheFaultAndTheReplaysOp) {
                           "warp 5, block (12,0,0) thread (64,0,0) (lane 0)"),
             std::string::npos)
       << info.out;
-  EXPECT_NE(info.out.find("the replay's attention at L*.attention runs that kernel's job (matched \"flash_attn\")"),
+  EXPECT_NE(info.out.find("the replay's attention at L*.attention runs that kernel's job (matched \"flash_attn\"; its "
+                          "kernels L*.attention)"),
             std::string::npos)
       << info.out;
 
@@ -283,8 +284,10 @@ TEST_F(CoredumpFailure, AKernelOfTheExpertsAndOneNoOpTakes) {
   RecordFailure(dump.bytes, dump.bytes.size(), When::kBeforeFailure);
   CliResult info = Run("info " + dir_.path());
   EXPECT_NE(info.out.find("`fused_moe_kernel(float*, int)` +0x1a40"), std::string::npos) << info.out;
-  EXPECT_NE(info.out.find("the replay's experts at L*.experts runs that kernel's job (matched \"fused_moe\")"),
-            std::string::npos)
+  EXPECT_NE(
+      info.out.find(
+          "the replay's experts at L*.experts runs that kernel's job (matched \"fused_moe\"; its kernels L*.experts)"),
+      std::string::npos)
       << info.out;
 
   std::filesystem::remove_all(dir_.path());
@@ -364,6 +367,15 @@ TEST_F(CoredumpFailure, ReplayShowsTheFaultBesideTheReplayedStep) {
       << replay.out;
   EXPECT_NE(replay.out.find("the replay's attention at L*.attention runs that kernel's job"), std::string::npos)
       << replay.out;
+  // The command it points to is one the replay takes: the label pattern
+  // matches kernels of the step (a pattern matching none is exit 2).
+  const std::string next =
+      "next: crashreplay replay " + SessionRankPath(session, 0) + " --dump DIR --dump-kernels 'L*.attention'";
+  EXPECT_NE(replay.out.find(next), std::string::npos) << replay.out;
+  CliResult dumped =
+      Run("replay " + SessionRankPath(session, 0) + " --dump " + dir_.path() + "/dump --dump-kernels 'L*.attention'");
+  EXPECT_EQ(dumped.exit_code, 1) << dumped.out << dumped.err;
+  EXPECT_FALSE(std::filesystem::is_empty(dir_.path() + "/dump")) << dumped.out << dumped.err;
   CliResult js = Run("replay --json " + session);
   const nlohmann::json j = nlohmann::json::parse(js.out);
   EXPECT_EQ(j["gpu_fault"]["replay_op"]["op"], "attention");
