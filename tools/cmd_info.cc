@@ -5,6 +5,7 @@
 // be read at all (not a capture, header corrupt, newer major version).
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -12,12 +13,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "command.h"
 #include "commands_decl.h"
 #include "crashreplay/formats/capture_reader.h"
 #include "crashreplay/formats/fingerprint.h"
 #include "exit_codes.h"
+#include "gpu_fault.h"
 
 namespace crashreplay::tools {
 namespace {
@@ -163,9 +166,21 @@ nlohmann::json FileJson(const CaptureReader& r) {
                          {"signal", f.signal},
                          {"rank", f.rank}};
     if (f.step.has_value()) fj["step"] = *f.step;
+    if (!f.coredump.empty()) {
+      fj["coredump"] = {{"file", f.coredump}, {"complete", f.coredump_complete}, {"note", f.coredump_note}};
+    }
     failures.push_back(std::move(fj));
   }
   j["failure_records"] = std::move(failures);
+  if (r.manifest().has_value()) {
+    const SessionManifest& m = *r.manifest();
+    j["coredump_arming"] = {{"mode", m.coredump.mode.empty() ? "off" : m.coredump.mode},
+                            {"reason", m.coredump.reason},
+                            {"file_pattern", m.coredump.file_pattern}};
+    const FailureRecord* last = r.failures().empty() ? nullptr : &r.failures().back();
+    std::optional<GpuFault> g = FindGpuFault(s.path, m, last);
+    j["gpu_fault"] = g.has_value() ? g->ToJson() : nlohmann::json(nullptr);
+  }
   nlohmann::json corrupt = nlohmann::json::array();
   for (const WeightCheckRecord& w : r.weight_checks()) {
     for (const WeightSlice& sl : w.slices) {
@@ -198,6 +213,10 @@ void PrintText(const CaptureReader& r) {
     std::printf("  device %s (sm_%u, %s), rank %u of tp %u, %zu toggles\n", m.device.name.c_str(), m.device.sm_arch,
                 HumanBytes(m.device.memory_capacity_bytes).c_str(), m.parallel.rank, m.parallel.tp_size,
                 m.toggles.size());
+    if (!m.coredump.mode.empty() && m.coredump.mode != "off") {
+      std::printf("  GPU core dumps: %s (%s)%s\n", m.coredump.mode.c_str(), m.coredump.reason.c_str(),
+                  m.coredump.file_pattern.empty() ? "" : absl::StrCat(", file ", m.coredump.file_pattern).c_str());
+    }
   }
   if (s.steps > 0) {
     std::printf("  steps %llu..%llu (%llu step records; step log %s, %s a step, %.2fx compressed)\n",
@@ -269,6 +288,13 @@ void PrintText(const CaptureReader& r) {
     std::printf("  failure (%s, stage %s, step %s%s): %s\n", FailureClassName(f.failure_class), f.stage.c_str(),
                 f.step.has_value() ? std::to_string(*f.step).c_str() : "?",
                 f.signal != 0 ? absl::StrFormat(", signal %d", f.signal).c_str() : "", f.reason.c_str());
+  }
+  // The GPU's own account of the failure, beside the failed step.
+  if (r.manifest().has_value()) {
+    const FailureRecord* last = r.failures().empty() ? nullptr : &r.failures().back();
+    if (std::optional<GpuFault> g = FindGpuFault(s.path, *r.manifest(), last); g.has_value()) {
+      for (const std::string& line : g->Lines()) std::printf("  %s\n", line.c_str());
+    }
   }
   if (s.skipped_unknown > 0) {
     std::printf("  %llu records of newer types were skipped\n", static_cast<unsigned long long>(s.skipped_unknown));

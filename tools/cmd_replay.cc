@@ -36,6 +36,7 @@
 #include "crashreplay/replay/session/step_dump.h"
 #include "engine_replay.h"
 #include "exit_codes.h"
+#include "gpu_fault.h"
 #include "load_model.h"
 #include "replayable.h"
 
@@ -301,12 +302,27 @@ int ExactErrorExit(const absl::Status& s, const ExactRun& run) {
   return ReportError(s);
 }
 
+// The GPU core dump of the recorded failure, when one was armed and is
+// there (tools/gpu_fault.h): shown beside the replayed step.
+std::optional<GpuFault> RecordedGpuFault(const replay::LoadedCapture& cap) {
+  if (cap.reader == nullptr) return std::nullopt;
+  const std::vector<FailureRecord>& f = cap.reader->failures();
+  return FindGpuFault(cap.reader->path(), cap.manifest, f.empty() ? nullptr : &f.back());
+}
+
+void PrintGpuFault(const replay::LoadedCapture& cap) {
+  if (std::optional<GpuFault> g = RecordedGpuFault(cap); g.has_value()) {
+    for (const std::string& line : g->Lines()) std::printf("%s\n", line.c_str());
+  }
+}
+
 nlohmann::json ExactJson(const ExactRun& run, const replay::Config& config, const replay::LoadedCapture& cap) {
   nlohmann::json j = run.rep.ToJson();
   j["weights"] = run.weights_note;
   j["config"] = nlohmann::json::object();
   for (const auto& [k, v] : config.Items()) j["config"][k] = v;
   if (cap.failure) j["recorded_signature"] = cap.failure->Signature();
+  if (std::optional<GpuFault> g = RecordedGpuFault(cap); g.has_value()) j["gpu_fault"] = g->ToJson();
   if (run.re_execution) {
     j["re_executed"] = {{"steps", run.re_execution->steps},
                         {"tokens", run.re_execution->tokens},
@@ -537,6 +553,7 @@ int RunReplay(int argc, char** argv) {
       std::printf("%s\n", ExactJson(exact, config, *cap).dump(2).c_str());
     } else {
       PrintExactText(exact);
+      PrintGpuFault(*cap);
     }
     return exact.rep.outcome == "reproduced" ? kExitOk : kExitFailed;
   }
@@ -583,6 +600,7 @@ int RunReplay(int argc, char** argv) {
     j["exact"] = {{"error", std::string(exact_status.message())}};
   }
   if (!cap->notes.empty()) j["notes"] = cap->notes;
+  if (std::optional<GpuFault> g = RecordedGpuFault(*cap); g.has_value()) j["gpu_fault"] = g->ToJson();
   if (json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -610,6 +628,7 @@ int RunReplay(int argc, char** argv) {
       std::printf("exact engine: could not replay the step: %s\n", std::string(exact_status.message()).c_str());
     }
     std::printf("the engine's own recording of the replay: %s\n", re.value("session", std::string()).c_str());
+    PrintGpuFault(*cap);
   }
   return v.outcome == "reproduced" ? kExitOk : kExitFailed;
 }

@@ -80,6 +80,7 @@ int RunRun(int argc, char** argv) {
   int top_k = 0, threads = 0;
   uint64_t seed = 0;
   bool json = false;
+  bool coredumps = false;
   app.add_option("MODEL_DIR", model_dir, "checkpoint directory (config.json + safetensors)")->required();
   app.add_option("--prompt", prompts, "a prompt (tokenized by --tokenizer); repeat for more requests");
   app.add_option("--prompt-ids", prompt_ids, "a prompt as token ids, e.g. 1,2,3; repeatable");
@@ -111,6 +112,9 @@ int RunRun(int argc, char** argv) {
                  "row whole and every list as it is (a file crashreplay before 2.3 reads)")
       ->default_str("on")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_flag("--coredumps", coredumps,
+               "with --record: arm lightweight GPU core dumps for this process, written beside the capture "
+               "(docs/capture.md, \"GPU core dumps\"; off by default: the cost is not measured on a GPU yet)");
   app.add_option("--dump", dump_dir, "write each step's logits and tokens to DIR/step_N.safetensors");
   app.add_option("--tokenizer", tokenizer_choice,
                  "auto: MODEL_DIR/tokenizer.json when present (byte-level BPE), else bytes; 'bytes'; or a "
@@ -131,6 +135,7 @@ int RunRun(int argc, char** argv) {
   snapshot_options.budget_bytes = *budget;
   snapshot_options.page_table_deltas = page_deltas == "on";
   snapshot_options.step_list_deltas = page_deltas == "on";
+  snapshot_options.coredumps = coredumps;
 
   replay::Config config = replay::Config::Defaults();
   if (!config_file.empty()) {

@@ -4,5 +4,5 @@
 int crashreplay_recorder_c_header_check(void) {
   cr_recorder_options o;
   cr_recorder_options_init(&o);
-  return cr_recorder_abi_version() == CR_RECORDER_ABI_VERSION && o.max_snapshots > 0;
+  return cr_recorder_abi_version() == CR_RECORDER_ABI_VERSION && o.max_snapshots > 0 && o.arm_coredumps == 0;
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,6 +67,8 @@ Recorder::Impl::Impl(const SessionManifest& manifest, const RecorderOptions& opt
                      std::unique_ptr<CaptureWriter> writer)
     : options_(options),
       path_(std::move(path)),
+      coredump_(manifest.coredump),
+      pid_(static_cast<uint32_t>(::getpid())),  // the pid the driver puts in the dump's name
       rank_(manifest.parallel.rank),
       writer_(std::move(writer)),
       queue_(options.step_queue_slots, options.step_queue_bytes),
@@ -489,6 +492,7 @@ absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
   f.failure_class = failure.failure_class;
   f.timestamp_nanos = RealtimeNanos();
   f.backtrace = failure.backtrace;
+  NameCoredump(&f);
   absl::StatusOr<EncodedFrame> frame = FrameEncoder::Encode(f);
   if (!frame.ok()) return frame.status();
   std::lock_guard<std::mutex> lock(disk_mu_);
@@ -514,6 +518,24 @@ absl::Status Recorder::Impl::OnFailure(const FailureInfo& failure) {
     status = absl::ErrnoToStatus(errno, absl::StrCat("fsync of capture ", path_));
   }
   return status;
+}
+
+void Recorder::Impl::NameCoredump(FailureRecord* f) {
+  if (coredump_.mode != "env" && coredump_.mode != "driver_api") return;
+  // The driver writes the dump when the exception is detected, before the
+  // error reaches the host. A dump that exists but does not read whole is
+  // still being written: wait for it (bounded); with the completion
+  // callback, its count moving is the driver saying it has finished.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.coredump_wait_s);
+  FoundCoredump found = FindCoredump(coredump_.file_pattern, pid_);
+  while (found.exists && !found.complete && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    found = FindCoredump(coredump_.file_pattern, pid_);
+  }
+  if (!found.exists) return;
+  f->coredump = std::filesystem::path(found.path).filename().string();
+  f->coredump_complete = found.complete;
+  f->coredump_note = found.note;
 }
 
 void Recorder::Impl::OnTerminate(const std::string& exception_type, const std::string& what) {
@@ -814,6 +836,20 @@ absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Begin(const SessionManifest&
           absl::StrCat("cannot create session directory ", options.session_dir, ": ", ec.message()));
     }
     path = SessionRankPath(options.session_dir, manifest.parallel.rank);
+  }
+  if (options.arm_coredumps) {
+    // Before the engine's CUDA context if the caller started the recorder
+    // first (then the environment is enough), else the attribute API.
+    std::error_code ec;
+    std::filesystem::path abs = std::filesystem::absolute(path, ec);
+    CoredumpArmRequest req;
+    req.file_pattern = CoredumpPatternFor(ec ? path : abs.lexically_normal().string());
+    req.method = options.coredump_method;
+    req.driver_library = options.coredump_driver_library;
+    manifest.coredump = ArmCoredumps(req);
+  } else if (manifest.coredump.mode.empty()) {
+    manifest.coredump.mode = "off";
+    manifest.coredump.reason = "not asked for: off by default, its cost is not measured on a GPU yet";
   }
   CaptureWriterOptions wo;
   wo.blob = options.blob;

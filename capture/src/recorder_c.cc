@@ -83,6 +83,7 @@ void cr_recorder_options_init(cr_recorder_options* o) {
   o->held_bytes = d.held_bytes;
   o->disk_retry_interval_s = d.disk_retry_interval_s;
   o->page_table_deltas = d.page_table_deltas ? 1 : 0;
+  o->arm_coredumps = d.arm_coredumps ? 1 : 0;
 }
 
 int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, cr_recorder** out) {
@@ -114,6 +115,7 @@ int cr_recorder_begin(const char* manifest_json, const cr_recorder_options* o, c
     // Off: the file a crashreplay before 2.3 reads, so no 2.4 list deltas
     // either (the C ABI has no field of its own for them).
     options.step_list_deltas = options.page_table_deltas;
+    options.arm_coredumps = o->arm_coredumps != 0;
   }
   absl::StatusOr<std::unique_ptr<Recorder>> r = Recorder::Begin(*manifest, options);
   if (!r.ok()) return Fail(r.status());

@@ -96,6 +96,10 @@ class Recorder::Impl final : public internal::CrashTarget {
 
   const RecorderOptions options_;
   const std::string path_;
+  const CoredumpArming coredump_;  // as the manifest records it
+  const uint32_t pid_;
+  // The dump named in a failure record, if any (OnFailure).
+  void NameCoredump(FailureRecord* f);
   const uint32_t rank_;
   std::unique_ptr<CaptureWriter> writer_;
 

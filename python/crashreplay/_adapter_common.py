@@ -219,3 +219,10 @@ def guarded(fn: Callable, what: str) -> Callable:
             return None
 
     return inner
+
+
+def coredumps_from_env() -> bool:
+    """CRASHREPLAY_COREDUMPS=1: the adapters' install() arms lightweight GPU
+    core dumps (crashreplay.Recorder's coredumps=; off by default until its
+    cost is measured on a GPU, docs/capture.md "GPU core dumps")."""
+    return os.environ.get("CRASHREPLAY_COREDUMPS") == "1"

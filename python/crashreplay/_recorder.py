@@ -169,17 +169,24 @@ class Recorder:
     weight_check_bytes_per_step, zstd_level, step_queue_slots, ...
     cuda_order: "before" (the step's kernels wait for the snapshot copies)
     or "concurrent" (see crashreplay.cuda_staging).
+    coredumps: arm lightweight GPU core dumps for this process, written
+    beside the capture and named by the failure record (docs/capture.md,
+    "GPU core dumps"); the manifest says what was armed ("env" before CUDA
+    is initialised, else "driver_api"; "failed" with the reason, e.g. no
+    driver). Off by default: its cost on the serving path is not measured
+    on a GPU yet. coredump_method ("auto", "env", "driver_api") forces one.
     """
 
     def __init__(self, target: str, *, engine: str, engine_version: str = "", config: Any = None,
                  toggles: Optional[Iterable[Tuple[str, Any]]] = None, model: Optional[Dict[str, Any]] = None,
                  device: Any = "auto", parallel: Optional[Dict[str, Any]] = None,
                  session_id: Optional[str] = None, features: Iterable[str] = (),
-                 cuda_order: str = "before", **options: Any):
+                 cuda_order: str = "before", coredumps: bool = False, **options: Any):
         manifest = build_manifest(engine=engine, engine_version=engine_version, config=config, toggles=toggles,
                                   model=model, device=device, parallel=parallel, session_id=session_id,
                                   features=features)
         opts = dict(options)
+        opts["arm_coredumps"] = bool(coredumps)
         if str(target).endswith(".crcap"):
             opts["path"] = str(target)
         else:

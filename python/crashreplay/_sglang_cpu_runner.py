@@ -376,7 +376,7 @@ class CpuModelRunner:
         initialize_bf16_gemm_config()
 
     # -- recording ------------------------------------------------------
-    def attach(self, session: str, fingerprints: bool = True) -> Any:
+    def attach(self, session: str, fingerprints: bool = True, coredumps: bool = False) -> Any:
         """crashreplay.sglang.attach() on this rank: the recorder, weight
         hashes and fingerprint hooks exactly as on a server's scheduler."""
         from crashreplay import sglang as cr_sglang
@@ -387,7 +387,8 @@ class CpuModelRunner:
             tp_worker=types.SimpleNamespace(model_runner=runner),
             max_running_requests=runner.max_running_requests, max_total_num_tokens=runner.max_total_num_tokens,
             max_prefill_tokens=self.server_args.max_prefill_tokens)
-        self.adapter = cr_sglang.attach(scheduler, session, fingerprints=fingerprints, install_signal_handlers=False)
+        self.adapter = cr_sglang.attach(scheduler, session, fingerprints=fingerprints, install_signal_handlers=False,
+                                        coredumps=coredumps)
         return self.adapter
 
     # -- one step -------------------------------------------------------
@@ -519,7 +520,7 @@ def build(model_dir: str, server_args: Dict[str, Any], rank: int = 0, port: Opti
 # ---- recording a schedule ----------------------------------------------------
 def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]], decode_steps: int,
                     server_args: Optional[Dict[str, Any]] = None, fingerprints: bool = True, rank: int = 0,
-                    port: Optional[int] = None) -> Dict[str, Any]:
+                    port: Optional[int] = None, coredumps: bool = False) -> Dict[str, Any]:
     """Serves requests [{"rid", "prompt": [ids], "temperature"?, "top_p"?,
     "top_k"?, "min_p"?, "seed"?}] through the real runner - one EXTEND step
     of every prompt, then decode_steps DECODE steps, each request fed the
@@ -538,7 +539,7 @@ def record_schedule(model_dir: str, session: str, requests: List[Dict[str, Any]]
     kw.update(model_path=model_dir, device="cpu", attention_backend=kw.get("attention_backend", "torch_native"),
               sampling_backend="pytorch", disable_cuda_graph=True, skip_tokenizer_init=True)
     cpu = build(model_dir, kw, rank, port)
-    adapter = cpu.attach(session, fingerprints)
+    adapter = cpu.attach(session, fingerprints, coredumps)
     pool, alloc = cpu.runner.req_to_token_pool, cpu.runner.token_to_kv_pool_allocator
     page = int(cpu.server_args.page_size or 1)
     n = len(requests)

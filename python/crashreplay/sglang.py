@@ -90,6 +90,7 @@ import numpy as np
 from crashreplay._adapter_common import (
     UnsupportedVersion,
     check_version,
+    coredumps_from_env,
     drop_secrets,
     env_toggles,
     guarded,
@@ -495,7 +496,7 @@ def install() -> bool:
         orig_init(self, *args, **kwargs)
         # Attaching must never stop the server: any failure is a warning,
         # and this scheduler serves unrecorded.
-        guarded(attach, "attaching to an sglang scheduler")(self, session_dir)
+        guarded(attach, "attaching to an sglang scheduler")(self, session_dir, coredumps=coredumps_from_env())
 
     Scheduler.__init__ = __init__
     for name in [n for n in dir(Scheduler) if n.startswith("event_loop")]:

@@ -82,6 +82,7 @@ import numpy as np
 from crashreplay._adapter_common import (
     UnsupportedVersion,
     check_version,
+    coredumps_from_env,
     drop_secrets,
     env_toggles,
     guarded,
@@ -490,7 +491,8 @@ def install() -> bool:
         warning) when attaching failed: that runner serves unrecorded."""
         a = getattr(runner, "_crashreplay_adapter", None)
         if a is None:
-            a = guarded(attach, "attaching to a vLLM model runner")(runner, session_dir)
+            a = guarded(attach, "attaching to a vLLM model runner")(runner, session_dir,
+                                                                   coredumps=coredumps_from_env())
             if a is None:
                 runner._crashreplay_adapter = False
         return a or None

@@ -189,6 +189,24 @@ absl::StatusOr<capture::RecorderOptions> OptionsFromPython(const nb::dict& d) {
   r.Field("install_signal_handlers", &o.install_signal_handlers);
   r.Field("page_table_deltas", &o.page_table_deltas);
   r.Field("step_list_deltas", &o.step_list_deltas);
+  r.Field("arm_coredumps", &o.arm_coredumps);
+  r.Field("coredump_driver_library", &o.coredump_driver_library);
+  r.Field("coredump_wait_s", &o.coredump_wait_s);
+  r.Custom("coredump_method", [&](nb::handle x) -> absl::Status {
+    std::string m;
+    if (!nb::try_cast<std::string>(x, m)) return r.TypeError("coredump_method", x);
+    if (m == "auto") {
+      o.coredump_method = capture::CoredumpArmMethod::kAuto;
+    } else if (m == "env") {
+      o.coredump_method = capture::CoredumpArmMethod::kEnvironment;
+    } else if (m == "driver_api") {
+      o.coredump_method = capture::CoredumpArmMethod::kDriverApi;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.coredump_method: \"", m, "\" is not one of auto, env, driver_api"));
+    }
+    return absl::OkStatus();
+  });
   r.Field("step_queue_wait_s", &o.step_queue_wait_s);
   r.Field("disk_retry_interval_s", &o.disk_retry_interval_s);
   r.Field("signal_drain_timeout_s", &o.signal_drain_timeout_s);

@@ -103,6 +103,13 @@ nb::dict ToPython(const SessionManifest& m) {
   d["weight_check_period_steps"] = m.weight_check_period_steps;
   d["quirks"] = m.quirks;
   d["features"] = m.features;
+  nb::dict c;
+  c["mode"] = m.coredump.mode;
+  c["reason"] = m.coredump.reason;
+  c["file_pattern"] = m.coredump.file_pattern;
+  c["generation_flags"] = m.coredump.generation_flags;
+  c["completion_callback"] = m.coredump.completion_callback;
+  d["coredump"] = c;
   return d;
 }
 
@@ -174,6 +181,9 @@ nb::dict ToPython(const FailureRecord& f) {
   d["failure_class"] = FailureClassName(f.failure_class);
   d["timestamp_nanos"] = f.timestamp_nanos;
   d["backtrace"] = f.backtrace;
+  d["coredump"] = f.coredump;
+  d["coredump_complete"] = f.coredump_complete;
+  d["coredump_note"] = f.coredump_note;
   return d;
 }
 

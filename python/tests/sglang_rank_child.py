@@ -32,7 +32,8 @@ def main(model_dir, session_dir, rank, tp, port, schedule):
                        mem_fraction_static=schedule["mem_fraction_static"], ep_size=schedule.get("ep_size", 1),
                        max_running_requests=schedule.get("max_running_requests", 8))
     report = record_schedule(model_dir, session_dir, schedule["requests"], schedule["decode_steps"], server_args,
-                             fingerprints=bool(schedule.get("fingerprints")), rank=rank, port=port)
+                             fingerprints=bool(schedule.get("fingerprints")), rank=rank, port=port,
+                             coredumps=bool(schedule.get("coredumps")))
     print(json.dumps(report))
     return 1 if report["failure"] else 0
 

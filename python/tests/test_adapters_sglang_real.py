@@ -309,7 +309,9 @@ def tp2_session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tp2")
     ckpt = make_checkpoint(tmp)
     session = tmp / "session"
-    return ckpt, str(session), record_tp2_session(session, ckpt)
+    # coredumps=True through attach(): each rank's manifest says what was
+    # armed (GPU core dumps, docs/capture.md); nothing else changes on the CPU.
+    return ckpt, str(session), record_tp2_session(session, ckpt, coredumps=True)
 
 
 def test_each_rank_of_a_tp2_session_writes_its_own_file(tp2_session):
@@ -319,6 +321,8 @@ def test_each_rank_of_a_tp2_session_writes_its_own_file(tp2_session):
     for rank, f in enumerate(files):
         m = f["manifest"]
         assert m["parallel"]["rank"] == rank and m["parallel"]["tp_rank"] == rank and m["parallel"]["tp_size"] == 2
+        assert m["coredump"]["mode"] in ("env", "driver_api", "failed") and m["coredump"]["reason"]
+        assert m["coredump"]["file_pattern"].endswith(f"/session/rank-0000{rank}.%p.cudacore")
         toggles = m["toggles"]
         assert toggles["max_total_tokens"] == 4096 and toggles["max_prefill_tokens"] == 2048
         assert toggles["sglang.page_table_unit"] == "token" and toggles["scheduler.max_running_requests"] == 8

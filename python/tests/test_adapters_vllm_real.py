@@ -263,11 +263,16 @@ def test_a_vllm_session_replays_reproduced_with_its_weights_verified(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, CHILD, str(ckpt), str(tmp_path / "session"), str(port), json.dumps(SCHEDULE)],
+    # coredumps=True through attach(): the manifest says what was armed
+    # (GPU core dumps, docs/capture.md); nothing else changes on the CPU.
+    r = subprocess.run([sys.executable, CHILD, str(ckpt), str(tmp_path / "session"), str(port),
+                        json.dumps({**SCHEDULE, "coredumps": True})],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     (f,) = crashreplay.read_capture(str(tmp_path / "session"))["files"]
     m = f["manifest"]
+    assert m["coredump"]["mode"] in ("env", "driver_api", "failed") and m["coredump"]["reason"]
+    assert m["coredump"]["file_pattern"].endswith("/session/rank-00000.%p.cudacore")
     assert m["model"]["checkpoint_path"] == str(ckpt) and m["toggles"]["vllm.block_size"] == 16
     assert m["toggles"]["cache_config.block_size"] == 16 and "env.VLLM_USE_DEEP_GEMM" in m["toggles"]
     steps = f["step_records"]

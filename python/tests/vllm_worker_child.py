@@ -77,7 +77,8 @@ def main(model_dir, session_dir, port, schedule):
                                                                     seed=r.get("seed")))
     runner.sampler = SimpleNamespace(sampling_states=states)
     fingerprints = bool(schedule.get("fingerprints"))
-    adapter = cr_vllm.attach(runner, session_dir, install_signal_handlers=False, fingerprints=fingerprints)
+    adapter = cr_vllm.attach(runner, session_dir, install_signal_handlers=False, fingerprints=fingerprints,
+                             coredumps=bool(schedule.get("coredumps")))
     cr_vllm.record_weights(adapter, runner)
 
     pool = BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=block)

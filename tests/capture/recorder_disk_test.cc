@@ -423,7 +423,7 @@ TEST(RecorderDisk, StalledDiskNeverStallsTheCallerDropsAreCounted) {
 // The same through the C ABI (version 2): the disk options are honoured and
 // the counters read back through cr_recorder_stats.
 TEST(RecorderDisk, CAbiTakesTheDiskOptionsAndReportsItsCounters) {
-  ASSERT_EQ(cr_recorder_abi_version(), 3);
+  ASSERT_EQ(cr_recorder_abi_version(), 4);
   RecorderTempDir dir;
   const std::string path = dir.path() + "/c.crcap";
   cr_recorder_options o;

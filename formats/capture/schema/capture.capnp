@@ -115,6 +115,9 @@ struct SessionManifest {
   # and reported, never an error.
   quirks @15 :UInt64;
   features @16 :List(Text);
+  # What the recorder armed for GPU core dumps (docs/capture.md, "GPU core
+  # dumps"); absent (all empty) in files of recorders before it existed.
+  coredump @17 :CoredumpArming;
   # Whether the session ended cleanly is not here: the file is append-only,
   # so `ok` lives in the EndRecord written by a clean close.
 }
@@ -291,6 +294,15 @@ enum FailureClass {
   exception @7;                   # an exception escaped the step
 }
 
+# How GPU core dumps were armed for this process.
+struct CoredumpArming {
+  mode @0 :Text;                  # "off", "env", "driver_api", "failed"
+  reason @1 :Text;                # why this mode (and why not armed)
+  filePattern @2 :Text;           # CUDA_COREDUMP_FILE as set: %p is the pid
+  generationFlags @3 :UInt32;     # CUCoredumpGenerationFlags bits asked for
+  completionCallback @4 :Bool;    # the driver's completion callback is registered
+}
+
 struct FailureRecord {
   reason @0 :Text;                # the error text as seen
   stage @1 :Text;                 # "load", "graph_capture", "prefill", "decode"
@@ -302,6 +314,12 @@ struct FailureRecord {
   failureClass @7 :FailureClass;
   timestampNanos @8 :Int64;
   backtrace @9 :Text;
+  # The GPU core dump the recorder found for this process when it wrote
+  # the failure: a name in the capture's directory, whether the coredump
+  # reader read it whole, and what it said when it did not.
+  coredump @10 :Text;
+  coredumpComplete @11 :Bool;
+  coredumpNote @12 :Text;
 }
 
 struct IndexEntry {

@@ -131,6 +131,14 @@ void Build(s::SessionManifest::Builder b, const SessionManifest& v) {
   b.setQuirks(v.quirks);
   auto f = b.initFeatures(static_cast<unsigned>(v.features.size()));
   for (size_t i = 0; i < v.features.size(); ++i) f.set(static_cast<unsigned>(i), Txt(v.features[i]));
+  if (v.coredump != CoredumpArming{}) {
+    auto c = b.initCoredump();
+    c.setMode(Txt(v.coredump.mode));
+    c.setReason(Txt(v.coredump.reason));
+    c.setFilePattern(Txt(v.coredump.file_pattern));
+    c.setGenerationFlags(v.coredump.generation_flags);
+    c.setCompletionCallback(v.coredump.completion_callback);
+  }
 }
 
 void Build(s::WeightHashesRecord::Builder b, const WeightHashesRecord& v) {
@@ -278,6 +286,9 @@ void Build(s::FailureRecord::Builder b, const FailureRecord& v) {
   b.setFailureClass(static_cast<s::FailureClass>(v.failure_class));
   b.setTimestampNanos(v.timestamp_nanos);
   b.setBacktrace(Txt(v.backtrace));
+  b.setCoredump(Txt(v.coredump));
+  b.setCoredumpComplete(v.coredump_complete);
+  b.setCoredumpNote(Txt(v.coredump_note));
 }
 
 void Build(s::IndexRecord::Builder b, const IndexRecord& v) {
@@ -410,6 +421,14 @@ void Read(s::SessionManifest::Reader r, SessionManifest* v) {
   v->weight_check_period_steps = r.getWeightCheckPeriodSteps();
   v->quirks = r.getQuirks();
   for (auto f : r.getFeatures()) v->features.push_back(Str(f));
+  if (r.hasCoredump()) {
+    auto c = r.getCoredump();
+    v->coredump.mode = Str(c.getMode());
+    v->coredump.reason = Str(c.getReason());
+    v->coredump.file_pattern = Str(c.getFilePattern());
+    v->coredump.generation_flags = c.getGenerationFlags();
+    v->coredump.completion_callback = c.getCompletionCallback();
+  }
 }
 
 void Read(s::WeightHashesRecord::Reader r, WeightHashesRecord* v) {
@@ -514,6 +533,9 @@ void Read(s::FailureRecord::Reader r, FailureRecord* v) {
   v->failure_class = ReadClass(r.getFailureClass());
   v->timestamp_nanos = r.getTimestampNanos();
   v->backtrace = Str(r.getBacktrace());
+  v->coredump = Str(r.getCoredump());
+  v->coredump_complete = r.getCoredumpComplete();
+  v->coredump_note = Str(r.getCoredumpNote());
 }
 
 void Read(s::IndexRecord::Reader r, IndexRecord* v) {

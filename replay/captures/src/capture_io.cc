@@ -139,6 +139,7 @@ absl::StatusOr<std::unique_ptr<CaptureRecorder>> CaptureRecorder::Begin(const st
   o.install_signal_handlers = false;
   o.page_table_deltas = snapshots.page_table_deltas;
   o.step_list_deltas = snapshots.step_list_deltas;
+  o.arm_coredumps = snapshots.coredumps;
   // The ring holds the last `steps` snapshots within the budget; it is
   // written on failure (OnFailure) and, for the built-in engine, on a clean
   // close too, so that any capture can start a replay from a snapshot.

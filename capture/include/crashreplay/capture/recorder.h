@@ -75,6 +75,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "crashreplay/capture/coredump_arming.h"
 #include "crashreplay/formats/blob_codec.h"
 #include "crashreplay/formats/capture_records.h"
 #include "crashreplay/formats/dtype.h"
@@ -145,6 +146,20 @@ struct RecorderOptions {
   double weight_check_budget = 0.01;
   uint64_t weight_check_bytes_per_step = 0;
   uint64_t weight_chunk_bytes = 1ull << 20;
+
+  // GPU core dumps (docs/capture.md, "GPU core dumps"): Begin arms
+  // lightweight dumps for the whole process (coredump_arming.h), written
+  // beside the capture as <capture stem>.<pid>.cudacore, and records what
+  // it armed in the manifest; OnFailure names the dump in the failure
+  // record once the coredump reader reads it whole. Off by default: what
+  // arming costs the serving path has not been measured on a GPU yet.
+  bool arm_coredumps = false;
+  CoredumpArmMethod coredump_method = CoredumpArmMethod::kAuto;
+  std::string coredump_driver_library = "libcuda.so.1";
+  // OnFailure waits at most this long for a dump that exists but does not
+  // read whole yet (the driver still writing it); a missing dump is not
+  // waited for (the failure may not be a device exception).
+  double coredump_wait_s = 2.0;
 };
 
 // A borrowed host tensor. `data` must hold `byte_size` bytes;

@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#define CR_RECORDER_ABI_VERSION 3  /* 2: disk-full options and counters; 3: page-table deltas */
+#define CR_RECORDER_ABI_VERSION 4  /* 2: disk-full options and counters; 3: page-table deltas; 4: GPU core dumps */
 
 /* Return codes: absl::StatusCode values. */
 enum {
@@ -83,6 +83,10 @@ typedef struct cr_recorder_options {
   /* ABI 3: page-table rows to the file as deltas (RecorderOptions::page_table_deltas);
      0 also sets RecorderOptions::step_list_deltas off: a file a crashreplay before 2.3 reads. */
   int page_table_deltas;
+  /* ABI 4: arm lightweight GPU core dumps for this process at begin
+     (RecorderOptions::arm_coredumps; docs/capture.md "GPU core dumps").
+     0 by default: the cost on the serving path is not measured yet. */
+  int arm_coredumps;
 } cr_recorder_options;
 
 typedef struct cr_tensor {

@@ -78,6 +78,16 @@ struct WeightShardHashes {
   friend bool operator==(const WeightShardHashes&, const WeightShardHashes&) = default;
 };
 
+// What the recorder armed for GPU core dumps (capture/coredump_arming.h).
+struct CoredumpArming {
+  std::string mode;    // "off" (or empty: a recorder before this field), "env", "driver_api", "failed"
+  std::string reason;  // why this mode; for "failed", why nothing was armed
+  std::string file_pattern;  // CUDA_COREDUMP_FILE as armed (%p: the process id)
+  uint32_t generation_flags = 0;
+  bool completion_callback = false;
+  friend bool operator==(const CoredumpArming&, const CoredumpArming&) = default;
+};
+
 struct SessionManifest {
   // format_major/minor are filled in by the encoder; readers report what
   // the file says.
@@ -98,6 +108,7 @@ struct SessionManifest {
   uint32_t weight_check_period_steps = 0;
   uint64_t quirks = 0;
   std::vector<std::string> features;
+  CoredumpArming coredump;
   friend bool operator==(const SessionManifest&, const SessionManifest&) = default;
 };
 
@@ -275,6 +286,11 @@ struct FailureRecord {
   FailureClass failure_class = FailureClass::kUnknown;
   int64_t timestamp_nanos = 0;
   std::string backtrace;
+  // The GPU core dump found when the failure was written (a file name in
+  // the capture's directory; empty: none found or none armed).
+  std::string coredump;
+  bool coredump_complete = false;
+  std::string coredump_note;
   friend bool operator==(const FailureRecord&, const FailureRecord&) = default;
 };
 

@@ -58,6 +58,8 @@ struct SnapshotOptions {
   bool page_table_deltas = true;
   // Step lists as differences in the file (RecorderOptions::step_list_deltas).
   bool step_list_deltas = true;
+  // Arm lightweight GPU core dumps for the process (RecorderOptions::arm_coredumps).
+  bool coredumps = false;
 };
 
 // A run configured in a serving engine's words (`engine = "sglang"` in its
