@@ -54,6 +54,20 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir, LoadO
 // *.safetensors); errors as LoadCheckpointDir's.
 absl::StatusOr<uint64_t> CheckpointFileBytes(const std::string& dir);
 
+// gpt_oss keeps each layer's experts fused, as transformers' GptOssExperts
+// holds them: mlp.experts.gate_up_proj [E, hidden, 2I] (x @ W; gate the even
+// columns, up the odd ones), gate_up_proj_bias [E, 2I], down_proj
+// [E, I, hidden], down_proj_bias [E, hidden]. This replaces them with
+// per-expert [out, in] projections and biases under the names
+// NamesFor(spec, l).expert(j, ...) gives (bits copied, in memory), which is
+// what the engine builds experts from; a no-op for other families.
+// NotFound / DataLoss for a missing tensor, wrong shape or dtype;
+// Unimplemented (IsUnsupportedModel) for OpenAI's MXFP4 _blocks/_scales.
+// LoadCheckpointDir calls it before checking the weights.
+absl::Status SplitFusedExperts(const ModelSpec& spec, const std::string& where, TensorSet* tensors);
+// The inverse, for writing a gpt_oss checkpoint as transformers does.
+absl::Status FuseExperts(const ModelSpec& spec, TensorSet* tensors);
+
 // Writes config.json and the tensors (sharded at `max_shard_bytes`).
 absl::Status WriteCheckpointDir(const std::string& dir, const ModelSpec& spec, const TensorSet& tensors,
                                 uint64_t max_shard_bytes = 1ull << 30);
