@@ -61,6 +61,14 @@ and the reference down; and mixtral/bf16 was 6.7e-4 off
 with the float32 reference, an element of L1's post-RoPE K 1e-8 from the
 midpoint 2.5703125.
 
+gpt_oss (GptOssForCausalLM: sinks, a sliding window per layer, biased
+experts with the clamped SwiGLU, top-k-then-softmax routing): its own
+checkpoints below (bf16, fp32, and experts in OpenAI's MXFP4 layout, read
+back by transformers' Mxfp4Config(dequantize=True) for the reference), three
+requests of different lengths as one engine batch, each compared with
+transformers alone, at the same tolerance. Measured: 1.5e-6 .. 2.1e-6 of
+1 + |reference|.
+
 The oracle still catches defects (test_oracle_catches_*): one bf16 weight's
 bits changed in the checkpoint the engine reads, RoPE read from other
 config keys (`--set rope_config=legacy`), K/V stored as fp8
@@ -510,6 +518,72 @@ def test_gpt_oss_batch_matches_hf_transformers(tmp_path, dtype):
     with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
     assert config["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"], config
+    check_gpt_oss_batch(f"gpt_oss/{dtype}", model, state, tmp_path)
+
+
+# OpenAI's MXFP4 layout for the experts, as the released checkpoints ship it:
+# gate_up_proj_blocks [E, 2I, H/32, 16] (rows [out, in], packed e2m1, low
+# nibble first), gate_up_proj_scales [E, 2I, H/32] (e8m0), down_proj_* alike;
+# quantization_config {"quant_method": "mxfp4", "modules_to_not_convert":
+# [...]} as in gpt-oss-20b's config.json. Widths are multiples of 32.
+GPT_OSS_MXFP4 = dict(GPT_OSS, hidden_size=64, intermediate_size=32)
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def mxfp4_pack(w):
+    """[E, R, C] -> (blocks [E, R, C/32, 16] uint8, scales [E, R, C/32] uint8):
+    each block of 32 scaled by 2^(floor(log2 amax) - 2), its values rounded to
+    the nearest e2m1 (E2M1's order: code = index), two a byte, low nibble first."""
+    E, R, C = w.shape
+    b = w.double().reshape(E, R, C // 32, 32)
+    e = torch.floor(torch.log2(b.abs().amax(-1).clamp_min(2.0 ** -100))) - 2
+    v = b / torch.ldexp(torch.ones_like(e), e.int())[..., None]
+    codes = (v[..., None] - E2M1).abs().argmin(-1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8), (e + 127).to(torch.uint8)
+
+
+def write_gpt_oss_mxfp4(d, seed=1234):
+    """The bf16 model of write_gpt_oss at GPT_OSS_MXFP4's widths with its experts
+    rewritten in OpenAI's MXFP4 layout; returns the weights as transformers
+    itself reads that file (Mxfp4Config(dequantize=True): its own
+    convert_moe_packed_tensors), in float64."""
+    torch.manual_seed(seed)
+    cfg = transformers.GptOssConfig(architectures=["GptOssForCausalLM"], **GPT_OSS_MXFP4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    fc._randomize(model, torch, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("experts.gate_up_proj"):
+                p.mul_(GPT_OSS_GATE_UP_SCALE)
+    model.to(torch.bfloat16).save_pretrained(d)
+    path = os.path.join(d, "model.safetensors")
+    t = load_file(path)
+    for k in list(t):
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            t[k + "_blocks"], t[k + "_scales"] = mxfp4_pack(t.pop(k).float().transpose(1, 2))
+    save_file(t, path, metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_NOT_CONVERTED}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    read = transformers.AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32)
+    return {k: v.detach().double() for k, v in read.state_dict().items()}
+
+
+def test_gpt_oss_mxfp4_openai_layout_matches_hf_transformers(tmp_path):
+    torch.set_num_threads(1)
+    model = str(tmp_path / "model")
+    state = write_gpt_oss_mxfp4(model)
+    assert any(k.endswith("gate_up_proj_blocks") for k in checkpoint_tensors(model))
+    check_gpt_oss_batch("gpt_oss/mxfp4", model, state, tmp_path)
+
+
+def check_gpt_oss_batch(name, model, state, tmp_path):
+    """GPT_OSS_PROMPTS as one batch through the engine, each request through
+    float64 transformers holding `state`: greedy tokens equal, every logit
+    within the tolerance, the window outgrown and the SwiGLU clamp reached."""
     got, got_tokens, session, notes = run_batch(model, GPT_OSS_PROMPTS, fc.STEPS, tmp_path)
     assert notes == [], f"unexpected notes {notes}"
     engine = engine_cache_values(session, fc.STEPS, str(tmp_path / "kernels"))
@@ -547,7 +621,7 @@ def test_gpt_oss_batch_matches_hf_transformers(tmp_path, dtype):
             d = (got[i] - want).abs()
             excess = float((d - (ATOL + RTOL * want.abs())).max())
             worst = max(worst, float((d / (1 + want.abs())).max()))
-            print(f"gpt_oss/{dtype} request {i} ({len(prompt)} tokens): max |engine - float64 transformers| ="
+            print(f"{name} request {i} ({len(prompt)} tokens): max |engine - float64 transformers| ="
                   f" {float(d.max()):.3g}; {stats['midpoints']} midpoint elements ({stats['flipped']} rounded the"
                   f" other way), stored K/V within {stats['kv_ulps']:.2g} float32 ulps")
             kept = f" (the engine's session and dumps: {tmp_path})"
@@ -558,7 +632,7 @@ def test_gpt_oss_batch_matches_hf_transformers(tmp_path, dtype):
     finally:
         for h in hooks:
             h.remove()
-    print(f"gpt_oss/{dtype}: max |engine - ref| / (1 + |ref|) = {worst:.2g}; routed gate values past the limit:"
+    print(f"{name}: max |engine - ref| / (1 + |ref|) = {worst:.2g}; routed gate values past the limit:"
           f" {clamped['gate']}, up values: {clamped['up']}")
     # The features this case is for are exercised: positions past the window
     # (20 > 6) and the SwiGLU clamp on both sides.

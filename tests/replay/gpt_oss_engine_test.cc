@@ -140,10 +140,17 @@ TEST(GptOssCheckpoint, MissingOrMisshapedFusedTensorsAreNamed) {
   s = SplitFusedExperts(ck->spec, "dir", &wrong);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(s.message().find("[4, 64, 64]"), std::string::npos) << s;
+  // OpenAI's MXFP4 layout: blocks of the wrong shape, and a missing scale.
   TensorSet mx = fused;
   mx["model.layers.2.mlp.experts.gate_up_proj_blocks"] = HostTensor{DType::kU8, {1}, std::vector<uint8_t>(1)};
   s = SplitFusedExperts(ck->spec, "dir", &mx);
-  EXPECT_TRUE(IsUnsupportedModel(s)) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("[4, 64, 2, 16]"), std::string::npos) << s;
+  mx["model.layers.2.mlp.experts.gate_up_proj_blocks"] =
+      HostTensor{DType::kU8, {4, 64, 2, 16}, std::vector<uint8_t>(4 * 64 * 2 * 16)};
+  s = SplitFusedExperts(ck->spec, "dir", &mx);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("gate_up_proj_scales"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -78,6 +78,109 @@ std::string Shape(const std::vector<int64_t>& v) {
   return out + "]";
 }
 
+// gpt-oss's experts in OpenAI's MXFP4 layout, as the released checkpoints
+// ship them and transformers' Mxfp4 integration reads them
+// (convert_moe_packed_tensors): gate_up_proj_blocks [E, 2I, H/32, 16] and
+// down_proj_blocks [E, H, I/32, 16] are [out, in] rows of packed e2m1 (the
+// low nibble first), gate_up's even rows gate and odd rows up;
+// *_scales [E, out, in/32] are e8m0 exponents (bias 127); the biases as in
+// bf16 checkpoints. Each expert's rows are copied as they are into the
+// engine's MXFP4 projections (weight U8 [out, in/2], weight_scale U8
+// [out, in/32]): nothing is decoded here.
+absl::Status SplitMxfp4Experts(const ModelSpec& s, const LayerNames& n, const std::string& where, TensorSet* t) {
+  const int64_t E = s.num_experts, H = s.hidden, I = s.moe_intermediate;
+  const std::string p = n.prefix + "mlp.experts.";
+  if (H % 32 != 0 || I % 32 != 0) {
+    return absl::DataLossError(Cat(where, ": '", p, "gate_up_proj_blocks' is MXFP4, but hidden_size ", H,
+                                   " and intermediate_size ", I, " must be multiples of its 32-element blocks"));
+  }
+  struct Part {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    TensorBytes bytes;
+  } parts[] = {{"gate_up_proj_blocks", DType::kU8, {E, 2 * I, H / 32, 16}, {}},
+               {"gate_up_proj_scales", DType::kU8, {E, 2 * I, H / 32}, {}},
+               {"down_proj_blocks", DType::kU8, {E, H, I / 32, 16}, {}},
+               {"down_proj_scales", DType::kU8, {E, H, I / 32}, {}},
+               {"gate_up_proj_bias", DType::kBF16, {E, 2 * I}, {}},
+               {"down_proj_bias", DType::kBF16, {E, H}, {}}};
+  DType bias_dtype = DType::kBF16;
+  for (Part& x : parts) {
+    const std::string name = p + x.name;
+    auto it = t->find(name);
+    if (it == t->end()) {
+      return absl::NotFoundError(
+          Cat(where, ": checkpoint has no tensor '", name, "', which gpt-oss's MXFP4 experts (OpenAI's layout) imply"));
+    }
+    const bool bias = x.dtype == DType::kBF16;
+    const DType d = it->second.dtype;
+    const bool scale_ok = x.name.ends_with("_scales") && d == DType::kF8E8M0;
+    if (bias ? (d != DType::kBF16 && d != DType::kF16 && d != DType::kF32) : (d != DType::kU8 && !scale_ok)) {
+      return absl::DataLossError(Cat(where, ": tensor '", name, "' has dtype ", DTypeName(d), "; expected ",
+                                     bias ? "BF16, F16 or F32" : "U8"));
+    }
+    if (bias && x.name == "down_proj_bias" && d != bias_dtype) {
+      return absl::DataLossError(Cat(where, ": '", name, "' is ", DTypeName(d), ", '", p, "gate_up_proj_bias' ",
+                                     DTypeName(bias_dtype), "; expected one dtype"));
+    }
+    if (bias) bias_dtype = d;
+    if (it->second.shape != x.shape) {
+      return absl::DataLossError(Cat(where, ": tensor '", name, "' has shape ", Shape(it->second.shape),
+                                     ", config.json (gpt_oss, MXFP4 experts) implies ", Shape(x.shape)));
+    }
+    CR_ASSIGN_OR_RETURN(x.bytes, it->second.bytes.Resolve());
+    uint64_t elements = 1;
+    for (int64_t v : x.shape) elements *= static_cast<uint64_t>(v);
+    if (x.bytes.size() != DTypeBytes(d, elements)) {
+      return absl::DataLossError(
+          Cat(where, ": tensor '", name, "' has ", x.bytes.size(), " bytes for shape ", Shape(x.shape)));
+    }
+  }
+  const size_t bs = bias_dtype == DType::kF32 ? 4 : 2;
+  auto put = [&](const std::string& name, DType d, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
+    HostTensor h;
+    h.dtype = d;
+    h.shape = std::move(shape);
+    h.bytes = std::move(bytes);
+    (*t)[name] = std::move(h);
+  };
+  // Row r of expert j of a [E, R, row_bytes] tensor.
+  auto row = [](const TensorBytes& b, int64_t R, int64_t row_bytes, int64_t j, int64_t r) {
+    return b.data() + (j * R + r) * row_bytes;
+  };
+  const int64_t gw = H / 2, gs = H / 32, dw = I / 2, ds = I / 32;
+  for (int64_t j = 0; j < E; ++j) {
+    auto base = [&](const char* proj) {
+      const std::string w = n.expert(j, proj);
+      return w.substr(0, w.size() - 7);
+    };
+    std::vector<uint8_t> gate(I * gw), up(I * gw), gsc(I * gs), usc(I * gs), gb(I * bs), ub(I * bs);
+    for (int64_t i = 0; i < I; ++i) {
+      std::memcpy(gate.data() + i * gw, row(parts[0].bytes, 2 * I, gw, j, 2 * i), gw);
+      std::memcpy(up.data() + i * gw, row(parts[0].bytes, 2 * I, gw, j, 2 * i + 1), gw);
+      std::memcpy(gsc.data() + i * gs, row(parts[1].bytes, 2 * I, gs, j, 2 * i), gs);
+      std::memcpy(usc.data() + i * gs, row(parts[1].bytes, 2 * I, gs, j, 2 * i + 1), gs);
+      std::memcpy(gb.data() + i * bs, row(parts[4].bytes, 1, 2 * I * bs, j, 0) + 2 * i * bs, bs);
+      std::memcpy(ub.data() + i * bs, row(parts[4].bytes, 1, 2 * I * bs, j, 0) + (2 * i + 1) * bs, bs);
+    }
+    std::vector<uint8_t> down(row(parts[2].bytes, 1, H * dw, j, 0), row(parts[2].bytes, 1, H * dw, j, 0) + H * dw);
+    std::vector<uint8_t> dsc(row(parts[3].bytes, 1, H * ds, j, 0), row(parts[3].bytes, 1, H * ds, j, 0) + H * ds);
+    std::vector<uint8_t> db(row(parts[5].bytes, 1, H * bs, j, 0), row(parts[5].bytes, 1, H * bs, j, 0) + H * bs);
+    put(base("gate") + ".weight", DType::kU8, {I, gw}, std::move(gate));
+    put(base("up") + ".weight", DType::kU8, {I, gw}, std::move(up));
+    put(base("down") + ".weight", DType::kU8, {H, dw}, std::move(down));
+    put(base("gate") + ".weight_scale", DType::kU8, {I, gs}, std::move(gsc));
+    put(base("up") + ".weight_scale", DType::kU8, {I, gs}, std::move(usc));
+    put(base("down") + ".weight_scale", DType::kU8, {H, ds}, std::move(dsc));
+    put(base("gate") + ".bias", bias_dtype, {I}, std::move(gb));
+    put(base("up") + ".bias", bias_dtype, {I}, std::move(ub));
+    put(base("down") + ".bias", bias_dtype, {H}, std::move(db));
+  }
+  for (const Part& x : parts) t->erase(p + x.name);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status SplitFusedExperts(const ModelSpec& s, const std::string& where, TensorSet* t) {
@@ -87,10 +190,8 @@ absl::Status SplitFusedExperts(const ModelSpec& s, const std::string& where, Ten
     const LayerNames n = NamesFor(s, l);
     const std::string p = n.prefix + "mlp.experts.";
     if (t->count(p + "gate_up_proj_blocks") || t->count(p + "down_proj_blocks")) {
-      return UnsupportedModelError(Cat(where, ": '", p,
-                                       "gate_up_proj_blocks' holds gpt-oss's experts in OpenAI's MXFP4 layout "
-                                       "(_blocks/_scales), which the engine does not read yet; dequantize the "
-                                       "checkpoint to bf16 (transformers' Mxfp4Config(dequantize=True))"));
+      CR_RETURN_IF_ERROR(SplitMxfp4Experts(s, n, where, t));
+      continue;
     }
     struct Fused {
       const char* name;

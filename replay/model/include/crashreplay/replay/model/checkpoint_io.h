@@ -61,8 +61,12 @@ absl::StatusOr<uint64_t> CheckpointFileBytes(const std::string& dir);
 // per-expert [out, in] projections and biases under the names
 // NamesFor(spec, l).expert(j, ...) gives (bits copied, in memory), which is
 // what the engine builds experts from; a no-op for other families.
-// NotFound / DataLoss for a missing tensor, wrong shape or dtype;
-// Unimplemented (IsUnsupportedModel) for OpenAI's MXFP4 _blocks/_scales.
+// Experts in OpenAI's MXFP4 layout (gate_up_proj_blocks [E, 2I, H/32, 16],
+// gate_up_proj_scales [E, 2I, H/32], down_proj_blocks / _scales, the same
+// biases; the released checkpoints' form) become per-expert MXFP4
+// projections (U8 weight [out, in/2], U8 weight_scale [out, in/32]), their
+// bytes copied, not decoded.
+// NotFound / DataLoss for a missing tensor, wrong shape or dtype.
 // LoadCheckpointDir calls it before checking the weights.
 absl::Status SplitFusedExperts(const ModelSpec& spec, const std::string& where, TensorSet* tensors);
 // The inverse, for writing a gpt_oss checkpoint as transformers does.
