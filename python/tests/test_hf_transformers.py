@@ -375,6 +375,7 @@ MAKE_MODEL = [
     ("deepseek_v3", "fp8"),
     ("deepseek_v32", "bf16"),
     ("glm_moe_dsa", "nvfp4"),
+    ("gpt_oss", "bf16"),
 ]
 
 

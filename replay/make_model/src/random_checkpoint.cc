@@ -206,7 +206,7 @@ class Generator {
       }
       CR_RETURN_IF_ERROR(Bf16Matrix(n.router(), s.num_experts, H));
       if (s.model_type == "gpt_oss") {
-        CR_RETURN_IF_ERROR(GptOssExperts(n, l));
+        CR_RETURN_IF_ERROR(GptOssExperts(n));
         layers_done_ = l + 1;
         Report();
         continue;
@@ -447,12 +447,12 @@ class Generator {
   // router's bias, then gate_up_proj [E, H, 2I] (x @ W; gate the even
   // columns, up the odd ones, each of std 1/sqrt(H)), its bias [E, 2I],
   // down_proj [E, I, H] (std 1/sqrt(I)) and its bias [E, H]; bf16.
-  absl::Status GptOssExperts(const LayerNames& n, int64_t l) {
+  absl::Status GptOssExperts(const LayerNames& n) {
     const ModelSpec& s = spec_;
     const int64_t E = s.num_experts, H = s.hidden, I = s.moe_intermediate;
     const std::string p = n.prefix + "mlp.experts.";
     CR_RETURN_IF_ERROR(Bias(n.prefix + "mlp.router.bias", E));
-    auto fused = [&](const std::string& name, int64_t rows, int64_t in, int64_t out) -> absl::Status {
+    auto fused = [&](const std::string& name, int64_t in, int64_t out) -> absl::Status {
       // [E, in, out] with std 1/sqrt(in): drawn as [E * out, in], transposed.
       std::vector<uint16_t> b;
       if (draw_) {
@@ -464,14 +464,17 @@ class Generator {
       } else {
         rng_.Take(E * out * in);
       }
-      (void)rows;
       return Put({p + name, DType::kBF16, {E, in, out}}, b);
     };
-    CR_RETURN_IF_ERROR(fused("gate_up_proj", E, H, 2 * I));
-    CR_RETURN_IF_ERROR(Bias(p + "gate_up_proj_bias", E * 2 * I));
-    CR_RETURN_IF_ERROR(fused("down_proj", E, I, H));
-    CR_RETURN_IF_ERROR(Bias(p + "down_proj_bias", E * H));
-    (void)l;
+    auto bias2d = [&](const std::string& name, int64_t cols) {
+      std::vector<uint16_t> b(E * cols);
+      for (auto& x : b) x = FloatToBf16(0.1f * rng_.Next());
+      return Put({p + name, DType::kBF16, {E, cols}}, b);
+    };
+    CR_RETURN_IF_ERROR(fused("gate_up_proj", H, 2 * I));
+    CR_RETURN_IF_ERROR(bias2d("gate_up_proj_bias", 2 * I));
+    CR_RETURN_IF_ERROR(fused("down_proj", I, H));
+    CR_RETURN_IF_ERROR(bias2d("down_proj_bias", H));
     return absl::OkStatus();
   }
 
@@ -816,7 +819,8 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
     rope.original_max_position = 128;  // small, so the scaled band reaches tiny head dims
     if (o.quant != "bf16") {
       return absl::InvalidArgumentError(Cat("make-model: gpt_oss is written in bf16 only (--quant ", o.quant,
-                                            "); its experts' MXFP4 layout is not implemented"));
+                                            "); the engine reads OpenAI's MXFP4 experts, make-model does not "
+                                            "write them"));
     }
   } else if (o.arch == "glm4_moe") {
     // GLM-4.5: DeepSeek-V3-style routing with GQA attention.
