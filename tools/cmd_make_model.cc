@@ -24,9 +24,10 @@ int RunMakeModel(int argc, char** argv) {
   app.add_option("DIR", dir, "output directory")->required();
   app.add_option("--arch", o.arch,
                  "llama | qwen3 | qwen3_moe | mixtral | glm4_moe (GQA + DeepSeek-V3 routing) | deepseek_v3 (MLA) | "
-                 "deepseek_v32 | glm_moe_dsa (MLA + DSA indexer)")
-      ->check(CLI::IsMember(
-          {"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa"}));
+                 "deepseek_v32 | glm_moe_dsa (MLA + DSA indexer) | gpt_oss (sinks, sliding window, biased "
+                 "experts; bf16 only)")
+      ->check(CLI::IsMember({"llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "deepseek_v32",
+                             "glm_moe_dsa", "gpt_oss"}));
   app.add_option("--quant", o.quant, "bf16 | fp8 | nvfp4 | mxfp4")
       ->check(CLI::IsMember({"bf16", "fp8", "nvfp4", "mxfp4"}));
   app.add_option("--layers", o.layers)->check(CLI::Range(1, 1024));
@@ -38,6 +39,8 @@ int RunMakeModel(int argc, char** argv) {
   app.add_option("--moe-intermediate", o.moe_intermediate)->check(CLI::Range(1, 1 << 20));
   app.add_option("--experts", o.experts)->check(CLI::Range(1, 1024));
   app.add_option("--experts-per-tok", o.experts_per_tok)->check(CLI::Range(1, 16));
+  app.add_option("--sliding-window", o.sliding_window, "gpt_oss: the sliding layers' window (0: none)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--shared-experts", o.n_shared_experts)->check(CLI::Range(0, 16));
   app.add_option("--n-group", o.n_group)->check(CLI::Range(1, 64));
   app.add_option("--topk-group", o.topk_group)->check(CLI::Range(1, 64));

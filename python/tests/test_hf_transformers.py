@@ -61,6 +61,14 @@ and the reference down; and mixtral/bf16 was 6.7e-4 off
 with the float32 reference, an element of L1's post-RoPE K 1e-8 from the
 midpoint 2.5703125.
 
+gpt_oss (GptOssForCausalLM: sinks, a sliding window per layer, biased
+experts with the clamped SwiGLU, top-k-then-softmax routing): its own
+checkpoints below (bf16, fp32, and experts in OpenAI's MXFP4 layout, read
+back by transformers' Mxfp4Config(dequantize=True) for the reference), three
+requests of different lengths as one engine batch, each compared with
+transformers alone, at the same tolerance. Measured: 1.5e-6 .. 2.1e-6 of
+1 + |reference|.
+
 The oracle still catches defects (test_oracle_catches_*): one bf16 weight's
 bits changed in the checkpoint the engine reads, RoPE read from other
 config keys (`--set rope_config=legacy`), K/V stored as fp8
@@ -367,6 +375,7 @@ MAKE_MODEL = [
     ("deepseek_v3", "fp8"),
     ("deepseek_v32", "bf16"),
     ("glm_moe_dsa", "nvfp4"),
+    ("gpt_oss", "bf16"),
 ]
 
 
@@ -436,3 +445,222 @@ def test_oracle_catches_fp8_kv_cache(tmp_path):
     model = make_model(tmp_path / "model", "mixtral", "bf16")
     _far_beyond_tolerance("mixtral/bf16 --set kv_cache_dtype=fp8_e4m3", model,
                           dequantize(checkpoint_tensors(model)), ["kv_cache_dtype=fp8_e4m3"], tmp_path)
+
+
+# ---- gpt_oss: a batch of requests against transformers' GptOssForCausalLM --
+
+# Three layers (sliding, full, sliding: GptOssConfig's default layer_types),
+# a window of 6 that every request outgrows, 4 experts of 16 (top-2), head_dim
+# 16, gpt-oss's YaRN scaled down (factor 32 over an original 64 positions,
+# truncate false), q/k/v/o biases and attention sinks.
+GPT_OSS = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+               intermediate_size=16, vocab_size=128, max_position_embeddings=2048, num_local_experts=4,
+               num_experts_per_tok=2, sliding_window=6,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})
+# Requests of different lengths, run as one batch by the engine, one at a
+# time by transformers (each request's logits do not depend on the others).
+GPT_OSS_PROMPTS = [fc.PROMPT, [5, 9, 77, 31, 2], [101, 4, 66, 12, 90, 3, 45, 18, 7]]
+# gate_up_proj scaled up so that the clamped SwiGLU's limit (7) is reached:
+# without it _randomize's weights keep every gate and up value far inside.
+GPT_OSS_GATE_UP_SCALE = 6.0
+
+
+def write_gpt_oss(d, dtype="bfloat16", seed=1234):
+    """A GptOssForCausalLM written by save_pretrained (weights as fidelity_cases
+    randomizes them); returns its tensors as the file has them."""
+    torch.manual_seed(seed)
+    cfg = transformers.GptOssConfig(architectures=["GptOssForCausalLM"], **GPT_OSS)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    fc._randomize(model, torch, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("experts.gate_up_proj"):
+                p.mul_(GPT_OSS_GATE_UP_SCALE)
+    model.to(getattr(torch, dtype)).save_pretrained(d)
+    return checkpoint_tensors(d)
+
+
+def run_batch(model_dir, prompts, steps, tmp_path):
+    """(logits [requests, steps, V] float64, tokens [requests][steps], session)
+    of one `crashreplay run --record` over every prompt as one batch."""
+    dump, session = str(tmp_path / "logits"), str(tmp_path / "session")
+    args = [BIN, "run", model_dir, "--max-new-tokens", str(steps), "--dump", dump, "--record", session, "--json"]
+    for p in prompts:
+        args += ["--prompt-ids", ",".join(str(x) for x in p)]
+    r = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, f"{' '.join(args)} exited {r.returncode}: {r.stderr}"
+    files = sorted(os.listdir(dump), key=lambda f: int(f.split("_")[1].split(".")[0]))
+    assert len(files) == steps, f"{len(files)} steps dumped, expected {steps}"
+    rows = [load_file(os.path.join(dump, f)) for f in files]
+    logits = torch.stack([s["logits"].double() for s in rows], dim=1)  # [R, steps, V]
+    tokens = [[int(s["next_tokens"][i]) for s in rows] for i in range(len(prompts))]
+    return logits, tokens, session, json.loads(r.stdout).get("notes", [])
+
+
+def request_cache_values(engine, prompts, request):
+    """The engine's stored K/V of one request: rows of each step's [tokens,
+    values] dumps, the batch's tokens in request order (every prompt at the
+    prefill, one token each at every decode step)."""
+    out = {}
+    for (kind, layer, step), t in engine.items():
+        lens = [len(p) for p in prompts] if step == 0 else [1] * len(prompts)
+        assert t.shape[0] == sum(lens), f"step {step} stored {t.shape[0]} rows for lengths {lens}"
+        start = sum(lens[:request])
+        out[(kind, layer, step)] = t[start:start + lens[request]]
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpt_oss_batch_matches_hf_transformers(tmp_path, dtype):
+    torch.set_num_threads(1)
+    model = str(tmp_path / "model")
+    state = {k: v.double() for k, v in write_gpt_oss(model, dtype).items()}
+    with open(os.path.join(model, "config.json")) as f:
+        config = json.load(f)
+    assert config["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"], config
+    check_gpt_oss_batch(f"gpt_oss/{dtype}", model, state, tmp_path)
+
+
+# OpenAI's MXFP4 layout for the experts, as the released checkpoints ship it:
+# gate_up_proj_blocks [E, 2I, H/32, 16] (rows [out, in], packed e2m1, low
+# nibble first), gate_up_proj_scales [E, 2I, H/32] (e8m0), down_proj_* alike;
+# quantization_config {"quant_method": "mxfp4", "modules_to_not_convert":
+# [...]} as in gpt-oss-20b's config.json. Widths are multiples of 32.
+GPT_OSS_MXFP4 = dict(GPT_OSS, hidden_size=64, intermediate_size=32)
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def mxfp4_pack(w):
+    """[E, R, C] -> (blocks [E, R, C/32, 16] uint8, scales [E, R, C/32] uint8):
+    each block of 32 scaled by 2^(floor(log2 amax) - 2), its values rounded to
+    the nearest e2m1 (E2M1's order: code = index), two a byte, low nibble first."""
+    E, R, C = w.shape
+    b = w.double().reshape(E, R, C // 32, 32)
+    e = torch.floor(torch.log2(b.abs().amax(-1).clamp_min(2.0 ** -100))) - 2
+    v = b / torch.ldexp(torch.ones_like(e), e.int())[..., None]
+    codes = (v[..., None] - E2M1).abs().argmin(-1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8), (e + 127).to(torch.uint8)
+
+
+def write_gpt_oss_mxfp4(d, seed=1234):
+    """The bf16 model of write_gpt_oss at GPT_OSS_MXFP4's widths with its experts
+    rewritten in OpenAI's MXFP4 layout; returns the weights as transformers
+    itself reads that file (Mxfp4Config(dequantize=True): its own
+    convert_moe_packed_tensors), in float64."""
+    torch.manual_seed(seed)
+    cfg = transformers.GptOssConfig(architectures=["GptOssForCausalLM"], **GPT_OSS_MXFP4)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    fc._randomize(model, torch, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("experts.gate_up_proj"):
+                p.mul_(GPT_OSS_GATE_UP_SCALE)
+    model.to(torch.bfloat16).save_pretrained(d)
+    path = os.path.join(d, "model.safetensors")
+    t = load_file(path)
+    for k in list(t):
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            t[k + "_blocks"], t[k + "_scales"] = mxfp4_pack(t.pop(k).float().transpose(1, 2))
+    save_file(t, path, metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_NOT_CONVERTED}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    read = transformers.AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32)
+    return {k: v.detach().double() for k, v in read.state_dict().items()}
+
+
+def test_gpt_oss_mxfp4_openai_layout_matches_hf_transformers(tmp_path):
+    torch.set_num_threads(1)
+    model = str(tmp_path / "model")
+    state = write_gpt_oss_mxfp4(model)
+    assert any(k.endswith("gate_up_proj_blocks") for k in checkpoint_tensors(model))
+    check_gpt_oss_batch("gpt_oss/mxfp4", model, state, tmp_path)
+
+
+def check_gpt_oss_batch(name, model, state, tmp_path):
+    """GPT_OSS_PROMPTS as one batch through the engine, each request through
+    float64 transformers holding `state`: greedy tokens equal, every logit
+    within the tolerance, the window outgrown and the SwiGLU clamp reached."""
+    got, got_tokens, session, notes = run_batch(model, GPT_OSS_PROMPTS, fc.STEPS, tmp_path)
+    assert notes == [], f"unexpected notes {notes}"
+    engine = engine_cache_values(session, fc.STEPS, str(tmp_path / "kernels"))
+    ref_model = fc.load_reference(model, state, torch, transformers, dtype=torch.float64,
+                                  attn_implementation="eager", experts_implementation="eager")
+    ref_model.to(torch.float64)
+    clamped = {"gate": 0, "up": 0}
+
+    def count_clamps(module, args, output):
+        # The routed (token, expert) pairs' gate and up values beyond the limit.
+        x, idx = args[0], args[1]
+        for k in range(idx.shape[1]):
+            e = idx[:, k]
+            gu = torch.einsum("th,thn->tn", x, module.gate_up_proj[e]) + module.gate_up_proj_bias[e]
+            clamped["gate"] += int((gu[..., ::2] > module.limit).sum())
+            clamped["up"] += int((gu[..., 1::2].abs() > module.limit).sum())
+
+    hooks = [layer.mlp.experts.register_forward_hook(count_clamps) for layer in ref_model.model.layers]
+    worst = 0.0
+    try:
+        for i, prompt in enumerate(GPT_OSS_PROMPTS):
+            mine = request_cache_values(engine, GPT_OSS_PROMPTS, i)
+            stats = {"midpoints": 0, "flipped": 0, "kv_ulps": 0.0, "unmatched": 0}
+
+            def store(kind, layer, step, t):
+                ref = _rows(t)
+                eng = _align(ref, mine.get((kind, layer, step)))
+                if eng is None:
+                    stats["unmatched"] += 1
+                return _unrows(round_bf16_like_engine(ref, eng, stats), t)
+
+            with float64_forward():
+                tokens, want = fc.reference_logits(ref_model, torch, store=store, forced=got_tokens[i], prompt=prompt)
+            want = want.double()
+            d = (got[i] - want).abs()
+            excess = float((d - (ATOL + RTOL * want.abs())).max())
+            worst = max(worst, float((d / (1 + want.abs())).max()))
+            print(f"{name} request {i} ({len(prompt)} tokens): max |engine - float64 transformers| ="
+                  f" {float(d.max()):.3g}; {stats['midpoints']} midpoint elements ({stats['flipped']} rounded the"
+                  f" other way), stored K/V within {stats['kv_ulps']:.2g} float32 ulps")
+            kept = f" (the engine's session and dumps: {tmp_path})"
+            assert stats["unmatched"] == 0, f"request {i}: {stats['unmatched']} cache writes unmatched{kept}"
+            assert stats["kv_ulps"] <= KV_ULPS, f"request {i}: stored K/V {stats['kv_ulps']:.3g} ulps off{kept}"
+            assert tokens == got_tokens[i], f"request {i}: tokens {got_tokens[i]} vs transformers' {tokens}{kept}"
+            assert excess <= 0, f"request {i}: max |engine - float64 transformers| = {float(d.max()):.3g}{kept}"
+    finally:
+        for h in hooks:
+            h.remove()
+    print(f"{name}: max |engine - ref| / (1 + |ref|) = {worst:.2g}; routed gate values past the limit:"
+          f" {clamped['gate']}, up values: {clamped['up']}")
+    # The features this case is for are exercised: positions past the window
+    # (20 > 6) and the SwiGLU clamp on both sides.
+    assert clamped["gate"] > 0 and clamped["up"] > 0, clamped
+
+
+@pytest.mark.parametrize("defect", ["no_sinks", "no_window"])
+def test_oracle_catches_gpt_oss_defects(tmp_path, defect):
+    # The engine reads a copy without the feature: every attention sink at
+    # -inf (a plain softmax), or every layer full_attention (no window); the
+    # reference keeps the original.
+    torch.set_num_threads(1)
+    model = str(tmp_path / "model")
+    state = {k: v.double() for k, v in write_gpt_oss(model).items()}
+    broken = tmp_path / "broken"
+    shutil.copytree(model, broken)
+    if defect == "no_window":
+        with open(broken / "config.json") as f:
+            c = json.load(f)
+        c["layer_types"] = ["full_attention"] * len(c["layer_types"])
+        with open(broken / "config.json", "w") as f:
+            json.dump(c, f)
+    for f in os.listdir(broken):
+        if f.endswith(".safetensors") and defect == "no_sinks":
+            t = load_file(str(broken / f))
+            for k in t:
+                if k.endswith("self_attn.sinks"):
+                    t[k] = torch.full_like(t[k], float("-inf"))
+            save_file(t, str(broken / f), metadata={"format": "pt"})
+    _far_beyond_tolerance(f"gpt_oss {defect}", model, state, [], tmp_path, str(broken))

@@ -602,5 +602,104 @@ TEST(HfConfigErrorTest, MissingFileIsNotFound) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("no_such_config.json"));
 }
 
+// gpt_oss: GptOssConfig's defaults (transformers 5), including what its
+// __post_init__ derives (layer_types, gpt-oss's YaRN).
+TEST(HfConfigGptOssTest, DefaultsAreGptOssConfigs) {
+  auto c = ParseHfConfig(R"({"model_type": "gpt_oss"})", "test.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->hidden_size, 2880);
+  EXPECT_EQ(c->num_attention_heads, 64);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->vocab_size, 201088);
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->moe_intermediate_size, 2880);
+  EXPECT_EQ(c->sliding_window, 128);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_TRUE(c->attention_out_bias);
+  EXPECT_TRUE(c->attention_sinks);
+  EXPECT_TRUE(c->moe_bias);
+  EXPECT_TRUE(c->softmax_after_topk);
+  EXPECT_DOUBLE_EQ(c->swiglu_alpha, 1.702);
+  EXPECT_DOUBLE_EQ(c->swiglu_limit, 7.0);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  ASSERT_EQ(c->layer_types.size(), 36u);
+  EXPECT_EQ(c->layer_types[0], "sliding_attention");
+  EXPECT_EQ(c->layer_types[1], "full_attention");
+  EXPECT_EQ(c->LayerWindow(0), 128);
+  EXPECT_EQ(c->LayerWindow(1), 0);
+  EXPECT_EQ(c->rope.type, RopeType::kYarn);
+  EXPECT_DOUBLE_EQ(c->rope.theta, 150000.0);
+  EXPECT_DOUBLE_EQ(c->rope.factor, 32.0);
+  EXPECT_FALSE(c->rope.truncate);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 4096);
+  for (int l = 0; l < 36; ++l) EXPECT_TRUE(c->IsMoeLayer(l));
+}
+
+// The keys of the released gpt-oss-20b config.json (transformers 4.55's
+// form: rope_theta + rope_scaling, OpenAI's mxfp4 quantization_config),
+// at those values.
+TEST(HfConfigGptOssTest, ReleasedFormReads) {
+  std::string types;
+  for (int i = 0; i < 24; ++i)
+    types += std::string(i ? ", " : "") + (i % 2 ? "\"full_attention\"" : "\"sliding_attention\"");
+  auto c = ParseHfConfig(R"({"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "hidden_size": 2880,
+      "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+      "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128,
+      "attention_bias": true, "swiglu_limit": 7.0, "rope_theta": 150000,
+      "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+                       "original_max_position_embeddings": 4096},
+      "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+          "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+      "layer_types": [)" + types +
+                             "]}",
+                         "test.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 32);
+  EXPECT_EQ(c->layer_types.size(), 24u);
+  EXPECT_EQ(c->rope.type, RopeType::kYarn);
+  EXPECT_FALSE(c->rope.truncate);
+  EXPECT_EQ(c->quant.method, QuantMethod::kMxfp4);
+  EXPECT_FALSE(c->quant.IsQuantized("model.layers.3.mlp.router"));
+  EXPECT_TRUE(c->quant.IsQuantized("model.layers.3.mlp.experts"));
+}
+
+TEST(HfConfigGptOssTest, BadLayerTypesAreRefusedNamingTheKey) {
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "gpt_oss", "num_hidden_layers": 2,
+                                  "layer_types": ["sliding_attention", "chunked_attention"]})",
+                              "test.json"),
+                absl::StatusCode::kInvalidArgument, "layer_types");
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "gpt_oss", "num_hidden_layers": 3,
+                                  "layer_types": ["sliding_attention", "full_attention"]})",
+                              "test.json"),
+                absl::StatusCode::kInvalidArgument, "has 2 entries for num_hidden_layers 3");
+  ExpectInvalid(ParseHfConfig(R"({"model_type": "gpt_oss", "swiglu_limit": 0})", "test.json"),
+                absl::StatusCode::kInvalidArgument, "swiglu_limit");
+}
+
+TEST(HfConfigGptOssTest, RoundTripsThroughHfConfigToJson) {
+  auto c = ParseHfConfig(R"({"model_type": "gpt_oss", "hidden_size": 32, "num_hidden_layers": 3,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+      "intermediate_size": 16, "sliding_window": 6, "swiglu_alpha": 1.5,
+      "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]})",
+                         "test.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto back = ParseHfConfig(HfConfigToJson(*c), "test.json");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << HfConfigToJson(*c);
+  ModelConfig a = *c, b = *back;
+  a.source = b.source = "";
+  // The writer states the rope the file resolved to as rope_parameters-free
+  // legacy keys only when it had them; compare what the engine reads.
+  EXPECT_EQ(a.layer_types, b.layer_types);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_DOUBLE_EQ(a.swiglu_alpha, b.swiglu_alpha);
+  EXPECT_DOUBLE_EQ(a.swiglu_limit, b.swiglu_limit);
+  EXPECT_EQ(a.rope.type, b.rope.type);
+  EXPECT_EQ(a.rope.truncate, b.rope.truncate);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+}
+
 }  // namespace
 }  // namespace crashreplay

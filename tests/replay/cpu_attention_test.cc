@@ -187,6 +187,37 @@ TEST(CpuAttention, MatchesTheWorkItemsBitForBit) {
   }
 }
 
+TEST(CpuAttention, GptOssWindowAndSinksMatchTheWorkItemsBitForBit) {
+  // gpt_oss's sliding window (windows starting mid-page, of one position, and
+  // wider than every prompt) and per-head sinks (none, small, dominant), on
+  // two ranks so that each rank reads its own heads' sinks.
+  Shape s;
+  s.ranks = 2, s.heads = 4, s.group = 2, s.hd = 16, s.page_size = 5;
+  s.prompt = {1, 9, 37};
+  for (int64_t window : {0, 1, 7, 100}) {
+    for (float scale_sinks : {0.0f, 1.0f, 40.0f}) {
+      Case c(s, 11);
+      std::vector<float> sinks(s.ranks * s.heads);
+      for (size_t i = 0; i < sinks.size(); ++i) sinks[i] = scale_sinks * (0.3f * float(i) - 1.0f);
+      c.op.window = window;
+      c.op.sinks = scale_sinks == 0.0f ? nullptr : sinks.data();
+      const std::string what =
+          Describe(s) + " window " + std::to_string(window) + " sinks x" + std::to_string(scale_sinks);
+      KernelStatus first;
+      const std::vector<float> want = c.Reference(&first);
+      ASSERT_FALSE(first.fired) << what;
+      for (CpuIsa isa : Isas()) {
+        for (int threads : {1, 3}) {
+          bool ran = false;
+          const std::vector<float> got = c.Fast(isa, threads, &ran);
+          ASSERT_TRUE(ran) << what;
+          ExpectBitsEqual(got, want, what + " isa " + CpuIsaName(isa) + " threads " + std::to_string(threads));
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuAttention, NonFiniteQueriesGiveTheWorkItemsNaNsAndInfinities) {
   Shape s;
   s.prompt = {12, 30};

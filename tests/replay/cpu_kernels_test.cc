@@ -945,12 +945,14 @@ struct MoeCase {
   bool q;
   int64_t ranks, tokens, hidden, inter;
   bool bf16_x = false;  // token rows rounded to bf16: gate/up may fuse (cpu_dot.h)
+  bool gpt_oss = false; // gate/up/down biases and the clamped SwiGLU (limit 0.5: often reached)
 };
 
 std::string Describe(const MoeCase& c) {
   return std::string(FmtName(c.fmt)) + " " + KindName(c.kind) + (c.q ? " w4a4" : "") +
          " ranks=" + std::to_string(c.ranks) + " tokens=" + std::to_string(c.tokens) +
-         " hidden=" + std::to_string(c.hidden) + " inter=" + std::to_string(c.inter) + (c.bf16_x ? " bf16_x" : "");
+         " hidden=" + std::to_string(c.hidden) + " inter=" + std::to_string(c.inter) + (c.bf16_x ? " bf16_x" : "") +
+         (c.gpt_oss ? " gpt_oss" : "");
 }
 
 void CheckMoe(const MoeCase& c) {
@@ -960,8 +962,20 @@ void CheckMoe(const MoeCase& c) {
   const int64_t R = c.ranks, T = c.tokens, H = c.hidden, mi = c.inter;
   std::vector<TestWeight> store;
   store.reserve(3 * (R * kLocal + R));
+  std::vector<std::vector<float>> biases;
+  biases.reserve(3 * (R * kLocal + R));
   auto expert = [&](uint32_t seed, float in_scale, float mid_scale) {
     ExpertView e;
+    if (c.gpt_oss) {
+      biases.push_back(RandomFloats(mi, seed + 3, false));
+      e.gate_bias = biases.back().data();
+      biases.push_back(RandomFloats(mi, seed + 4, false));
+      e.up_bias = biases.back().data();
+      biases.push_back(RandomFloats(H, seed + 5, false));
+      e.down_bias = biases.back().data();
+      e.glu_alpha = 1.702f;
+      e.glu_limit = 0.5f;
+    }
     store.push_back(MakeWeight(c.fmt, mi, H, seed, pow2, false));
     e.gate = store.back().w;
     store.push_back(MakeWeight(c.fmt, mi, H, seed + 1, pow2, false));
@@ -1067,6 +1081,16 @@ TEST(CpuKernels, ExpertsMatchExpertMlpForEveryFormatAndVariant) {
   if (CpuIsaSupported(CpuIsa::kAvx2)) {
     EXPECT_GT(cpu::FusedRunsForTest(), fused_before);
   }
+}
+
+TEST(CpuKernels, GptOssExpertsWithBiasesAndClampMatchExpertMlp) {
+  for (Fmt f : kAllFmts) {
+    for (int64_t t : {1, 7}) {
+      CheckMoe({f, DotKind::kDequant, false, t == 7 ? 2 : 1, t, 64, 48, false, true});
+      CheckMoe({f, DotKind::kFused, false, 1, t, 64, 48, true, true});
+    }
+  }
+  CheckMoe({Fmt::kNvfp4, DotKind::kDequant, true, 2, 5, 64, 48, false, true});  // w4a4: the clamped row quantized
 }
 
 TEST(CpuKernels, ExpertsOddSizesAndManyTokens) {

@@ -52,7 +52,12 @@ inline std::vector<ConfigCase> DeviceParityCases() {
           Case{"glm_moe_dsa_nvfp4_tiled64_fp8_tp2", "glm_moe_dsa", "nvfp4",
                {"page_size=64", "dsa_decode=tiled64", "kv_cache_dtype=fp8_e4m3",
                 "index_cache_dtype=fp8_e4m3", "tp_size=2"},
-               0.8f}};
+               0.8f},
+          // gpt_oss: sinks and the sliding window in split-KV and paged64
+          // attention, biased experts with the clamped SwiGLU in the stages.
+          Case{"gpt_oss_bf16_flashdecode_tp2", "gpt_oss", "bf16", {"attention_backend=flashdecode", "tp_size=2"},
+               0.8f},
+          Case{"gpt_oss_bf16_paged64", "gpt_oss", "bf16", {"page_size=64", "attention_backend=paged64"}, 0.0f}};
   // clang-format on
 }
 

@@ -126,7 +126,10 @@ INSTANTIATE_TEST_SUITE_P(
                            {"scale_format=ue8m0", "moe_backend=fused_blockscaled"}},
                       Case{"qwen3_moe_fp8_ue8m0_requant", "qwen3_moe", "fp8", {"scale_format=ue8m0_requant"}},
                       Case{"mixtral_bf16", "mixtral", "bf16", {}},
-                      Case{"glm_moe_dsa_nvfp4_tp2", "glm_moe_dsa", "nvfp4", {"tp_size=2"}}),
+                      Case{"glm_moe_dsa_nvfp4_tp2", "glm_moe_dsa", "nvfp4", {"tp_size=2"}},
+                      // Biases on every projection, the clamped SwiGLU.
+                      Case{"gpt_oss_bf16", "gpt_oss", "bf16", {}},
+                      Case{"gpt_oss_bf16_tp2", "gpt_oss", "bf16", {"tp_size=2"}}),
     [](const auto& info) { return info.param.name; });
 // clang-format on
 

@@ -239,7 +239,8 @@ TEST_P(LikeACheckpoint, TheSameSeedGivesTheSameFilesAnotherTheSameTensors) {
 INSTANTIATE_TEST_SUITE_P(ArchsQuants, LikeACheckpoint,
                          ::testing::Values(Case{"llama", "bf16", 1ull << 30}, Case{"qwen3_moe", "fp8", 64 << 10},
                                            Case{"glm_moe_dsa", "nvfp4", 1ull << 30},
-                                           Case{"mixtral", "mxfp4", 1ull << 30}, Case{"glm4_moe", "nvfp4", 64 << 10}),
+                                           Case{"mixtral", "mxfp4", 1ull << 30}, Case{"glm4_moe", "nvfp4", 64 << 10},
+                                           Case{"gpt_oss", "bf16", 1ull << 30}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return std::string(i.param.arch) + "_" + i.param.quant;
                          });

@@ -73,6 +73,12 @@ bool ModelConfig::IsMoeLayer(int layer) const {
   return true;  // mixtral: every layer
 }
 
+int64_t ModelConfig::LayerWindow(int layer) const {
+  if (layer_types.empty()) return sliding_window;
+  if (layer < 0 || static_cast<size_t>(layer) >= layer_types.size()) return 0;
+  return layer_types[layer] == "sliding_attention" ? sliding_window : 0;
+}
+
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& path) {
   auto text = json_util::ReadTextFile(path, hf_internal::kMaxConfigBytes);
   if (!text.ok()) {

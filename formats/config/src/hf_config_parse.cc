@@ -199,6 +199,35 @@ absl::Status ParseIndexerTypes(const JsonFields& f, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// GptOssConfig's keys (transformers 5; the 4.x class has the same defaults):
+// q/k/v/o biases, sliding_window 128 on the layers layer_types marks
+// sliding (default: every other layer, from layer 0), 128 experts of
+// intermediate_size, top-4, the clamped SwiGLU's alpha and limit.
+absl::Status ParseGptOss(const JsonFields& f, ModelConfig* c) {
+  c->attention_bias = true;
+  CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+  c->attention_out_bias = c->attention_bias;
+  CR_RETURN_IF_ERROR(ParseSlidingWindow(f, /*gated_by_use_flag=*/false, /*default_window=*/128, c));
+  c->num_experts = 128;
+  c->num_experts_per_tok = 4;
+  CR_RETURN_IF_ERROR(f.IntAlias({"num_local_experts", "num_experts"}, &c->num_experts));
+  CR_RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_tok));
+  c->moe_intermediate_size = c->intermediate_size;  // every expert is intermediate_size wide
+  c->norm_topk_prob = true;
+  c->attention_sinks = true;
+  c->moe_bias = true;
+  c->softmax_after_topk = true;
+  c->swiglu_alpha = 1.702;
+  c->swiglu_limit = 7.0;
+  CR_RETURN_IF_ERROR(f.Double("swiglu_alpha", &c->swiglu_alpha));
+  CR_RETURN_IF_ERROR(f.Double("swiglu_limit", &c->swiglu_limit));
+  if (f.Has("layer_types") && !f.IsNull("layer_types")) return f.StringList("layer_types", &c->layer_types);
+  for (int64_t i = 0; i < c->num_hidden_layers; ++i) {
+    c->layer_types.push_back((i + 1) % 2 != 0 ? "sliding_attention" : "full_attention");
+  }
+  return absl::OkStatus();
+}
+
 // The family's own keys, with transformers' class defaults for absent ones.
 absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
   switch (family) {
@@ -271,6 +300,7 @@ absl::Status ParseFamily(const JsonFields& f, HfFamily family, ModelConfig* c) {
       CR_RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));  // q/k/v only
       CR_RETURN_IF_ERROR(f.Bool("use_qk_norm", &c->qk_norm));
       return ParseDeepseekMoe(f, /*mtp_alias=*/true, c);
+    case HfFamily::kGptOss: return ParseGptOss(f, c);
   }
   return absl::OkStatus();
 }
@@ -308,6 +338,19 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
     CR_RETURN_IF_ERROR(Require(id >= 0, f, "eos_token_id", "must not be negative"));
   }
 
+  if (!c.layer_types.empty()) {
+    CR_RETURN_IF_ERROR(
+        Require(static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, f, "layer_types",
+                absl::StrCat("has ", c.layer_types.size(), " entries for num_hidden_layers ", c.num_hidden_layers)));
+    for (const std::string& e : c.layer_types) {
+      CR_RETURN_IF_ERROR(Require(e == "sliding_attention" || e == "full_attention", f, "layer_types",
+                                 absl::StrCat("has '", e, "'; expected 'sliding_attention' or 'full_attention'")));
+    }
+  }
+  if (family == HfFamily::kGptOss) {
+    CR_RETURN_IF_ERROR(Require(c.swiglu_alpha > 0, f, "swiglu_alpha", "must be positive"));
+    CR_RETURN_IF_ERROR(Require(c.swiglu_limit > 0, f, "swiglu_limit", "must be positive"));
+  }
   if (c.UsesMla() || IsMla(family)) {
     CR_RETURN_IF_ERROR(Require(c.kv_lora_rank > 0, f, "kv_lora_rank", "must be positive"));
     if (IsDsa(family)) {
@@ -353,9 +396,10 @@ absl::Status Validate(const JsonFields& f, HfFamily family, const ModelConfig& c
   }
 
   if (!c.IsMoe()) return absl::OkStatus();
-  const char* experts_key = family == HfFamily::kMixtral || family == HfFamily::kQwen3Moe ? "num_local_experts"
-                            : IsDeepseekStyle(family)                                     ? "n_routed_experts"
-                                                                                          : "num_experts";
+  const char* experts_key = family == HfFamily::kMixtral || family == HfFamily::kQwen3Moe || family == HfFamily::kGptOss
+                                ? "num_local_experts"
+                            : IsDeepseekStyle(family) ? "n_routed_experts"
+                                                      : "num_experts";
   CR_RETURN_IF_ERROR(Require(c.num_experts > 0, f, experts_key, "must be positive"));
   CR_RETURN_IF_ERROR(
       Require(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts, f, "num_experts_per_tok",
@@ -414,6 +458,15 @@ absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json, std::string_vie
   CR_RETURN_IF_ERROR(ParseCommon(f, *fam, &c));
   CR_RETURN_IF_ERROR(ParseFamily(f, *family, &c));
   CR_RETURN_IF_ERROR(hf_internal::ParseRope(root, source, *fam, &c));
+  if (*family == HfFamily::kGptOss && c.rope.form == RopeForm::kNone) {
+    // GptOssConfig.__post_init__: no rope_parameters means gpt-oss's YaRN.
+    c.rope.type = RopeType::kYarn;
+    c.rope.factor = 32.0;
+    c.rope.beta_fast = 32.0;
+    c.rope.beta_slow = 1.0;
+    c.rope.truncate = false;
+    c.rope.original_max_position_embeddings = 4096;
+  }
   if (f.Has("quantization_config")) {
     CR_ASSIGN_OR_RETURN(c.quant, hf_internal::ParseQuantizationConfig(*f.Get("quantization_config"), source));
   }

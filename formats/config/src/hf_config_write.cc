@@ -229,6 +229,15 @@ std::string HfConfigToJson(const ModelConfig& c) {
         j["use_qk_norm"] = c.qk_norm;
         WriteDeepseekMoe(c, /*always_routing_keys=*/false, &j);
         break;
+      case HfFamily::kGptOss:
+        j["attention_bias"] = c.attention_bias;
+        j["sliding_window"] = OrNull(c.sliding_window);
+        j["layer_types"] = c.layer_types;
+        j["num_local_experts"] = c.num_experts;
+        j["num_experts_per_tok"] = c.num_experts_per_tok;
+        j["swiglu_alpha"] = c.swiglu_alpha;
+        j["swiglu_limit"] = c.swiglu_limit;
+        break;
     }
   }
   const HfFamilyInfo* info = FindFamily(c.model_type);

@@ -26,6 +26,7 @@ enum class HfFamily {
   kDeepseekV32,
   kGlmMoeDsa,
   kGlm4Moe,
+  kGptOss,
 };
 
 // transformers' defaults for one model_type. A head_dim or
@@ -71,6 +72,9 @@ inline constexpr HfFamilyInfo kFamilies[] = {
     {"glm_moe_dsa", HfFamily::kGlmMoeDsa, 154880, 6144, 12288, 78, 64, 64, 0, 202752, 1e-5, 1e4, 1.0, 0, 1},
     // Glm4MoeConfig has no head_dim field either; partial_rotary_factor 0.5.
     {"glm4_moe", HfFamily::kGlm4Moe, 151552, 4096, 10944, 46, 96, 8, 0, 131072, 1e-5, 1e4, 0.5, -1, -1},
+    // GptOssConfig (transformers 5): head_dim 64, default_theta 150000; its
+    // __post_init__ gives a file without RoPE keys gpt-oss's YaRN (hf_config_parse.cc).
+    {"gpt_oss", HfFamily::kGptOss, 201088, 2880, 2880, 36, 64, 8, 64, 131072, 1e-5, 150000.0, 1.0, -1, -1},
 };
 
 inline const HfFamilyInfo* FindFamily(std::string_view model_type) {
@@ -88,7 +92,7 @@ inline std::optional<HfFamily> HfFamilyOf(std::string_view model_type) {
 
 inline constexpr std::string_view kSupportedModelTypes =
     "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v3, deepseek_v32, glm_moe_dsa, "
-    "glm4_moe";
+    "glm4_moe, gpt_oss";
 
 // DeepSeek-style MoE layout: first_k_dense_replace dense layers, then MoE
 // every moe_layer_freq-th layer, shared experts counted by n_shared_experts.

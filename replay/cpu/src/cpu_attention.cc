@@ -27,6 +27,10 @@
 // LaunchLatentAttentionFast for DSA decode's sparse reference attention over
 // the latent cache (MlaAttendLatent, kSparseReference).
 //
+// gpt_oss's window and sinks: only the window's positions are entries (a
+// task's offsets start at its first), and the sink seeds the maximum and
+// adds its term after the sum, as in AttendReference.
+//
 // Not covered (false, nothing written; the executor runs the work items):
 // another backend, head_dim not a multiple of 8 or not the pool's, a page
 // size < 1, and any page a row's attended length needs that the work item
@@ -88,16 +92,18 @@ CR_SIMD_INLINE void Scores(int64_t n, float scale, float* p, const Valid& valid,
   }
 }
 
-// The work items' softmax loop: the maximum, p[i] = expf(p[i] - max) and
-// their sum, all in entry order; returns 1 / sum.
-CR_SIMD_INLINE float ExpInPlace(float* p, int64_t n) {
-  float m = -INFINITY;
+// The work items' softmax loop: the maximum (from `sink`, -inf without
+// one), p[i] = expf(p[i] - max) and their sum, all in entry order, then the
+// sink's term (attention.h, SinkTerm); returns 1 / sum.
+CR_SIMD_INLINE float ExpInPlace(float* p, int64_t n, float sink = -INFINITY) {
+  float m = sink;
   for (int64_t i = 0; i < n; ++i) m = p[i] > m ? p[i] : m;
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     p[i] = expf(p[i] - m);
     sum += p[i];
   }
+  sum += SinkTerm(sink, m);
   return 1.0f / sum;
 }
 
@@ -129,33 +135,41 @@ CR_SIMD_INLINE void AttendTask(const AttentionOp& o, int64_t r, int64_t t, int64
   const KvPoolView& kv = o.views[r];
   const int64_t hd = kv.head_dim, qd = o.heads * hd, rt = r * o.batch.tokens + t;
   const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
+  // gpt_oss: the window's first position and each head's sink.
+  const int64_t begin = WindowBegin(len, o.window);
+  auto sink_of = [&](int64_t h) { return o.sinks != nullptr ? o.sinks[r * o.heads + h] : -INFINITY; };
   const PageTableRow pt = RowTable(o.batch, t);
-  if (len <= 0) {  // no position: the work item's own body (it reads no page)
+  if (len <= begin) {  // no position: the work item's own body (it reads no page)
     for (int64_t g = 0; g < o.group; ++g) {
       const int64_t h = kvh * o.group + g;
       KernelStatus unused;
-      AttendReference(kv, pt, o.q + rt * qd + h * hd, kvh, len, o.scale, o.out + rt * qd + h * hd, nullptr, rt,
-                      &unused);
+      AttendReference(kv, pt, o.q + rt * qd + h * hd, kvh, len, o.scale, o.out + rt * qd + h * hd, nullptr, rt, &unused,
+                      begin, sink_of(h));
     }
     return;
   }
+  // Entry i is position begin + i.
+  const int64_t n = len - begin;
   TaskScratch& s = Scratch();
-  s.Reserve(len);
+  s.Reserve(n);
   int64_t* offs = s.offs.data();
   float* p = s.p.data();
-  for (int64_t j = 0; j < len; ++j) offs[j] = KvOffset(kv, pt.pages[j / kv.page_size], j % kv.page_size, kvh);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = begin + i;
+    offs[i] = KvOffset(kv, pt.pages[j / kv.page_size], j % kv.page_size, kvh);
+  }
   const int64_t groups = hd / 8;
   auto all = [](int64_t) CR_LAMBDA_INLINE { return true; };
   for (int64_t g = 0; g < o.group; ++g) {
     const int64_t h = kvh * o.group + g;
     const float* q = o.q + rt * qd + h * hd;
-    Scores(len, o.scale, p, all, [&](int64_t j) CR_LAMBDA_INLINE {
+    Scores(n, o.scale, p, all, [&](int64_t j) CR_LAMBDA_INLINE {
       f32x8 lane = Zero8();
       for (int64_t d = 0; d < groups; ++d) lane = lane + Load8(q + 8 * d) * DecodeKv<kFp8>(kv.k, offs[j] + 8 * d);
       return lane;
     });
-    const float inv = ExpInPlace(p, len);
-    WeightedSum(p, len, groups, inv, o.out + rt * qd + h * hd, all,
+    const float inv = ExpInPlace(p, n, sink_of(h));
+    WeightedSum(p, n, groups, inv, o.out + rt * qd + h * hd, all,
                 [&](int64_t j, int64_t c) CR_LAMBDA_INLINE { return DecodeKv<kFp8>(kv.v, offs[j] + 8 * c); });
   }
 }
@@ -293,12 +307,13 @@ bool LaunchAttentionFast(const AttentionOp& o, CpuPool& pool, CpuIsa isa, Kernel
         kv.kv_heads < o.heads / o.group || kv.fp8 != o.views[0].fp8) {
       return false;
     }
-    // Every page each token attends must resolve, or the work items report it.
+    // Every page each token attends (from its window's first) must
+    // resolve, or the work items report it.
     for (int64_t t = 0; t < T; ++t) {
       const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
       const PageTableRow pt = RowTable(o.batch, t);
       KernelStatus probe;
-      for (int64_t pg = 0; pg * kv.page_size < len; ++pg) {
+      for (int64_t pg = WindowBegin(len, o.window) / kv.page_size; pg * kv.page_size < len; ++pg) {
         if (ResolvePage(kv, pt, pg, 0, &probe) < 0) return false;
       }
     }

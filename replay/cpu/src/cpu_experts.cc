@@ -7,8 +7,9 @@
 //      its input row is prepared (w4a4: decoded with the expert's
 //      input_scale, as ExpertMlp's LinearElementQ reads it);
 //   2. gate and up rows of each expert over its slots (cpu_dot);
-//   3. per slot: silu * up, quantized and decoded when down reads fp4;
-//   4. down rows of each expert over its slots;
+//   3. per slot: the gate/up biases (gpt_oss), silu * up (gpt_oss: the
+//      clamped SwiGLU), quantized and decoded when down reads fp4;
+//   4. down rows of each expert over its slots, plus down's bias;
 //   5. per (rank, token): out = 0 (routed experts) then out + weight * y in
 //      k order; the shared expert adds 1 * y to what is there.
 // Each element goes through the same operations in the same order as in
@@ -112,12 +113,20 @@ class MoeRun {
     Pointers p = Gather();
     RunItems(pool, items, p);
 
-    // 3. silu * up, quantized when down reads fp4.
+    // 3. the gate and up biases (gpt_oss), silu * up or the clamped
+    // SwiGLU, quantized when down reads fp4.
     pool.Launch(S, [&](int64_t s, KernelStatus* st) {
       const ExpertView& e = *slot_e[s];
       const int64_t mi = e.gate.rows;
       float* a = A(s);
-      SiluMulRow(G(s), U(s), mi, a);
+      float *g = G(s), *u = U(s);
+      if (e.gate_bias != nullptr) {
+        for (int64_t i = 0; i < mi; ++i) g[i] = g[i] + e.gate_bias[i];
+      }
+      if (e.up_bias != nullptr) {
+        for (int64_t i = 0; i < mi; ++i) u[i] = u[i] + e.up_bias[i];
+      }
+      GatedActRow(g, u, mi, e.glu_alpha, e.glu_limit, a);
       if (e.down.act_fp4) {
         uint8_t* values = reinterpret_cast<uint8_t*>(Q(s));
         uint8_t* scales = values + Nvfp4ActValueBytes(mi);
@@ -129,10 +138,16 @@ class MoeRun {
     });
     GroupRanges(slot_range, &a_range_);
 
-    // 4. down.
+    // 4. down, plus its bias (gpt_oss).
     items.clear();
     for (size_t gi = 0; gi < groups.size(); ++gi) AddItems(static_cast<int64_t>(gi), 2, H_, &items);
     RunItems(pool, items, p);
+    pool.Launch(S, [&](int64_t s, KernelStatus*) {
+      const float* b = slot_e[s]->down_bias;
+      if (b == nullptr) return;
+      float* y = Y(s);
+      for (int64_t i = 0; i < H_; ++i) y[i] = y[i] + b[i];
+    });
   }
 
   float* Y(int64_t s) { return Base(s) + per_slot_ - H_; }
@@ -254,6 +269,7 @@ int64_t SlotFloats(int64_t hidden, int64_t mi_max) {
 // dimensions and tp 8, 3.3 MB a token. So a long prefill runs in chunks of
 // tokens whose slots fit CpuScratchBytes(); each slot's rows are computed
 // alone, so the chunking changes how often a weight is read, not the bits.
+
 bool LaunchExpertsFast(const ExpertsOp& o, CpuPool& pool, CpuIsa isa, KernelStatus* status) {
   *status = KernelStatus{};
   if (isa == CpuIsa::kReference || o.ranks <= 0 || o.tokens <= 0 || o.hidden <= 0) return false;

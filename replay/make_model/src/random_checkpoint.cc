@@ -191,6 +191,12 @@ class Generator {
         CR_RETURN_IF_ERROR(Bias(a + "k_proj.bias", s.kv_heads * hd));
         CR_RETURN_IF_ERROR(Bias(a + "v_proj.bias", s.kv_heads * hd));
       }
+      if (s.attention_out_bias && !s.mla.enabled()) CR_RETURN_IF_ERROR(Bias(a + "o_proj.bias", H));
+      if (s.attention_sinks) {
+        std::vector<float> sinks(s.heads);
+        for (auto& x : sinks) x = rng_.Next();
+        CR_RETURN_IF_ERROR(PutFloat(n.sinks(), sinks));
+      }
       if (s.qk_norm) {
         CR_RETURN_IF_ERROR(PutFloat(a + "q_norm.weight", Norm(hd)));
         CR_RETURN_IF_ERROR(PutFloat(a + "k_norm.weight", Norm(hd)));
@@ -204,6 +210,12 @@ class Generator {
         continue;
       }
       CR_RETURN_IF_ERROR(FloatMatrix(n.router(), s.num_experts, H));
+      if (s.model_type == "gpt_oss") {
+        CR_RETURN_IF_ERROR(GptOssExperts(n));
+        layers_done_ = l + 1;
+        Report();
+        continue;
+      }
       if (s.scoring == "sigmoid") {
         std::vector<float> bias(s.num_experts);
         for (auto& x : bias) x = 0.05f * rng_.Next();
@@ -447,6 +459,43 @@ class Generator {
     CR_RETURN_IF_ERROR(Linear(a + "indexer.weights_proj.weight", m.index_n_heads, H));
     CR_RETURN_IF_ERROR(PutFloat(a + "indexer.k_norm.weight", Norm(m.index_head_dim)));
     return Bias(a + "indexer.k_norm.bias", m.index_head_dim);
+  }
+
+  // gpt_oss's MoE layer as transformers' GptOssExperts saves it: the
+  // router's bias, then gate_up_proj [E, H, 2I] (x @ W; gate the even
+  // columns, up the odd ones, each of std 1/sqrt(H)), its bias [E, 2I],
+  // down_proj [E, I, H] (std 1/sqrt(I)) and its bias [E, H]; in the
+  // unquantized dtype.
+  absl::Status GptOssExperts(const LayerNames& n) {
+    const ModelSpec& s = spec_;
+    const int64_t E = s.num_experts, H = s.hidden, I = s.moe_intermediate;
+    const std::string p = n.prefix + "mlp.experts.";
+    CR_RETURN_IF_ERROR(Bias(n.prefix + "mlp.router.bias", E));
+    auto fused = [&](const std::string& name, int64_t in, int64_t out) -> absl::Status {
+      // [E, in, out] with std 1/sqrt(in): drawn as [E * out, in], transposed.
+      std::vector<uint8_t> b;
+      const int64_t eb = FloatBytes();
+      if (draw_) {
+        const std::vector<float> w = Matrix(E * out, in);
+        b.resize(w.size() * eb);
+        for (int64_t j = 0; j < E; ++j)
+          for (int64_t i = 0; i < in; ++i)
+            for (int64_t o = 0; o < out; ++o) Encode(w[(j * out + o) * in + i], &b[((j * in + i) * out + o) * eb]);
+      } else {
+        rng_.Take(E * out * in);
+      }
+      return Put({p + name, fdt_, {E, in, out}}, b);
+    };
+    auto bias2d = [&](const std::string& name, int64_t cols) {
+      std::vector<uint8_t> b(E * cols * FloatBytes());
+      for (int64_t i = 0; i < E * cols; ++i) Encode(0.1f * rng_.Next(), &b[i * FloatBytes()]);
+      return Put({p + name, fdt_, {E, cols}}, b);
+    };
+    CR_RETURN_IF_ERROR(fused("gate_up_proj", H, 2 * I));
+    CR_RETURN_IF_ERROR(bias2d("gate_up_proj_bias", 2 * I));
+    CR_RETURN_IF_ERROR(fused("down_proj", I, H));
+    CR_RETURN_IF_ERROR(bias2d("down_proj_bias", H));
+    return absl::OkStatus();
   }
 
   absl::Status Bias(const std::string& name, int64_t n) {
@@ -791,6 +840,37 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
       rope.mscale = 1.0;
       rope.mscale_all_dim = 1.0;
     }
+  } else if (o.arch == "gpt_oss") {
+    // gpt-oss: q/k/v/o biases, attention sinks, sliding-window layers (every
+    // other one from layer 0, window --sliding-window), experts of
+    // --intermediate with biases, the clamped SwiGLU, top-k-then-softmax
+    // routing with a bias, gpt-oss's YaRN (truncate false).
+    s.model_type = "gpt_oss";
+    s.rms_eps = 1e-5;
+    s.attention_bias = s.attention_out_bias = true;
+    s.attention_sinks = true;
+    s.sliding_window = o.sliding_window;
+    for (int64_t l = 0; l < o.layers; ++l) s.layer_window.push_back(l % 2 == 0 ? o.sliding_window : 0);
+    s.num_experts = o.experts;
+    s.experts_per_tok = o.experts_per_tok;
+    s.moe_intermediate = o.intermediate;
+    s.norm_topk_prob = true;
+    s.softmax_after_topk = true;
+    s.moe_bias = true;
+    s.swiglu_alpha = 1.702;
+    s.swiglu_limit = 7.0;
+    rope.type = "yarn";
+    rope.theta = 150000.0;
+    rope.factor = 32.0;
+    rope.beta_fast = 32.0;
+    rope.beta_slow = 1.0;
+    rope.truncate = false;
+    rope.original_max_position = 128;  // small, so the scaled band reaches tiny head dims
+    if (o.quant != "bf16") {
+      return absl::InvalidArgumentError(Cat("make-model: gpt_oss is written in bf16 only (--quant ", o.quant,
+                                            "); the engine reads OpenAI's MXFP4 experts, make-model does not "
+                                            "write them"));
+    }
   } else if (o.arch == "glm4_moe") {
     // GLM-4.5: DeepSeek-V3-style routing with GQA attention.
     s.model_type = "glm4_moe";
@@ -809,7 +889,7 @@ absl::StatusOr<ModelSpec> SpecFor(const MakeModelOptions& o) {
   } else {
     return absl::InvalidArgumentError(
         Cat("make-model: unknown --arch '", o.arch,
-            "' (llama, qwen3, qwen3_moe, mixtral, glm4_moe, deepseek_v3, deepseek_v32, glm_moe_dsa)"));
+            "' (llama, qwen3, qwen3_moe, mixtral, glm4_moe, deepseek_v3, deepseek_v32, glm_moe_dsa, gpt_oss)"));
   }
   s.rope_legacy = rope;
   if (o.quant == "bf16") {
@@ -890,6 +970,9 @@ absl::StatusOr<RandomCheckpoint> GenerateRandomCheckpoint(const MakeModelOptions
     CR_RETURN_IF_ERROR(g.Build());
   }
   RandomCheckpoint ck{s, std::move(sink.tensors)};
+  // gpt_oss's experts as the engine builds them (LoadCheckpointDir splits
+  // the files' fused tensors the same way).
+  CR_RETURN_IF_ERROR(SplitFusedExperts(s, "make-model", &ck.tensors));
   if (s.quant == QuantKind::kNvfp4) {
     CR_ASSIGN_OR_RETURN(const auto scales, CalibrateInputScales(s, o, ck.tensors, /*stream=*/false));
     for (const auto& [name, v] : scales) ck.tensors[name].bytes = F32Bytes(v);

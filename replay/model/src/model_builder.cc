@@ -494,11 +494,18 @@ absl::StatusOr<Layer> BuildLayer(Builder& b, const ModelSpec& spec, const Engine
     CR_ASSIGN_OR_RETURN(layer.q_norm, b.Vector(n.prefix + "self_attn.q_norm.weight", hd));
     CR_ASSIGN_OR_RETURN(layer.k_norm, b.Vector(n.prefix + "self_attn.k_norm.weight", hd));
   }
+  if (spec.attention_sinks) {
+    CR_ASSIGN_OR_RETURN(layer.sinks, b.Vector(n.sinks(), spec.heads));
+  }
   layer.moe = spec.layer_is_moe(l);
   if (layer.moe) {
     const std::string router = n.router();
+    const std::string router_bias = router.substr(0, router.size() - 7) + ".bias";
     CR_ASSIGN_OR_RETURN(layer.router, b.Linear(router.substr(0, router.size() - 7), 0));
-    for (int r = 1; r < tp; ++r) (*hashes)[r][router] = (*hashes)[0][router];
+    for (int r = 1; r < tp; ++r) {
+      (*hashes)[r][router] = (*hashes)[0][router];
+      if (!layer.router.bias.empty()) (*hashes)[r][router_bias] = (*hashes)[0][router_bias];
+    }
     if (spec.scoring == "sigmoid" && tensors.count(n.bias())) {
       CR_ASSIGN_OR_RETURN(layer.correction_bias, b.Vector(n.bias(), spec.num_experts));
     }

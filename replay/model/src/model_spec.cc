@@ -25,7 +25,10 @@ std::string LayerNames::shared(const std::string& proj) const {
   return prefix + "mlp.shared_experts." + proj + "_proj.weight";
 }
 
-std::string LayerNames::router() const { return prefix + moe_prefix + "gate.weight"; }
+std::string LayerNames::router() const {
+  return prefix + moe_prefix + (model_type == "gpt_oss" ? "router.weight" : "gate.weight");
+}
+std::string LayerNames::sinks() const { return prefix + "self_attn.sinks"; }
 std::string LayerNames::bias() const { return prefix + moe_prefix + "gate.e_score_correction_bias"; }
 
 }  // namespace crashreplay::replay

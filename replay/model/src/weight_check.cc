@@ -79,6 +79,9 @@ class Checker {
         CR_RETURN_IF_ERROR(Linear(a + "v_proj", s_.kv_heads * hd, H, s_.attention_bias, kv_rows, Hw));
         CR_RETURN_IF_ERROR(Linear(a + "o_proj", H, s_.heads * hd, s_.attention_out_bias, Hw, q_rows));
       }
+      if (s_.attention_sinks) {
+        CR_RETURN_IF_ERROR(Float(n.sinks(), {s_.heads}, Cat("num_attention_heads ", s_.heads, ": one sink each")));
+      }
       if (s_.qk_norm) {
         CR_RETURN_IF_ERROR(Float(a + "q_norm.weight", {hd}, Cat("head_dim ", hd)));
         CR_RETURN_IF_ERROR(Float(a + "k_norm.weight", {hd}, Cat("head_dim ", hd)));
@@ -93,18 +96,19 @@ class Checker {
       }
       const std::string E = Cat("num_experts ", s_.num_experts);
       const std::string router = n.router();
-      CR_RETURN_IF_ERROR(Linear(router.substr(0, router.size() - 7), s_.num_experts, H, false, E, Hw));
+      CR_RETURN_IF_ERROR(Linear(router.substr(0, router.size() - 7), s_.num_experts, H, s_.moe_bias, E, Hw));
       // transformers zero-initialises a missing e_score_correction_bias, as the
       // engine runs without one; when present it must fit.
       if (s_.scoring == "sigmoid" && t_.count(n.bias())) CR_RETURN_IF_ERROR(Float(n.bias(), {s_.num_experts}, E));
-      const std::string MI =
-          Cat(s_.model_type == "mixtral" ? "intermediate_size " : "moe_intermediate_size ", s_.moe_intermediate);
+      const std::string MI = Cat(
+          s_.model_type == "mixtral" || s_.model_type == "gpt_oss" ? "intermediate_size " : "moe_intermediate_size ",
+          s_.moe_intermediate);
       for (int64_t j = 0; j < s_.num_experts; ++j) {
         for (const char* proj : {"gate", "up", "down"}) {
           const std::string w = n.expert(j, proj);
           const bool down = std::string_view(proj) == "down";
           CR_RETURN_IF_ERROR(Linear(w.substr(0, w.size() - 7), down ? H : s_.moe_intermediate,
-                                    down ? s_.moe_intermediate : H, false, down ? Hw : MI, down ? MI : Hw));
+                                    down ? s_.moe_intermediate : H, s_.moe_bias, down ? Hw : MI, down ? MI : Hw));
         }
       }
       if (s_.n_shared_experts > 0) {
@@ -167,9 +171,10 @@ class Checker {
   absl::Status Missing(const std::string& name, const std::string& why) {
     std::string hint;
     // transformers 5 holds experts fused in memory ([E, 2I, H] gate_up_proj);
-    // save_pretrained writes them back per expert, which is what is read here.
+    // save_pretrained writes them back per expert, which is what is read here
+    // (gpt_oss's fused ones are split before: SplitFusedExperts).
     const size_t at = name.find("experts.");
-    if (at != std::string::npos) {
+    if (at != std::string::npos && s_.model_type != "gpt_oss") {
       const std::string fused = name.substr(0, at) + "experts.gate_up_proj";
       if (t_.count(fused)) {
         hint = Cat("; the file has fused expert tensors ('", fused,

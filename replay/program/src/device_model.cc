@@ -140,6 +140,16 @@ absl::StatusOr<DeviceModel::LayerArrays> DeviceModel::Arrays(const Layer& L, Exe
     CR_ASSIGN_OR_RETURN(v.gate, Weight(mem, e.gate.w, e.gate.data.size(), e.gate.scales.size()));
     CR_ASSIGN_OR_RETURN(v.up, Weight(mem, e.up.w, e.up.data.size(), e.up.scales.size()));
     CR_ASSIGN_OR_RETURN(v.down, Weight(mem, e.down.w, e.down.data.size(), e.down.scales.size()));
+    auto bias = [&](const LinearShard& s, const float** out) -> absl::Status {
+      if (s.bias.empty()) return absl::OkStatus();
+      CR_ASSIGN_OR_RETURN(*out, mem.Share(s.bias));
+      return absl::OkStatus();
+    };
+    CR_RETURN_IF_ERROR(bias(e.gate, &v.gate_bias));
+    CR_RETURN_IF_ERROR(bias(e.up, &v.up_bias));
+    CR_RETURN_IF_ERROR(bias(e.down, &v.down_bias));
+    v.glu_alpha = static_cast<float>(model_->spec.swiglu_alpha);
+    v.glu_limit = static_cast<float>(model_->spec.swiglu_limit);
     return v;
   };
   a.experts.resize(L.ranks.size() * stride);
@@ -194,6 +204,7 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::Make(const Model& m, E
     CR_ASSIGN_OR_RETURN(lv.q_norm, dm->Floats(L.q_norm));
     CR_ASSIGN_OR_RETURN(lv.k_norm, dm->Floats(L.k_norm));
     CR_ASSIGN_OR_RETURN(lv.correction_bias, dm->Floats(L.correction_bias));
+    CR_ASSIGN_OR_RETURN(lv.sinks, dm->Floats(L.sinks));
     CR_ASSIGN_OR_RETURN(lv.q_a_norm, dm->Floats(L.mla.q_a_norm));
     CR_ASSIGN_OR_RETURN(lv.kv_a_norm, dm->Floats(L.mla.kv_a_norm));
     CR_ASSIGN_OR_RETURN(lv.index_k_norm, dm->Floats(L.mla.index_k_norm));
@@ -204,6 +215,7 @@ absl::StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::Make(const Model& m, E
     if (L.moe) {
       CR_ASSIGN_OR_RETURN(LinearShardView router, resident(L.router));
       lv.router = router.w;
+      lv.router_bias = router.bias;
       std::vector<int32_t> count;
       std::vector<int64_t> begin;
       for (const RankLayer& rl : L.ranks) {

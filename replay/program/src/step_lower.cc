@@ -125,6 +125,7 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
     }
     RouterOp ro;
     ro.router = L.router;
+    ro.bias = L.router_bias;
     ro.x = F("x");
     ro.logits = F("router_logits");
     ro.tokens = T;
@@ -141,6 +142,7 @@ absl::Status StepProgram::Build(const DeviceModel& dm, const EngineConfig& cfg, 
     tk.topk_group = static_cast<int32_t>(s.topk_group);
     tk.sigmoid = s.scoring == "sigmoid";
     tk.renormalize = s.norm_topk_prob;
+    tk.softmax_after_topk = s.softmax_after_topk;
     tk.scaling = static_cast<float>(s.routed_scaling_factor);
     Add("topk", li, {"topk_ids", "topk_weights"}, 0, {tk});
     // The routed experts of every token on every rank: gate/up GEMVs, SiLU*up,
@@ -366,6 +368,8 @@ absl::Status StepProgram::LowerGqaAttention(const Lowering& c, int64_t l) {
   at.head_dim = hd;
   at.max_len = c.max_len;
   at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  at.window = s.window_of(l);
+  at.sinks = L.sinks;
   Add("attention", li, {"attn"}, T, {at});
   CR_RETURN_IF_ERROR(
       AddProjection(c, li, "o_proj", &host.o, L.o, m.dense_dot, "attn", true, "partial", T, H, qd, "attn_fp4"));

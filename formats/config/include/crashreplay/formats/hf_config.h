@@ -1,6 +1,6 @@
 // What an inference engine needs from a Hugging Face `config.json`, for the
 // llama, mistral, qwen2, qwen2_moe, qwen3, mixtral, qwen3_moe, deepseek_v3,
-// deepseek_v32, glm_moe_dsa and glm4_moe model types, plus quantization (FP8 block, ModelOpt NVFP4,
+// deepseek_v32, glm_moe_dsa, glm4_moe and gpt_oss model types, plus quantization (FP8 block, ModelOpt NVFP4,
 // MXFP4).
 //
 // Every family's spellings are normalised into one ModelConfig, accepting
@@ -197,6 +197,22 @@ struct ModelConfig {
   // mlp_layer_types; empty: first_k_dense_replace decides.
   std::vector<std::string> mlp_layer_types;
 
+  // gpt_oss: per layer "sliding_attention" (attends the last sliding_window
+  // positions) or "full_attention"; empty for the other families (every
+  // layer sliding_window, when set). GptOssConfig's default alternates,
+  // sliding first.
+  std::vector<std::string> layer_types;
+  // gpt_oss: one learned logit per head in the softmax's denominator
+  // (self_attn.sinks), biases on the router and on every expert projection,
+  // top-k over the router logits then a softmax over the k, and the
+  // clamped SwiGLU: gate <= limit, |up| <= limit, (up + 1) * gate *
+  // sigmoid(alpha * gate). swiglu_limit 0: the plain SiLU gate.
+  bool attention_sinks = false;
+  bool moe_bias = false;
+  bool softmax_after_topk = false;
+  double swiglu_alpha = 0.0;
+  double swiglu_limit = 0.0;
+
   QuantConfig quant;
 
   bool IsMoe() const { return num_experts > 0; }
@@ -206,6 +222,9 @@ struct ModelConfig {
   bool IsIndexerLayer(int layer) const;
   // Whether decoder layer `layer` (0-based) has a routed-expert MLP.
   bool IsMoeLayer(int layer) const;
+  // The attention window of decoder layer `layer` in positions (0: the
+  // whole context): sliding_window, on gpt_oss's sliding_attention layers only.
+  int64_t LayerWindow(int layer) const;
 
   bool operator==(const ModelConfig&) const = default;
 };

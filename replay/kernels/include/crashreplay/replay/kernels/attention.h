@@ -12,6 +12,13 @@
 //   AttendPaged64     one tile per page with an online (running max) softmax,
 //                     FlashMLA-style; precondition page_size == 64.
 // Scratch is provided by the launcher (see the *ScratchFloats functions).
+//
+// Two gpt-oss features, in every variant: `begin` > 0 attends positions
+// [begin, len) only (a sliding window; pages before it are never read), and
+// a finite `sink` is one more logit in the softmax (an attention sink): it
+// joins the maximum and adds exp(sink - max) to the denominator after the
+// positions' terms, with no value row. The defaults (0, -inf) leave every
+// bit as without them: the maximum is unchanged and exp(-inf) adds 0.
 #pragma once
 
 #include <cmath>
@@ -103,12 +110,22 @@ CR_HD float QkDot(const KvPoolView& kv, const float* q, int64_t off) {
 
 CR_HD int64_t ReferenceScratchFloats(int64_t max_len) { return max_len; }
 
-// out[head_dim] = softmax(q . K[0..len) * scale) V. `kv_head` is the GQA group.
+// The sink's term of the softmax denominator at maximum m (0 without a sink,
+// whatever m is).
+CR_HD float SinkTerm(float sink, float m) { return sink > -INFINITY ? expf(sink - m) : 0.0f; }
+
+// The first position a query at position len - 1 attends under a window of
+// `window` positions (0: none), as transformers' sliding-window mask keeps
+// key positions > query - window.
+CR_HD int64_t WindowBegin(int64_t len, int64_t window) { return window > 0 && len > window ? len - window : 0; }
+
+// out[head_dim] = softmax(q . K[begin..len) * scale, sink) V. `kv_head` is the GQA group.
 CR_HD void AttendReference(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
-                           float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
+                           float scale, float* out, float* scratch, int64_t item, KernelStatus* st, int64_t begin = 0,
+                           float sink = -INFINITY) {
   for (int64_t d = 0; d < kv.head_dim; ++d) out[d] = 0.0f;
-  float m = -INFINITY;
-  for (int64_t j = 0; j < len; ++j) {
+  float m = sink;
+  for (int64_t j = begin; j < len; ++j) {
     const int64_t page = ResolvePage(kv, row, j / kv.page_size, item, st);
     if (page < 0) return;
     const float s = QkDot(kv, q, KvOffset(kv, page, j % kv.page_size, kv_head)) * scale;
@@ -116,11 +133,12 @@ CR_HD void AttendReference(const KvPoolView& kv, PageTableRow row, const float* 
     m = s > m ? s : m;
   }
   float sum = 0.0f;
-  for (int64_t j = 0; j < len; ++j) {
+  for (int64_t j = begin; j < len; ++j) {
     scratch[j] = expf(scratch[j] - m);
     sum += scratch[j];
   }
-  for (int64_t j = 0; j < len; ++j) {
+  sum += SinkTerm(sink, m);
+  for (int64_t j = begin; j < len; ++j) {
     const int64_t page = row.pages[j / kv.page_size];
     const int64_t off = KvOffset(kv, page, j % kv.page_size, kv_head);
     for (int64_t d = 0; d < kv.head_dim; ++d) out[d] = MulAdd(out[d], scratch[j], KvLoad(kv, kv.v, off + d));
@@ -142,14 +160,14 @@ CR_HD void AttendReference(const KvPoolView& kv, PageTableRow row, const float* 
 inline constexpr int kAttendPhases = 7;
 CR_HD bool AttendReferencePhase(int phase, int64_t i, int64_t n, const KvPoolView& kv, PageTableRow row, const float* q,
                                 int64_t kv_head, int64_t len, float scale, float* out, float* scratch, int64_t item,
-                                KernelStatus* st) {
+                                KernelStatus* st, int64_t begin = 0, float sink = -INFINITY) {
   float* const stat = scratch + len;  // [max, sum, failed]
   switch (phase) {
     case 0:
       if (i == 0) {
         stat[2] = 0.0f;
         const int64_t pages = (len + kv.page_size - 1) / kv.page_size;
-        for (int64_t p = 0; p < pages; ++p) {
+        for (int64_t p = begin < len ? begin / kv.page_size : pages; p < pages; ++p) {
           if (ResolvePage(kv, row, p, item, st) < 0) {
             stat[2] = 1.0f;
             break;
@@ -162,33 +180,33 @@ CR_HD bool AttendReferencePhase(int phase, int64_t i, int64_t n, const KvPoolVie
       for (int64_t d = i; d < kv.head_dim; d += n) out[d] = 0.0f;
       return false;
     case 2:
-      for (int64_t j = i; j < len; j += n) {
+      for (int64_t j = begin + i; j < len; j += n) {
         const int64_t page = row.pages[j / kv.page_size];
         scratch[j] = QkDot(kv, q, KvOffset(kv, page, j % kv.page_size, kv_head)) * scale;
       }
       return true;
     case 3:
       if (i == 0) {
-        float m = -INFINITY;
-        for (int64_t j = 0; j < len; ++j) m = scratch[j] > m ? scratch[j] : m;
+        float m = sink;
+        for (int64_t j = begin; j < len; ++j) m = scratch[j] > m ? scratch[j] : m;
         stat[0] = m;
       }
       return true;
     case 4:
-      for (int64_t j = i; j < len; j += n) scratch[j] = expf(scratch[j] - stat[0]);
+      for (int64_t j = begin + i; j < len; j += n) scratch[j] = expf(scratch[j] - stat[0]);
       return true;
     case 5:
       if (i == 0) {
         float sum = 0.0f;
-        for (int64_t j = 0; j < len; ++j) sum += scratch[j];
-        stat[1] = sum;
+        for (int64_t j = begin; j < len; ++j) sum += scratch[j];
+        stat[1] = sum + SinkTerm(sink, stat[0]);
       }
       return true;
     default: {
       const float inv = 1.0f / stat[1];
       for (int64_t d = i; d < kv.head_dim; d += n) {
         float acc = 0.0f;
-        for (int64_t j = 0; j < len; ++j) {
+        for (int64_t j = begin; j < len; ++j) {
           const int64_t off = KvOffset(kv, row.pages[j / kv.page_size], j % kv.page_size, kv_head);
           acc = MulAdd(acc, scratch[j], KvLoad(kv, kv.v, off + d));
         }
@@ -205,13 +223,14 @@ CR_HD int64_t FlashScratchFloats(int64_t max_len, int64_t head_dim) {
 }
 
 CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
-                             float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
+                             float scale, float* out, float* scratch, int64_t item, KernelStatus* st, int64_t begin = 0,
+                             float sink = -INFINITY) {
   const int64_t hd = kv.head_dim;
-  const int64_t chunks = (len + kFlashChunk - 1) / kFlashChunk;
+  const int64_t chunks = len > begin ? (len - begin + kFlashChunk - 1) / kFlashChunk : 0;
   float* p = scratch + chunks * (hd + 2);  // kFlashChunk scores of the current chunk
   for (int64_t c = 0; c < chunks; ++c) {
     float* part = scratch + c * (hd + 2);  // [m, l, acc[hd]]
-    const int64_t j0 = c * kFlashChunk;
+    const int64_t j0 = begin + c * kFlashChunk;
     const int64_t j1 = j0 + kFlashChunk < len ? j0 + kFlashChunk : len;
     float m = -INFINITY;
     for (int64_t j = j0; j < j1; ++j) {
@@ -231,7 +250,7 @@ CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float
     part[0] = m;
     part[1] = l;
   }
-  float gm = -INFINITY;
+  float gm = sink;
   for (int64_t c = 0; c < chunks; ++c) gm = scratch[c * (hd + 2)] > gm ? scratch[c * (hd + 2)] : gm;
   float gl = 0.0f;
   for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
@@ -241,6 +260,7 @@ CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float
     gl = MulAdd(gl, part[1], w);
     for (int64_t d = 0; d < hd; ++d) out[d] = MulAdd(out[d], part[2 + d], w);
   }
+  gl += SinkTerm(sink, gm);
   const float inv = 1.0f / gl;
   for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
 }
@@ -248,7 +268,8 @@ CR_HD void AttendFlashDecode(const KvPoolView& kv, PageTableRow row, const float
 CR_HD int64_t Paged64ScratchFloats() { return kPaged64Tile; }
 
 CR_HD void AttendPaged64(const KvPoolView& kv, PageTableRow row, const float* q, int64_t kv_head, int64_t len,
-                         float scale, float* out, float* scratch, int64_t item, KernelStatus* st) {
+                         float scale, float* out, float* scratch, int64_t item, KernelStatus* st, int64_t begin = 0,
+                         float sink = -INFINITY) {
   const int64_t hd = kv.head_dim;
   for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
   // The kernel's tile is one page: it addresses slot j % 64 of page j / 64.
@@ -258,19 +279,20 @@ CR_HD void AttendPaged64(const KvPoolView& kv, PageTableRow row, const float* q,
   }
   float m = -INFINITY;
   float l = 0.0f;
-  for (int64_t t0 = 0; t0 < len; t0 += kPaged64Tile) {
+  for (int64_t t0 = begin < len ? begin / kPaged64Tile * kPaged64Tile : len; t0 < len; t0 += kPaged64Tile) {
     const int64_t t1 = t0 + kPaged64Tile < len ? t0 + kPaged64Tile : len;
+    const int64_t js = t0 > begin ? t0 : begin;  // the window's first position in this tile
     const int64_t page = ResolvePage(kv, row, t0 / kPaged64Tile, item, st);
     if (page < 0) return;
     float tm = m;
-    for (int64_t j = t0; j < t1; ++j) {
+    for (int64_t j = js; j < t1; ++j) {
       scratch[j - t0] = QkDot(kv, q, KvOffset(kv, page, j - t0, kv_head)) * scale;
       tm = scratch[j - t0] > tm ? scratch[j - t0] : tm;
     }
     const float rescale = expf(m - tm);  // 0 on the first tile (m = -inf)
     l *= rescale;
     for (int64_t d = 0; d < hd; ++d) out[d] *= rescale;
-    for (int64_t j = t0; j < t1; ++j) {
+    for (int64_t j = js; j < t1; ++j) {
       const float e = expf(scratch[j - t0] - tm);
       l += e;
       const int64_t off = KvOffset(kv, page, j - t0, kv_head);
@@ -278,6 +300,13 @@ CR_HD void AttendPaged64(const KvPoolView& kv, PageTableRow row, const float* q,
     }
     m = tm;
   }
+  if (sink > m) {  // the sink joins the running maximum last
+    const float rescale = expf(m - sink);
+    l *= rescale;
+    for (int64_t d = 0; d < hd; ++d) out[d] *= rescale;
+    m = sink;
+  }
+  l += SinkTerm(sink, m);
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
 }

@@ -75,6 +75,23 @@ CR_HD void SiluMulRow(const float* gate, const float* up, int64_t n, float* out)
   for (int64_t i = 0; i < n; ++i) out[i] = Silu(gate[i]) * up[i];
 }
 
+// gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate): the
+// gate clamped from above and the up projection on both sides at `limit`
+// (a NaN stays NaN, as torch.clamp keeps it), then
+// (up + 1) * gate * sigmoid(alpha * gate).
+CR_HD float ClampedSwiglu(float g, float u, float alpha, float limit) {
+  g = g > limit ? limit : g;
+  u = u > limit ? limit : (u < -limit ? -limit : u);
+  return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+}
+
+// The experts' gated activation of a row: ClampedSwiglu when limit > 0, else
+// silu(gate) * up (SiluMulRow's bits).
+CR_HD void GatedActRow(const float* gate, const float* up, int64_t n, float alpha, float limit, float* out) {
+  if (!(limit > 0.0f)) return SiluMulRow(gate, up, n, out);
+  for (int64_t i = 0; i < n; ++i) out[i] = ClampedSwiglu(gate[i], up[i], alpha, limit);
+}
+
 // The tensor-parallel reduction of one element: the ranks' partial results
 // (all-gathered, rank r at parts[r * stride]) summed in rank order.
 CR_HD float FixedOrderSum(const float* parts, int32_t ranks, int64_t stride, int64_t i) {

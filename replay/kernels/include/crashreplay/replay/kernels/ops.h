@@ -83,10 +83,6 @@ struct LinearShardView {
   const float* bias = nullptr;  // [rows] or null
 };
 
-struct ExpertView {
-  QWeight gate, up, down;
-};
-
 struct EmbeddingOp {
   static constexpr OpKind kKind = OpKind::kEmbedding;
   QWeight table;
@@ -172,6 +168,11 @@ struct AttentionOp {
   int64_t ranks = 0, heads = 0, group = 1, head_dim = 0;
   int64_t max_len = 0;                // longest attended length (scratch sizing)
   float scale = 1.0f;
+  // gpt_oss: each query attends its last `window` positions (0: all), and
+  // sinks[rank * heads + head] (null: none; the model's heads in rank order)
+  // joins its softmax (kernels/attention.h).
+  int64_t window = 0;
+  const float* sinks = nullptr;
 };
 
 struct SiluMulOp {
@@ -206,6 +207,7 @@ struct ReduceOp {
 struct RouterOp {
   static constexpr OpKind kKind = OpKind::kRouter;
   QWeight router;  // [experts, hidden]
+  const float* bias = nullptr;  // [experts] (gpt_oss) or null
   const float* x = nullptr;
   float* logits = nullptr;
   int64_t tokens = 0;
@@ -220,6 +222,9 @@ struct TopKOp {
   int64_t tokens = 0;
   int32_t experts = 0, k = 0, n_group = 1, topk_group = 1;
   bool sigmoid = false, renormalize = true;
+  // gpt_oss: the k largest logits, then a softmax over those k (router.h,
+  // RouteTopKSoftmax); sigmoid and renormalize do not apply.
+  bool softmax_after_topk = false;
   float scaling = 1.0f;
 };
 
@@ -498,10 +503,12 @@ CR_HD void RunItem(const AttentionOp& o, int64_t i, float* scratch, KernelStatus
   const float* qh = o.q + rt * qd + h * o.head_dim;
   float* out = o.out + rt * qd + h * o.head_dim;
   const PageTableRow pt = RowTable(o.batch, t);
+  const int64_t begin = WindowBegin(len, o.window);
+  const float sink = o.sinks != nullptr ? o.sinks[r * o.heads + h] : -INFINITY;
   switch (o.backend) {
-    case 1: AttendFlashDecode(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st); break;
-    case 2: AttendPaged64(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st); break;
-    default: AttendReference(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st); break;
+    case 1: AttendFlashDecode(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st, begin, sink); break;
+    case 2: AttendPaged64(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st, begin, sink); break;
+    default: AttendReference(o.views[r], pt, qh, h / o.group, len, o.scale, out, scratch, rt, st, begin, sink); break;
   }
 }
 
@@ -514,7 +521,8 @@ CR_HD bool AttentionItemPhase(const AttentionOp& o, int64_t i, int phase, int64_
   const int64_t qd = o.heads * o.head_dim;
   const int64_t len = static_cast<int64_t>(o.batch.positions[t]) + 1;
   return AttendReferencePhase(phase, tid, n, o.views[r], RowTable(o.batch, t), o.q + rt * qd + h * o.head_dim,
-                              h / o.group, len, o.scale, o.out + rt * qd + h * o.head_dim, scratch, rt, st);
+                              h / o.group, len, o.scale, o.out + rt * qd + h * o.head_dim, scratch, rt, st,
+                              WindowBegin(len, o.window), o.sinks != nullptr ? o.sinks[r * o.heads + h] : -INFINITY);
 }
 
 CR_HD int64_t Items(const SiluMulOp& o) { return o.rows; }
@@ -547,14 +555,17 @@ CR_HD int64_t Items(const RouterOp& o) { return o.tokens * o.router.rows; }
 CR_HD int64_t ScratchFloats(const RouterOp&) { return 0; }
 CR_HD void RunItem(const RouterOp& o, int64_t i, float*, KernelStatus*) {
   const int64_t e = o.router.rows, t = i / e;
-  o.logits[i] = DotRaw(o.router, o.x + t * o.router.cols, i % e, 0, o.router.cols);
+  const float dot = DotRaw(o.router, o.x + t * o.router.cols, i % e, 0, o.router.cols);
+  o.logits[i] = o.bias != nullptr ? dot + o.bias[i % e] : dot;
 }
 
 CR_HD int64_t Items(const TopKOp& o) { return o.tokens; }
 CR_HD int64_t ScratchFloats(const TopKOp& o) { return 2 * o.experts + o.experts / 4 + 1; }
 CR_HD void RunItem(const TopKOp& o, int64_t t, float* scratch, KernelStatus* st) {
   const int64_t E = o.experts, K = o.k;
-  if (o.sigmoid) {
+  if (o.softmax_after_topk) {
+    RouteTopKSoftmax(o.logits + t * E, o.experts, o.k, o.ids + t * K, o.weights + t * K, t, st);
+  } else if (o.sigmoid) {
     uint8_t* mask = reinterpret_cast<uint8_t*>(scratch + 2 * E);
     RouteSigmoidGrouped(o.logits + t * E, o.bias, o.experts, o.k, o.n_group, o.topk_group, o.renormalize, o.scaling,
                         o.ids + t * K, o.weights + t * K, scratch, mask, t, st);
@@ -574,8 +585,7 @@ CR_HD void RunItem(const ExpertsOp& o, int64_t rt, float* scratch, KernelStatus*
     if (j < 0 || j >= o.local_count[r]) continue;  // another rank's expert
     const ExpertView& e = o.experts[r * o.stride + j];
     const QWeight xq = o.xq != nullptr ? Fp4Row(o.xq, o.xq_scales, t, H, e.gate.act_scale) : QWeight{};
-    ExpertMlp(o.dot, e.gate, e.up, e.down, o.x + t * H, o.xq != nullptr ? &xq : nullptr, o.weights[t * o.k + k], H,
-              scratch, out, rt, st);
+    ExpertMlp(o.dot, e, o.x + t * H, o.xq != nullptr ? &xq : nullptr, o.weights[t * o.k + k], H, scratch, out, rt, st);
   }
 }
 
@@ -585,8 +595,7 @@ CR_HD void RunItem(const SharedExpertOp& o, int64_t rt, float* scratch, KernelSt
   const int64_t r = rt / o.tokens, t = rt % o.tokens, H = o.hidden;
   const ExpertView& e = o.shared[r];
   const QWeight xq = o.xq != nullptr ? Fp4Row(o.xq, o.xq_scales, t, H, e.gate.act_scale) : QWeight{};
-  ExpertMlp(o.dot, e.gate, e.up, e.down, o.x + t * H, o.xq != nullptr ? &xq : nullptr, 1.0f, H, scratch,
-            o.partial + rt * H, rt, st);
+  ExpertMlp(o.dot, e, o.x + t * H, o.xq != nullptr ? &xq : nullptr, 1.0f, H, scratch, o.partial + rt * H, rt, st);
 }
 
 // ---- the experts in three stages ------------------------------------------
@@ -654,7 +663,7 @@ CR_HD void ExpertActivationItem(const E& o, int64_t i, float* ws, KernelStatus* 
   float* base = ws + i * S;
   const int64_t mi = e->gate.rows;
   float* a = base + 2 * mi;
-  SiluMulRow(base, base + mi, mi, a);
+  GatedActRow(base, base + mi, mi, e->glu_alpha, e->glu_limit, a);
   base[S - 1] = 0.0f;
   if (e->down.act_fp4) {
     uint8_t* values = reinterpret_cast<uint8_t*>(a + mi);
@@ -679,7 +688,9 @@ CR_HD float DownSum(const E& o, int64_t i, float* ws, const Down& down) {
     QWeight aq;
     const ExpertView* e = DownSlot(o, rt, k, ws, &a, &aq);
     if (e == nullptr) continue;
-    acc = MulAdd(acc, SlotWeight(o, t, k), down(*e, a, aq, rt, row));
+    float y = down(*e, a, aq, rt, row);
+    if (e->down_bias != nullptr) y = y + e->down_bias[row];
+    acc = MulAdd(acc, SlotWeight(o, t, k), y);
   }
   return acc;
 }
@@ -702,6 +713,8 @@ CR_HD void ExpertStageItem(const E& o, int stage, int64_t i, float* ws, KernelSt
       g[row] = LinearElement(o.dot, e->gate, o.x + t * H, row, rt, st);
       u[row] = LinearElement(o.dot, e->up, o.x + t * H, row, rt, st);
     }
+    if (e->gate_bias != nullptr) g[row] = g[row] + e->gate_bias[row];
+    if (e->up_bias != nullptr) u[row] = u[row] + e->up_bias[row];
     return;
   }
   if (stage == 1) return ExpertActivationItem(o, i, ws, st);
@@ -737,6 +750,8 @@ CR_HD void ExpertStageItemLane(const E& o, int stage, int64_t i, float* ws, int 
       LinearElementsLane<1>(o.dot, e->gate, &x, 1, row, j, rt, st, lanes, &g);
       LinearElementsLane<1>(o.dot, e->up, &x, 1, row, j, rt, st, lanes, &u);
     }
+    if (e->gate_bias != nullptr) g = g + e->gate_bias[row];
+    if (e->up_bias != nullptr) u = u + e->up_bias[row];
     if (j == 0) {
       float* gs = ws + slot * S;
       gs[row] = g;

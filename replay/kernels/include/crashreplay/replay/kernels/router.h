@@ -2,6 +2,7 @@
 //
 // RouteSoftmaxTopK   Mixtral / Qwen3-MoE: softmax over all experts, top-k,
 //                    optionally renormalised over the chosen k.
+// RouteTopKSoftmax   gpt-oss: top-k of the logits, softmax over those k.
 // RouteSigmoidGrouped DeepSeek-V3 / GLM-4.5: sigmoid scores; choice scores add
 //                    the correction bias; experts are grouped, a group scores
 //                    the sum of its best two choice scores, the best topk_group
@@ -75,6 +76,25 @@ CR_HD void RouteSoftmaxTopK(const float* logits, int32_t n, int32_t k, bool reno
   if (renormalize) {
     for (int32_t i = 0; i < k; ++i) weights[i] /= ws;
   }
+}
+
+// gpt-oss (transformers' GptOssTopKRouter): the k largest logits (TopK's
+// order and ties), then their softmax: weights[i] = exp(l_i - max) / sum,
+// summed in top-k order.
+CR_HD void RouteTopKSoftmax(const float* logits, int32_t n, int32_t k, int32_t* ids, float* weights, int64_t item,
+                            KernelStatus* st) {
+  TopK(logits, nullptr, n, k, ids);
+  CheckExpertIds(ids, k, n, item, st);
+  float m = -INFINITY;
+  for (int32_t i = 0; i < k; ++i) {
+    if (ids[i] >= 0 && logits[ids[i]] > m) m = logits[ids[i]];
+  }
+  float sum = 0.0f;
+  for (int32_t i = 0; i < k; ++i) {
+    weights[i] = ids[i] >= 0 ? expf(logits[ids[i]] - m) : 0.0f;
+    sum += weights[i];
+  }
+  for (int32_t i = 0; i < k; ++i) weights[i] /= sum;
 }
 
 // scratch: 2 * n floats + n bytes (passed as mask).

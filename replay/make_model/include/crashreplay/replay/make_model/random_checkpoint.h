@@ -50,7 +50,7 @@
 namespace crashreplay::replay {
 
 struct MakeModelOptions {
-  // llama | qwen3 | qwen3_moe | mixtral | glm4_moe (GLM-4.5: DeepSeek-V3
+  // llama | qwen3 | qwen3_moe | mixtral | gpt_oss | glm4_moe (GLM-4.5: DeepSeek-V3
   // routing with GQA attention) | deepseek_v3 (MLA) | deepseek_v32 and
   // glm_moe_dsa (MLA + DSA indexer).
   std::string arch = "llama";
@@ -64,6 +64,7 @@ struct MakeModelOptions {
   int64_t moe_intermediate = 32;
   int64_t experts = 8;
   int64_t experts_per_tok = 2;
+  int64_t sliding_window = 8;  // gpt_oss: the sliding layers' window
   int64_t n_shared_experts = 1;
   int64_t n_group = 4;
   int64_t topk_group = 2;

@@ -54,6 +54,24 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointDir(const std::string& dir, LoadO
 // *.safetensors); errors as LoadCheckpointDir's.
 absl::StatusOr<uint64_t> CheckpointFileBytes(const std::string& dir);
 
+// gpt_oss keeps each layer's experts fused, as transformers' GptOssExperts
+// holds them: mlp.experts.gate_up_proj [E, hidden, 2I] (x @ W; gate the even
+// columns, up the odd ones), gate_up_proj_bias [E, 2I], down_proj
+// [E, I, hidden], down_proj_bias [E, hidden]. This replaces them with
+// per-expert [out, in] projections and biases under the names
+// NamesFor(spec, l).expert(j, ...) gives (bits copied, in memory), which is
+// what the engine builds experts from; a no-op for other families.
+// Experts in OpenAI's MXFP4 layout (gate_up_proj_blocks [E, 2I, H/32, 16],
+// gate_up_proj_scales [E, 2I, H/32], down_proj_blocks / _scales, the same
+// biases; the released checkpoints' form) become per-expert MXFP4
+// projections (U8 weight [out, in/2], U8 weight_scale [out, in/32]), their
+// bytes copied, not decoded.
+// NotFound / DataLoss for a missing tensor, wrong shape or dtype.
+// LoadCheckpointDir calls it before checking the weights.
+absl::Status SplitFusedExperts(const ModelSpec& spec, const std::string& where, TensorSet* tensors);
+// The inverse, for writing a gpt_oss checkpoint as transformers does.
+absl::Status FuseExperts(const ModelSpec& spec, TensorSet* tensors);
+
 // Writes config.json and the tensors (sharded at `max_shard_bytes`).
 absl::Status WriteCheckpointDir(const std::string& dir, const ModelSpec& spec, const TensorSet& tensors,
                                 uint64_t max_shard_bytes = 1ull << 30);

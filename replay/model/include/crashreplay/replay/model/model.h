@@ -99,7 +99,8 @@ struct Layer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
   MlaLayer mla;
   bool moe = false;
-  LinearShard router;               // [experts, hidden], replicated
+  LinearShard router;               // [experts, hidden], replicated (gpt_oss: with its bias)
+  std::vector<float> sinks;         // gpt_oss: [num_attention_heads] attention sinks, replicated
   std::vector<float> correction_bias;
   std::vector<RankLayer> ranks;
 };

@@ -49,7 +49,7 @@ enum class QuantKind { kNone, kFp8Block, kNvfp4, kMxfp4, kFp8Tensor };
 
 struct ModelSpec {
   std::string model_type;  // llama | mistral | qwen2 | qwen3 | mixtral | qwen3_moe | glm4_moe | deepseek_v3 |
-                           // deepseek_v32 | glm_moe_dsa
+                           // deepseek_v32 | glm_moe_dsa | gpt_oss
   int64_t hidden = 0;
   int64_t layers = 0;
   int64_t heads = 0;
@@ -66,6 +66,16 @@ struct ModelSpec {
   double partial_rotary_factor = 1.0;
   int64_t max_position = 4096;
   int64_t sliding_window = 0;       // 0: none; the engine attends over the full context
+  // Per layer: the positions it attends (0: all), when the model windows
+  // its attention (gpt_oss's sliding_attention layers); empty: every layer
+  // attends the whole context (a sliding_window elsewhere is noted, not applied).
+  std::vector<int64_t> layer_window;
+  // gpt_oss: one learned logit per head (self_attn.sinks) joins every
+  // softmax of the layer's attention.
+  bool attention_sinks = false;
+  int64_t window_of(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(layer_window.size()) ? layer_window[layer] : 0;
+  }
   // What the file's rope_theta + rope_scaling and its rope_parameters say,
   // each on its own; absent when the file lacks those keys. A file with no
   // RoPE key at all has rope_legacy = the family's defaults.
@@ -89,6 +99,14 @@ struct ModelSpec {
   int64_t topk_group = 1;
   double routed_scaling_factor = 1.0;
   bool norm_topk_prob = true;
+  // gpt_oss: the router has a bias and picks the top k logits, then
+  // softmaxes over those k; every expert projection has a bias.
+  bool softmax_after_topk = false;
+  bool moe_bias = false;
+  // gpt_oss's clamped SwiGLU (swiglu_limit > 0): gate <= limit, |up| <=
+  // limit, (up + 1) * gate * sigmoid(alpha * gate); 0: silu(gate) * up.
+  double swiglu_alpha = 0.0;
+  double swiglu_limit = 0.0;
   int64_t first_k_dense = 0;
   // Per layer: 1 if it has routed experts. Empty: every layer from
   // first_k_dense on (what the random generator writes).
@@ -135,6 +153,7 @@ struct LayerNames {
   std::string shared(const std::string& proj) const;
   std::string router() const;
   std::string bias() const;
+  std::string sinks() const;  // gpt_oss's self_attn.sinks
   std::string model_type;
 };
 LayerNames NamesFor(const ModelSpec& spec, int64_t layer);

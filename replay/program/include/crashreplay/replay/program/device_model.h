@@ -82,7 +82,9 @@ class DeviceModel {
     const LinearShardView *gate = nullptr, *up = nullptr, *down = nullptr;         // [ranks]
     bool moe = false;
     QWeight router;
+    const float* router_bias = nullptr;   // gpt_oss
     const float* correction_bias = nullptr;
+    const float* sinks = nullptr;         // gpt_oss: [num_attention_heads] attention sinks
     const ExpertView* experts = nullptr;  // [ranks, expert_stride]
     const int32_t* local_count = nullptr;
     const int64_t* expert_begin = nullptr;
