@@ -57,10 +57,10 @@ def test_a_bias_the_config_does_not_have_is_a_mismatch(tmp_path):
 def test_unknown_model_type_is_unsupported(tmp_path):
     model = str(tmp_path / "m")
     shutil.copytree(os.path.join(FIDELITY, "qwen3"), model)
-    edit_config(model, model_type="gpt_oss")
+    edit_config(model, model_type="qwen3_5_moe")
     r = run("run", model, "--prompt-ids", "1,2,3", "--max-new-tokens", "1")
     assert r.returncode == EXIT_UNSUPPORTED, r.stderr
-    assert "model_type 'gpt_oss' is not supported (supported: llama, mistral" in r.stderr
+    assert "model_type 'qwen3_5_moe' is not supported (supported: llama, mistral" in r.stderr
 
 
 def test_dynamic_rope_and_mla_with_attention_biases_are_unsupported(tmp_path):

@@ -722,10 +722,9 @@ absl::StatusOr<ModelSpec> SpecLike(const std::string& dir) {
   // Which modules stay unquantized is the file's list (the engine reads it
   // from the config; the generator from the spec).
   s.quant_ignore = c.quant.ignore;
-  if (s.attention_out_bias || s.mlp_bias) {
-    return absl::InvalidArgumentError(Cat("make-model --like ", dir, ": the config has ",
-                                          s.attention_out_bias ? "o_proj" : "MLP",
-                                          " biases, which make-model does not draw"));
+  if (s.mlp_bias) {
+    return absl::InvalidArgumentError(
+        Cat("make-model --like ", dir, ": the config has MLP biases, which make-model does not draw"));
   }
   return s;
 }

@@ -102,7 +102,7 @@ struct MakeModelOptions {
   // ignored. What shrink's weights stage regenerates a slice from: the same
   // tensors (names, dtypes, shapes) with values drawn from `seed`.
   // InvalidArgument for a config with tensors the generator does not draw
-  // (o_proj or MLP biases).
+  // (MLP biases).
   std::string like;
 };
 
